@@ -1,0 +1,59 @@
+"""Texts the loop itself writes into the conversation, and how they are wrapped.
+
+Hidden loop messages are wrapped in ``<system-reminder>`` the way Claude Code marks meta content, so
+they reach the model but are not mistaken for something the user typed.
+"""
+
+from __future__ import annotations
+
+from fsm.state import Message
+
+MAX_TOKENS_RESUME = (
+    "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
+    "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
+)
+MALFORMED_TOOL_USE_RETRY = (
+    "Your last response ended with stop_reason tool_use but contained no complete, valid tool_use "
+    "block. Retry the tool call now with complete, valid JSON input."
+)
+THINKING_ONLY_NUDGE = (
+    "Your last response contained only thinking and no visible answer. Reply to the user now with "
+    "a visible answer."
+)
+STRUCTURED_OUTPUT_RETRY = (
+    "You must call the StructuredOutput tool with input matching the required JSON schema to finish. "
+    "Call it now."
+)
+COMPACT_INSTRUCTION = (
+    "Your task is to create a detailed summary of the conversation so far, so that work can continue "
+    "without the earlier messages. Include the user's requests and intent, key technical details, "
+    "files and code involved, errors and how they were fixed, pending tasks and the current work. "
+    "Reply with the summary as plain text only; do not call any tools."
+)
+COMPACT_SUMMARY_PREFIX = (
+    "This session is being continued from a previous conversation that ran out of context. "
+    "The summary below covers the earlier portion of the conversation.\n\n"
+)
+MAX_TOKENS_EXHAUSTED = "Claude's response exceeded the {n} output token maximum. Ask for a shorter answer."
+STOP_HOOK_CAP_WARNING = "Stop hook blocked {n} times in a row; overriding the block and ending the turn."
+
+
+def reminder(text: str) -> str:
+    return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
+def meta_message(text: str, kind: str = "meta") -> Message:
+    """A hidden user message the loop adds (recovery prompts, hook feedback)."""
+    return Message("user", ({"type": "text", "text": reminder(text)},), kind=kind)
+
+
+def stop_hook_feedback(reason: str) -> Message:
+    return meta_message(f"Stop hook feedback:\n{reason}", kind="hook_feedback")
+
+
+def queued_input(text: str) -> Message:
+    return meta_message(
+        f"The user sent the following message while you were working:\n{text}\n\n"
+        "Please address this message and continue with your tasks.",
+        kind="attachment",
+    )

@@ -1,0 +1,1 @@
+"""Pytest plugin: fixtures of the agentfsm testing kit."""

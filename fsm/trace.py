@@ -1,0 +1,142 @@
+"""The session file: one JSONL record per message, state transition, request and result.
+
+One file serves both jobs of SPEC §6 and §8: resume reads the ``message`` (and ``compact_boundary``)
+records, the auditor reads ``transition``, ``request`` and ``result`` records. Every record is
+flushed when written, so a crash leaves at most one torn last line, which readers skip.
+
+Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
+
+``session``      ``session_id``, ``version``, ``limits`` (Limits fields), ``graph`` (digest of the
+                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``
+``message``      ``uuid``, ``role``, ``kind``, ``content`` (wire blocks) — the transcript
+``compact_boundary`` ``trigger``, ``pre_tokens``; the messages after it are the new history view
+``transition``   ``from``, ``to``, ``trigger``, ``kind`` (edge kind), ``turn``, ``counters``,
+                 ``terminal_reason`` (set on moves into stop), ``chain_id``, ``depth``
+``request``      ``model``, ``depth``, ``messages``: the skeleton of what was sent —
+                 ``[{"role", "blocks": [{"type": "text"} | {"type": "tool_use", "id", "name"} |
+                 {"type": "tool_result", "tool_use_id", "is_error"} | {"type": "thinking"}]}]``
+``result``       the result object printed by the CLI (``subtype``, ``is_error``, ``terminal_reason``…)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+
+from fsm.state import Limits, LoopState, Message
+
+TRACE_VERSION = 1
+
+
+def graph_digest() -> str:
+    from fsm.graph import EDGES
+
+    text = json.dumps([[e.trigger, [s.value for s in e.sources], e.dest.value, e.kind,
+                        sorted(r.value for r in e.reasons)] for e in EDGES])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def skeleton(messages: Any) -> list[dict[str, Any]]:
+    """The auditable shape of wire messages: roles, tool ids, error flags — no text."""
+    out = []
+    for m in messages:
+        blocks = []
+        for b in m["content"] if not isinstance(m["content"], str) else [{"type": "text"}]:
+            t = b.get("type")
+            if t == "tool_use":
+                blocks.append({"type": t, "id": b.get("id"), "name": b.get("name")})
+            elif t == "tool_result":
+                blocks.append({"type": t, "tool_use_id": b.get("tool_use_id"),
+                               "is_error": bool(b.get("is_error", False))})
+            else:
+                blocks.append({"type": t})
+        out.append({"role": m["role"], "blocks": blocks})
+    return out
+
+
+class TraceWriter:
+    """Appends records to one session file; ``path=None`` keeps nothing (a pure in-memory run)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._seq = 0
+        self._fh: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the session
+            self._seq = _next_seq(path)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        if self._fh is None:
+            return
+        rec = {"type": record["type"], "seq": self._seq, **{k: v for k, v in record.items() if k != "type"}}
+        self._seq += 1
+        self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+        self._fh.flush()
+
+    def session(self, session_id: str, limits: Limits, cwd: str, model: str,
+                parent_session_id: str | None = None) -> None:
+        self.write({"type": "session", "session_id": session_id, "version": TRACE_VERSION,
+                    "limits": attrs.asdict(limits), "graph": graph_digest(), "cwd": cwd, "model": model,
+                    "parent_session_id": parent_session_id, "ts": time.time()})
+
+    def message(self, msg: Message) -> None:
+        self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
+                    "content": [dict(b) for b in msg.content]})
+
+    def compact_boundary(self, trigger: str, pre_tokens: int) -> None:
+        self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens})
+
+    def transition(self, trigger: str, kind: str, before: LoopState, after: LoopState) -> None:
+        self.write({"type": "transition", "from": before.phase.value, "to": after.phase.value,
+                    "trigger": trigger, "kind": kind, "turn": after.turn_count,
+                    "counters": after.counters(),
+                    "terminal_reason": after.terminal_reason.value if after.terminal_reason else None,
+                    "chain_id": after.query_tracking.chain_id, "depth": after.query_tracking.depth})
+
+    def request(self, model: str, depth: int, wire_messages: Any) -> None:
+        self.write({"type": "request", "model": model, "depth": depth, "messages": skeleton(wire_messages)})
+
+    def result(self, result: Mapping[str, Any]) -> None:
+        self.write({"type": "result", **result})
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _next_seq(path: Path) -> int:
+    last = -1
+    for rec in read_records(path):
+        last = rec.get("seq", last)
+    return last + 1
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Every whole record of a session file; a torn line (crash mid-write) is skipped."""
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                break  # torn last line
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "type" in rec:
+                yield rec
+
+
+def default_sessions_dir(cwd: Path) -> Path:
+    """``$AGENTFSM_HOME/projects/<cwd with / as ->`` like Claude Code's per-project folders."""
+    home = Path(os.environ.get("AGENTFSM_HOME", Path.home() / ".agentfsm"))
+    return home / "projects" / str(cwd.resolve()).replace(os.sep, "-")
