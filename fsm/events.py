@@ -106,14 +106,13 @@ class CallFailed:
     """The request failed before or during streaming, after the transport's own retries.
 
     ``compaction`` is set when a reactive compaction was tried (and succeeded) for a prompt-too-long
-    error; ``retry`` asks for the whole response again (stream broke mid-way, fallback model chosen).
+    error; ``fallback_available`` says another model of the fallback chain is left to try.
     ``partial`` / ``partial_results`` pair any tool_use that already ran when the loop gives up.
     """
 
     error: ModelError
     compaction: Compaction | None = None
-    retry: str | None = None  # None | "stream_retry" | "fallback"
-    fallback_model: str | None = None
+    fallback_available: bool = False
     partial: Message | None = None
     partial_results: Message | None = None
 

@@ -98,6 +98,7 @@ EDGES: tuple[Edge, ...] = (
     # into stop
     _edge("setup_failed", A, X, "terminal", "the turn could not be prepared",
           T.TURN_SETUP_FAILED, T.RAPID_REFILL_BREAKER, T.TOOL_DEFERRED_UNAVAILABLE),
+    _edge("prompt_blocked", A, X, "terminal", "a UserPromptSubmit hook blocked the prompt", T.HOOK_STOPPED),
     _edge("refuse", C, X, "terminal", "preflight refused the request",
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
     _edge("call_failed", (C, S), X, "terminal", "the model call failed and cannot be recovered",
@@ -195,7 +196,7 @@ def _with_pair(messages: tuple[Message, ...], partial: Message | None,
     return (*messages, partial) + ((results,) if results is not None else ())
 
 
-def decide(state: LoopState, event: Event, limits) -> Step:  # noqa: C901 - one table of rules
+def decide(state: LoopState, event: Event, limits) -> Step:
     """Pick the edge for ``event`` in ``state.phase`` and compute the next state. Pure."""
     phase = state.phase
     if isinstance(event, Aborted):
@@ -207,7 +208,8 @@ def decide(state: LoopState, event: Event, limits) -> Step:  # noqa: C901 - one 
 
     if phase is A:
         if isinstance(event, SetupFailed):
-            return _stop(state, "setup_failed", event.reason, event.detail)
+            trigger = "prompt_blocked" if event.reason is T.HOOK_STOPPED else "setup_failed"
+            return _stop(state, trigger, event.reason, event.detail)
         if isinstance(event, PrecomputedSwap):
             return _swap(state, "precomputed_compact_swap", event.compaction.messages)
         if isinstance(event, Assembled):
@@ -240,12 +242,12 @@ def decide(state: LoopState, event: Event, limits) -> Step:  # noqa: C901 - one 
         if isinstance(event, PrecomputedSwap):
             return _swap(state, "precomputed_compact_swap", event.compaction.messages)
         if isinstance(event, CallFailed):
-            return _call_failed(state, event)
+            return _call_failed(state, event, limits)
         raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
 
     if phase is S:
         if isinstance(event, CallFailed):
-            return _call_failed(state, event)
+            return _call_failed(state, event, limits)
         if isinstance(event, StreamEnded):
             return _stream_ended(state, event, limits)
         raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
@@ -279,23 +281,28 @@ def _swap(state: LoopState, trigger: str, messages: tuple[Message, ...]) -> Step
     return _move(state, trigger, messages=messages, compact_tracking=tracking)
 
 
-def _call_failed(state: LoopState, event: CallFailed) -> Step:
-    if event.retry == "stream_retry" and state.phase is S:
-        return _move(state, "stream_retry")
-    if event.retry == "fallback":
-        return _move(state, "fallback_retry")
-    if event.error.kind == "prompt_too_long" and event.compaction is not None:
+def _call_failed(state: LoopState, event: CallFailed, limits) -> Step:
+    err = event.error
+    # a stream that broke mid-way is requested again as a whole (its partial blocks discarded)
+    if err.retryable and state.phase is S and state.stream_retry_count < limits.stream_retries:
+        return _move(state, "stream_retry", stream_retry_count=state.stream_retry_count + 1)
+    # the transport's own retries are spent: move down the fallback chain
+    if (err.retryable or err.kind == "overloaded") and event.fallback_available:
+        return _move(state, "fallback_retry", model_index=state.model_index + 1, stream_retry_count=0)
+    if err.kind == "prompt_too_long" and event.compaction is not None:
         if not may_reactive_compact(state):
             raise UndeclaredMove("reactive compaction is not allowed in this state")
         return _swap(attrs.evolve(state, has_attempted_reactive_compact=True), "reactive_compact_retry",
                      event.compaction.messages)
     messages = _with_pair(state.messages, event.partial, event.partial_results)
-    return _stop(state, "call_failed", _error_reason(event.error.kind), event.error.message, messages)
+    return _stop(state, "call_failed", _error_reason(err.kind), err.message, messages)
 
 
 def _stream_ended(state: LoopState, event: StreamEnded, limits) -> Step:
     resp = event.response
     assistant = resp.as_message()
+    if state.stream_retry_count:
+        state = attrs.evolve(state, stream_retry_count=0)
     if resp.tool_uses() and (resp.usable_tool_uses() or resp.stop_reason != "tool_use"):
         return _move(state, "dispatch")
     if resp.stop_reason in ("max_tokens", "model_context_window_exceeded"):

@@ -120,6 +120,8 @@ class Limits:
     max_consecutive_compact_failures: int = attrs.field(default=3, validator=_positive_or_none)
     # transport retries of one request (429/5xx/529/connection), done by the SDK's retry machinery
     api_max_retries: int = attrs.field(default=10, validator=_non_negative)
+    # a stream that breaks mid-way is requested again as a whole, this many times per turn
+    stream_retries: int = attrs.field(default=2, validator=_non_negative)
 
     @property
     def auto_compact_threshold(self) -> int:
@@ -236,6 +238,9 @@ class LoopState:
     max_output_tokens_recovery_count: int = 0
     malformed_tool_use_retry_count: int = 0
     structured_output_retry_count: int = 0
+    stream_retry_count: int = 0
+    # index into (model, *fallback_models): which model the next request goes to
+    model_index: int = 0
     has_attempted_reactive_compact: bool = False
     thinking_only_nudged: bool = False
     stop_hook_active: bool = False
@@ -253,6 +258,8 @@ class LoopState:
             "max_output_tokens_recovery_count": self.max_output_tokens_recovery_count,
             "malformed_tool_use_retry_count": self.malformed_tool_use_retry_count,
             "structured_output_retry_count": self.structured_output_retry_count,
+            "stream_retry_count": self.stream_retry_count,
+            "model_index": self.model_index,
             "has_attempted_reactive_compact": self.has_attempted_reactive_compact,
             "thinking_only_nudged": self.thinking_only_nudged,
             "stop_hook_active": self.stop_hook_active,
@@ -268,6 +275,7 @@ COUNTER_CAPS: Mapping[str, str] = {
     "max_output_tokens_recovery_count": "max_output_tokens_recoveries",
     "malformed_tool_use_retry_count": "malformed_tool_use_retries",
     "structured_output_retry_count": "structured_output_retries",
+    "stream_retry_count": "stream_retries",
     "stop_hook_blocking_count": "stop_hook_block_cap",
     "rapid_refill_count": "rapid_refill_max",
     "consecutive_compact_failures": "max_consecutive_compact_failures",

@@ -70,7 +70,7 @@ class TraceWriter:
         self._fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the session
+            self._fh = open(path, "a", encoding="utf-8")
             self._seq = _next_seq(path)
 
     def write(self, record: Mapping[str, Any]) -> None:

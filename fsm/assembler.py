@@ -1,0 +1,118 @@
+"""Assembles streamed events into content blocks.
+
+A block is complete at its ``content_block_stop``; that is the moment a ``tool_use`` is handed to the
+executor — before ``message_stop`` (SPEC §3 step 3). ``stop_reason`` is recorded but never trusted
+alone to decide whether tools exist (seed 001): the blocks themselves decide.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fsm.events import ModelResponse
+from fsm.model import (
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    StreamEvent,
+)
+
+
+class StreamProtocolError(Exception):
+    """The event sequence broke the Messages streaming protocol (a ``model_error``)."""
+
+
+class ResponseAssembler:
+    def __init__(self) -> None:
+        self._open: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+        self.blocks: list[dict[str, Any]] = []
+        self.invalid_tool_inputs: dict[str, str] = {}
+        self.stop_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+        self.model = ""
+        self.message_id = ""
+        self.started = False
+        self.stopped = False
+
+    def feed(self, event: StreamEvent) -> dict[str, Any] | None:
+        """Take one event; return the block it completed, if any."""
+        if isinstance(event, MessageStart):
+            self.started = True
+            self.model, self.message_id = event.model, event.message_id
+            self.usage.update(event.usage)
+            return None
+        if not self.started:
+            raise StreamProtocolError(f"{type(event).__name__} before message_start")
+        if isinstance(event, BlockStart):
+            if event.index in self._open:
+                raise StreamProtocolError(f"content block {event.index} started twice")
+            block = dict(event.block)
+            if block.get("type") == "tool_use":
+                self._json[event.index] = []
+                block["input"] = {}
+            elif block.get("type") == "text":
+                block.setdefault("text", "")
+            elif block.get("type") == "thinking":
+                block.setdefault("thinking", "")
+                block.setdefault("signature", "")
+            self._open[event.index] = block
+            return None
+        if isinstance(event, BlockDelta):
+            block = self._open.get(event.index)
+            if block is None:
+                raise StreamProtocolError(f"delta for content block {event.index} that is not open")
+            d = event.delta
+            kind = d.get("type")
+            if kind == "text_delta":
+                block["text"] = block.get("text", "") + d.get("text", "")
+            elif kind == "input_json_delta":
+                self._json.setdefault(event.index, []).append(d.get("partial_json", ""))
+            elif kind == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + d.get("thinking", "")
+            elif kind == "signature_delta":
+                block["signature"] = block.get("signature", "") + d.get("signature", "")
+            elif kind == "citations_delta":
+                block.setdefault("citations", []).append(d.get("citation"))
+            return None
+        if isinstance(event, BlockStop):
+            block = self._open.pop(event.index, None)
+            if block is None:
+                raise StreamProtocolError(f"content_block_stop for block {event.index} that is not open")
+            if block.get("type") == "tool_use":
+                raw = "".join(self._json.pop(event.index, []))
+                try:
+                    parsed = json.loads(raw) if raw.strip() else {}
+                except json.JSONDecodeError:
+                    parsed = None
+                if isinstance(parsed, dict):
+                    block["input"] = parsed
+                else:
+                    # sent back as {} (the API needs an object); the pipeline echoes the raw text
+                    self.invalid_tool_inputs[block["id"]] = raw
+            self.blocks.append(block)
+            return block
+        if isinstance(event, MessageDelta):
+            if event.stop_reason is not None:
+                self.stop_reason = event.stop_reason
+            self.usage.update({k: v for k, v in event.usage.items() if v is not None})
+            return None
+        if isinstance(event, MessageStop):
+            self.stopped = True
+            return None
+        raise StreamProtocolError(f"unknown stream event {event!r}")
+
+    def finish(self) -> ModelResponse:
+        incomplete = sum(1 for b in self._open.values() if b.get("type") == "tool_use")
+        return ModelResponse(
+            blocks=tuple(self.blocks),
+            stop_reason=self.stop_reason,
+            usage=dict(self.usage),
+            model=self.model,
+            invalid_tool_inputs=dict(self.invalid_tool_inputs),
+            incomplete_tool_uses=incomplete,
+        )

@@ -1,0 +1,56 @@
+"""Options of one session: what the CLI flags and the Python API both fill in."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from fsm.state import Limits
+
+DEFAULT_MODEL = "claude-sonnet-4-5"
+PERMISSION_MODES = ("default", "manual", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
+
+CanUseTool = Callable[[str, Mapping[str, Any], Mapping[str, Any]], Awaitable[Any]]
+
+
+def _mode(_inst: Any, _attr: attrs.Attribute, value: str) -> None:
+    if value not in PERMISSION_MODES:
+        raise ValueError(f"unknown permission mode {value!r}; choose one of {', '.join(PERMISSION_MODES)}")
+
+
+@attrs.frozen
+class Options:
+    """Everything a session is configured with. ``tools`` None = every built-in tool."""
+
+    model: str = DEFAULT_MODEL
+    fallback_models: tuple[str, ...] = ()
+    tools: tuple[str, ...] | None = None
+    allowed_tools: tuple[str, ...] = ()
+    disallowed_tools: tuple[str, ...] = ()
+    permission_mode: str = attrs.field(default="default", validator=_mode)
+    limits: Limits = attrs.field(factory=Limits)
+    system_prompt: str | None = None
+    append_system_prompt: str | None = None
+    cwd: Path = attrs.field(factory=Path.cwd, converter=lambda p: Path(p).resolve())
+    settings: str | None = None  # --settings FILE|JSON
+    setting_sources: tuple[str, ...] = ("user", "project", "local")
+    session_id: str | None = None
+    resume: str | None = None
+    continue_session: bool = False
+    fork_session: bool = False
+    sessions_dir: Path | None = None
+    json_schema: Mapping[str, Any] | None = None
+    can_use_tool: CanUseTool | None = None
+    hooks: Mapping[str, Any] = attrs.field(factory=dict)  # Python hooks: event -> [HookMatcher]
+    extra_tools: tuple[Any, ...] = ()  # user Tool instances
+    write_trace: bool = True
+    include_partial: bool = False
+    agent_type: str | None = None  # set for subagents
+    parent_session_id: str | None = None
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.fallback_models)

@@ -1,0 +1,76 @@
+"""The result record of one run, and its headless-protocol JSON form (SPEC §7)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from fsm.state import TERMINAL_INFO, LoopState, TerminalReason
+
+
+@attrs.frozen
+class RunResult:
+    terminal_reason: TerminalReason
+    subtype: str
+    is_error: bool
+    num_turns: int
+    duration_ms: int
+    duration_api_ms: int
+    total_cost_usd: float
+    usage: Mapping[str, Any]
+    session_id: str
+    result: str | None
+    errors: tuple[str, ...] = ()
+    permission_denials: tuple[Mapping[str, Any], ...] = ()
+    structured_output: Any = None
+    warnings: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "result",
+            "subtype": self.subtype,
+            "is_error": self.is_error,
+            "terminal_reason": self.terminal_reason.value,
+            "duration_ms": self.duration_ms,
+            "duration_api_ms": self.duration_api_ms,
+            "num_turns": self.num_turns,
+            "session_id": self.session_id,
+            "total_cost_usd": round(self.total_cost_usd, 8),
+            "usage": dict(self.usage),
+            "permission_denials": [dict(d) for d in self.permission_denials],
+        }
+        # error subtypes carry `errors` instead of `result` (SPEC §10)
+        if self.subtype == "success":
+            out["result"] = self.result or ""
+        else:
+            out["errors"] = list(self.errors)
+        if self.structured_output is not None:
+            out["structured_output"] = self.structured_output
+        return out
+
+
+def build_result(state: LoopState, *, session_id: str, duration_ms: int, duration_api_ms: int,
+                 cost: float, usage: Mapping[str, Any], denials: tuple[Mapping[str, Any], ...],
+                 structured_output: Any = None, warnings: tuple[str, ...] = ()) -> RunResult:
+    reason = state.terminal_reason
+    if reason is None:
+        raise ValueError("the loop has not reached a terminal state")
+    info = TERMINAL_INFO[reason]
+    last_text = ""
+    for m in reversed(state.messages):
+        if m.role == "assistant":
+            last_text = m.text()
+            break
+    if reason is TerminalReason.COMPLETED or reason is TerminalReason.TOOL_DEFERRED:
+        text = last_text
+    elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED):
+        text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()
+    elif info.is_error:
+        text = state.terminal_detail or reason.value
+    else:
+        text = last_text
+    errors = (state.terminal_detail or reason.value,) if info.subtype != "success" else ()
+    return RunResult(reason, info.subtype, info.is_error, state.turn_count, duration_ms, duration_api_ms,
+                     cost, usage, session_id, text, errors, denials, structured_output, warnings)

@@ -1,0 +1,116 @@
+"""The Anthropic Messages transport: ``anthropic.AsyncAnthropic`` streaming, nothing hand-rolled.
+
+Transient failures before the stream starts (429, 5xx, 529, connection resets) are retried by the
+SDK's own retry machinery (``max_retries``, exponential backoff, ``retry-after``); what still fails is
+classified once into a :class:`fsm.events.ModelError` for the graph.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fsm.events import ModelError
+from fsm.model import (
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    ModelCallError,
+    ModelRequest,
+    StreamEvent,
+    classify_error,
+)
+
+
+class MissingCredentials(Exception):
+    """No API key and no base URL: there is nothing to talk to."""
+
+
+def _dump(obj: Any) -> dict[str, Any]:
+    if obj is None:
+        return {}
+    return obj.model_dump(exclude_none=True) if hasattr(obj, "model_dump") else dict(obj)
+
+
+class AnthropicTransport:
+    def __init__(self, *, api_key: str | None = None, base_url: str | None = None,
+                 max_retries: int = 10, timeout: float = 600.0) -> None:
+        import anthropic  # imported here so `agentfsm diagram`/`audit` never pay for it
+
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+        url = base_url or os.environ.get("ANTHROPIC_BASE_URL")
+        if not key and not url:
+            raise MissingCredentials(
+                "no model to talk to: set ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a compatible "
+                "endpoint), or pass --scripted SCENARIO.json to use the scripted model")
+        self._anthropic = anthropic
+        self.client = anthropic.AsyncAnthropic(api_key=key or "not-needed", base_url=url,
+                                               max_retries=max_retries, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        a = self._anthropic
+        body = request.body()
+        body.pop("stream")
+        try:
+            raw = await self.client.messages.create(**body, stream=True)
+        except a.APIStatusError as exc:
+            raise ModelCallError(_status_error(exc)) from exc
+        except (a.APIConnectionError, a.APITimeoutError) as exc:
+            raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
+        try:
+            async for ev in raw:
+                mapped = _map_event(ev)
+                if mapped is not None:
+                    yield mapped
+        except a.APIStatusError as exc:
+            raise ModelCallError(_status_error(exc)) from exc
+        except a.APIError as exc:
+            # an SSE `error` event mid-stream (e.g. overloaded_error) or a broken connection
+            body_err = getattr(exc, "body", None) or {}
+            err = body_err.get("error", body_err) if isinstance(body_err, dict) else {}
+            etype = err.get("type", "") if isinstance(err, dict) else ""
+            message = err.get("message", str(exc)) if isinstance(err, dict) else str(exc)
+            status = 529 if etype == "overloaded_error" else None
+            classified = classify_error(status, etype, message)
+            if etype in ("", "api_error") or isinstance(exc, a.APIConnectionError):
+                classified = ModelError("connection", message or "stream interrupted", None, True)
+            raise ModelCallError(classified) from exc
+        except ModelCallError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelCallError(ModelError("model", f"Malformed stream from the API: {exc}")) from exc
+        except Exception as exc:  # httpx/httpcore read errors surface as their own types
+            raise ModelCallError(ModelError("connection", f"Stream interrupted: {exc}", None, True)) from exc
+        finally:
+            await raw.close()
+
+
+def _status_error(exc: Any) -> ModelError:
+    body = exc.body if isinstance(getattr(exc, "body", None), dict) else {}
+    err = body.get("error", {}) if isinstance(body.get("error"), dict) else {}
+    message = err.get("message") or str(exc)
+    return classify_error(exc.status_code, err.get("type", ""), message)
+
+
+def _map_event(ev: Any) -> StreamEvent | None:
+    t = ev.type
+    if t == "message_start":
+        return MessageStart(model=ev.message.model, usage=_dump(ev.message.usage), message_id=ev.message.id)
+    if t == "content_block_start":
+        return BlockStart(ev.index, _dump(ev.content_block))
+    if t == "content_block_delta":
+        return BlockDelta(ev.index, _dump(ev.delta))
+    if t == "content_block_stop":
+        return BlockStop(ev.index)
+    if t == "message_delta":
+        return MessageDelta(ev.delta.stop_reason, _dump(ev.usage))
+    if t == "message_stop":
+        return MessageStop()
+    return None  # ping and future event types carry nothing the loop needs
