@@ -433,6 +433,8 @@ class LoopMachine:
         return Phase(self._cursor.state)
 
     def apply(self, step: Step) -> LoopState:
+        if step.trigger not in EDGES_BY_TRIGGER:
+            raise UndeclaredMove(f"no edge is declared for trigger {step.trigger!r}")
         if step.state.phase is not step.edge.dest:
             raise UndeclaredMove(f"{step.trigger} must lead to {step.edge.dest}, not {step.state.phase}")
         try:

@@ -22,7 +22,8 @@ def configure(mode: str = "off", *, file: Path | None = None, level: str = "info
         _sink.close()
     _sink = None
     if mode == "off":
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL + 10),
+        # the loop never logs at CRITICAL, so this drops every event before any formatting
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL),
                             processors=[], cache_logger_on_first_use=False)
         return
     lvl = getattr(logging, level.upper(), logging.INFO)

@@ -1,0 +1,681 @@
+"""The trace auditor against genuine traces and hand-tampered copies of them.
+
+Traces are written by :class:`fsm.trace.TraceWriter` while :class:`Sim` walks the real
+:class:`fsm.graph.LoopMachine` (so :func:`fsm.graph.decide` picks every edge, exactly as in the
+driver) and records each request through the driver's own wire normalisation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fsm.audit import (
+    CODES,
+    WARNING_CODES,
+    Finding,
+    Move,
+    audit,
+    audit_file,
+    check_request,
+    coverage,
+    declared_moves,
+    main,
+)
+from fsm.events import (
+    Aborted,
+    Assembled,
+    CallFailed,
+    Compaction,
+    Event,
+    ModelError,
+    ModelResponse,
+    Refused,
+    StopHookVerdict,
+    StreamEnded,
+    StreamOpened,
+    ToolsDrained,
+)
+from fsm.graph import LoopMachine, may_reactive_compact
+from fsm.request import normalize
+from fsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
+from fsm.trace import TraceWriter
+
+Trace = tuple[Path, list[dict[str, Any]]]  # a session file and its records
+SESSION = "0b9c1d7e-0000-4000-8000-000000000001"
+MODEL = "claude-test"
+
+
+# --- a scripted walk of the real machine ----------------------------------------------------------
+
+
+def text(t: str = "done", stop: str = "end_turn") -> ModelResponse:
+    return ModelResponse(blocks=({"type": "text", "text": t},), stop_reason=stop)
+
+
+def tool_call(*ids: str) -> ModelResponse:
+    blocks = tuple({"type": "tool_use", "id": i, "name": "Read", "input": {"file_path": "/a"}} for i in ids)
+    return ModelResponse(blocks=blocks, stop_reason="tool_use")
+
+
+THINKING_ONLY = ModelResponse(blocks=({"type": "thinking", "thinking": "hm", "signature": "s"},),
+                              stop_reason="end_turn")
+MALFORMED = ModelResponse(blocks=(), stop_reason="tool_use", incomplete_tool_uses=1)
+
+
+def results_for(resp: ModelResponse) -> Message:
+    return Message("user", tuple({"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
+                                 for b in resp.tool_uses()), kind="tool_results")
+
+
+class Sim:
+    """One session file written while the real machine runs; each method is one thing the driver
+    does (a move, a request, the result)."""
+
+    def __init__(self, path: Path, limits: Limits | None = None, prompt: str = "go") -> None:
+        limits = limits or Limits()
+        self.limits = limits
+        self.trace = TraceWriter(path)
+        self.trace.session(SESSION, limits, "/work", MODEL)
+        self.machine = LoopMachine(LoopState())
+        self.prompt(prompt)
+
+    def prompt(self, text_: str) -> None:
+        """A new run of the loop on the same history (the driver's ``run``)."""
+        first = Message("user", text_, kind="prompt")
+        self.trace.message(first)
+        self.machine = LoopMachine(LoopState(messages=(*self.machine.state.messages, first)))
+
+    @property
+    def state(self) -> LoopState:
+        return self.machine.state
+
+    def feed(self, event: Event) -> str:
+        before = self.machine.state
+        step, after = self.machine.step(event, self.limits)
+        self.trace.transition(step.trigger, step.edge.kind, before, after)
+        return step.trigger
+
+    def request(self) -> None:
+        self.trace.request(MODEL, self.state.query_tracking.depth, normalize(self.state.messages))
+
+    def call(self) -> None:
+        self.feed(Assembled())
+        self.request()
+
+    def respond(self, resp: ModelResponse) -> str:
+        self.call()
+        self.feed(StreamOpened())
+        return self.feed(StreamEnded(resp))
+
+    def tools(self, resp: ModelResponse, **flags: Any) -> str:
+        drained = ToolsDrained(resp.as_message(), results_for(resp), **flags)
+        assert self.feed(drained) == "collect"
+        return self.feed(drained)
+
+    def finish(self) -> None:
+        reason = self.state.terminal_reason
+        assert reason is not None
+        info = TERMINAL_INFO[reason]
+        self.trace.result({"type": "result", "subtype": info.subtype, "is_error": info.is_error,
+                           "terminal_reason": reason.value, "num_turns": self.state.turn_count,
+                           "session_id": SESSION})
+
+    def close(self) -> None:
+        self.trace.close()
+
+
+def _completed(sim: Sim) -> None:
+    assert sim.respond(text()) == "end_turn"
+
+
+def _tool_turn(sim: Sim) -> None:
+    assert sim.respond(tool_call("toolu_1", "toolu_2")) == "dispatch"
+    assert sim.tools(tool_call("toolu_1", "toolu_2")) == "next_turn"
+    assert sim.respond(text()) == "end_turn"
+
+
+def _max_turns(sim: Sim) -> None:
+    sim.respond(tool_call("toolu_1"))
+    assert sim.tools(tool_call("toolu_1")) == "finish_batch"
+
+
+def _max_tokens(sim: Sim) -> None:
+    assert sim.respond(text("cut", "max_tokens")) == "max_output_tokens_recovery"
+    assert sim.respond(text("cut again", "max_tokens")) == "max_output_tokens_recovery"
+    sim.respond(text())
+
+
+def _max_tokens_exhausted(sim: Sim) -> None:
+    sim.respond(text("cut", "max_tokens"))
+    assert sim.respond(text("cut", "max_tokens")) == "recovery_exhausted"
+
+
+def _malformed(sim: Sim) -> None:
+    assert sim.respond(MALFORMED) == "malformed_tool_use_retry"
+    assert sim.respond(MALFORMED) == "recovery_exhausted"
+
+
+def _thinking(sim: Sim) -> None:
+    assert sim.respond(THINKING_ONLY) == "thinking_only_nudge"
+    sim.respond(text())
+
+
+def _stop_hook(sim: Sim) -> None:
+    sim.respond(text())
+    assert sim.feed(StopHookVerdict(blocked=True, reason="tests are red")) == "stop_hook_blocking"
+    sim.respond(text("fixed"))
+
+
+def _stop_hook_prevented(sim: Sim) -> None:
+    sim.respond(text())
+    assert sim.feed(StopHookVerdict(prevented=True, stop_reason="halt")) == "settle"
+
+
+def _api_error(sim: Sim) -> None:
+    sim.call()
+    assert sim.feed(CallFailed(ModelError("api", "Internal server error", 500))) == "call_failed"
+
+
+def _stream_retry(sim: Sim) -> None:
+    sim.call()
+    sim.feed(StreamOpened())
+    assert sim.feed(CallFailed(ModelError("connection", "reset", retryable=True))) == "stream_retry"
+    sim.request()
+    sim.feed(StreamOpened())
+    sim.feed(StreamEnded(text()))
+
+
+def _reactive_compact(sim: Sim) -> None:
+    for i in (1, 2):  # one exchange alone cannot be compacted
+        sim.respond(tool_call(f"toolu_{i}"))
+        sim.tools(tool_call(f"toolu_{i}"))
+    sim.call()
+    assert may_reactive_compact(sim.state)
+    summary = Compaction((Message("user", "summary of it all", kind="compact_summary"),), "reactive")
+    err = ModelError("prompt_too_long", "prompt is too long", 400)
+    assert sim.feed(CallFailed(err, compaction=summary)) == "reactive_compact_retry"
+    sim.respond(text())
+
+
+def _abort_tools(sim: Sim) -> None:
+    resp = tool_call("toolu_1")
+    sim.respond(resp)
+    assert sim.feed(Aborted(resp.as_message(), results_for(resp))) == "abort"
+
+
+def _refused(sim: Sim) -> None:
+    sim.feed(Assembled())
+    assert sim.feed(Refused(TerminalReason.BUDGET_EXHAUSTED, "Reached maximum budget")) == "refuse"
+
+
+def _two_prompts(sim: Sim) -> None:
+    _tool_turn(sim)
+    sim.finish()
+    sim.prompt("and now?")
+    sim.respond(text())
+
+
+SCENARIOS: dict[str, tuple[Callable[[Sim], None], Limits, str]] = {
+    "completed": (_completed, Limits(), "completed"),
+    "tool_turn": (_tool_turn, Limits(), "completed"),
+    "max_turns": (_max_turns, Limits(max_turns=1), "max_turns"),
+    "max_tokens": (_max_tokens, Limits(), "completed"),
+    "max_tokens_exhausted": (_max_tokens_exhausted, Limits(max_output_tokens_recoveries=1), "api_error"),
+    "malformed": (_malformed, Limits(), "malformed_tool_use_exhausted"),
+    "thinking": (_thinking, Limits(), "completed"),
+    "stop_hook": (_stop_hook, Limits(), "completed"),
+    "stop_hook_prevented": (_stop_hook_prevented, Limits(), "stop_hook_prevented"),
+    "api_error": (_api_error, Limits(), "api_error"),
+    "stream_retry": (_stream_retry, Limits(), "completed"),
+    "reactive_compact": (_reactive_compact, Limits(), "completed"),
+    "abort_tools": (_abort_tools, Limits(), "aborted_tools"),
+    "refused": (_refused, Limits(max_budget_usd=0.01), "budget_exhausted"),
+    "two_prompts": (_two_prompts, Limits(), "completed"),
+}
+
+
+def write_scenario(path: Path, name: str) -> Path:
+    script, limits, reason = SCENARIOS[name]
+    sim = Sim(path, limits)
+    script(sim)
+    assert sim.state.phase is Phase.STOP and sim.state.terminal_reason == TerminalReason(reason)
+    sim.finish()
+    sim.close()
+    return path
+
+
+def errors(findings: Iterable[Finding]) -> list[Finding]:
+    return [f for f in findings if f.is_error]
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def rewrite(path: Path, recs: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def line_of(recs: list[dict[str, Any]], pred: Callable[[dict[str, Any]], bool], nth: int = 0) -> int:
+    """1-based line of the nth record matching ``pred``."""
+    return [i for i, r in enumerate(recs, 1) if pred(r)][nth]
+
+
+def is_move(trigger: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda r: r["type"] == "transition" and r["trigger"] == trigger
+
+
+def is_request(r: dict[str, Any]) -> bool:
+    return r["type"] == "request"
+
+
+def the(findings: list[Finding], code: str) -> Finding:
+    found = [f for f in findings if f.code == code]
+    assert len(found) == 1, (code, findings)
+    return found[0]
+
+
+# --- genuine traces pass ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_engine_traces_are_clean(tmp_path: Path, name: str) -> None:
+    path = write_scenario(tmp_path / f"{name}.jsonl", name)
+    assert audit_file(path) == []
+
+
+def test_audit_of_records_numbers_them_like_lines(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    assert audit(recs) == []
+    recs[line_of(recs, is_move("collect")) - 1]["from"] = "stream"
+    assert the(audit(recs), "undeclared_move").line == line_of(recs, is_move("collect"))
+
+
+# --- tampered copies are rejected, each with its line and code ---------------------------------
+
+
+@pytest.fixture
+def tool_trace(tmp_path: Path) -> Trace:
+    path = write_scenario(tmp_path / "tool_turn.jsonl", "tool_turn")
+    return path, records(path)
+
+
+def test_undeclared_move_stream_to_feedback(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_move("dispatch"))
+    recs[line - 1]["to"] = "feedback"
+    rewrite(path, recs)
+    findings = audit_file(path)
+    f = the(findings, "undeclared_move")
+    assert f.line == line and f.is_error
+    assert "'dispatch' (stream → feedback) is not a declared edge" in f.message
+    assert "goes stream → dispatch_tools" in f.message
+    assert "the graph declares no move stream → feedback" in f.message
+    # the next move starts where the real loop was, not where the tampered record says
+    d = the(findings, "discontinuous")
+    assert d.line == line + 1 or d.line > line
+    assert f"line {line}) ended at 'feedback'" in d.message
+
+
+def test_unknown_trigger_and_state(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    recs[line_of(recs, is_move("call")) - 1]["trigger"] = "teleport"
+    recs[line_of(recs, is_move("open_stream")) - 1]["to"] = "limbo"
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert the(findings, "unknown_trigger").line == line_of(recs, lambda r: r.get("trigger") == "teleport")
+    assert "'teleport' is not a declared trigger" in the(findings, "unknown_trigger").message
+    assert "'limbo'" in the(findings, "unknown_state").message
+
+
+def test_counter_over_cap(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
+    recs = records(path)
+    line = line_of(recs, is_move("max_output_tokens_recovery"), nth=1)
+    recs[line - 1]["counters"]["max_output_tokens_recovery_count"] = 4
+    rewrite(path, recs)
+    f = the(audit_file(path), "counter_over_cap")
+    assert f.line == line
+    assert "max_output_tokens_recovery_count=4 exceeds its cap max_output_tokens_recoveries=3" in f.message
+    # caps come from the session record unless overridden: under a stricter one the first recovery
+    # over it is flagged, once (the counter staying high on the next moves is the same excursion)
+    stricter = audit_file(path, limits=Limits(max_output_tokens_recoveries=0))
+    assert [f.line for f in stricter if f.code == "counter_over_cap"] == [
+        line_of(recs, is_move("max_output_tokens_recovery"))]
+
+
+def test_turn_over_max_turns(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_turns")
+    recs = records(path)
+    line = line_of(recs, is_move("finish_batch"))
+    recs[line - 1]["turn"] = 2
+    rewrite(path, recs)
+    f = the(audit_file(path), "turn_over_cap")
+    assert f.line == line and "turn 2 exceeds max_turns=1" in f.message
+
+
+def test_unpaired_tool_use_in_request(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_request, nth=1)
+    user = recs[line - 1]["messages"][2]
+    user["blocks"] = [b for b in user["blocks"] if b.get("tool_use_id") != "toolu_2"]
+    rewrite(path, recs)
+    f = the(audit_file(path), "unpaired_tool_use")
+    assert f.line == line
+    assert f.message == "tool_use 'toolu_2' (Read) in messages[1] has no tool_result in messages[2]"
+
+
+def test_orphan_and_duplicate_tool_results(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_request, nth=1)
+    blocks = recs[line - 1]["messages"][2]["blocks"]
+    blocks.append({"type": "tool_result", "tool_use_id": "toolu_9", "is_error": False})
+    blocks.append(dict(blocks[0]))
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert the(findings, "orphan_tool_result").line == line
+    assert "'toolu_9' in messages[2] has no tool_use with that id in messages[1]" in \
+        the(findings, "orphan_tool_result").message
+    assert "has 2 tool_results" in the(findings, "duplicate_tool_result").message
+
+
+def test_non_alternating_roles(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_request, nth=1)
+    msgs = recs[line - 1]["messages"]
+    msgs.insert(1, {"role": "user", "blocks": [{"type": "text"}]})
+    rewrite(path, recs)
+    findings = audit_file(path)
+    f = the(findings, "role_order")
+    assert f.line == line
+    assert f.message.startswith("messages[1] has role 'user' after 'user' where 'assistant' is due")
+
+
+def test_first_message_must_be_user() -> None:
+    problems = list(check_request([{"role": "assistant", "blocks": []}]))
+    assert problems == [("role_order", "messages[0] has role 'assistant' where 'user' is due: roles must "
+                                       "alternate user/assistant starting with user")]
+
+
+def test_request_after_stop(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    stop_line = line_of(recs, is_move("end_turn"))
+    recs.insert(stop_line, dict(recs[line_of(recs, is_request, nth=1) - 1]))
+    rewrite(path, recs)
+    f = the(audit_file(path), "request_after_stop")
+    assert f.line == stop_line + 1
+    assert f"reached stop at line {stop_line} ('end_turn', 'completed')" in f.message
+
+
+def test_request_after_stop_hook_blocking_is_fine_and_without_it_is_not(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "stop_hook")
+    recs = records(path)
+    assert audit_file(path) == []
+    blocking = line_of(recs, is_move("stop_hook_blocking"))
+    # drop the re-entry and the next move: the second request now follows a stop
+    del recs[blocking - 1: blocking + 1]
+    rewrite(path, recs)
+    findings = audit_file(path)
+    after = the(findings, "request_after_stop")
+    assert after.line == line_of(recs, is_request, nth=1)
+
+
+def test_result_disagrees_with_last_move(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, lambda r: r["type"] == "result")
+    recs[line - 1]["terminal_reason"] = "max_turns"
+    rewrite(path, recs)
+    findings = audit_file(path)
+    f = the(findings, "result_mismatch")
+    stop_line = line_of(recs, is_move("end_turn"))
+    assert f.line == line
+    assert f.message == (f"result terminal_reason 'max_turns' but the last move into stop ('end_turn', "
+                         f"line {stop_line}) carried 'completed'")
+    assert "TERMINAL_INFO says subtype='error_max_turns', is_error=True" in \
+        the(findings, "result_subtype").message
+
+
+def test_result_subtype_and_is_error(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    recs[-1]["is_error"] = True
+    rewrite(path, recs)
+    f = the(audit_file(path), "result_subtype")
+    assert f.line == len(recs) and "is_error=True" in f.message
+
+
+def test_bad_terminal_reason_on_move_into_stop(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_move("end_turn"))
+    recs[line - 1]["terminal_reason"] = "max_turns"
+    recs[-1].update(terminal_reason="max_turns", subtype="error_max_turns", is_error=True)
+    rewrite(path, recs)
+    findings = audit_file(path)
+    f = the(findings, "bad_terminal_reason")
+    assert f.line == line and "allows completed" in f.message
+    assert errors(findings) == [f]
+
+
+def test_transition_after_result_and_result_before_stop(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    result = recs.pop()
+    stop_line = line_of(recs, is_move("end_turn"))
+    recs.insert(stop_line - 1, result)  # result now precedes the move into stop
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert the(findings, "result_before_stop").line == stop_line
+    assert "while the loop is at 'stream'" in the(findings, "result_before_stop").message
+    f = the(findings, "transition_after_result")
+    assert f.line == stop_line + 1 and f"after the result record at line {stop_line}" in f.message
+
+
+def test_discontinuous_first_move(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    del recs[line_of(recs, is_move("call")) - 1]
+    rewrite(path, recs)
+    f = the(audit_file(path), "discontinuous")
+    assert f.line == line_of(recs, is_move("open_stream"))
+    assert "starts at 'call_model' but a run starts at 'assemble'" in f.message
+
+
+def test_graph_changed_is_a_warning(tool_trace: Trace,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path, recs = tool_trace
+    recs[0]["graph"] = "0123456789abcdef"
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert [(f.line, f.code, f.severity) for f in findings] == [(1, "graph_changed", "warning")]
+    assert main([str(path)]) == 0
+    assert "warning [graph_changed]" in capsys.readouterr().out
+
+
+def test_torn_last_line_is_tolerated(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    with open(path, "a") as fh:
+        fh.write('{"type": "transition", "from": "stop", "to": "ass')
+    findings = audit_file(path)
+    assert [(f.line, f.code) for f in findings] == [(len(recs) + 1, "torn_last_line")]
+    assert not errors(findings)
+
+
+def test_broken_middle_line_and_seq_gap(tool_trace: Trace) -> None:
+    path, _ = tool_trace
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = "{not json\n"
+    path.write_text("".join(lines))
+    findings = audit_file(path)
+    assert the(findings, "unreadable_line").line == 4
+    assert the(findings, "seq_order").line == 5 and not the(findings, "seq_order").is_error
+
+
+def test_crashed_run_then_resumed_run(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    sim = Sim(path)
+    sim.respond(tool_call("toolu_1"))  # crash while the tool runs: no result
+    crashed_at = len(records(path)) - 3
+    sim.prompt("continue")  # the resumed run
+    sim.respond(text())
+    sim.finish()
+    sim.close()
+    findings = audit_file(path)
+    assert [(f.code, f.line) for f in findings] == [("incomplete_run", crashed_at)]
+    assert "last position: dispatch_tools" in findings[0].message
+
+
+def test_every_code_is_documented() -> None:
+    assert WARNING_CODES <= set(CODES)
+    assert Finding(3, "graph_changed", "x").severity == "warning"
+    assert Finding(3, "undeclared_move", "x").severity == "error"
+    assert str(Finding(3, "undeclared_move", "x")) == "line 3: error [undeclared_move] x"
+
+
+# --- random walks of the real decision function -----------------------------------------------
+
+PICKS = ("text", "tool", "tools2", "max_tokens", "malformed", "thinking", "api_error", "ptl", "refuse",
+         "fallback", "abort_call", "stream_retry", "stream_error", "abort", "block", "prevent", "ends_turn",
+         "hook_stop", "defer")
+
+
+def walk(sim: Sim, picks: Iterable[str]) -> None:
+    """Drive the machine like the driver would, taking model/tool/hook behaviour from ``picks``."""
+    it = iter(picks)
+    ids = itertools.count(1)
+    last = ""
+    response = text()
+    drained: ToolsDrained | None = None
+    while True:
+        phase = sim.machine.phase
+        if phase is Phase.STOP:
+            pick = next(it, "end") if last == "end_turn" else "end"
+            if pick == "block":
+                last = sim.feed(StopHookVerdict(blocked=True, reason="again"))
+            elif pick == "prevent":
+                last = sim.feed(StopHookVerdict(prevented=True, stop_reason="halt"))
+            else:
+                return
+        elif phase is Phase.ASSEMBLE:
+            last = sim.feed(Assembled())
+        elif phase is Phase.CALL_MODEL:
+            pick = next(it, "text")
+            if pick == "refuse":
+                last = sim.feed(Refused(TerminalReason.BLOCKING_LIMIT, "too long"))
+                continue
+            if pick == "abort_call":
+                last = sim.feed(Aborted())
+                continue
+            sim.request()
+            if pick == "fallback":
+                last = sim.feed(CallFailed(ModelError("overloaded", "Overloaded", 529, retryable=True),
+                                           fallback_available=True))
+            elif pick == "api_error":
+                last = sim.feed(CallFailed(ModelError("api", "boom", 500)))
+            elif pick == "ptl":
+                compaction = (Compaction((Message("user", "summary", kind="compact_summary"),), "reactive")
+                              if may_reactive_compact(sim.state) else None)
+                last = sim.feed(CallFailed(ModelError("prompt_too_long", "prompt is too long", 400),
+                                           compaction=compaction))
+            else:
+                last = sim.feed(StreamOpened())
+                response = {
+                    "tool": tool_call(f"toolu_{next(ids)}"),
+                    "tools2": tool_call(f"toolu_{next(ids)}", f"toolu_{next(ids)}"),
+                    "max_tokens": text("cut", "max_tokens"),
+                    "malformed": MALFORMED,
+                    "thinking": THINKING_ONLY,
+                }.get(pick, text())
+                if pick == "stream_retry":
+                    last = sim.feed(CallFailed(ModelError("connection", "reset", retryable=True)))
+                elif pick == "stream_error":
+                    last = sim.feed(CallFailed(ModelError("model", "malformed stream")))
+                elif pick == "abort":
+                    last = sim.feed(Aborted())
+                else:
+                    last = sim.feed(StreamEnded(response))
+        elif phase is Phase.DISPATCH_TOOLS:
+            pick = next(it, "ok")
+            if pick == "abort":
+                last = sim.feed(Aborted(response.as_message(), results_for(response)))
+                continue
+            drained = ToolsDrained(response.as_message(), results_for(response),
+                                   ends_turn=pick == "ends_turn", hook_stopped=pick == "hook_stop",
+                                   deferred=pick == "defer")
+            last = sim.feed(drained)
+        else:
+            assert drained is not None
+            last = sim.feed(drained)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.sampled_from(PICKS), max_size=14),
+       max_turns=st.none() | st.integers(1, 3),
+       recoveries=st.integers(0, 2), malformed=st.integers(0, 2), hook_cap=st.integers(0, 2))
+def test_random_engine_walks_audit_clean(tmp_path: Path, picks: list[str], max_turns: int | None,
+                                         recoveries: int, malformed: int, hook_cap: int) -> None:
+    limits = Limits(max_turns=max_turns, max_output_tokens_recoveries=recoveries,
+                    malformed_tool_use_retries=malformed, stop_hook_block_cap=hook_cap)
+    path = tmp_path / f"walk-{abs(hash((tuple(picks), max_turns, recoveries, malformed, hook_cap)))}.jsonl"
+    path.unlink(missing_ok=True)
+    sim = Sim(path, limits)
+    walk(sim, picks)
+    sim.finish()
+    sim.close()
+    assert errors(audit_file(path)) == []
+
+
+# --- coverage and the CLI ---------------------------------------------------------------------
+
+
+def test_coverage_counts_edges_and_reasons(tmp_path: Path) -> None:
+    for name in SCENARIOS:
+        write_scenario(tmp_path / f"{name}.jsonl", name)
+    cov = coverage([tmp_path])
+    taken, reasons, missing, missing_reasons = cov
+    # tool_turn 1, reactive_compact 2, two_prompts 1
+    assert taken[Move("next_turn", "feedback", "assemble")] == 4
+    assert taken[Move("stream_retry", "stream", "call_model")] == 1
+    assert taken[Move("abort", "dispatch_tools", "stop")] == 1
+    assert reasons["completed"] >= 8 and reasons["budget_exhausted"] == 1
+    assert Move("precomputed_compact_swap", "assemble", "assemble") in missing
+    assert Move("abort", "assemble", "stop") in missing
+    assert "image_error" in missing_reasons and "completed" not in missing_reasons
+    assert set(missing) | set(taken) == set(declared_moves())
+
+
+def test_main_exit_codes_and_json(tool_trace: Trace,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path, recs = tool_trace
+    assert main([str(path)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"{path}: ok")
+    recs[line_of(recs, is_move("dispatch")) - 1]["to"] = "feedback"
+    rewrite(path, recs)
+    assert main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:{line_of(recs, is_move('dispatch'))}: error [undeclared_move]" in out
+    assert main([str(path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["errors"] >= 1
+    assert {"path": str(path), "line": line_of(recs, is_move("dispatch")), "code": "undeclared_move",
+            "severity": "error"}.items() <= doc["findings"][0].items()
+    assert main([str(path.with_name("missing.jsonl"))]) == 2
+
+
+def test_main_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    assert main(["--coverage", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "×2  call" in out and "never  precomputed_compact_swap" in out
+    assert "terminal reasons reached: 1/" in out
+    assert main(["--coverage", "--require-full", str(path)]) == 1
+    capsys.readouterr()
+    assert main(["--coverage", "--json", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"trigger": "next_turn", "from": "feedback", "to": "assemble", "count": 1} in doc["edges"]
+    assert "image_error" in doc["missing_reasons"]
