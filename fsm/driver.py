@@ -34,6 +34,7 @@ from fsm.events import (
     ToolsDrained,
 )
 from fsm.executor import StreamingToolExecutor
+from fsm.pipeline import synthetic_result
 from fsm.gate import OpenGate, ToolGate
 from fsm.model import MessageStop, ModelCallError, ModelClient, ModelRequest, StreamEvent
 from fsm.options import Options
@@ -550,8 +551,8 @@ class Driver:
 
 
 def _interrupted(tool_use_id: str) -> dict[str, Any]:
-    return {"type": "tool_result", "tool_use_id": tool_use_id, "is_error": True,
-            "content": "<tool_use_error>Interrupted by user</tool_use_error>"}
+    """The result of a tool_use the executor never saw (cut off before it was handed over)."""
+    return dict(synthetic_result(tool_use_id, "", "user_interrupted").block)
 
 
 def _input_of(assistant: Message, tool_use_id: str) -> Mapping[str, Any]:

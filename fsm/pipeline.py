@@ -1,0 +1,782 @@
+"""The pipeline one ``tool_use`` block goes through (SPEC §4; seed 004 "单个工具调用的执行管线").
+
+:func:`run_tool_call` runs the fifteen steps in order, each under its own timer:
+
+ 1 name/alias lookup          6 PreToolUse hooks               11 map to a ``tool_result`` block
+ 2 abort check                7 permission decision            12 PostToolUse hooks
+ 3 JSON parse / coercion      8 re-validate ``updatedInput``   13 output schema check
+ 4 JSON Schema validation     9 mark in progress               14 result, context layers, log
+ 5 the tool's validate_input 10 ``tool.call``                  15 clear in progress (``finally``)
+
+Nothing raised on the way escapes: an unknown tool, bad JSON, a schema violation, a denial, a hook
+error, an exception in the tool, even a cancellation all become a :class:`CallResult` whose
+``block`` is a ``tool_result`` with the call's id (``is_error: true`` for failures), so the
+conversation never holds an unpaired ``tool_use``. Error texts follow the reference client's.
+
+:class:`ToolTable` wraps whatever registry the host has (a ``tools.ToolRegistry``, a mapping, a
+list of tools) and owns the compiled JSON Schema validators, built once per tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import functools
+import inspect
+import json
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jsonschema
+import structlog
+from jsonschema.exceptions import SchemaError, ValidationError
+
+from fsm.gate import OpenGate, PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
+from tools.base import Tool, ToolContext, ToolError, ToolOutput
+
+log = structlog.get_logger("agentfsm.tools")
+
+# --- texts the model sees --------------------------------------------------------------------
+
+USER_INTERRUPTED = "user_interrupted"
+STREAMING_FALLBACK = "streaming_fallback"
+
+# Claude Code's wording for a call the user interrupted or rejected.
+REJECT_MESSAGE = (
+    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a "
+    "file edit, the new_string was NOT written to the file). STOP what you are doing and wait for the "
+    "user to tell you how to proceed."
+)
+_FALLBACK_MESSAGE = "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"
+_INVALID_JSON_ECHO_BYTES = 200
+
+
+def tool_use_error(text: str) -> str:
+    """Wrap ``text`` the way Claude Code marks tool errors for the model (idempotent)."""
+    return text if text.startswith("<tool_use_error>") else f"<tool_use_error>{text}</tool_use_error>"
+
+
+def synthetic_text(reason: str) -> str:
+    """The tool_result text of a call that was cancelled or discarded for ``reason``."""
+    if reason == USER_INTERRUPTED:
+        return REJECT_MESSAGE
+    if reason in (STREAMING_FALLBACK, "fallback"):
+        return _FALLBACK_MESSAGE
+    return tool_use_error(f"Error: Tool execution discarded ({reason})")
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CallTimings:
+    """Milliseconds. ``steps`` maps ``"NN_name"`` to the time spent in each pipeline step."""
+
+    hook_ms: float = 0.0
+    permission_ms: float = 0.0
+    run_ms: float = 0.0
+    total_ms: float = 0.0
+    steps: Mapping[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class CallResult:
+    """How one tool call ended. ``block`` is the wire ``tool_result`` (no extra keys: it is sent as
+    is); the other fields are for the loop: ``deferred`` (a PreToolUse hook deferred the call, it
+    did not run), ``stop`` (a hook said ``continue: false``), ``ends_turn``, ``permission_denial``
+    (``{tool_name, tool_use_id, tool_input}`` for the run's result), ``cancel_reason`` (set on
+    synthetic results: ``user_interrupted``, ``streaming_fallback``, ...), ``output_data`` (what the
+    tool returned, after any hook replacement) and ``tool_input`` (the input the tool ran with)."""
+
+    tool_use_id: str
+    tool_name: str
+    block: Mapping[str, Any]
+    is_error: bool = False
+    tool_input: Mapping[str, Any] = attrs.field(factory=dict)
+    output_data: Any = None
+    context_layers: Mapping[str, Any] = attrs.field(factory=dict)
+    ends_turn: bool = False
+    deferred: bool = False
+    stop: bool = False
+    stop_reason: str = ""
+    permission_denial: Mapping[str, Any] | None = None
+    cancel_reason: str | None = None
+    timings: CallTimings = attrs.field(factory=CallTimings)
+
+    @property
+    def interrupted(self) -> bool:
+        return self.cancel_reason == USER_INTERRUPTED
+
+
+def synthetic_result(tool_use_id: str, tool_name: str, reason: str,
+                     tool_input: Mapping[str, Any] | None = None) -> CallResult:
+    """An error result for a call that never ran (or was cut short) for ``reason``."""
+    block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": synthetic_text(reason),
+             "is_error": True}
+    return CallResult(tool_use_id, tool_name, block, is_error=True, tool_input=dict(tool_input or {}),
+                      cancel_reason=reason)
+
+
+# --- the tool table: lookup, suggestions, compiled schemas -----------------------------------
+
+
+@attrs.frozen
+class PreparedInput:
+    """Step 3/4 outcome: the coerced input and the schema issues (empty = valid)."""
+
+    input: dict[str, Any]
+    issues: tuple[str, ...] = ()
+    invalid_json: bool = False
+
+
+class ToolTable:
+    """Name/alias lookup and cached validators over the host's registry.
+
+    ``source`` may be a :class:`ToolTable`, an object with ``lookup(name)`` or ``get(name)`` (and
+    optionally ``names()`` / iteration over its tools), a ``Mapping[str, Tool]`` or an iterable of
+    tools. Aliases are resolved here when the source does not resolve them itself.
+    """
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        # keyed by id(tool); the tool is kept in the value so the id cannot be reused
+        self._validators: dict[int, tuple[Tool, Any]] = {}
+        self._out_validators: dict[int, tuple[Tool, Any]] = {}
+        self._static: list[Tool] | None = None
+        if not isinstance(source, Mapping) and not any(
+                hasattr(source, a) for a in ("lookup", "get", "tools")) and not callable(source):
+            self._static = list(source)
+
+    @classmethod
+    def of(cls, source: Any) -> ToolTable:
+        return source if isinstance(source, ToolTable) else cls(source)
+
+    def tools(self) -> list[Tool]:
+        src = self._source
+        if self._static is not None:
+            return self._static
+        if isinstance(src, Mapping):
+            return list(src.values())
+        held = getattr(src, "tools", None)
+        if callable(held):
+            held = held()
+        if held is not None:
+            return list(held.values() if isinstance(held, Mapping) else held)
+        try:
+            return [t for t in src if isinstance(t, Tool)]
+        except TypeError:
+            return []
+
+    def names(self) -> list[str]:
+        names = getattr(self._source, "names", None)
+        if callable(names):
+            return list(names())
+        return [t.name for t in self.tools()]
+
+    def lookup(self, name: str) -> Tool | None:
+        tool = self._direct(name)
+        if tool is not None:
+            return tool
+        for t in self.tools():
+            if name == t.name or name in t.aliases:
+                return t
+        return None
+
+    def _direct(self, name: str) -> Tool | None:
+        src = self._source
+        if self._static is not None:
+            return None
+        try:
+            if isinstance(src, Mapping):
+                return src.get(name)
+            for attr in ("lookup", "get"):
+                fn = getattr(src, attr, None)
+                if callable(fn):
+                    return fn(name)
+            if callable(src):
+                return src(name)
+        except LookupError:
+            return None
+        return None
+
+    def suggest(self, name: str) -> str | None:
+        """The closest known tool name (aliases count, the canonical name is returned)."""
+        closest = getattr(self._source, "closest", None)
+        if callable(closest):  # the registry's own answer keeps every "did you mean" consistent
+            found = closest(name)
+            return found if isinstance(found, str) else None
+        canon: dict[str, str] = {}
+        for t in self.tools():
+            for n in (t.name, *t.aliases):
+                canon.setdefault(n.lower(), t.name)
+        for n in self.names():
+            canon.setdefault(n.lower(), n)
+        hit = difflib.get_close_matches(name.lower(), list(canon), n=1, cutoff=0.6)
+        return canon[hit[0]] if hit else None
+
+    # schemas ---------------------------------------------------------------------------------
+
+    def input_validator(self, tool: Tool) -> Any:
+        """Compiled once per tool; raises :class:`jsonschema.SchemaError` for a broken schema."""
+        return self._compiled(self._validators, tool, tool.input_schema)
+
+    def output_validator(self, tool: Tool) -> Any | None:
+        if tool.output_schema is None:
+            return None
+        return self._compiled(self._out_validators, tool, tool.output_schema)
+
+    @staticmethod
+    def _compiled(cache: dict[int, tuple[Tool, Any]], tool: Tool, schema: Mapping[str, Any]) -> Any:
+        hit = cache.get(id(tool))
+        if hit is not None and hit[0] is tool:
+            return hit[1]
+        validator = _compile_schema(json.dumps(schema, default=str))
+        cache[id(tool)] = (tool, validator)
+        return validator
+
+    def prepare_input(self, tool: Tool, raw: Any, invalid_json: str | None = None) -> PreparedInput:
+        """Steps 3 and 4: parse, coerce and validate. Raises only for a broken tool schema."""
+        if invalid_json is None and isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                invalid_json = raw
+        if invalid_json is not None:
+            return PreparedInput({}, (invalid_json_issue(invalid_json),), invalid_json=True)
+        coerced = coerce_input(raw, tool.input_schema)
+        return PreparedInput(coerced if isinstance(coerced, dict) else {},
+                             tuple(self.input_issues(tool, coerced)))
+
+    def input_issues(self, tool: Tool, value: Any) -> list[str]:
+        return schema_issues(self.input_validator(tool), value)
+
+    def output_issues(self, tool: Tool, data: Any) -> list[str]:
+        validator = self.output_validator(tool)
+        return [] if validator is None else schema_issues(validator, data)
+
+
+@functools.lru_cache(maxsize=512)
+def _compile_schema(schema_json: str) -> Any:
+    """Validators are shared by every table (the executor builds one per response), keyed by the
+    schema's JSON (key order kept: issue lines follow the schema's property order); raises
+    :class:`jsonschema.SchemaError` for a broken schema."""
+    cls = jsonschema.Draft202012Validator
+    schema = json.loads(schema_json)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+# --- coercion and schema messages ------------------------------------------------------------
+
+_INT_TEXT = re.compile(r"^[+-]?\d+$")
+
+
+def _schema_types(schema: Mapping[str, Any]) -> set[str]:
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return {x for x in t if isinstance(x, str)}
+    return set()
+
+
+def coerce_input(value: Any, schema: Any) -> Any:
+    """Models often send ``"true"`` or ``"5"`` where the schema wants a boolean or a number; turn
+    such strings into the schema's type (top level, nested ``properties`` and array ``items``).
+    Mappings are copied, never mutated."""
+    if not isinstance(schema, Mapping):
+        return dict(value) if isinstance(value, Mapping) else value
+    if isinstance(value, str):
+        return _coerce_text(value, _schema_types(schema))
+    if isinstance(value, Mapping):
+        props = schema.get("properties")
+        props = props if isinstance(props, Mapping) else {}
+        return {k: coerce_input(v, props[k]) if k in props else v for k, v in value.items()}
+    if isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, Mapping):
+            return [coerce_input(v, items) for v in value]
+    return value
+
+
+def _coerce_text(text: str, types: set[str]) -> Any:
+    if not types or "string" in types:
+        return text
+    s = text.strip()
+    if "boolean" in types and s in ("true", "false"):
+        return s == "true"
+    if ("integer" in types or "number" in types) and _INT_TEXT.match(s):
+        return int(s)
+    if "number" in types:
+        try:
+            number = float(s)
+        except ValueError:
+            return text
+        if math.isfinite(number):
+            return number
+    return text
+
+
+def json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+def _param(path: Sequence[Any], leaf: str | None = None) -> str:
+    parts = [str(p) for p in path] + ([leaf] if leaf is not None else [])
+    return ".".join(parts)
+
+
+def _unexpected(instance: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    props = schema.get("properties", {})
+    patterns = schema.get("patternProperties", {})
+    return [k for k in instance if k not in props and not any(re.search(p, k) for p in patterns)]
+
+
+def schema_issues(validator: Any, value: Any) -> list[str]:
+    """One line per problem, in Claude Code's words; missing and mistyped parameters first (in the
+    schema's property order), unexpected ones last — the order a Zod parse would report them."""
+    order = {k: i for i, k in enumerate(validator.schema.get("properties", {}) or {})}
+    lines: list[tuple[int, int, str]] = []
+    err: ValidationError
+    for err in validator.iter_errors(value):
+        path = list(err.absolute_path)
+        rank = order.get(str(path[0]), len(order)) if path else len(order)
+        if err.validator == "required" and isinstance(err.instance, Mapping):
+            for prop in err.validator_value:
+                if prop not in err.instance:
+                    r = rank if path else order.get(prop, len(order))
+                    lines.append((0, r, f"The required parameter `{_param(path, prop)}` is missing"))
+        elif err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
+            for extra in _unexpected(err.instance, err.schema):
+                lines.append((1, rank, f"An unexpected parameter `{_param(path, extra)}` was provided"))
+        elif err.validator == "type":
+            want = err.validator_value
+            expected = want if isinstance(want, str) else " | ".join(want)
+            subject = f"The parameter `{_param(path)}`" if path else "The tool input"
+            lines.append((0, rank, f"{subject} type is expected as `{expected}` but provided as "
+                                   f"`{json_type(err.instance)}`"))
+        elif path:
+            lines.append((0, rank, f"The parameter `{_param(path)}` is invalid: {err.message}"))
+        else:
+            lines.append((0, rank, err.message))
+    seen: set[str] = set()
+    out = []
+    for _, _, line in sorted(lines, key=lambda x: (x[0], x[1])):
+        if line not in seen:
+            seen.add(line)
+            out.append(line)
+    return out
+
+
+def input_validation_error(tool_name: str, issues: Iterable[str]) -> str:
+    body = "\n".join(issues)
+    return tool_use_error(f"InputValidationError: {tool_name} failed due to the following issues:\n{body}")
+
+
+def invalid_json_issue(raw: str) -> str:
+    data = raw.encode("utf-8")
+    head = data[:_INVALID_JSON_ECHO_BYTES].decode("utf-8", errors="ignore")
+    more = "…" if len(data) > _INVALID_JSON_ECHO_BYTES else ""
+    return (f"The tool input is not valid JSON: {head}{more}\n"
+            "Send the tool call again with its input as one complete, valid JSON object.")
+
+
+# --- the pipeline ----------------------------------------------------------------------------
+
+
+class _Clock:
+    """Per-step timings; steps that run twice (re-validation) accumulate."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.steps: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def step(self, n: int, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            key = f"{n:02d}_{name}"
+            self.steps[key] = self.steps.get(key, 0.0) + (time.perf_counter() - start) * 1000
+
+    def total(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+
+def _default_ctx(tool_use_id: str) -> ToolContext:
+    return ToolContext(cwd=Path.cwd(), tool_use_id=tool_use_id)
+
+
+async def run_tool_call(
+    block: Mapping[str, Any],
+    *,
+    lookup: Any,
+    gate: ToolGate | None = None,
+    ctx_factory: Callable[[str], ToolContext] | None = None,
+    invalid_json: str | None = None,
+    abort: asyncio.Event | None = None,
+    in_progress: set[str] | None = None,
+) -> CallResult:
+    """Run one ``tool_use`` block through the 15 steps; never raises (cancellation included: a
+    cancelled call returns a ``user_interrupted`` result, which is what the executor relies on).
+
+    ``lookup``: the tool registry (see :class:`ToolTable`). ``invalid_json``: the raw input text when
+    the streamed JSON did not parse (``ModelResponse.invalid_tool_inputs``). ``abort``: checked
+    before anything else happens, besides the context's own ``abort``. ``in_progress``: a set the
+    call's id is in while the tool itself runs.
+    """
+    call = _Call(block, ToolTable.of(lookup), gate or OpenGate(), ctx_factory or _default_ctx,
+                 in_progress if in_progress is not None else set())
+    try:
+        return await call.run(invalid_json, abort)
+    except asyncio.CancelledError:
+        call.log.info("tool.interrupted", step="before_call")
+        return call.cancelled(USER_INTERRUPTED)
+    except Exception as exc:  # the net under every step: the loop must never see a raw exception
+        call.log.exception("tool.pipeline_error")
+        return call.error(f"Error: {type(exc).__name__}: {exc}")
+    finally:
+        # step 15
+        with call.clock.step(15, "clear_in_progress"):
+            call.in_progress.discard(call.tool_use_id)
+
+
+class _Call:
+    """State of one call while it moves through the steps."""
+
+    def __init__(self, block: Mapping[str, Any], table: ToolTable, gate: ToolGate,
+                 ctx_factory: Callable[[str], ToolContext], in_progress: set[str]) -> None:
+        self.block = block
+        self.tool_use_id = str(block.get("id", ""))
+        self.name = str(block.get("name", ""))
+        self.table = table
+        self.gate = gate
+        self.ctx_factory = ctx_factory
+        self.in_progress = in_progress
+        self.clock = _Clock()
+        self.tool: Tool | None = None
+        self.input: dict[str, Any] = dict(block["input"]) if isinstance(block.get("input"), Mapping) else {}
+        self.notes: list[str] = []  # text for the model appended to the result (hook context, notes)
+        self.hook_ms = 0.0
+        self.permission_ms = 0.0
+        self.run_ms = 0.0
+        self.stop = False
+        self.stop_reason = ""
+        self.log = log.bind(tool_use_id=self.tool_use_id, tool_name=self.name)
+
+    # result builders ---------------------------------------------------------------------------
+
+    def _timings(self) -> CallTimings:
+        # the live dict, so step 15 (timed in run_tool_call's finally) shows up too
+        return CallTimings(self.hook_ms, self.permission_ms, self.run_ms, self.clock.total(),
+                           self.clock.steps)
+
+    def result(self, block: Mapping[str, Any], *, is_error: bool, output_data: Any = None,
+               context_layers: Mapping[str, Any] | None = None, ends_turn: bool = False,
+               deferred: bool = False, denial: Mapping[str, Any] | None = None,
+               cancel_reason: str | None = None) -> CallResult:
+        out = dict(_append_texts(block, self.notes))
+        out["type"], out["tool_use_id"] = "tool_result", self.tool_use_id
+        if is_error:
+            out["is_error"] = True
+        else:
+            out.pop("is_error", None)
+        res = CallResult(self.tool_use_id, self.name, out, is_error=is_error, tool_input=dict(self.input),
+                         output_data=output_data, context_layers=dict(context_layers or {}),
+                         ends_turn=ends_turn, deferred=deferred, stop=self.stop,
+                         stop_reason=self.stop_reason, permission_denial=denial,
+                         cancel_reason=cancel_reason, timings=self._timings())
+        self.log.info("tool.result", is_error=is_error, deferred=deferred, cancel_reason=cancel_reason,
+                      duration_ms=round(res.timings.total_ms, 3), run_ms=round(self.run_ms, 3),
+                      hook_ms=round(self.hook_ms, 3), permission_ms=round(self.permission_ms, 3))
+        return res
+
+    def error(self, text: str, **kw: Any) -> CallResult:
+        return self.result({"content": text}, is_error=True, **kw)
+
+    def cancelled(self, reason: str) -> CallResult:
+        return self.result({"content": synthetic_text(reason)}, is_error=True, cancel_reason=reason)
+
+    # the steps ---------------------------------------------------------------------------------
+
+    async def run(self, invalid_json: str | None, abort: asyncio.Event | None) -> CallResult:
+        clock = self.clock
+        self.log.info("tool.start")
+
+        with clock.step(1, "lookup"):
+            tool = self.table.lookup(self.name)
+            if tool is None:
+                hint = self.table.suggest(self.name)
+                self.log.warning("tool.unknown", suggestion=hint)
+                text = f"<tool_use_error>Error: No such tool available: {self.name}</tool_use_error>"
+                return self.error(text + (f" Did you mean {hint}?" if hint else ""))
+            self.tool = tool
+            if tool.name != self.name:  # called by an alias: hooks and rules see the canonical name
+                self.name = tool.name
+                self.log = self.log.bind(tool_name=tool.name, alias=self.block.get("name"))
+
+        with clock.step(2, "abort_check"):
+            ctx = self.ctx_factory(self.tool_use_id)
+            ctx.tool_use_id = self.tool_use_id
+            if (abort is not None and abort.is_set()) or ctx.abort.is_set():
+                # the seed: an aborted call is answered before its input is even parsed, no hooks run
+                self.log.info("tool.aborted_before_start")
+                return self.cancelled(USER_INTERRUPTED)
+
+        with clock.step(3, "parse_coerce"):
+            raw = self.block.get("input", {})
+            if invalid_json is not None or isinstance(raw, str):
+                prepared = self.table.prepare_input(tool, raw, invalid_json)
+                if prepared.invalid_json:
+                    self.log.warning("tool.invalid_json", raw_bytes=len(str(invalid_json or raw)))
+                    return self.error(input_validation_error(self.name, prepared.issues))
+                raw = prepared.input
+            coerced = coerce_input(raw, tool.input_schema)
+            self.input = coerced if isinstance(coerced, dict) else {}
+
+        with clock.step(4, "schema"):
+            try:
+                issues = self.table.input_issues(tool, coerced)
+            except SchemaError as exc:
+                self.log.error("tool.bad_schema", error=exc.message)
+                return self.error(tool_use_error(f"Error: the input schema of {self.name} is invalid: "
+                                                 f"{exc.message}"))
+            if issues:
+                self.log.warning("tool.invalid_input", issues=issues)
+                return self.error(input_validation_error(self.name, issues))
+
+        with clock.step(5, "validate_input"):
+            verdict = await tool.validate_input(self.input, ctx)
+            if not verdict.ok:
+                self.log.info("tool.rejected_input", message=verdict.message)
+                return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))
+
+        with clock.step(6, "pre_tool_use"):
+            t = time.perf_counter()
+            try:
+                pre: PreToolOutcome = await self.gate.pre_tool_use(self.name, self.input, self.tool_use_id)
+            except Exception as exc:  # a broken hook must not let the call through unchecked
+                self.log.warning("tool.hook_error", hook="PreToolUse", error=repr(exc))
+                return self.error(f"PreToolUse:{self.name} hook error: {exc}")
+            finally:
+                self.hook_ms += (time.perf_counter() - t) * 1000
+            self.notes.extend(pre.additional_context)
+            if pre.stop:
+                self.stop, self.stop_reason = True, pre.stop_reason
+            if pre.blocked:
+                self.log.info("tool.blocked", hook="PreToolUse", reason=pre.reason)
+                return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}")
+            if pre.decision == "defer":
+                self.log.info("tool.deferred", reason=pre.reason)
+                why = f": {pre.reason}" if pre.reason else ""
+                return self.error(tool_use_error(f"The {self.name} call was deferred by a PreToolUse "
+                                                 f"hook{why}. It has not run."), deferred=True)
+        if pre.updated_input is not None:
+            bad = self._revalidate("PreToolUse hook", pre.updated_input)
+            if bad is not None:
+                return bad
+
+        with clock.step(7, "permission"):
+            t = time.perf_counter()
+            try:
+                perm: PermissionOutcome = await self.gate.permission(tool, self.input, pre)
+            except Exception as exc:
+                self.log.warning("tool.permission_error", error=repr(exc))
+                return self.error(tool_use_error(f"Error: the permission check for {self.name} failed: "
+                                                 f"{type(exc).__name__}: {exc}"))
+            finally:
+                self.permission_ms += (time.perf_counter() - t) * 1000
+            if perm.behavior != "allow":
+                # "ask" reaching the pipeline means nobody could answer: a denial (SPEC §5)
+                reason = perm.reason or f"Permission to use {self.name} has been denied."
+                denial = {"tool_name": self.name, "tool_use_id": self.tool_use_id,
+                          "tool_input": dict(self.input)}
+                self.log.info("tool.denied", behavior=perm.behavior, reason=reason, rule=perm.rule)
+                return self.error(reason, denial=denial)
+        if perm.updated_input is not None:
+            bad = self._revalidate("permission check", perm.updated_input)
+            if bad is not None:
+                return bad
+
+        with clock.step(9, "mark_in_progress"):
+            self.in_progress.add(self.tool_use_id)
+
+        t = time.perf_counter()
+        with clock.step(10, "call"):
+            try:
+                output = await _invoke(tool, self.input, ctx)
+            except ToolError as exc:
+                self.run_ms = (time.perf_counter() - t) * 1000
+                self.log.info("tool.error", error=str(exc))
+                await self._post_failure(str(exc), is_interrupt=False)
+                return self.error(tool_use_error(str(exc)))
+            except asyncio.CancelledError:
+                self.run_ms = (time.perf_counter() - t) * 1000
+                self.log.info("tool.interrupted", step="call")
+                await self._post_failure("The user interrupted the tool call", is_interrupt=True)
+                return self.cancelled(USER_INTERRUPTED)
+            except Exception as exc:
+                self.run_ms = (time.perf_counter() - t) * 1000
+                text = f"Error: {type(exc).__name__}: {exc}"
+                self.log.warning("tool.exception", error=text, exc_info=True)
+                await self._post_failure(text, is_interrupt=False)
+                return self.error(text)
+            self.run_ms = (time.perf_counter() - t) * 1000
+
+        with clock.step(11, "map_result"):
+            mapped = self._map(tool, output)
+            if isinstance(mapped, CallResult):
+                return mapped
+
+        with clock.step(12, "post_tool_use"):
+            t = time.perf_counter()
+            post: PostToolOutcome | None = None
+            try:
+                post = await self.gate.post_tool_use(self.name, self.input, self.tool_use_id, output.data,
+                                                     self.run_ms)
+            except (Exception, asyncio.CancelledError) as exc:
+                # the tool already ran: its output stands (an interrupt now must not claim otherwise)
+                self.log.warning("tool.hook_error", hook="PostToolUse", error=repr(exc))
+                self.notes.append(f"PostToolUse:{self.name} hook error: {exc}")
+            finally:
+                self.hook_ms += (time.perf_counter() - t) * 1000
+            if post is not None:
+                self._apply_post(post, "PostToolUse")
+
+        with clock.step(13, "output_schema"):
+            if post is not None and post.updated_output is not None:
+                output, mapped = self._replace_output(tool, output, mapped, post.updated_output)
+            elif not output.is_error:
+                self._check_own_output(tool, output)
+
+        with clock.step(14, "result"):
+            return self.result(mapped, is_error=bool(output.is_error), output_data=output.data,
+                               context_layers=output.context_layers,
+                               ends_turn=output.ends_turn or (tool.ends_turn and not output.is_error))
+
+    # step helpers ------------------------------------------------------------------------------
+
+    def _revalidate(self, source: str, updated: Mapping[str, Any]) -> CallResult | None:
+        """Step 8: an ``updatedInput`` goes through the schema again; an invalid one is a
+        configuration error and never reaches the tool."""
+        assert self.tool is not None
+        with self.clock.step(8, "revalidate"):
+            candidate = coerce_input(dict(updated), self.tool.input_schema)
+            issues = self.table.input_issues(self.tool, candidate)
+            if issues:
+                self.log.error("tool.invalid_updated_input", source=source, issues=issues)
+                return self.error(tool_use_error(
+                    f"Error: the {source} returned an updatedInput for {self.name} that does not match "
+                    f"its input schema (a configuration error); the call was not run:\n"
+                    + "\n".join(issues)))
+            self.input = candidate
+            return None
+
+    def _map(self, tool: Tool, output: ToolOutput) -> Mapping[str, Any] | CallResult:
+        try:
+            return tool.map_result(output, self.tool_use_id)
+        except Exception as exc:
+            self.log.warning("tool.map_error", error=repr(exc), exc_info=True)
+            return self.error(f"Error: {type(exc).__name__}: {exc}")
+
+    def _apply_post(self, post: PostToolOutcome, event: str) -> None:
+        self.notes.extend(post.additional_context)
+        if post.blocked:
+            self.log.info("tool.post_blocked", hook=event, reason=post.reason)
+            self.notes.append(f"{event}:{self.name} hook feedback: {post.reason}")
+        if post.stop:
+            self.stop, self.stop_reason = True, post.stop_reason or self.stop_reason
+
+    def _replace_output(self, tool: Tool, output: ToolOutput, mapped: Mapping[str, Any],
+                        updated: Any) -> tuple[ToolOutput, Mapping[str, Any]]:
+        """Step 13 for a hook replacement: it must pass the tool's output schema, else the original
+        output stays and the model is told why."""
+        try:
+            problems = self.table.output_issues(tool, updated)
+        except SchemaError as exc:
+            problems = [f"the output schema is invalid: {exc.message}"]
+        if problems:
+            self.log.warning("tool.updated_output_rejected", problems=problems)
+            self.notes.append(f"PostToolUse:{self.name} hook error: the updated tool output does not "
+                              f"match the output schema of {self.name} ({'; '.join(problems)}); "
+                              "the original output was kept.")
+            return output, mapped
+        replaced = attrs.evolve(output, data=updated)
+        remapped = self._map(tool, replaced)
+        if isinstance(remapped, CallResult):
+            self.notes.append(f"PostToolUse:{self.name} hook error: the updated tool output could not "
+                              "be mapped to a tool result; the original output was kept.")
+            return output, mapped
+        return replaced, remapped
+
+    def _check_own_output(self, tool: Tool, output: ToolOutput) -> None:
+        try:
+            problems = self.table.output_issues(tool, output.data)
+        except SchemaError as exc:
+            problems = [f"the output schema is invalid: {exc.message}"]
+        if problems:
+            # the tool broke its own contract; the model still gets the data, the log gets the bug
+            self.log.warning("tool.output_schema_mismatch", problems=problems)
+
+    async def _post_failure(self, error: str, *, is_interrupt: bool) -> None:
+        t = time.perf_counter()
+        try:
+            post = await self.gate.post_tool_use_failure(self.name, self.input, self.tool_use_id, error,
+                                                         is_interrupt)
+        except (Exception, asyncio.CancelledError) as exc:
+            # a second cancellation while reporting the first must still end in a result
+            self.log.warning("tool.hook_error", hook="PostToolUseFailure", error=repr(exc))
+            return
+        finally:
+            self.hook_ms += (time.perf_counter() - t) * 1000
+        self._apply_post(post, "PostToolUseFailure")
+
+
+async def _invoke(tool: Tool, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+    """``call`` is normally a coroutine; an async generator is accepted too (each yielded item is
+    progress, a yielded :class:`ToolOutput` is the result)."""
+    produced: Any = tool.call(input, ctx)
+    if inspect.isasyncgen(produced):
+        final: ToolOutput | None = None
+        async for item in produced:
+            if isinstance(item, ToolOutput):
+                final = item
+            else:
+                ctx.progress(item)
+        if final is None:
+            raise RuntimeError(f"{tool.name}.call yielded no ToolOutput")
+        return final
+    value = await produced
+    return value if isinstance(value, ToolOutput) else ToolOutput(value)
+
+
+def _append_texts(block: Mapping[str, Any], texts: Sequence[str]) -> Mapping[str, Any]:
+    if not texts:
+        return block
+    content = block.get("content")
+    if content is None or content == "":
+        new: Any = "\n\n".join(texts)
+    elif isinstance(content, str):
+        new = "\n\n".join([content, *texts])
+    else:
+        new = [*content, *({"type": "text", "text": t} for t in texts)]
+    return {**block, "content": new}

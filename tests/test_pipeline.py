@@ -1,0 +1,641 @@
+"""The 15-step pipeline of one tool call (fsm.pipeline): every failure path and its exact text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from fsm.gate import OpenGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
+from fsm.pipeline import (
+    REJECT_MESSAGE,
+    CallResult,
+    ToolTable,
+    coerce_input,
+    run_tool_call,
+    schema_issues,
+)
+from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
+
+READ_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "file_path": {"type": "string"},
+        "offset": {"type": "number"},
+        "limit": {"type": "number"},
+    },
+    "required": ["file_path"],
+    "additionalProperties": False,
+}
+
+
+class FakeRead(Tool):
+    name = "Read"
+    aliases = ("ReadFile",)
+    input_schema = READ_SCHEMA
+
+    def __init__(self) -> None:
+        self.calls: list[Mapping[str, Any]] = []
+        self.in_progress_seen: set[str] | None = None
+        self.ctxs: list[ToolContext] = []
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        self.calls.append(dict(input))
+        self.ctxs.append(ctx)
+        return ToolOutput(f"1\tcontents of {input['file_path']}")
+
+
+class Recorder(OpenGate):
+    """An OpenGate that records every call and answers with configured outcomes."""
+
+    def __init__(self, pre: PreToolOutcome | None = None, perm: PermissionOutcome | None = None,
+                 post: PostToolOutcome | None = None, failure: PostToolOutcome | None = None,
+                 raises: str | None = None) -> None:
+        self.pre, self.perm, self.post, self.failure, self.raises = pre, perm, post, failure, raises
+        self.events: list[tuple[str, Any]] = []
+
+    async def pre_tool_use(self, tool_name: str, tool_input: Mapping[str, Any],
+                           tool_use_id: str) -> PreToolOutcome:
+        self.events.append(("pre", (tool_name, dict(tool_input), tool_use_id)))
+        if self.raises == "pre":
+            raise RuntimeError("hook crashed")
+        return self.pre or PreToolOutcome()
+
+    async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
+                         pre: PreToolOutcome) -> PermissionOutcome:
+        self.events.append(("permission", (tool.name, dict(tool_input))))
+        if self.raises == "permission":
+            raise RuntimeError("rules unreadable")
+        return self.perm or await super().permission(tool, tool_input, pre)
+
+    async def post_tool_use(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
+                            tool_response: Any, duration_ms: float) -> PostToolOutcome:
+        self.events.append(("post", (tool_name, tool_response, duration_ms)))
+        if self.raises == "post":
+            raise RuntimeError("post hook crashed")
+        return self.post or PostToolOutcome()
+
+    async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
+                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+        self.events.append(("failure", (tool_name, error, is_interrupt)))
+        return self.failure or PostToolOutcome()
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.events]
+
+
+def use(name: str = "Read", input: Any = None, id: str = "toolu_1") -> dict[str, Any]:
+    return {"type": "tool_use", "id": id, "name": name,
+            "input": {"file_path": "/a.txt"} if input is None else input}
+
+
+async def run(block: Mapping[str, Any], *tools: Tool, gate: Any = None, **kw: Any) -> CallResult:
+    return await run_tool_call(block, lookup=list(tools) or [FakeRead()], gate=gate, **kw)
+
+
+def content(result: CallResult) -> Any:
+    return result.block["content"]
+
+
+# --- success ---------------------------------------------------------------------------------
+
+
+async def test_success_block_timings_and_every_step() -> None:
+    read = FakeRead()
+    r = await run(use(), read)
+    assert r.block == {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1\tcontents of /a.txt"}
+    assert not r.is_error and r.tool_name == "Read" and r.tool_use_id == "toolu_1"
+    assert r.tool_input == {"file_path": "/a.txt"} and r.output_data == "1\tcontents of /a.txt"
+    assert read.calls == [{"file_path": "/a.txt"}]
+    assert read.ctxs[0].tool_use_id == "toolu_1"
+    steps = [k.split("_", 1)[0] for k in r.timings.steps]
+    assert steps == [f"{n:02d}" for n in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15)]
+    assert r.timings.total_ms >= r.timings.run_ms >= 0
+
+
+async def test_alias_resolves_to_canonical_name() -> None:
+    gate = Recorder()
+    r = await run(use("ReadFile"), gate=gate)
+    assert not r.is_error and r.tool_name == "Read"
+    assert gate.events[0] == ("pre", ("Read", {"file_path": "/a.txt"}, "toolu_1"))
+
+
+async def test_input_given_as_raw_json_text_is_parsed() -> None:
+    r = await run(use(input='{"file_path": "/b.txt"}'))
+    assert content(r) == "1\tcontents of /b.txt"
+
+
+# --- step 1: lookup --------------------------------------------------------------------------
+
+
+async def test_unknown_tool_exact_text_without_suggestion() -> None:
+    r = await run(use("Zzzqx"))
+    assert r.is_error and r.block["is_error"] is True and r.block["tool_use_id"] == "toolu_1"
+    assert content(r) == "<tool_use_error>Error: No such tool available: Zzzqx</tool_use_error>"
+
+
+async def test_unknown_tool_suggests_closest_name() -> None:
+    r = await run(use("Reed"))
+    assert content(r) == ("<tool_use_error>Error: No such tool available: Reed</tool_use_error>"
+                          " Did you mean Read?")
+    lower = await run(use("read"))
+    assert content(lower).endswith(" Did you mean Read?")
+
+
+async def test_unknown_tool_runs_no_hooks() -> None:
+    gate = Recorder()
+    await run(use("Reed"), gate=gate)
+    assert gate.events == []
+
+
+# --- step 2: abort ---------------------------------------------------------------------------
+
+
+async def test_abort_before_start_gives_synthetic_result_and_runs_no_hook() -> None:
+    read, gate = FakeRead(), Recorder()
+    ev = asyncio.Event()
+    ev.set()
+    r = await run(use(), read, gate=gate, abort=ev)
+    assert r.is_error and content(r) == REJECT_MESSAGE
+    assert r.cancel_reason == "user_interrupted" and r.interrupted
+    assert gate.events == [] and read.calls == []
+
+
+async def test_context_abort_signal_counts_too() -> None:
+    def make_ctx(tid: str) -> ToolContext:
+        ctx = ToolContext(cwd=Path("."))
+        ctx.abort.set()
+        return ctx
+
+    read = FakeRead()
+    r = await run(use(), read, ctx_factory=make_ctx)
+    assert r.interrupted and read.calls == []
+
+
+# --- step 3: JSON and coercion ---------------------------------------------------------------
+
+
+async def test_unparsable_json_echoes_first_bytes_and_asks_for_valid_json() -> None:
+    r = await run(use(input={}), invalid_json='{"file_path": "/a')
+    assert r.is_error
+    assert content(r) == (
+        "<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+        'The tool input is not valid JSON: {"file_path": "/a\n'
+        "Send the tool call again with its input as one complete, valid JSON object.</tool_use_error>")
+
+
+async def test_unparsable_json_echo_is_capped_at_200_bytes() -> None:
+    raw = '{"file_path": "' + "x" * 500
+    r = await run(use(input={}), invalid_json=raw)
+    echoed = content(r).split("not valid JSON: ", 1)[1].split("\n", 1)[0]
+    assert echoed == raw[:200] + "…"
+
+
+async def test_raw_string_input_that_is_not_json() -> None:
+    r = await run(use(input="{oops"))
+    assert "The tool input is not valid JSON: {oops" in content(r)
+
+
+async def test_coercion_of_strings_into_schema_types() -> None:
+    schema = {"type": "object", "properties": {
+        "flag": {"type": "boolean"}, "n": {"type": "integer"}, "x": {"type": "number"},
+        "s": {"type": "string"}, "opt": {"type": ["integer", "null"]},
+        "nested": {"type": "object", "properties": {"b": {"type": "boolean"}}},
+        "items": {"type": "array", "items": {"type": "number"}}}}
+    got: list[Mapping[str, Any]] = []
+
+    @tool("Probe", "probe", schema)
+    async def probe(input: Mapping[str, Any], ctx: ToolContext) -> str:
+        got.append(input)
+        return "ok"
+
+    r = await run(use("Probe", {"flag": "true", "n": "42", "x": "2.5", "s": "7", "opt": "-3",
+                                "nested": {"b": "false"}, "items": ["1", "1.5"]}), probe)
+    assert not r.is_error
+    assert got == [{"flag": True, "n": 42, "x": 2.5, "s": "7", "opt": -3, "nested": {"b": False},
+                    "items": [1, 1.5]}]
+    assert coerce_input({"n": "4.5"}, schema) == {"n": "4.5"}  # not an integer: left for the schema
+    assert coerce_input({"flag": "yes"}, schema) == {"flag": "yes"}
+
+
+# --- step 4: schema --------------------------------------------------------------------------
+
+
+async def test_missing_required_parameter_text() -> None:
+    r = await run(use(input={}))
+    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+                          "The required parameter `file_path` is missing</tool_use_error>")
+
+
+async def test_unexpected_parameter_text() -> None:
+    r = await run(use(input={"file_path": "/a", "x": 1}))
+    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+                          "An unexpected parameter `x` was provided</tool_use_error>")
+
+
+async def test_type_mismatch_text() -> None:
+    r = await run(use(input={"file_path": "/a", "limit": "ten"}))
+    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+                          "The parameter `limit` type is expected as `number` but provided as `string`"
+                          "</tool_use_error>")
+
+
+async def test_several_issues_one_line_each_in_schema_order_unexpected_last() -> None:
+    read = FakeRead()
+    r = await run(use(input={"zz": True, "limit": [1], "offset": False}), read)
+    lines = content(r).removeprefix("<tool_use_error>").removesuffix("</tool_use_error>").split("\n")
+    assert lines == [
+        "InputValidationError: Read failed due to the following issues:",
+        "The required parameter `file_path` is missing",
+        "The parameter `offset` type is expected as `number` but provided as `boolean`",
+        "The parameter `limit` type is expected as `number` but provided as `array`",
+        "An unexpected parameter `zz` was provided",
+    ]
+    assert read.calls == []
+
+
+def test_schema_issue_texts_for_nested_and_other_keywords() -> None:
+    schema = {"type": "object", "properties": {
+        "mode": {"enum": ["a", "b"]},
+        "edits": {"type": "array", "items": {"type": "object", "required": ["old"],
+                                             "properties": {"old": {"type": "string"}}}}}}
+    table = ToolTable([])
+    t = Tool()
+    t.input_schema = schema
+    issues = table.input_issues(t, {"mode": "c", "edits": [{"old": 1}, {}]})
+    assert issues == [
+        "The parameter `mode` is invalid: 'c' is not one of ['a', 'b']",
+        "The parameter `edits.0.old` type is expected as `string` but provided as `number`",
+        "The required parameter `edits.1.old` is missing",
+    ]
+    assert schema_issues(table.input_validator(t), []) == [
+        "The tool input type is expected as `object` but provided as `array`"]
+
+
+async def test_validator_compiled_once_per_tool() -> None:
+    read = FakeRead()
+    table = ToolTable([read])
+    first = table.input_validator(read)
+    await run_tool_call(use(), lookup=table)
+    assert table.input_validator(read) is first
+    assert ToolTable([read]).input_validator(read) is first  # shared across tables (one per response)
+
+
+async def test_broken_input_schema_is_an_error_result() -> None:
+    @tool("Broken", "b", {"type": "object", "properties": {"x": {"type": "nonsense"}}})
+    async def broken(input: Mapping[str, Any], ctx: ToolContext) -> str:
+        return "ran"
+
+    r = await run(use("Broken", {}), broken)
+    assert r.is_error
+    assert content(r).startswith("<tool_use_error>Error: the input schema of Broken is invalid")
+
+
+# --- step 5: validate_input ------------------------------------------------------------------
+
+
+async def test_validate_input_rejection_is_wrapped() -> None:
+    class Picky(FakeRead):
+        async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+            return ValidationResult.invalid("File does not exist.")
+
+    gate = Recorder()
+    r = await run(use(), Picky(), gate=gate)
+    assert content(r) == "<tool_use_error>File does not exist.</tool_use_error>"
+    assert gate.events == []
+
+
+# --- step 6: PreToolUse ----------------------------------------------------------------------
+
+
+async def test_pre_hook_block_text_and_tool_not_called() -> None:
+    read = FakeRead()
+    r = await run(use(), read, gate=Recorder(pre=PreToolOutcome(blocked=True, reason="no reading today")))
+    assert r.is_error and content(r) == "PreToolUse:Read hook error: no reading today"
+    assert read.calls == []
+
+
+async def test_pre_hook_crash_fails_closed() -> None:
+    read = FakeRead()
+    r = await run(use(), read, gate=Recorder(raises="pre"))
+    assert content(r) == "PreToolUse:Read hook error: hook crashed" and read.calls == []
+
+
+async def test_pre_hook_defer_gives_deferred_outcome_without_running() -> None:
+    read = FakeRead()
+    r = await run(use(), read, gate=Recorder(pre=PreToolOutcome(decision="defer", reason="later")))
+    assert r.deferred and r.is_error and read.calls == []
+    assert content(r) == ("<tool_use_error>The Read call was deferred by a PreToolUse hook: later. "
+                          "It has not run.</tool_use_error>")
+
+
+async def test_pre_hook_stop_marks_stop_but_the_call_runs() -> None:
+    read = FakeRead()
+    r = await run(use(), read, gate=Recorder(pre=PreToolOutcome(stop=True, stop_reason="enough")))
+    assert r.stop and r.stop_reason == "enough" and not r.is_error and len(read.calls) == 1
+
+
+async def test_pre_hook_additional_context_is_appended() -> None:
+    r = await run(use(), gate=Recorder(pre=PreToolOutcome(additional_context=("mind the gap",))))
+    assert content(r) == "1\tcontents of /a.txt\n\nmind the gap"
+
+
+async def test_pre_hook_updated_input_is_revalidated_and_used() -> None:
+    read, gate = FakeRead(), Recorder(pre=PreToolOutcome(updated_input={"file_path": "/b.txt", "limit": "5"}))
+    r = await run(use(), read, gate=gate)
+    assert not r.is_error and read.calls == [{"file_path": "/b.txt", "limit": 5}]
+    assert ("permission", ("Read", {"file_path": "/b.txt", "limit": 5})) in gate.events
+    assert r.tool_input == {"file_path": "/b.txt", "limit": 5}
+
+
+async def test_pre_hook_invalid_updated_input_is_a_config_error() -> None:
+    read = FakeRead()
+    r = await run(use(), read, gate=Recorder(pre=PreToolOutcome(updated_input={"path": "/b"})))
+    assert r.is_error and read.calls == []
+    assert content(r) == (
+        "<tool_use_error>Error: the PreToolUse hook returned an updatedInput for Read that does not match "
+        "its input schema (a configuration error); the call was not run:\n"
+        "The required parameter `file_path` is missing\n"
+        "An unexpected parameter `path` was provided</tool_use_error>")
+    assert "08_revalidate" in r.timings.steps
+
+
+# --- step 7: permission ----------------------------------------------------------------------
+
+
+async def test_permission_deny_records_denial_and_never_calls() -> None:
+    read = FakeRead()
+    gate = Recorder(perm=PermissionOutcome("deny", "Permission to read /a.txt has been denied."))
+    r = await run(use(), read, gate=gate)
+    assert r.is_error and content(r) == "Permission to read /a.txt has been denied."
+    assert r.permission_denial == {"tool_name": "Read", "tool_use_id": "toolu_1",
+                                   "tool_input": {"file_path": "/a.txt"}}
+    assert read.calls == [] and "post" not in gate.kinds()
+
+
+async def test_unanswered_ask_is_a_denial_with_default_text() -> None:
+    r = await run(use(), gate=Recorder(perm=PermissionOutcome("ask")))
+    assert content(r) == "Permission to use Read has been denied." and r.permission_denial is not None
+
+
+async def test_pre_hook_deny_through_open_gate() -> None:
+    r = await run(use(), gate=Recorder(pre=PreToolOutcome(decision="deny", reason="policy")))
+    assert content(r) == "policy" and r.permission_denial is not None
+
+
+async def test_permission_crash_is_an_error_not_a_call() -> None:
+    read = FakeRead()
+    r = await run(use(), read, gate=Recorder(raises="permission"))
+    assert r.is_error and read.calls == [] and r.permission_denial is None
+    assert content(r) == ("<tool_use_error>Error: the permission check for Read failed: RuntimeError: "
+                          "rules unreadable</tool_use_error>")
+
+
+async def test_permission_updated_input_revalidated() -> None:
+    read = FakeRead()
+    allow_c = PermissionOutcome("allow", updated_input={"file_path": "/c"})
+    ok = await run(use(), read, gate=Recorder(perm=allow_c))
+    assert not ok.is_error and read.calls == [{"file_path": "/c"}]
+    allow_bad = PermissionOutcome("allow", updated_input={"file_path": 3})
+    bad = await run(use(), read, gate=Recorder(perm=allow_bad))
+    assert bad.is_error and len(read.calls) == 1
+    assert "the permission check returned an updatedInput for Read" in content(bad)
+    assert "The parameter `file_path` type is expected as `string` but provided as `number`" in content(bad)
+
+
+# --- steps 9/10: in progress and the call ----------------------------------------------------
+
+
+async def test_in_progress_set_during_call_and_cleared_after() -> None:
+    seen: list[set[str]] = []
+    in_progress: set[str] = set()
+
+    class Watch(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            seen.append(set(in_progress))
+            raise ValueError("bad")
+
+    await run(use(), Watch(), in_progress=in_progress)
+    assert seen == [{"toolu_1"}] and in_progress == set()
+
+
+async def test_tool_error_text_and_failure_hook() -> None:
+    class Failing(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            raise ToolError("String to replace not found in file.")
+
+    gate = Recorder(failure=PostToolOutcome(additional_context=("failure noted",)))
+    r = await run(use(), Failing(), gate=gate)
+    assert r.is_error
+    assert content(r) == ("<tool_use_error>String to replace not found in file.</tool_use_error>"
+                          "\n\nfailure noted")
+    assert gate.events[-1] == ("failure", ("Read", "String to replace not found in file.", False))
+
+
+async def test_unexpected_exception_text_and_failure_hook() -> None:
+    class Crashing(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            raise KeyError("missing")
+
+    gate = Recorder()
+    r = await run(use(), Crashing(), gate=gate)
+    assert r.is_error and content(r) == "Error: KeyError: 'missing'"
+    assert gate.events[-1] == ("failure", ("Read", "Error: KeyError: 'missing'", False))
+    assert "post" not in gate.kinds()
+
+
+async def test_cancellation_during_call_is_user_interrupted() -> None:
+    started = asyncio.Event()
+
+    class Slow(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            started.set()
+            await asyncio.sleep(10)
+            return ToolOutput("never")
+
+    gate, in_progress = Recorder(), set[str]()
+    task = asyncio.create_task(run(use(), Slow(), gate=gate, in_progress=in_progress))
+    await started.wait()
+    task.cancel()
+    r = await task
+    assert r.is_error and r.interrupted and content(r) == REJECT_MESSAGE
+    assert gate.events[-1] == ("failure", ("Read", "The user interrupted the tool call", True))
+    assert in_progress == set()
+
+
+async def test_async_generator_call_reports_progress() -> None:
+    progress: list[tuple[str, Any]] = []
+
+    class Streaming(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> AsyncIterator[Any]:  # type: ignore[override]
+            yield "half"
+            yield ToolOutput("done")
+
+    def make_ctx(tid: str) -> ToolContext:
+        return ToolContext(cwd=Path("."), on_progress=lambda i, d: progress.append((i, d)))
+
+    r = await run(use(), Streaming(), ctx_factory=make_ctx)
+    assert content(r) == "done" and progress == [("toolu_1", "half")]
+
+
+async def test_plain_return_values_and_error_outputs() -> None:
+    @tool("Sum", "s", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    async def summer(input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        return {"sum": input["a"] + 1}
+
+    r = await run(use("Sum", {"a": 1}), summer)
+    assert content(r) == '{"sum": 2}' and r.output_data == {"sum": 2}
+
+    @tool("Soft", "s", {"type": "object"})
+    async def soft(input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        return ToolOutput("not found", is_error=True)
+
+    soft_r = await run(use("Soft", {}), soft)
+    assert soft_r.is_error and soft_r.block["is_error"] is True and content(soft_r) == "not found"
+
+
+async def test_ends_turn_and_context_layers_are_reported() -> None:
+    @tool("Finish", "f", {"type": "object"}, ends_turn=True)
+    async def finish(input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        return ToolOutput("bye", context_layers={"mode": "done"})
+
+    r = await run(use("Finish", {}), finish)
+    assert r.ends_turn and r.context_layers == {"mode": "done"}
+
+
+# --- step 11: mapping ------------------------------------------------------------------------
+
+
+async def test_custom_mapper_and_a_failing_one() -> None:
+    class Mapped(FakeRead):
+        def map_result(self, output: ToolOutput, tool_use_id: str) -> dict[str, Any]:
+            return {"type": "tool_result", "tool_use_id": tool_use_id,
+                    "content": [{"type": "text", "text": "mapped"}]}
+
+    r = await run(use(), Mapped())
+    assert content(r) == [{"type": "text", "text": "mapped"}]
+
+    class BadMapper(FakeRead):
+        def map_result(self, output: ToolOutput, tool_use_id: str) -> dict[str, Any]:
+            raise TypeError("cannot map")
+
+    bad = await run(use(), BadMapper())
+    assert bad.is_error and content(bad) == "Error: TypeError: cannot map"
+
+
+# --- steps 12/13: PostToolUse and the output schema ------------------------------------------
+
+
+class Typed(FakeRead):
+    output_schema = {"type": "object", "properties": {"lines": {"type": "integer"}}, "required": ["lines"]}
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        return ToolOutput({"lines": 3})
+
+
+async def test_post_hook_updated_output_replaces_content() -> None:
+    r = await run(use(), Typed(), gate=Recorder(post=PostToolOutcome(updated_output={"lines": 4})))
+    assert content(r) == '{"lines": 4}' and r.output_data == {"lines": 4}
+
+
+async def test_post_hook_updated_output_failing_schema_keeps_original_with_note() -> None:
+    r = await run(use(), Typed(), gate=Recorder(post=PostToolOutcome(updated_output={"lines": "many"})))
+    assert not r.is_error and r.output_data == {"lines": 3}
+    assert content(r) == (
+        '{"lines": 3}\n\nPostToolUse:Read hook error: the updated tool output does not match the output '
+        "schema of Read (The parameter `lines` type is expected as `integer` but provided as `string`); "
+        "the original output was kept.")
+
+
+async def test_post_hook_blocked_reason_and_context_are_appended_and_stop_marked() -> None:
+    post = PostToolOutcome(additional_context=("ctx one",), blocked=True, reason="looks wrong",
+                           stop=True, stop_reason="halt")
+    gate = Recorder(post=post)
+    r = await run(use(), gate=gate)
+    assert content(r) == "1\tcontents of /a.txt\n\nctx one\n\nPostToolUse:Read hook feedback: looks wrong"
+    assert r.stop and r.stop_reason == "halt" and not r.is_error
+    name, response, duration = gate.events[-1][1]
+    assert (name, response) == ("Read", "1\tcontents of /a.txt") and duration >= 0
+
+
+async def test_post_hook_text_appended_to_block_list_content() -> None:
+    class Blocks(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            return ToolOutput([{"type": "text", "text": "a"}])
+
+    r = await run(use(), Blocks(), gate=Recorder(post=PostToolOutcome(additional_context=("b",))))
+    assert content(r) == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+
+
+async def test_post_hook_crash_keeps_output_and_notes_it() -> None:
+    r = await run(use(), gate=Recorder(raises="post"))
+    assert not r.is_error
+    assert content(r) == "1\tcontents of /a.txt\n\nPostToolUse:Read hook error: post hook crashed"
+
+
+async def test_tool_breaking_its_own_output_schema_is_logged() -> None:
+    class Liar(Typed):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            return ToolOutput({"lines": "x"})
+
+    with structlog.testing.capture_logs() as logs:
+        r = await run(use(), Liar())
+    assert not r.is_error
+    assert any(e["event"] == "tool.output_schema_mismatch" for e in logs)
+
+
+# --- logging ---------------------------------------------------------------------------------
+
+
+async def test_structlog_events_carry_ids_and_durations() -> None:
+    with structlog.testing.capture_logs() as logs:
+        await run(use())
+        await run(use(id="toolu_2"), gate=Recorder(perm=PermissionOutcome("deny", "no")))
+    by = {(e["event"], e["tool_use_id"]) for e in logs}
+    assert {("tool.start", "toolu_1"), ("tool.result", "toolu_1"), ("tool.denied", "toolu_2")} <= by
+    result = next(e for e in logs if e["event"] == "tool.result")
+    assert result["tool_name"] == "Read"
+    assert {"duration_ms", "run_ms", "hook_ms", "permission_ms"} <= set(result)
+
+
+# --- the tool table ---------------------------------------------------------------------------
+
+
+async def test_table_accepts_mapping_and_registry_like_objects() -> None:
+    read = FakeRead()
+
+    class Registry:
+        def get(self, name: str) -> Tool | None:
+            return read if name == "Read" else None
+
+        def names(self) -> list[str]:
+            return ["Read"]
+
+    for source in ({"Read": read}, Registry(), [read]):
+        table = ToolTable.of(source)
+        assert table.lookup("Read") is read
+        assert table.suggest("Raed") == "Read"
+    assert ToolTable.of({"Read": read}).lookup("ReadFile") is read  # alias resolved by the table
+
+
+async def test_no_failure_escapes_even_from_a_broken_context_factory() -> None:
+    def broken(tid: str) -> ToolContext:
+        raise OSError("no cwd")
+
+    r = await run(use(), ctx_factory=broken)
+    assert r.is_error and content(r) == "Error: OSError: no cwd" and r.block["tool_use_id"] == "toolu_1"
+
+
+async def test_validate_input_raising_becomes_error() -> None:
+    class Raising(FakeRead):
+        async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+            raise RuntimeError("validator bug")
+
+    r = await run(use(), Raising())
+    assert r.is_error and content(r) == "Error: RuntimeError: validator bug"
