@@ -110,7 +110,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
             limits = limits.with_setting(name.strip(), value)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    mode = args.permission_mode or ("bypassPermissions" if args.dangerously_skip_permissions else "default")
+    mode = args.permission_mode or ("bypassPermissions" if args.dangerously_skip_permissions else None)
     schema = None
     if args.json_schema:
         try:

@@ -132,7 +132,8 @@ class Driver:
                   history: Sequence[Message] = ()) -> tuple[RunResult, LoopState]:
         started = time.monotonic()
         tool_names = tuple(self.registry.names())
-        ctx = ToolUseContext(cwd=str(self.options.cwd), permission_mode=self.options.permission_mode,
+        mode = getattr(self.gate, "permission_mode", None) or self.options.permission_mode or "default"
+        ctx = ToolUseContext(cwd=str(self.options.cwd), permission_mode=mode,
                              tool_names=tool_names)
         content = prompt if not isinstance(prompt, str) else ({"type": "text", "text": prompt},)
         first = Message("user", tuple(content), kind="prompt")

@@ -16,8 +16,8 @@ PERMISSION_MODES = ("default", "manual", "acceptEdits", "plan", "bypassPermissio
 CanUseTool = Callable[[str, Mapping[str, Any], Mapping[str, Any]], Awaitable[Any]]
 
 
-def _mode(_inst: Any, _attr: attrs.Attribute, value: str) -> None:
-    if value not in PERMISSION_MODES:
+def _mode(_inst: Any, _attr: attrs.Attribute, value: str | None) -> None:
+    if value is not None and value not in PERMISSION_MODES:
         raise ValueError(f"unknown permission mode {value!r}; choose one of {', '.join(PERMISSION_MODES)}")
 
 
@@ -30,7 +30,8 @@ class Options:
     tools: tuple[str, ...] | None = None
     allowed_tools: tuple[str, ...] = ()
     disallowed_tools: tuple[str, ...] = ()
-    permission_mode: str = attrs.field(default="default", validator=_mode)
+    # None: the settings files' `defaultMode` applies, else "default"
+    permission_mode: str | None = attrs.field(default=None, validator=_mode)
     limits: Limits = attrs.field(factory=Limits)
     system_prompt: str | None = None
     append_system_prompt: str | None = None

@@ -70,10 +70,15 @@ class Session:
             self._client = AnthropicTransport(max_retries=self.options.limits.api_max_retries)
         return self._client
 
+    @property
+    def permission_mode(self) -> str:
+        mode = getattr(self.gate, "permission_mode", None) or self.options.permission_mode
+        return mode or "default"
+
     def init_message(self) -> dict[str, Any]:
         return {"type": "system", "subtype": "init", "cwd": str(self.options.cwd),
                 "session_id": self.session_id, "tools": list(self.registry.names()),
-                "model": self.options.model, "permissionMode": self.options.permission_mode,
+                "model": self.options.model, "permissionMode": self.permission_mode,
                 "mcp_servers": [], "slash_commands": [], "output_style": "default",
                 "agentfsm_version": _version(), "transcript_path": str(self.trace_path or "")}
 

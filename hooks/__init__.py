@@ -1,1 +1,85 @@
-"""(filled in by the work of its issue)"""
+"""Hooks and permissions, Claude Code compatible (SPEC §5, §10).
+
+- :mod:`hooks.events`: event names, typed input records (serialised to Claude Code's stdin JSON)
+  and the typed hook output;
+- :mod:`hooks.config`: settings files and ``--settings``, merged with Claude Code's precedence;
+- :mod:`hooks.runner`: runs the matching hooks of one event (Python callables and commands);
+- :mod:`hooks.permissions`: rules (``Bash(npm run test:*)``, ``Edit(src/**)``), modes, ``can_use_tool``;
+- :mod:`hooks.gate`: :class:`HookGate`, the :class:`fsm.gate.ToolGate` the engine uses.
+"""
+
+from hooks.config import PermissionSettings, Settings, SettingsError, load_settings, parse_settings
+from hooks.events import (
+    HOOK_EVENTS,
+    HookEvent,
+    HookInput,
+    HookOutput,
+    PostToolBatchInput,
+    PostToolUseFailureInput,
+    PostToolUseInput,
+    PreCompactInput,
+    PreToolUseInput,
+    SessionEndInput,
+    SessionStartInput,
+    StopInput,
+    SubagentStopInput,
+    ToolCallRecord,
+    UserPromptSubmitInput,
+)
+from hooks.gate import EventOutcome, HookGate, PostToolBatchOutcome, PromptOutcome, StopOutcome, build_gate
+from hooks.permissions import (
+    PERMISSION_MODES,
+    PermissionAllow,
+    PermissionDecision,
+    PermissionDeny,
+    PermissionPolicy,
+    PermissionRule,
+    ToolPermissionContext,
+    normalize_mode,
+    split_tool_list,
+)
+from hooks.runner import CommandHook, HookBlockingError, HookMatcher, HookResult, HookRunner, HookRunResult
+
+__all__ = [
+    "HOOK_EVENTS",
+    "PERMISSION_MODES",
+    "CommandHook",
+    "EventOutcome",
+    "HookBlockingError",
+    "HookEvent",
+    "HookGate",
+    "HookInput",
+    "HookMatcher",
+    "HookOutput",
+    "HookResult",
+    "HookRunResult",
+    "HookRunner",
+    "PermissionAllow",
+    "PermissionDecision",
+    "PermissionDeny",
+    "PermissionPolicy",
+    "PermissionRule",
+    "PermissionSettings",
+    "PostToolBatchInput",
+    "PostToolBatchOutcome",
+    "PostToolUseFailureInput",
+    "PostToolUseInput",
+    "PreCompactInput",
+    "PreToolUseInput",
+    "PromptOutcome",
+    "SessionEndInput",
+    "SessionStartInput",
+    "Settings",
+    "SettingsError",
+    "StopInput",
+    "StopOutcome",
+    "SubagentStopInput",
+    "ToolCallRecord",
+    "ToolPermissionContext",
+    "UserPromptSubmitInput",
+    "build_gate",
+    "load_settings",
+    "normalize_mode",
+    "parse_settings",
+    "split_tool_list",
+]

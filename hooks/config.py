@@ -1,0 +1,361 @@
+"""Settings loading, Claude Code compatible (SPEC §5, §10).
+
+Sources, low to high precedence: ``~/.claude/settings.json`` (userSettings) <
+``<cwd>/.claude/settings.json`` (projectSettings) < ``<cwd>/.claude/settings.local.json``
+(localSettings) < ``--settings FILE|JSON`` (flagSettings). Scalars from a higher source win; hook
+lists are concatenated (every source's hooks run) and permission rule lists are merged.
+
+A settings file that is not valid JSON or does not have the expected structure raises
+:class:`SettingsError` (a ValueError) naming the file, the place in it and the problem, before any
+hook runs, rather than failing half-way through a session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+
+from hooks.events import FOREIGN_EVENTS, HOOK_EVENTS
+from hooks.permissions import PermissionRule, RuleBehavior, normalize_mode
+from hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
+
+log = structlog.get_logger("agentfsm.hooks.config")
+
+# Handler types Claude Code accepts that this loop does not run; a settings file using them must
+# still load (they are valid configuration), so they are skipped with a warning.
+_UNSUPPORTED_HANDLER_TYPES = frozenset({"prompt", "agent", "http", "mcp_tool"})
+
+
+class SettingsError(ValueError):
+    """A settings source is unreadable or malformed. ``source`` names the file (or ``--settings``)."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+        self.problem = problem
+
+
+@attrs.frozen
+class PermissionSettings:
+    allow: tuple[PermissionRule, ...] = ()
+    ask: tuple[PermissionRule, ...] = ()
+    deny: tuple[PermissionRule, ...] = ()
+    default_mode: str | None = None
+    additional_directories: tuple[Path, ...] = ()
+    disable_bypass_mode: bool = False
+
+
+@attrs.frozen
+class Settings:
+    """Merged settings. ``raw`` keeps every key (merged the same way) for the parts of the program
+    that read settings this package does not interpret (``env``, ``model``, ...)."""
+
+    hooks: Mapping[str, tuple[HookMatcher, ...]] = attrs.field(factory=dict)
+    permissions: PermissionSettings = attrs.field(factory=PermissionSettings)
+    sources: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = attrs.field(factory=dict)
+    disable_all_hooks: bool = False
+
+    def active_hooks(self) -> Mapping[str, tuple[HookMatcher, ...]]:
+        """The hooks to run: none at all when ``disableAllHooks`` is set."""
+        return {} if self.disable_all_hooks else self.hooks
+
+
+# ----------------------------------------------------------------------------------------------
+# One source
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _parse_handler(source: str, where: str, h: Any) -> CommandHook | None:
+    if not isinstance(h, Mapping):
+        raise SettingsError(source, f"{where} must be an object like "
+                                    '{"type": "command", "command": "..."}, got ' + _short(h))
+    htype = h.get("type")
+    if htype in _UNSUPPORTED_HANDLER_TYPES:
+        log.warning("hook_handler_unsupported", source=source, where=where, type=htype)
+        return None
+    if htype != "command":
+        raise SettingsError(source, f"{where}.type must be \"command\" (or one of "
+                                    f"{', '.join(sorted(_UNSUPPORTED_HANDLER_TYPES))}), got {_short(htype)}")
+    command = h.get("command")
+    args = h.get("args")
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        raise SettingsError(source, f"{where}.command must be a non-empty string, got {_short(command)}")
+    if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) for a in args)
+                             or (not args and not command)):
+        raise SettingsError(source, f"{where}.args must be a non-empty list of strings, got {_short(args)}")
+    if command is None and args is None:
+        raise SettingsError(source, f"{where} needs \"command\" (shell form) or \"args\" (exec form)")
+    timeout = h.get("timeout", DEFAULT_COMMAND_TIMEOUT_S)
+    if not _is_number(timeout) or timeout <= 0:
+        raise SettingsError(source, f"{where}.timeout must be a positive number of seconds, "
+                                    f"got {_short(timeout)}")
+    return CommandHook(command=command, args=args, timeout=float(timeout), source=source)
+
+
+def _parse_hooks(source: str, hooks: Any) -> dict[str, tuple[HookMatcher, ...]]:
+    if not isinstance(hooks, Mapping):
+        raise SettingsError(source, "'hooks' must be an object mapping event names to lists, "
+                                    f"got {_short(hooks)}")
+    out: dict[str, tuple[HookMatcher, ...]] = {}
+    for event, entries in hooks.items():
+        where = f"hooks.{event}"
+        if not isinstance(entries, list):
+            raise SettingsError(source, f"{where} must be a list of {{\"matcher\": ..., \"hooks\": [...]}} "
+                                        f"objects, got {_short(entries)}")
+        known = event in HOOK_EVENTS
+        if event in FOREIGN_EVENTS:
+            log.debug("hook_event_ignored", source=source, hook_event=event, detail="not fired by agentfsm")
+        elif not known:
+            # Forward compatibility: a settings file written for a newer Claude Code must still load,
+            # but a typo such as "PreToolUs" should not go unnoticed either.
+            log.warning("hook_event_ignored", source=source, hook_event=event, detail="unknown event name",
+                        known=list(HOOK_EVENTS))
+        matchers: list[HookMatcher] = []
+        for i, entry in enumerate(entries):
+            ew = f"{where}[{i}]"
+            if not isinstance(entry, Mapping):
+                raise SettingsError(source, f"{ew} must be an object with \"hooks\", got {_short(entry)}")
+            matcher = entry.get("matcher")
+            if matcher is not None and not isinstance(matcher, str):
+                raise SettingsError(source, f"{ew}.matcher must be a string, got {_short(matcher)}")
+            try:
+                compile_matcher(matcher)
+            except ValueError as exc:
+                raise SettingsError(source, f"{ew}.matcher: {exc}") from None
+            handlers = entry.get("hooks")
+            if not isinstance(handlers, list):
+                raise SettingsError(source, f"{ew}.hooks must be a list of handlers, got {_short(handlers)}")
+            parsed = [_parse_handler(source, f"{ew}.hooks[{k}]", h) for k, h in enumerate(handlers)]
+            commands = [c for c in parsed if c is not None]
+            if known and commands:
+                matchers.append(HookMatcher(matcher=matcher, hooks=commands, source=source))
+        if known and matchers:
+            out[event] = tuple(matchers)
+    return out
+
+
+def _parse_permissions(source: str, perms: Any, root: Path) -> PermissionSettings:
+    if not isinstance(perms, Mapping):
+        raise SettingsError(source, f"'permissions' must be an object, got {_short(perms)}")
+    lists: dict[str, tuple[PermissionRule, ...]] = {}
+    behavior: RuleBehavior
+    for behavior in ("allow", "ask", "deny"):
+        items = perms.get(behavior, [])
+        if not isinstance(items, list):
+            raise SettingsError(source, f"permissions.{behavior} must be a list of rule strings, "
+                                        f"got {_short(items)}")
+        rules = []
+        for i, text in enumerate(items):
+            if not isinstance(text, str):
+                raise SettingsError(source, f"permissions.{behavior}[{i}] must be a string, "
+                                            f"got {_short(text)}")
+            try:
+                rules.append(PermissionRule.parse(text, behavior, source, root))
+            except ValueError as exc:
+                raise SettingsError(source, f"permissions.{behavior}[{i}]: {exc}") from None
+        lists[behavior] = tuple(rules)
+    mode = perms.get("defaultMode")
+    if mode is not None:
+        if not isinstance(mode, str):
+            raise SettingsError(source, f"permissions.defaultMode must be a string, got {_short(mode)}")
+        try:
+            mode = normalize_mode(mode)
+        except ValueError as exc:
+            raise SettingsError(source, f"permissions.defaultMode: {exc}") from None
+    dirs = perms.get("additionalDirectories", [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        raise SettingsError(source, "permissions.additionalDirectories must be a list of strings, "
+                                    f"got {_short(dirs)}")
+    return PermissionSettings(
+        allow=lists["allow"], ask=lists["ask"], deny=lists["deny"], default_mode=mode,
+        additional_directories=tuple((root / Path(d).expanduser()).resolve() for d in dirs),
+        disable_bypass_mode=perms.get("disableBypassPermissionsMode") == "disable",
+    )
+
+
+def parse_settings(data: Any, *, source: str, root: str | Path) -> Settings:
+    """Validate one settings object. ``root`` is the project directory of the source: the base of
+    ``/path`` permission rules and of relative ``additionalDirectories``."""
+    root_p = Path(root)
+    if not isinstance(data, Mapping):
+        raise SettingsError(source, f"settings must be a JSON object, got {_short(data)}")
+    hooks = _parse_hooks(source, data["hooks"]) if "hooks" in data else {}
+    perms = (_parse_permissions(source, data["permissions"], root_p) if "permissions" in data
+             else PermissionSettings())
+    disable = data.get("disableAllHooks", False)
+    if not isinstance(disable, bool):
+        raise SettingsError(source, f"disableAllHooks must be true or false, got {_short(disable)}")
+    return Settings(hooks=hooks, permissions=perms, sources=(source,), raw=dict(data),
+                    disable_all_hooks=disable)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+# ----------------------------------------------------------------------------------------------
+# Merging and loading
+
+def _deep_merge(low: Any, high: Any) -> Any:
+    if isinstance(low, Mapping) and isinstance(high, Mapping):
+        out = dict(low)
+        for k, v in high.items():
+            out[k] = _deep_merge(out[k], v) if k in out else v
+        return out
+    if isinstance(low, list) and isinstance(high, list):
+        merged = list(low)
+        for item in high:
+            if not (isinstance(item, str) and item in merged):
+                merged.append(item)
+        return merged
+    return high
+
+
+def _dedup_rules(rules: Sequence[PermissionRule]) -> tuple[PermissionRule, ...]:
+    seen: set[tuple[str, str | None, Path | None]] = set()
+    out = []
+    for r in rules:
+        key = r.identity()
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return tuple(out)
+
+
+def merge_settings(layers: Sequence[Settings]) -> Settings:
+    """Merge sources given low to high precedence."""
+    hooks: dict[str, list[HookMatcher]] = {}
+    allow: list[PermissionRule] = []
+    ask: list[PermissionRule] = []
+    deny: list[PermissionRule] = []
+    dirs: list[Path] = []
+    mode: str | None = None
+    disable_bypass = False
+    raw: Any = {}
+    disable_all: bool = False
+    for layer in layers:
+        for event, matchers in layer.hooks.items():
+            hooks.setdefault(event, []).extend(matchers)
+        p = layer.permissions
+        allow.extend(p.allow)
+        ask.extend(p.ask)
+        deny.extend(p.deny)
+        dirs.extend(d for d in p.additional_directories if d not in dirs)
+        mode = p.default_mode if p.default_mode is not None else mode
+        # Disabling bypass mode is a lock: any source may set it, none can lift it.
+        disable_bypass = disable_bypass or p.disable_bypass_mode
+        if "disableAllHooks" in layer.raw:
+            disable_all = layer.disable_all_hooks
+        raw = _deep_merge(raw, layer.raw)
+    return Settings(
+        hooks={e: tuple(m) for e, m in hooks.items()},
+        permissions=PermissionSettings(_dedup_rules(allow), _dedup_rules(ask), _dedup_rules(deny), mode,
+                                       tuple(dirs), disable_bypass),
+        sources=tuple(s for layer in layers for s in layer.sources),
+        raw=raw,
+        disable_all_hooks=disable_all,
+    )
+
+
+def _read_file(path: Path, root: Path) -> Settings:
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(source, f"cannot read settings file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(source, f"settings file is not UTF-8 text: {exc}") from None
+    if not text.strip():
+        return Settings(sources=(source,))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(source, f"invalid JSON at line {exc.lineno} column {exc.colno}: "
+                                    f"{exc.msg}") from None
+    return parse_settings(data, source=source, root=root)
+
+
+SETTING_SOURCES: tuple[str, ...] = ("user", "project", "local")
+
+
+def settings_files(cwd: str | Path, *, home: str | Path | None = None,
+                   setting_sources: Iterable[str] = SETTING_SOURCES) -> list[tuple[Path, Path]]:
+    """The standard settings files of the chosen sources (``--setting-sources``), low to high
+    precedence, as (path, project root) pairs; only those that exist. The same file is never read
+    twice (cwd = home)."""
+    wanted = set(setting_sources)
+    unknown = wanted - set(SETTING_SOURCES)
+    if unknown:
+        raise SettingsError("--setting-sources", f"unknown source(s) {', '.join(sorted(unknown))}; "
+                                                 f"expected a subset of {', '.join(SETTING_SOURCES)}")
+    cwd_p = Path(cwd).resolve()
+    home_p = Path(home).resolve() if home is not None else Path.home().resolve()
+    candidates: list[tuple[Path, Path]] = []
+    if "user" in wanted:
+        candidates.append((home_p / ".claude" / "settings.json", home_p))
+    if "project" in wanted:
+        candidates.append((cwd_p / ".claude" / "settings.json", cwd_p))
+    if "local" in wanted:
+        candidates.append((cwd_p / ".claude" / "settings.local.json", cwd_p))
+    seen: set[Path] = set()
+    out = []
+    for path, root in candidates:
+        resolved = path.resolve()
+        if resolved in seen or not path.is_file():
+            continue
+        seen.add(resolved)
+        out.append((path, root))
+    return out
+
+
+def load_settings(cwd: str | Path = ".", settings: str | None = None, *, home: str | Path | None = None,
+                  setting_sources: Iterable[str] = SETTING_SOURCES) -> Settings:
+    """Load and merge every settings source for a session in ``cwd``.
+
+    ``settings`` is the ``--settings`` argument: a JSON object (text starting with ``{``) or the
+    path of a settings file (relative to ``cwd``); it is always read. ``setting_sources`` picks
+    which of the standard files are read (``user``, ``project``, ``local``). ``home`` overrides the
+    user's home directory (tests, sandboxes).
+    """
+    cwd_p = Path(cwd).resolve()
+    files = settings_files(cwd_p, home=home, setting_sources=setting_sources)
+    layers = [_read_file(path, root) for path, root in files]
+    if settings is not None:
+        layers.append(_load_flag_settings(settings, cwd_p))
+    merged = merge_settings(layers)
+    log.debug("settings_loaded", sources=list(merged.sources),
+              hook_events=sorted(merged.hooks), rules=sum(len(getattr(merged.permissions, k))
+                                                           for k in ("allow", "ask", "deny")))
+    return merged
+
+
+def _load_flag_settings(arg: str, cwd: Path) -> Settings:
+    text = arg.strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SettingsError("--settings", f"invalid JSON at line {exc.lineno} column {exc.colno}: "
+                                              f"{exc.msg}") from None
+        return parse_settings(data, source="--settings", root=cwd)
+    if not text:
+        raise SettingsError("--settings", "expected a settings file path or a JSON object, "
+                                          "got an empty string")
+    path = Path(text).expanduser()
+    if not path.is_absolute():
+        path = cwd / path
+    if not path.is_file():
+        raise SettingsError(str(path), "settings file given with --settings does not exist")
+    parent = path.resolve().parent
+    # A file inside some project's .claude/ belongs to that project; anything else to its folder.
+    root = parent.parent if parent.name == ".claude" else parent
+    return _read_file(path, root)

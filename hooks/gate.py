@@ -1,0 +1,338 @@
+"""``HookGate``: the real :class:`fsm.gate.ToolGate` — hooks plus permission rules and modes.
+
+The tool pipeline calls :meth:`HookGate.pre_tool_use`, :meth:`HookGate.permission` and
+:meth:`HookGate.post_tool_use` / :meth:`HookGate.post_tool_use_failure` for every call; the driver
+calls the other async methods at the matching points of the loop (Stop, PostToolBatch, prompt
+submission, compaction, session start and end).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+
+from fsm.events import StopHookVerdict
+from fsm.gate import PermissionOutcome, PostToolOutcome, PreToolOutcome
+from hooks.config import Settings, load_settings
+from hooks.events import (
+    HOOK_EVENTS,
+    HookEvent,
+    HookInput,
+    PostToolBatchInput,
+    PostToolUseFailureInput,
+    PostToolUseInput,
+    PreCompactInput,
+    PreToolUseInput,
+    SessionEndInput,
+    SessionStartInput,
+    StopInput,
+    SubagentStopInput,
+    ToolCallRecord,
+    UserPromptSubmitInput,
+)
+from hooks.permissions import CanUseTool, PermissionPolicy, normalize_mode
+from hooks.runner import HookMatcher, HookRunner, HookRunResult
+from tools.base import Tool
+
+log = structlog.get_logger("agentfsm.permissions")
+
+
+@attrs.frozen
+class StopOutcome:
+    """Stop/SubagentStop hooks' combined answer. ``blocked``: the agent keeps going with ``reason``
+    as feedback; ``prevented`` (``continue: false``) ends the run with ``stop_reason`` and overrides
+    a block."""
+
+    blocked: bool = False
+    reason: str = ""
+    prevented: bool = False
+    stop_reason: str = ""
+    additional_context: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    hook_ms: float = 0.0
+
+    def to_verdict(self) -> StopHookVerdict:
+        return StopHookVerdict(blocked=self.blocked, reason=self.reason, prevented=self.prevented,
+                               stop_reason=self.stop_reason)
+
+
+@attrs.frozen
+class PostToolBatchOutcome:
+    """Unpacks as ``(blocked, reason, stop, stop_reason, additional_context)``."""
+
+    blocked: bool = False
+    reason: str = ""
+    stop: bool = False
+    stop_reason: str = ""
+    additional_context: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    hook_ms: float = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.blocked, self.reason, self.stop, self.stop_reason, self.additional_context))
+
+
+@attrs.frozen
+class PromptOutcome:
+    """UserPromptSubmit's answer; unpacks as ``(blocked, reason, additional_context)``. A blocked
+    prompt is erased (never sent to the model); ``stop`` ends the session."""
+
+    blocked: bool = False
+    reason: str = ""
+    additional_context: tuple[str, ...] = ()
+    stop: bool = False
+    stop_reason: str = ""
+    errors: tuple[str, ...] = ()
+    hook_ms: float = 0.0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.blocked, self.reason, self.additional_context))
+
+
+@attrs.frozen
+class EventOutcome:
+    """PreCompact / SessionStart / SessionEnd: nothing to block; context (SessionStart) and
+    messages for the user (exit-2 stderr, ``systemMessage``)."""
+
+    additional_context: tuple[str, ...] = ()
+    stop: bool = False
+    stop_reason: str = ""
+    user_messages: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    hook_ms: float = 0.0
+
+
+def _validate_python_hooks(python_hooks: Mapping[str, Sequence[HookMatcher]]) -> None:
+    for event, matchers in python_hooks.items():
+        if event not in HOOK_EVENTS:
+            raise ValueError(f"python_hooks: unknown hook event {event!r}; "
+                             f"expected one of {', '.join(HOOK_EVENTS)}")
+        for m in matchers:
+            if not isinstance(m, HookMatcher):
+                raise TypeError(f"python_hooks[{event!r}] must hold HookMatcher records, not {m!r}")
+
+
+class HookGate:
+    """Hooks and permissions for one session.
+
+    ``settings`` supplies command hooks and permission rules (see :func:`hooks.config.load_settings`);
+    ``policy`` replaces the rules/mode built from settings; ``python_hooks`` adds Python callables
+    per event; ``can_use_tool`` answers what the rules leave open (without it, an open question is a
+    denial, as in any non-interactive run).
+    """
+
+    def __init__(self, cwd: str | Path = ".", *, settings: Settings | None = None,
+                 policy: PermissionPolicy | None = None, permission_mode: str | None = None,
+                 python_hooks: Mapping[str, Sequence[HookMatcher]] | None = None,
+                 can_use_tool: CanUseTool | None = None, allowed_tools: str | Sequence[str] = (),
+                 disallowed_tools: str | Sequence[str] = (), session_id: str = "",
+                 transcript_path: str = "", env: Mapping[str, str] | None = None) -> None:
+        self.cwd = Path(cwd).resolve()
+        self.settings = settings if settings is not None else Settings()
+        self.policy = policy if policy is not None else PermissionPolicy.from_settings(
+            self.settings, self.cwd, mode=permission_mode, allowed_tools=allowed_tools,
+            disallowed_tools=disallowed_tools)
+        if policy is not None and permission_mode is not None:
+            self.policy.mode = normalize_mode(permission_mode)
+        self.can_use_tool = can_use_tool
+        self.session_id = session_id
+        self.transcript_path = transcript_path
+        self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
+        if python_hooks:
+            _validate_python_hooks(python_hooks)
+            for event, matchers in python_hooks.items():
+                for m in matchers:
+                    self.runner.add(event, m)
+
+    @classmethod
+    def from_cli(cls, cwd: str | Path = ".", *, settings: str | None = None,
+                 permission_mode: str | None = None, allowed_tools: str | Sequence[str] = (),
+                 disallowed_tools: str | Sequence[str] = (),
+                 home: str | Path | None = None, **kwargs: Any) -> HookGate:
+        """Load every settings source (plus ``--settings``) and build the gate; raises
+        :class:`hooks.config.SettingsError` for a bad settings file."""
+        loaded = load_settings(cwd, settings, home=home)
+        return cls(cwd, settings=loaded, permission_mode=permission_mode, allowed_tools=allowed_tools,
+                   disallowed_tools=disallowed_tools, **kwargs)
+
+    @property
+    def permission_mode(self) -> str:
+        return self.policy.mode
+
+    @permission_mode.setter
+    def permission_mode(self, mode: str) -> None:
+        self.policy.mode = normalize_mode(mode)
+
+    def visible_tools(self, names: Sequence[str]) -> list[str]:
+        return self.policy.visible_tools(names)
+
+    def filter_registry(self, registry: Any) -> Any:
+        """``registry`` (a :class:`tools.registry.ToolRegistry`) without the tools a bare deny rule
+        forbids, so the model is never offered them."""
+        names = list(registry.names())
+        visible = set(self.visible_tools(names))
+        hidden = [n for n in names if n not in visible]
+        return registry.without(hidden) if hidden else registry
+
+    def _common(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "cwd": str(self.cwd),
+                "permission_mode": self.policy.mode}
+
+    async def run(self, record: HookInput) -> HookRunResult:
+        """Run the hooks of any event record as is (the typed methods below build the records)."""
+        return await self.runner.run(record)
+
+    # -- ToolGate -------------------------------------------------------------------------------
+
+    async def pre_tool_use(self, tool_name: str, tool_input: Mapping[str, Any],
+                           tool_use_id: str) -> PreToolOutcome:
+        res = await self.runner.run(PreToolUseInput(**self._common(), tool_name=tool_name,
+                                                    tool_input=tool_input, tool_use_id=tool_use_id))
+        return PreToolOutcome(
+            decision=res.permission_decision,
+            reason=res.reason if res.blocked else res.permission_decision_reason,
+            updated_input=res.updated_input, additional_context=res.additional_context, blocked=res.blocked,
+            stop=res.stop, stop_reason=res.stop_reason, hook_ms=res.duration_ms,
+        )
+
+    async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
+                         pre: PreToolOutcome) -> PermissionOutcome:
+        """Rules, mode and the PreToolUse decision combined. A hook's ``deny`` (or exit 2) denies; its
+        ``allow`` cannot override a deny or ask rule; its ``ask`` forces a question. ``defer`` is
+        treated as ``ask`` here: ending the run for a deferred call is the pipeline's move. When a
+        hook rewrote the input, the rules judge the rewritten input and deny rules the original too."""
+        start = time.perf_counter()
+        if pre.blocked:
+            outcome = PermissionOutcome(
+                "deny", f"{HookEvent.PRE_TOOL_USE}:{tool.name} hook error: {pre.reason}",
+                rule="hook: PreToolUse exit 2")
+            return self._log_permission(tool, outcome, start)
+        effective = pre.updated_input if pre.updated_input is not None else tool_input
+        if pre.updated_input is not None:
+            rule = self.policy.deny_rule_for(tool, tool_input)
+            if rule is not None:
+                outcome = PermissionOutcome("deny", f"Permission to use {tool.name} has been denied by rule "
+                                                    f"{rule} ({rule.source}).", rule=rule.label)
+                return self._log_permission(tool, outcome, start)
+        decision = await self.policy.decide(tool, effective, hook_decision=pre.decision,
+                                            hook_reason=pre.reason, can_use_tool=self.can_use_tool)
+        updated = decision.updated_input if decision.updated_input is not None else pre.updated_input
+        label = decision.rule.label if decision.rule is not None else f"{decision.decided_by}"
+        outcome = PermissionOutcome(decision.behavior, decision.reason, rule=label,
+                                    updated_input=updated if decision.behavior == "allow" else None)
+        return self._log_permission(tool, outcome, start)
+
+    def _log_permission(self, tool: Tool, outcome: PermissionOutcome, start: float) -> PermissionOutcome:
+        ms = (time.perf_counter() - start) * 1000
+        outcome = attrs.evolve(outcome, permission_ms=ms)
+        log.info("permission", tool=tool.name, behavior=outcome.behavior, rule=outcome.rule,
+                 permission_mode=self.policy.mode, permission_ms=round(ms, 2), session_id=self.session_id)
+        return outcome
+
+    async def post_tool_use(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
+                            tool_response: Any, duration_ms: float) -> PostToolOutcome:
+        res = await self.runner.run(PostToolUseInput(
+            **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id,
+            tool_response=tool_response, duration_ms=duration_ms))
+        return PostToolOutcome(updated_output=res.updated_tool_output,
+                               additional_context=res.additional_context, blocked=res.blocked,
+                               reason=res.reason, stop=res.stop, stop_reason=res.stop_reason,
+                               hook_ms=res.duration_ms)
+
+    async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
+                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+        res = await self.runner.run(PostToolUseFailureInput(
+            **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id,
+            error=error, is_interrupt=is_interrupt))
+        return PostToolOutcome(additional_context=res.additional_context, blocked=res.blocked,
+                               reason=res.reason, stop=res.stop, stop_reason=res.stop_reason,
+                               hook_ms=res.duration_ms)
+
+    # -- the other events -----------------------------------------------------------------------
+
+    async def stop(self, last_assistant_message: str = "", stop_hook_active: bool = False) -> StopOutcome:
+        res = await self.runner.run(StopInput(**self._common(), stop_hook_active=stop_hook_active,
+                                              last_assistant_message=last_assistant_message))
+        return _stop_outcome(res)
+
+    async def subagent_stop(self, *, agent_id: str = "", agent_type: str = "",
+                            agent_transcript_path: str = "", last_assistant_message: str = "",
+                            stop_hook_active: bool = False) -> StopOutcome:
+        res = await self.runner.run(SubagentStopInput(
+            **self._common(), stop_hook_active=stop_hook_active, agent_id=agent_id, agent_type=agent_type,
+            agent_transcript_path=agent_transcript_path, last_assistant_message=last_assistant_message))
+        return _stop_outcome(res)
+
+    async def post_tool_batch(
+            self, tool_calls: Sequence[ToolCallRecord | Mapping[str, Any]]) -> PostToolBatchOutcome:
+        res = await self.runner.run(PostToolBatchInput(**self._common(), tool_calls=tool_calls))
+        return PostToolBatchOutcome(blocked=res.blocked and not res.stop, reason=res.reason, stop=res.stop,
+                                    stop_reason=res.stop_reason, additional_context=res.additional_context,
+                                    errors=res.errors, hook_ms=res.duration_ms)
+
+    async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
+        res = await self.runner.run(UserPromptSubmitInput(**self._common(), prompt=prompt))
+        return PromptOutcome(blocked=res.blocked, reason=res.reason,
+                             additional_context=res.additional_context, stop=res.stop,
+                             stop_reason=res.stop_reason, errors=res.errors, hook_ms=res.duration_ms)
+
+    async def pre_compact(self, trigger: str = "auto",
+                          custom_instructions: str | None = None) -> EventOutcome:
+        res = await self.runner.run(PreCompactInput(**self._common(), trigger=trigger,  # type: ignore[arg-type]
+                                                    custom_instructions=custom_instructions or ""))
+        return _event_outcome(res)
+
+    async def session_start(self, source: str = "startup") -> EventOutcome:
+        res = await self.runner.run(SessionStartInput(**self._common(), source=source))  # type: ignore[arg-type]
+        return _event_outcome(res)
+
+    async def session_end(self, reason: str = "other") -> EventOutcome:
+        res = await self.runner.run(SessionEndInput(**self._common(), reason=reason))
+        return _event_outcome(res)
+
+
+def _stop_outcome(res: HookRunResult) -> StopOutcome:
+    # `continue: false` overrides every decision: a prevented stop is not also a block.
+    return StopOutcome(blocked=res.blocked and not res.stop, reason=res.reason, prevented=res.stop,
+                       stop_reason=res.stop_reason, additional_context=res.additional_context,
+                       errors=res.errors, hook_ms=res.duration_ms)
+
+
+def _event_outcome(res: HookRunResult) -> EventOutcome:
+    return EventOutcome(additional_context=res.additional_context, stop=res.stop, stop_reason=res.stop_reason,
+                        user_messages=res.user_messages, errors=res.errors, hook_ms=res.duration_ms)
+
+
+def build_gate(options: Any, *, session_id: str = "", transcript_path: str = "",
+               registry: Any = None) -> HookGate:
+    """The gate of a session configured by an :class:`fsm.options.Options`: settings from
+    ``options.setting_sources`` plus ``--settings``, the CLI rule lists and mode, Python hooks and
+    ``can_use_tool``. Raises :class:`hooks.config.SettingsError` for a bad settings source.
+
+    ``Options.permission_mode`` cannot tell "not given" from an explicit ``default``, so
+    ``default`` (or ``manual``) lets the settings' ``defaultMode`` apply.
+    """
+    settings = load_settings(options.cwd, options.settings, setting_sources=options.setting_sources)
+    mode = options.permission_mode if normalize_mode(options.permission_mode) != "default" else None
+    gate = HookGate(options.cwd, settings=settings, permission_mode=mode, python_hooks=options.hooks or None,
+                    can_use_tool=options.can_use_tool, allowed_tools=options.allowed_tools,
+                    disallowed_tools=options.disallowed_tools, session_id=session_id,
+                    transcript_path=transcript_path)
+    if registry is not None:
+        _warn_unknown_tools(gate.policy, list(registry.names()) + [a for t in registry for a in t.aliases])
+    return gate
+
+
+def _warn_unknown_tools(policy: PermissionPolicy, known: Sequence[str]) -> None:
+    # A rule naming a tool this session lacks is legal (settings are shared between setups) but is
+    # usually a typo; a misspelt deny rule protects nothing, so say so.
+    for rule in (*policy.deny, *policy.ask, *policy.allow):
+        if rule.tool in known or rule.tool.startswith("mcp__"):
+            continue
+        log.warning("permission_rule_unknown_tool", rule=rule.label, source=rule.source,
+                    known_tools=list(known))

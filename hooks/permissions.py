@@ -1,0 +1,896 @@
+"""Permission rules and modes, in Claude Code's syntax and with its precedence (SPEC §5, §10).
+
+A call is judged in this order; the first step that decides wins:
+
+1. a matching ``deny`` rule denies — in every mode, ``bypassPermissions`` included;
+2. a PreToolUse hook's ``deny`` denies;
+3. ``plan`` mode denies anything that is not read-only (plan mode must not change the world, so
+   not even an allow rule or a hook reopens it);
+4. a matching ``ask`` rule, or a hook's ``ask``/``defer``, asks;
+5. a hook's ``allow`` allows (it skips the prompt, never a deny or ask rule);
+6. ``allow`` rules allow (for a compound Bash command every part must be allowed);
+7. the mode: ``bypassPermissions`` allows; ``acceptEdits`` allows file edits inside the working
+   directories; read-only tools are allowed; everything else asks;
+8. ``dontAsk`` turns every ask into a denial; otherwise a ``can_use_tool`` callback answers the
+   ask, and without one (a non-interactive run) the ask is a denial with a message saying so.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import shlex
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import attrs
+
+from tools.base import Tool
+
+PermissionMode = Literal["default", "acceptEdits", "plan", "bypassPermissions", "dontAsk"]
+PERMISSION_MODES: tuple[str, ...] = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
+_MODE_ALIASES = {"manual": "default"}
+
+RuleBehavior = Literal["allow", "ask", "deny"]
+
+# Path rules name a tool family: `Edit(...)` covers every file-editing tool, `Read(...)` every tool
+# that reads files (SPEC §10). A rule naming a member directly covers only that member.
+EDIT_TOOLS: frozenset[str] = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
+READ_TOOLS: frozenset[str] = frozenset({"Read", "Grep", "Glob", "NotebookRead", "LS"})
+_PATH_FAMILIES: Mapping[str, frozenset[str]] = {
+    "Edit": EDIT_TOOLS, "Read": READ_TOOLS,
+    **{name: frozenset({name}) for name in (EDIT_TOOLS | READ_TOOLS) - {"Edit", "Read"}},
+}
+_SEARCH_TOOLS = frozenset({"Grep", "Glob", "LS"})
+
+
+def normalize_mode(mode: str | None) -> str:
+    """``None`` → ``default``; ``manual`` is an alias of ``default``; anything unknown raises."""
+    if mode is None:
+        return "default"
+    mode = _MODE_ALIASES.get(mode, mode)
+    if mode not in PERMISSION_MODES:
+        raise ValueError(f"unknown permission mode {mode!r}; expected one of: "
+                         f"{', '.join(PERMISSION_MODES)} (or 'manual', an alias of 'default')")
+    return mode
+
+
+# ----------------------------------------------------------------------------------------------
+# Rule syntax
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.\-*]+$")
+
+
+def parse_rule_text(text: str) -> tuple[str, str | None]:
+    """``"Bash(npm run test:*)"`` → ``("Bash", "npm run test:*")``; ``"Read"`` → ``("Read", None)``.
+
+    ``Tool()`` and ``Tool(*)`` mean the whole tool. Parentheses inside a specifier may be written
+    escaped (``\\(``); the specifier runs to the last ``)``.
+    """
+    raw = text
+    text = text.strip()
+    if not text:
+        raise ValueError("empty permission rule")
+    if "(" not in text:
+        if text.endswith(")"):
+            raise ValueError(f"invalid permission rule {raw!r}: ')' without '('")
+        name, spec = text, None
+    else:
+        if not text.endswith(")"):
+            raise ValueError(f"invalid permission rule {raw!r}: the specifier must end with ')'")
+        name, spec = text[: text.index("(")], text[text.index("(") + 1: -1]
+        spec = spec.replace("\\(", "(").replace("\\)", ")")
+        if spec.strip() in ("", "*"):
+            spec = None
+    name = name.strip()
+    if not name or not _TOOL_NAME.match(name):
+        raise ValueError(f"invalid permission rule {raw!r}: {name!r} is not a tool name")
+    return name, spec
+
+
+def split_tool_list(values: str | Iterable[str]) -> list[str]:
+    """Split ``--allowedTools``/``--disallowedTools`` values: comma or whitespace separated, but
+    never inside a specifier (``"Bash(git log *) Read,Edit"`` → three rules)."""
+    items = [values] if isinstance(values, str) else list(values)
+    out: list[str] = []
+    for item in items:
+        depth, buf = 0, []
+        for ch in item:
+            if ch == "(":
+                depth += 1
+            elif ch == ")" and depth:
+                depth -= 1
+            if depth == 0 and (ch == "," or ch.isspace()):
+                if "".join(buf).strip():
+                    out.append("".join(buf).strip())
+                buf = []
+                continue
+            buf.append(ch)
+        if "".join(buf).strip():
+            out.append("".join(buf).strip())
+    return out
+
+
+@attrs.frozen
+class PermissionRule:
+    """One rule. ``root`` is the project directory of the settings file it came from: the base of
+    ``/path`` specifiers (None = the working directory)."""
+
+    tool: str
+    specifier: str | None
+    behavior: RuleBehavior
+    source: str = "cli"
+    root: Path | None = None
+
+    @classmethod
+    def parse(cls, text: str, behavior: RuleBehavior, source: str = "cli",
+              root: Path | None = None) -> PermissionRule:
+        tool, spec = parse_rule_text(text)
+        return cls(tool, spec, behavior, source, root)
+
+    def __str__(self) -> str:
+        return self.tool if self.specifier is None else f"{self.tool}({self.specifier})"
+
+    @property
+    def label(self) -> str:
+        return f"{self.behavior}: {self}"
+
+    def identity(self) -> tuple[str, str | None, Path | None]:
+        """Two rules with the same identity are the same rule. The root only tells `/p` rules apart:
+        nothing else is relative to the settings file."""
+        spec = self.specifier or ""
+        rooted = spec.startswith("/") and not spec.startswith("//")
+        return self.tool, self.specifier, self.root if rooted else None
+
+    def names_tool(self, tool: Tool) -> bool:
+        """Does the rule's tool part select ``tool`` (ignoring the specifier)?"""
+        names = _tool_names(tool)
+        if self.tool in names:
+            return True
+        if self.tool.startswith("mcp__"):
+            # `mcp__server` and `mcp__server__*` name every tool of that server.
+            prefix = self.tool[:-1] if self.tool.endswith("*") else self.tool + "__"
+            return any(n.startswith(prefix) for n in names)
+        return False
+
+    def covers_whole_tool(self, name: str) -> bool:
+        """A bare rule naming ``name`` (used to hide denied tools from the model)."""
+        if self.specifier is not None:
+            return False
+        if self.tool == name:
+            return True
+        if self.tool.startswith("mcp__"):
+            prefix = self.tool[:-1] if self.tool.endswith("*") else self.tool + "__"
+            return name.startswith(prefix)
+        return False
+
+    def matches(self, tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> bool:
+        """Does this rule apply to the call, read as a deny/ask rule would be (any part of a
+        compound command, any spelling of a path)?"""
+        return _rule_hits(self, tool, tool_input, cwd, strict=False)
+
+
+def _tool_names(tool: Tool) -> set[str]:
+    return {tool.name, *tool.aliases}
+
+
+def _rule_hits(rule: PermissionRule, tool: Tool, tool_input: Mapping[str, Any], cwd: Path, *,
+               strict: bool) -> bool:
+    """``strict`` is the allow reading: every part of a compound command and every spelling of a
+    path must match. The non-strict reading (deny/ask) needs only one."""
+    names = _tool_names(tool)
+    if rule.specifier is None:
+        return rule.names_tool(tool)
+    family = _PATH_FAMILIES.get(rule.tool)
+    if family is not None and names & family:
+        paths = _subject_paths(tool, tool_input, cwd)
+        if not paths:
+            return False
+        hits = [_path_rule_matches(rule.specifier, p, cwd, rule.root) for p in paths]
+        return all(hits) if strict else any(hits)
+    if not rule.names_tool(tool):
+        return False
+    if rule.tool == "Bash" or "Bash" in names:
+        command = tool_input.get("command")
+        if not isinstance(command, str):
+            return False
+        if strict:
+            return _bash_all_parts_match([rule.specifier], command)
+        return _bash_any_part_matches(rule.specifier, command)
+    if rule.tool == "WebFetch" and rule.specifier.startswith("domain:"):
+        return _domain_matches(rule.specifier[len("domain:"):], tool_input.get("url"))
+    subject = _generic_subject(tool, tool_input)
+    return subject is not None and _wildcard(rule.specifier).fullmatch(subject.strip()) is not None
+
+
+def _generic_subject(tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
+    if tool.name in ("Agent", "Task") and isinstance(tool_input.get("subagent_type"), str):
+        return tool_input["subagent_type"]
+    try:
+        return tool.permission_subject(tool_input)
+    except Exception:
+        return None
+
+
+def _domain_matches(domain: str, url: Any) -> bool:
+    if not isinstance(url, str):
+        return False
+    host = (urlsplit(url if "//" in url else "//" + url).hostname or "").lower()
+    domain = domain.lower().strip()
+    if domain.startswith("*."):
+        return host.endswith(domain[1:])
+    return host == domain or host.endswith("." + domain)
+
+
+# ----------------------------------------------------------------------------------------------
+# Bash specifiers
+
+def _wildcard(spec: str) -> re.Pattern[str]:
+    """``*`` matches anything (newlines too); ``\\*`` is a literal star. A trailing `` *`` also
+    matches nothing at all, so ``ls *`` covers ``ls`` and ``ls -la`` but not ``lsof``."""
+    out: list[str] = []
+    i, n = 0, len(spec)
+    while i < n:
+        c = spec[i]
+        if c == "\\" and i + 1 < n and spec[i + 1] in "*\\":
+            out.append(re.escape(spec[i + 1]))
+            i += 2
+            continue
+        if c == "*":
+            if i == n - 1 and out and out[-1] == re.escape(" "):
+                out[-1] = "(?: .*)?"
+            else:
+                out.append(".*")
+            i += 1
+            continue
+        out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def _bash_spec_matches(spec: str, command: str) -> bool:
+    command = command.strip()
+    spec = spec.strip()
+    if spec.endswith(":*"):
+        # Legacy prefix rule: a whole-word prefix (`npm run test:*` does not cover `npm run testing`).
+        prefix = spec[:-2].rstrip()
+        return command == prefix or command.startswith(prefix + " ") or command.startswith(prefix + "\t")
+    if re.search(r"(?<!\\)\*", spec):
+        return _wildcard(spec).fullmatch(command) is not None
+    return command == spec.replace("\\*", "*")
+
+
+def _bash_any_part_matches(spec: str, command: str) -> bool:
+    candidates = {command.strip()}
+    parts, _ = split_compound_command(command)
+    for part in parts:
+        candidates.update(command_variants(part))
+    return any(_bash_spec_matches(spec, c) for c in candidates if c)
+
+
+def _bash_all_parts_match(specs: Sequence[str], command: str) -> bool:
+    command = command.strip()
+    # A rule written as the whole (compound) command, without wildcards, allows exactly that text.
+    if any(command == s.strip() for s in specs if "*" not in s):
+        return True
+    parts, ok = split_compound_command(command)
+    if not ok or not parts:
+        return False  # unparsable shell is never pre-approved
+    return all(any(_bash_spec_matches(s, p) for s in specs) for p in parts)
+
+
+_OPERATORS = ("&&", "||", "|&", ";;", ";", "|", "&", "\n")
+
+
+def split_compound_command(command: str) -> tuple[list[str], bool]:
+    """Split a shell command at ``&&``, ``||``, ``;``, ``|``, ``&`` and newlines, outside quotes.
+
+    The bodies of command substitutions (``$(…)``, backticks, ``<(…)``, ``>(…)``) and of subshell
+    groups are returned as parts of their own, since they run too. ``ok`` is False when quoting or
+    parentheses do not balance: such a command is never pre-approved by allow rules.
+    """
+    parts: list[str] = []
+    ok = _scan(command.replace("\\\n", " "), parts, 0)
+    return [p.strip() for p in parts if p.strip()], ok
+
+
+def _scan(s: str, parts: list[str], depth: int) -> bool:
+    if depth > 20:
+        return False
+    ok = True
+    buf: list[str] = []
+    i, n = 0, len(s)
+
+    def flush() -> None:
+        parts.append("".join(buf))
+        buf.clear()
+
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            buf.append(s[i:i + 2])
+            i += 2
+            continue
+        if c == "'":
+            j = s.find("'", i + 1)
+            if j < 0:
+                buf.append(s[i:])
+                return False
+            buf.append(s[i:j + 1])
+            i = j + 1
+            continue
+        if c == '"':
+            j, ok2 = _scan_double(s, i + 1, parts, depth)
+            ok = ok and ok2
+            buf.append(s[i:j])
+            i = j
+            continue
+        if s.startswith(("$(", "<(", ">("), i):
+            j, ok2 = _match_paren(s, i + 2)
+            ok = ok and ok2 and _scan(s[i + 2: j - 1] if ok2 else s[i + 2:], parts, depth + 1)
+            buf.append(s[i:j])
+            i = j
+            continue
+        if c == "`":
+            j, ok2 = _match_backtick(s, i + 1)
+            ok = ok and ok2 and _scan(s[i + 1: j - 1] if ok2 else s[i + 1:], parts, depth + 1)
+            buf.append(s[i:j])
+            i = j
+            continue
+        if c == "(" and not "".join(buf).strip():
+            j, ok2 = _match_paren(s, i + 1)
+            ok = ok and ok2 and _scan(s[i + 1: j - 1] if ok2 else s[i + 1:], parts, depth + 1)
+            i = j
+            continue
+        # `2>&1`, `&>file`, `>|file` are redirections, not operators.
+        prev = buf[-1][-1:] if buf else ""
+        if c in "&|" and prev in (">", "<"):
+            buf.append(c)
+            i += 1
+            continue
+        if s.startswith("&>", i):
+            buf.append("&>")
+            i += 2
+            continue
+        op = next((o for o in _OPERATORS if s.startswith(o, i)), None)
+        if op is not None:
+            flush()
+            i += len(op)
+            continue
+        buf.append(c)
+        i += 1
+    flush()
+    return ok
+
+
+def _scan_double(s: str, i: int, parts: list[str], depth: int) -> tuple[int, bool]:
+    """From just after an opening ``"``: index just after the closing one."""
+    ok = True
+    n = len(s)
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == '"':
+            return i + 1, ok
+        if s.startswith("$(", i):
+            j, ok2 = _match_paren(s, i + 2)
+            ok = ok and ok2 and _scan(s[i + 2: j - 1] if ok2 else s[i + 2:], parts, depth + 1)
+            i = j
+            continue
+        if c == "`":
+            j, ok2 = _match_backtick(s, i + 1)
+            ok = ok and ok2 and _scan(s[i + 1: j - 1] if ok2 else s[i + 1:], parts, depth + 1)
+            i = j
+            continue
+        i += 1
+    return n, False
+
+
+def _match_paren(s: str, i: int) -> tuple[int, bool]:
+    """From just after an opening ``(``: index just after its ``)``."""
+    level, n = 1, len(s)
+    while i < n:
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "'":
+            j = s.find("'", i + 1)
+            if j < 0:
+                return n, False
+            i = j + 1
+            continue
+        if c == '"':
+            i, ok = _scan_double(s, i + 1, [], 0)
+            if not ok:
+                return n, False
+            continue
+        if c == "(":
+            level += 1
+        elif c == ")":
+            level -= 1
+            if level == 0:
+                return i + 1, True
+        i += 1
+    return n, False
+
+
+def _match_backtick(s: str, i: int) -> tuple[int, bool]:
+    n = len(s)
+    while i < n:
+        if s[i] == "\\":
+            i += 2
+            continue
+        if s[i] == "`":
+            return i + 1, True
+        i += 1
+    return n, False
+
+
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_PREFIX_WORDS = frozenset({"!", "{", "}", "(", ")", "then", "do", "else", "elif", "if", "while", "until",
+                           "time", "exec", "command", "builtin", "nohup", "sudo", "doas", "xargs"})
+_SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "fish"})
+
+
+def command_variants(part: str, _depth: int = 0) -> set[str]:
+    """Spellings of one simple command that deny and ask rules are also checked against, so that
+    ``FOO=1 rm -rf /``, ``/bin/rm -rf /``, ``sudo rm -rf "/"``, ``timeout 5 rm -rf /`` and
+    ``bash -c 'rm -rf /'`` cannot slip past ``Bash(rm -rf *)``. Allow rules never use these: a
+    normalised spelling must not widen what was approved."""
+    out = {part.strip()}
+    if _depth > 4:
+        return out
+    try:
+        tokens = shlex.split(part, posix=True)
+    except ValueError:
+        tokens = part.split()
+    tokens = _strip_prefixes(tokens)
+    if not tokens:
+        return out
+    first = tokens[0].rsplit("/", 1)[-1] if "/" in tokens[0] else tokens[0]
+    tokens = [first, *tokens[1:]]
+    out.add(" ".join(tokens))
+    inner: str | None = None
+    if first in _SHELLS and "-c" in tokens[1:]:
+        k = tokens.index("-c", 1)
+        inner = tokens[k + 1] if k + 1 < len(tokens) else None
+    elif first == "eval":
+        inner = " ".join(tokens[1:])
+    if inner:
+        sub_parts, _ = split_compound_command(inner)
+        out.add(inner.strip())
+        for sp in sub_parts:
+            out |= command_variants(sp, _depth + 1)
+    return {o for o in out if o}
+
+
+def _strip_prefixes(tokens: list[str]) -> list[str]:
+    i, n = 0, len(tokens)
+    while i < n:
+        t = tokens[i]
+        if t in _PREFIX_WORDS or _ASSIGNMENT.match(t):
+            i += 1
+            # sudo/xargs/command options (-u root, -E, -n 1 ...) belong to the wrapper
+            if t in ("sudo", "doas", "xargs", "command", "exec"):
+                while i < n and tokens[i].startswith("-"):
+                    i += 2 if tokens[i] in ("-u", "-g", "-n", "-I", "-P", "-L", "-d") else 1
+            continue
+        if t == "env":
+            i += 1
+            while i < n and (tokens[i].startswith("-") or _ASSIGNMENT.match(tokens[i])):
+                i += 2 if tokens[i] in ("-u", "-C", "-S") else 1
+            continue
+        if t == "nice":
+            i += 1
+            while i < n and tokens[i].startswith("-"):
+                i += 2 if tokens[i] == "-n" else 1
+            continue
+        if t == "timeout":
+            i += 1
+            while i < n and tokens[i].startswith("-"):
+                i += 2 if tokens[i] in ("-s", "-k", "--signal", "--kill-after") else 1
+            i += 1  # the duration
+            continue
+        break
+    return tokens[i:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Path specifiers (gitignore-style)
+
+def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list[str]:
+    """The path(s) a file tool touches, absolute and normalised, plus the symlink-resolved form
+    when it differs (a deny rule on a target must not be dodged through a link)."""
+    raw: str | None = None
+    for key in ("file_path", "notebook_path", "path"):
+        if isinstance(tool_input.get(key), str) and tool_input[key]:
+            raw = tool_input[key]
+            break
+    names = _tool_names(tool)
+    if raw is None and names & _SEARCH_TOOLS:
+        raw = str(cwd)  # a search without a path searches the working directory
+    if raw is None:
+        raw = _generic_subject(tool, tool_input)
+    if raw is None:
+        return []
+    base = Path(os.path.expanduser(raw))
+    if not base.is_absolute():
+        base = cwd / base
+    if "Glob" in names and isinstance(tool_input.get("pattern"), str):
+        # Glob(pattern="/etc/**") or "../../x/*" reaches past its path: judge the fixed prefix.
+        pattern = tool_input["pattern"]
+        fixed: list[str] = []
+        for seg in pattern.split("/"):
+            if any(ch in seg for ch in "*?[{"):
+                break
+            fixed.append(seg)
+        prefix = "/".join(fixed)
+        if pattern.startswith("/"):
+            base = Path(prefix or "/")
+        elif prefix:
+            base = base / prefix
+    norm = os.path.normpath(str(base))
+    out = [norm]
+    try:
+        real = os.path.realpath(norm)
+    except OSError:
+        real = norm
+    if real != norm:
+        out.append(real)
+    return out
+
+
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+            continue
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        c = pattern[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = pattern.find("]", i + 2)
+            if j < 0:
+                out.append(re.escape(c))
+            else:
+                body = pattern[i + 1: j]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = j
+        elif c == "\\" and i + 1 < n:
+            out.append(re.escape(pattern[i + 1]))
+            i += 1
+        else:
+            out.append(re.escape(c))
+        i += 1
+    try:
+        return re.compile("".join(out), re.DOTALL)
+    except re.error:
+        return re.compile(re.escape(pattern))
+
+
+def _path_rule_matches(spec: str, path: str, cwd: Path, root: Path | None) -> bool:
+    """``//abs`` from the root, ``~/p`` from home, ``/p`` from the rule's project, ``./p`` and
+    ``a/b`` from the cwd; a pattern without a slash matches a name at any depth below the cwd.
+    A rule matching a directory matches everything inside it, as in gitignore."""
+    anchored = True
+    if spec.startswith("//"):
+        base, pat = Path("/"), spec[2:]
+    elif spec == "~" or spec.startswith("~/"):
+        base, pat = Path.home(), spec[2:]
+    elif spec.startswith("/"):
+        base, pat = (root or cwd), spec[1:]
+    elif spec.startswith("./"):
+        base, pat = cwd, spec[2:]
+    else:
+        base, pat = cwd, spec
+        anchored = "/" in spec.rstrip("/")
+    pat = pat.rstrip("/")
+    if pat in ("", "."):
+        pat = "**"
+    base_s = os.path.normpath(str(base))
+    try:
+        rel = PurePosixPath(path).relative_to(base_s)
+    except ValueError:
+        return False
+    rx = _glob_regex(pat if anchored else "**/" + pat)
+    segments = rel.parts
+    candidates = [""] if not segments else ["/".join(segments[:k]) for k in range(1, len(segments) + 1)]
+    return any(rx.fullmatch(c) for c in candidates)
+
+
+def _inside(paths: Sequence[str], dirs: Sequence[Path]) -> bool:
+    def one(p: str) -> bool:
+        for d in dirs:
+            d_s = os.path.normpath(str(d))
+            if p == d_s or p.startswith(d_s.rstrip("/") + "/"):
+                return True
+        return False
+
+    return bool(paths) and all(one(p) for p in paths)
+
+
+# ----------------------------------------------------------------------------------------------
+# Decisions and the can_use_tool callback
+
+DecidedBy = Literal["rule", "hook", "mode", "callback", "non_interactive"]
+
+
+@attrs.frozen
+class PermissionDecision:
+    behavior: Literal["allow", "deny", "ask"]
+    reason: str = ""
+    rule: PermissionRule | None = None
+    decided_by: DecidedBy = "mode"
+    updated_input: Mapping[str, Any] | None = None
+    # A callback's deny may ask the host to stop the whole run, as the Agent SDK's `interrupt` does.
+    interrupt: bool = False
+
+
+@attrs.frozen
+class ToolPermissionContext(Mapping[str, Any]):
+    """What a ``can_use_tool`` callback is told about the call it must answer. Also readable as a
+    mapping (``ctx["reason"]``) for callbacks typed against a plain dict context."""
+
+    tool_use_id: str = ""
+    permission_mode: str = "default"
+    reason: str = ""  # why the call needs approval
+    rule: str | None = None  # the ask rule that asked, if any
+    cwd: str = ""
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in attrs.fields_dict(type(self)):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(attrs.fields_dict(type(self)))
+
+    def __len__(self) -> int:
+        return len(attrs.fields(type(self)))
+
+
+@attrs.frozen
+class PermissionAllow:
+    updated_input: Mapping[str, Any] | None = None
+
+
+@attrs.frozen
+class PermissionDeny:
+    message: str = ""
+    interrupt: bool = False
+
+
+CanUseToolResult = PermissionAllow | PermissionDeny | Mapping[str, Any] | bool
+CanUseTool = Callable[[str, Mapping[str, Any], ToolPermissionContext],
+                      Awaitable[CanUseToolResult] | CanUseToolResult]
+
+
+def _coerce_answer(value: Any) -> PermissionAllow | PermissionDeny:
+    if isinstance(value, PermissionAllow | PermissionDeny):
+        return value
+    if isinstance(value, bool):
+        return PermissionAllow() if value else PermissionDeny()
+    if isinstance(value, Mapping):
+        behavior = value.get("behavior")
+        if behavior == "allow":
+            ui = value.get("updatedInput", value.get("updated_input"))
+            return PermissionAllow(ui if isinstance(ui, Mapping) else None)
+        if behavior == "deny":
+            return PermissionDeny(str(value.get("message", "")), bool(value.get("interrupt", False)))
+    raise TypeError(f"can_use_tool must return PermissionAllow, PermissionDeny, a "
+                    f"{{'behavior': 'allow'|'deny'}} dict or a bool, not {value!r}")
+
+
+def _as_rules(items: Iterable[str | PermissionRule], behavior: RuleBehavior,
+              source: str) -> list[PermissionRule]:
+    out: list[PermissionRule] = []
+    for item in items:
+        if isinstance(item, PermissionRule):
+            out.append(item if item.behavior == behavior else attrs.evolve(item, behavior=behavior))
+        else:
+            out.extend(PermissionRule.parse(t, behavior, source) for t in split_tool_list(item))
+    return out
+
+
+def _dedup(rules: Iterable[PermissionRule]) -> list[PermissionRule]:
+    seen: set[tuple[str, str | None, Path | None]] = set()
+    out = []
+    for r in rules:
+        key = r.identity()
+        if key not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
+@attrs.define
+class PermissionPolicy:
+    """Rules + mode for one session. Build with :meth:`build` (or :meth:`from_settings`)."""
+
+    cwd: Path
+    mode: str = "default"
+    allow: list[PermissionRule] = attrs.field(factory=list)
+    ask: list[PermissionRule] = attrs.field(factory=list)
+    deny: list[PermissionRule] = attrs.field(factory=list)
+    additional_directories: list[Path] = attrs.field(factory=list)
+
+    @classmethod
+    def build(cls, cwd: str | Path, *, mode: str | None = None,
+              allow: Iterable[str | PermissionRule] = (), ask: Iterable[str | PermissionRule] = (),
+              deny: Iterable[str | PermissionRule] = (), allowed_tools: str | Iterable[str] = (),
+              disallowed_tools: str | Iterable[str] = (),
+              additional_directories: Iterable[str | Path] = ()) -> PermissionPolicy:
+        """``allowed_tools``/``disallowed_tools`` are the CLI lists (``--allowedTools``), merged
+        into allow/deny."""
+        cwd_p = Path(cwd).resolve()
+        if isinstance(allowed_tools, str):
+            allowed_tools = [allowed_tools]
+        if isinstance(disallowed_tools, str):
+            disallowed_tools = [disallowed_tools]
+        return cls(
+            cwd=cwd_p,
+            mode=normalize_mode(mode),
+            allow=_dedup([*_as_rules(allow, "allow", "settings"), *_as_rules(allowed_tools, "allow", "cli")]),
+            ask=_dedup(_as_rules(ask, "ask", "settings")),
+            deny=_dedup([*_as_rules(deny, "deny", "settings"), *_as_rules(disallowed_tools, "deny", "cli")]),
+            additional_directories=[(cwd_p / Path(d).expanduser()).resolve() for d in additional_directories],
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Any, cwd: str | Path, *, mode: str | None = None,
+                      allowed_tools: str | Iterable[str] = (),
+                      disallowed_tools: str | Iterable[str] = ()) -> PermissionPolicy:
+        """From a :class:`hooks.config.Settings`; an explicit ``mode`` beats ``defaultMode``."""
+        perms = settings.permissions
+        effective = normalize_mode(mode if mode is not None else perms.default_mode)
+        if effective == "bypassPermissions" and perms.disable_bypass_mode:
+            raise ValueError("permission mode bypassPermissions is disabled by settings "
+                             "(permissions.disableBypassPermissionsMode = \"disable\")")
+        return cls.build(
+            cwd, mode=mode if mode is not None else perms.default_mode, allow=perms.allow, ask=perms.ask,
+            deny=perms.deny, allowed_tools=allowed_tools, disallowed_tools=disallowed_tools,
+            additional_directories=perms.additional_directories,
+        )
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def deny_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
+        return next((r for r in self.deny if _rule_hits(r, tool, tool_input, self.cwd, strict=False)), None)
+
+    def ask_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
+        return next((r for r in self.ask if _rule_hits(r, tool, tool_input, self.cwd, strict=False)), None)
+
+    def allow_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
+        """The allow rule that pre-approves the call. A compound Bash command is approved when each
+        of its parts is approved by some allow rule (the first such rule is reported)."""
+        whole = next((r for r in self.allow if r.specifier is None and r.names_tool(tool)), None)
+        if whole is not None:
+            return whole
+        if "Bash" in _tool_names(tool):
+            command = tool_input.get("command")
+            specs = [r for r in self.allow if r.specifier is not None and r.names_tool(tool)]
+            if not isinstance(command, str) or not specs:
+                return None
+            if not _bash_all_parts_match([r.specifier or "" for r in specs], command):
+                return None
+            # Report the rule that approved the first part: the one a reader will look for.
+            parts, _ = split_compound_command(command)
+            first = command if any((r.specifier or "").strip() == command.strip() for r in specs) else (
+                parts[0] if parts else command)
+            return next((r for r in specs if _bash_spec_matches(r.specifier or "", first)), specs[0])
+        return next((r for r in self.allow if _rule_hits(r, tool, tool_input, self.cwd, strict=True)), None)
+
+    def visible_tools(self, names: Iterable[str]) -> list[str]:
+        """Drop the tools a bare deny rule forbids outright: the model should not see them."""
+        return [n for n in names if not any(r.covers_whole_tool(n) for r in self.deny)]
+
+    def _is_read_only(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
+        try:
+            return bool(tool.is_read_only(tool_input))
+        except Exception:
+            return False  # a classifier that fails cannot vouch for the call
+
+    def _edit_inside_workspace(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
+        if not _tool_names(tool) & EDIT_TOOLS:
+            return False
+        return _inside(_subject_paths(tool, tool_input, self.cwd), [self.cwd, *self.additional_directories])
+
+    # -- evaluation -----------------------------------------------------------------------------
+
+    def evaluate(self, tool: Tool, tool_input: Mapping[str, Any], *,
+                 hook_decision: str | None = None, hook_reason: str = "") -> PermissionDecision:
+        """Rules, hook decision and mode (steps 1–7 of the module doc, plus dontAsk). The result
+        may be ``ask``; :meth:`decide` resolves that."""
+        rule = self.deny_rule_for(tool, tool_input)
+        if rule is not None:
+            return PermissionDecision("deny", f"Permission to use {tool.name} has been denied by rule "
+                                              f"{rule} ({rule.source}).", rule, "rule")
+        if hook_decision == "deny":
+            return PermissionDecision("deny", hook_reason or f"{tool.name} was denied by a PreToolUse hook.",
+                                      None, "hook")
+        read_only = self._is_read_only(tool, tool_input)
+        if self.mode == "plan" and not read_only:
+            return PermissionDecision("deny", f"{tool.name} is not available in plan mode: only read-only "
+                                              "tools may run until the plan is approved.", None, "mode")
+        decision = self._evaluate_open(tool, tool_input, read_only, hook_decision, hook_reason)
+        if decision.behavior == "ask" and self.mode == "dontAsk":
+            return PermissionDecision("deny", f"Permission to use {tool.name} was denied: permission mode "
+                                              "dontAsk denies every call not pre-approved by an allow rule. "
+                                              + decision.reason, decision.rule, "mode")
+        return decision
+
+    def _evaluate_open(self, tool: Tool, tool_input: Mapping[str, Any], read_only: bool,
+                       hook_decision: str | None, hook_reason: str) -> PermissionDecision:
+        rule = self.ask_rule_for(tool, tool_input)
+        if rule is not None:
+            return PermissionDecision("ask", f"Rule {rule} ({rule.source}) requires approval.", rule, "rule")
+        if hook_decision in ("ask", "defer"):
+            return PermissionDecision("ask", hook_reason or "A PreToolUse hook asked for approval.",
+                                      None, "hook")
+        if hook_decision == "allow":
+            return PermissionDecision("allow", hook_reason, None, "hook")
+        rule = self.allow_rule_for(tool, tool_input)
+        if rule is not None:
+            return PermissionDecision("allow", "", rule, "rule")
+        if self.mode == "bypassPermissions":
+            return PermissionDecision("allow", "", None, "mode")
+        if self.mode == "acceptEdits" and self._edit_inside_workspace(tool, tool_input):
+            return PermissionDecision("allow", "", None, "mode")
+        if read_only:
+            return PermissionDecision("allow", "", None, "mode")
+        return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
+                                  None, "mode")
+
+    async def decide(self, tool: Tool, tool_input: Mapping[str, Any], *, hook_decision: str | None = None,
+                     hook_reason: str = "", can_use_tool: CanUseTool | None = None,
+                     tool_use_id: str = "") -> PermissionDecision:
+        """The final allow/deny: :meth:`evaluate`, then the callback for an ``ask``."""
+        decision = self.evaluate(tool, tool_input, hook_decision=hook_decision, hook_reason=hook_reason)
+        if decision.behavior != "ask":
+            return decision
+        if can_use_tool is None:
+            return PermissionDecision(
+                "deny",
+                f"Permission to use {tool.name} was not granted: {decision.reason} This run is "
+                "non-interactive, so nobody can approve the call; allow it with --allowedTools, a "
+                "permissions.allow rule in settings, or another --permission-mode.",
+                decision.rule, "non_interactive")
+        ctx = ToolPermissionContext(tool_use_id=tool_use_id, permission_mode=self.mode,
+                                    reason=decision.reason, cwd=str(self.cwd),
+                                    rule=str(decision.rule) if decision.rule else None)
+        try:
+            value = can_use_tool(tool.name, dict(tool_input), ctx)
+            if inspect.isawaitable(value):
+                value = await value
+            answer = _coerce_answer(value)
+        except Exception as exc:
+            return PermissionDecision("deny", f"Permission to use {tool.name} was denied: the "
+                                              f"can_use_tool callback failed ({type(exc).__name__}: {exc}).",
+                                      None, "callback")
+        if isinstance(answer, PermissionDeny):
+            return PermissionDecision("deny", answer.message or f"Permission to use {tool.name} was denied.",
+                                      None, "callback", interrupt=answer.interrupt)
+        if answer.updated_input is not None:
+            # The approved input is what will run, so deny rules are judged on it once more.
+            rule = self.deny_rule_for(tool, answer.updated_input)
+            if rule is not None:
+                return PermissionDecision("deny", f"Permission to use {tool.name} has been denied by rule "
+                                                  f"{rule} ({rule.source}).", rule, "rule")
+        return PermissionDecision("allow", "", None, "callback", updated_input=answer.updated_input)

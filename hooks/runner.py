@@ -1,0 +1,473 @@
+"""Run the hooks of one event: Python callables and Claude-Code-compatible command hooks.
+
+Every matching hook of an event runs concurrently; their answers are combined into one
+:class:`HookRunResult`. A command hook gets the event JSON on stdin and nowhere else: the command
+line comes from settings, never from the model, so model-written text cannot reach a shell parser.
+No failure of a hook (crash, bad output, timeout, missing program) escapes this module: each
+becomes a non-blocking error note and the run goes on (SPEC §5, §10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+import structlog
+
+from hooks.events import (
+    BLOCKING_EVENTS,
+    DECISION_BLOCK_EVENTS,
+    PLAIN_STDOUT_CONTEXT_EVENTS,
+    HookEvent,
+    HookInput,
+    HookOutput,
+    parse_hook_output,
+)
+
+log = structlog.get_logger("agentfsm.hooks")
+
+DEFAULT_COMMAND_TIMEOUT_S = 600.0
+DEFAULT_PYTHON_TIMEOUT_S = 60.0
+# After a timeout kill, how long to wait for the pipes to close before giving up on the output.
+_KILL_GRACE_S = 2.0
+
+HookFn = Callable[[Any], Any]
+"""A Python hook: ``fn(input_record) -> HookOutput | dict | str | None`` (sync or async)."""
+
+
+class HookBlockingError(Exception):
+    """Raised by a Python hook to block exactly as a command hook's exit 2 does; the message is the
+    reason (the stderr of a command hook)."""
+
+
+@attrs.frozen
+class CommandHook:
+    """One ``{"type": "command", ...}`` handler.
+
+    Shell form: ``command`` runs under ``bash -c``. Exec form: ``args`` is the argv and no shell is
+    involved; if ``command`` is given too it is the program and ``args`` its arguments.
+    """
+
+    command: str | None = None
+    args: tuple[str, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(v))
+    timeout: float = DEFAULT_COMMAND_TIMEOUT_S
+    source: str = ""  # the settings file it came from, for error messages and logs
+
+    def __attrs_post_init__(self) -> None:
+        if not self.command and not self.args:
+            raise ValueError("a command hook needs 'command' (shell form) or 'args' (exec form)")
+        if self.timeout <= 0:
+            raise ValueError(f"a hook timeout must be positive, got {self.timeout!r}")
+
+    def argv(self) -> list[str]:
+        if self.args is not None:
+            return ([self.command] if self.command else []) + list(self.args)
+        assert self.command is not None
+        return ["bash", "-c", self.command]
+
+    @property
+    def label(self) -> str:
+        if self.args is not None:
+            return " ".join(self.argv())
+        return self.command or ""
+
+    def dedup_key(self) -> tuple[Any, ...]:
+        # Timeout and source are left out: the same command configured in two files runs once.
+        return ("command", self.command, self.args)
+
+
+Hook = CommandHook | HookFn
+
+_EXACT_NAMES = re.compile(r"^[A-Za-z0-9_|]+$")
+
+
+def compile_matcher(matcher: str | None) -> Callable[[str], bool]:
+    """Claude Code's matcher rules: absent, ``""`` or ``"*"`` match everything; only letters,
+    digits, ``_`` and ``|`` = exact names; anything else is a regular expression (searched, as
+    JavaScript's ``RegExp.test`` does). A bad regex raises ValueError."""
+    if matcher is None or matcher in ("", "*"):
+        return lambda subject: True
+    if _EXACT_NAMES.match(matcher):
+        names = frozenset(n for n in matcher.split("|") if n)
+        return lambda subject: subject in names
+    try:
+        rx = re.compile(matcher)
+    except re.error as exc:
+        raise ValueError(f"matcher {matcher!r} is not a valid regular expression: {exc}") from None
+    return lambda subject: rx.search(subject) is not None
+
+
+def _hooks_tuple(value: Iterable[Hook]) -> tuple[Hook, ...]:
+    out = tuple(value)
+    for h in out:
+        if not isinstance(h, CommandHook) and not callable(h):
+            raise TypeError(f"a hook must be a CommandHook or a callable, not {h!r}")
+    return out
+
+
+@attrs.frozen
+class HookMatcher:
+    """A matcher and the hooks it selects, as in ``settings.json`` (and the Python hook API)."""
+
+    matcher: str | None = None
+    hooks: tuple[Hook, ...] = attrs.field(factory=tuple, converter=_hooks_tuple)
+    # Python hooks only; command hooks carry their own timeout.
+    timeout: float = DEFAULT_PYTHON_TIMEOUT_S
+    source: str = ""
+    _match: Callable[[str], bool] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_match", compile_matcher(self.matcher))
+
+    def matches(self, subject: str | None) -> bool:
+        """``subject`` None = the event ignores matchers, so every matcher selects its hooks."""
+        return subject is None or self._match(subject)
+
+
+Outcome = Literal["success", "blocking", "non_blocking_error", "timeout"]
+
+
+@attrs.frozen
+class HookResult:
+    """What one hook did."""
+
+    hook: str
+    kind: Literal["command", "python"]
+    outcome: Outcome
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    output: HookOutput | None = None
+    plain_output: str = ""  # exit-0 stdout that was not a JSON object
+    notes: tuple[str, ...] = ()
+    duration_ms: float = 0.0
+
+
+@attrs.frozen
+class HookRunResult:
+    """The combined answer of every hook that ran for one event."""
+
+    event: str
+    results: tuple[HookResult, ...] = ()
+    blocked: bool = False
+    reason: str = ""
+    stop: bool = False
+    stop_reason: str = ""
+    permission_decision: Literal["allow", "deny", "ask", "defer"] | None = None
+    permission_decision_reason: str = ""
+    updated_input: Mapping[str, Any] | None = None
+    additional_context: tuple[str, ...] = ()
+    updated_tool_output: Any = None
+    suppress_output: bool = False
+    # Non-blocking failures and ignored output fields; the run goes on but someone should see them.
+    errors: tuple[str, ...] = ()
+    # Text meant for the user only (systemMessage; exit-2 stderr of non-blocking events).
+    user_messages: tuple[str, ...] = ()
+    duration_ms: float = 0.0
+
+
+def interpret_command_result(event: str, exit_code: int, stdout: str,
+                             stderr: str) -> tuple[Outcome, HookOutput | None, str, tuple[str, ...]]:
+    """Map a finished command hook to (outcome, parsed JSON answer, plain stdout, notes).
+
+    Exit 0: stdout is the answer if it is a JSON object, plain text otherwise. Exit 2: blocking,
+    stdout ignored (stderr is the reason). Anything else: a non-blocking error.
+    """
+    if exit_code == 0:
+        text = stdout.strip()
+        if text.startswith("{"):
+            try:
+                data = json.loads(text)
+            except ValueError as exc:
+                return "success", None, stdout, (f"stdout looks like JSON but does not parse ({exc}); "
+                                                 "treated as plain text",)
+            if isinstance(data, dict):
+                output, notes = parse_hook_output(data, event)
+                return "success", output, "", notes
+        return "success", None, stdout, ()
+    if exit_code == 2:
+        return "blocking", None, "", ()
+    detail = stderr.strip() or stdout.strip() or "no output"
+    if exit_code < 0:
+        with contextlib.suppress(ValueError):
+            return "non_blocking_error", None, "", (
+                f"killed by signal {signal.Signals(-exit_code).name}: {_tail(detail)}",)
+    return "non_blocking_error", None, "", (f"failed with exit status {exit_code}: {_tail(detail)}",)
+
+
+def _tail(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else "…" + text[-limit:]
+
+
+_DECISION_RANK = {"deny": 3, "defer": 2, "ask": 1, "allow": 0}
+
+
+def combine(event: str, results: Sequence[HookResult], duration_ms: float = 0.0) -> HookRunResult:
+    """Combine several hooks' answers: any block blocks (reasons joined), any ``continue: false``
+    stops, and the strongest permission decision wins (deny > defer > ask > allow)."""
+    blocked = stop = suppress = False
+    reasons: list[str] = []
+    stop_reasons: list[str] = []
+    decisions: list[tuple[str, str]] = []
+    updated_inputs: list[Mapping[str, Any]] = []
+    contexts: list[str] = []
+    errors: list[str] = []
+    user_messages: list[str] = []
+    updated_output: Any = None
+
+    for r in results:
+        errors.extend(f"{r.hook}: {n}" for n in r.notes)
+        if r.outcome == "blocking":
+            text = r.stderr.strip() or f"hook {r.hook!r} exited with status 2 and no stderr"
+            if event in BLOCKING_EVENTS:
+                blocked = True
+                reasons.append(text)
+            else:
+                user_messages.append(text)
+            continue
+        if r.outcome != "success":
+            continue
+        if event in PLAIN_STDOUT_CONTEXT_EVENTS and r.plain_output.strip():
+            contexts.append(r.plain_output.strip())
+        out = r.output
+        if out is None:
+            continue
+        suppress = suppress or out.suppress_output
+        if not out.continue_:
+            stop = True
+            if out.stop_reason:
+                stop_reasons.append(out.stop_reason)
+        if out.decision == "block" and event in DECISION_BLOCK_EVENTS:
+            blocked = True
+            reasons.append(out.reason or f"blocked by hook {r.hook!r}")
+        if out.permission_decision is not None and event == HookEvent.PRE_TOOL_USE:
+            decisions.append((out.permission_decision, out.permission_decision_reason or out.reason))
+        if out.updated_input is not None and event == HookEvent.PRE_TOOL_USE:
+            updated_inputs.append(out.updated_input)
+        if out.additional_context:
+            contexts.append(out.additional_context)
+        if out.updated_tool_output is not None and event == HookEvent.POST_TOOL_USE:
+            updated_output = out.updated_tool_output
+        if out.system_message:
+            user_messages.append(out.system_message)
+
+    decision: Any = None
+    decision_reason = ""
+    if decisions:
+        decision = max(decisions, key=lambda d: _DECISION_RANK[d[0]])[0]
+        decision_reason = "\n".join(r for d, r in decisions if d == decision and r)
+
+    updated_input: Mapping[str, Any] | None = None
+    if updated_inputs:
+        # Hooks run in parallel, so "later" has no meaning; the last in configuration order wins and
+        # a disagreement is reported rather than silently merged.
+        updated_input = updated_inputs[-1]
+        if any(dict(u) != dict(updated_input) for u in updated_inputs[:-1]):
+            errors.append("several hooks returned different updatedInput; the last configured one is used")
+
+    return HookRunResult(
+        event=event, results=tuple(results), blocked=blocked, reason="\n".join(reasons), stop=stop,
+        stop_reason="\n".join(stop_reasons), permission_decision=decision,
+        permission_decision_reason=decision_reason, updated_input=updated_input,
+        additional_context=tuple(contexts), updated_tool_output=updated_output, suppress_output=suppress,
+        errors=tuple(errors), user_messages=tuple(user_messages), duration_ms=duration_ms,
+    )
+
+
+def _hook_label(hook: Hook) -> str:
+    if isinstance(hook, CommandHook):
+        return hook.label
+    return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    # The hook runs in its own session, so its pgid is its pid; killing the group also reaches the
+    # children a shell hook spawned (a `sleep` under `bash -c` would otherwise outlive it).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+
+
+class HookRunner:
+    """Holds the configured hooks of every event and runs those matching one event record.
+
+    ``project_dir`` becomes ``CLAUDE_PROJECT_DIR`` and the default working directory of command
+    hooks; ``env`` is added to the inherited environment of every command hook.
+    """
+
+    def __init__(self, hooks: Mapping[str, Sequence[HookMatcher]] | None = None, *,
+                 project_dir: str | Path = ".", env: Mapping[str, str] | None = None) -> None:
+        self._hooks: dict[str, list[HookMatcher]] = {}
+        self.project_dir = Path(project_dir).resolve()
+        self.env = dict(env or {})
+        for event, matchers in (hooks or {}).items():
+            for m in matchers:
+                self.add(event, m)
+
+    def add(self, event: str, matcher: HookMatcher) -> None:
+        self._hooks.setdefault(str(event), []).append(matcher)
+
+    def has_hooks(self, event: str) -> bool:
+        return any(m.hooks for m in self._hooks.get(str(event), ()))
+
+    def matching(self, event: str, subject: str | None) -> list[tuple[Hook, HookMatcher]]:
+        """Hooks of ``event`` selected by ``subject``, deduplicated, in configuration order."""
+        seen: set[Any] = set()
+        out: list[tuple[Hook, HookMatcher]] = []
+        for m in self._hooks.get(str(event), ()):
+            if not m.matches(subject):
+                continue
+            for h in m.hooks:
+                key = h.dedup_key() if isinstance(h, CommandHook) else ("python", id(h))
+                if key in seen:
+                    continue
+                seen.add(key)
+                out.append((h, m))
+        return out
+
+    async def run(self, record: HookInput) -> HookRunResult:
+        event = record.event
+        selected = self.matching(event, record.matcher_subject())
+        if not selected:
+            return HookRunResult(event=event)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(self._run_one(h, m, record) for h, m in selected))
+        return combine(event, results, (time.perf_counter() - start) * 1000)
+
+    async def _run_one(self, hook: Hook, matcher: HookMatcher, record: HookInput) -> HookResult:
+        try:
+            if isinstance(hook, CommandHook):
+                result = await self._run_command(hook, record)
+            else:
+                result = await self._run_python(hook, matcher.timeout, record)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A bug here (an unserialisable record, an OS error mid-run) must not sink the turn.
+            kind: Literal["command", "python"] = "command" if isinstance(hook, CommandHook) else "python"
+            note = f"hook runner failed: {type(exc).__name__}: {exc}"
+            result = HookResult(_hook_label(hook), kind, "non_blocking_error", notes=(note,))
+        level = "info" if result.outcome in ("success", "blocking") else "warning"
+        getattr(log, level)(
+            "hook", hook_event=record.event, hook=result.hook, kind=result.kind, outcome=result.outcome,
+            exit_code=result.exit_code, duration_ms=round(result.duration_ms, 1),
+            session_id=record.session_id, notes=list(result.notes) or None,
+        )
+        return result
+
+    async def _run_command(self, hook: CommandHook, record: HookInput) -> HookResult:
+        label = hook.label
+        data = record.to_json().encode("utf-8")
+        env = {**os.environ, **self.env, "CLAUDE_PROJECT_DIR": str(self.project_dir)}
+        cwd = record.cwd if record.cwd and Path(record.cwd).is_dir() else str(self.project_dir)
+        start = time.perf_counter()
+
+        def elapsed() -> float:
+            return (time.perf_counter() - start) * 1000
+
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *hook.argv(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
+            )
+        except OSError as exc:
+            return HookResult(label, "command", "non_blocking_error", notes=(f"could not start: {exc}",),
+                              duration_ms=elapsed())
+
+        comm = asyncio.ensure_future(proc.communicate(data))
+        try:
+            out_b, err_b = await asyncio.wait_for(asyncio.shield(comm), hook.timeout)
+        except TimeoutError:
+            _kill_group(proc)
+            out_b, err_b = await self._collect_after_kill(comm)
+            return HookResult(label, "command", "timeout", exit_code=proc.returncode,
+                              stdout=_decode(out_b), stderr=_decode(err_b),
+                              notes=(f"timed out after {hook.timeout:g}s and was killed",),
+                              duration_ms=elapsed())
+        except asyncio.CancelledError:
+            # The run was aborted: the hook must not outlive it.
+            _kill_group(proc)
+            await self._collect_after_kill(comm)
+            raise
+
+        stdout, stderr = _decode(out_b), _decode(err_b)
+        code = proc.returncode if proc.returncode is not None else -1
+        outcome, output, plain, notes = interpret_command_result(record.event, code, stdout, stderr)
+        return HookResult(label, "command", outcome, exit_code=code, stdout=stdout, stderr=stderr,
+                          output=output, plain_output=plain, notes=notes, duration_ms=elapsed())
+
+    @staticmethod
+    async def _collect_after_kill(comm: asyncio.Future[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
+        try:
+            return await asyncio.wait_for(asyncio.shield(comm), _KILL_GRACE_S)
+        except TimeoutError:
+            # A descendant escaped the process group and holds a pipe open; stop waiting for it.
+            comm.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await comm
+            return b"", b""
+        except asyncio.CancelledError:
+            comm.cancel()
+            raise
+        except Exception:
+            return b"", b""
+
+    async def _run_python(self, fn: HookFn, timeout: float, record: HookInput) -> HookResult:
+        label = _hook_label(fn)
+        start = time.perf_counter()
+
+        def done(outcome: Outcome, **kw: Any) -> HookResult:
+            ms = (time.perf_counter() - start) * 1000
+            return HookResult(label, "python", outcome, duration_ms=ms, **kw)
+
+        try:
+            # An instance with `async def __call__` is as async as a coroutine function.
+            call_method = type(fn).__call__ if not inspect.isfunction(fn) else None
+            if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call_method):
+                value = await asyncio.wait_for(fn(record), timeout)
+            else:
+                # A sync hook may block (I/O, subprocess); a thread keeps the loop and the other
+                # hooks of the event running. A timed-out thread cannot be killed, only abandoned.
+                value = await asyncio.wait_for(asyncio.to_thread(fn, record), timeout)
+                if inspect.isawaitable(value):
+                    value = await asyncio.wait_for(_as_coro(value), timeout)
+        except HookBlockingError as exc:
+            return done("blocking", exit_code=2, stderr=str(exc))
+        except TimeoutError:
+            return done("timeout", notes=(f"timed out after {timeout:g}s",))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return done("non_blocking_error", notes=(f"raised {type(exc).__name__}: {exc}",))
+
+        if value is None:
+            return done("success", exit_code=0)
+        if isinstance(value, HookOutput):
+            return done("success", exit_code=0, output=value)
+        if isinstance(value, Mapping):
+            output, notes = parse_hook_output(value, record.event)
+            return done("success", exit_code=0, output=output, notes=notes)
+        if isinstance(value, str):
+            return done("success", exit_code=0, stdout=value, plain_output=value)
+        return done("non_blocking_error",
+                    notes=(f"returned {type(value).__name__}; expected HookOutput, dict, str or None",))
+
+
+async def _as_coro(value: Awaitable[Any]) -> Any:
+    return await value
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")
