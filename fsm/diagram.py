@@ -414,6 +414,47 @@ def check(out_dir: Path | str) -> list[str]:
     return problems
 
 
+# --- the README's embedded diagram -------------------------------------------------------------
+
+README_START = "<!-- diagram:start"
+README_END = "<!-- diagram:end -->"
+
+
+def _readme_with_diagram(text: str) -> str | None:
+    """``text`` with the block between the README markers replaced by the current Mermaid, or None
+    when the README has no markers."""
+    start = text.find(README_START)
+    end = text.find(README_END)
+    if start < 0 or end < start:
+        return None
+    head_end = text.index("-->", start) + len("-->")
+    block = "\n```mermaid\n" + render_mermaid() + "```\n"
+    return text[:head_end] + block + text[end:]
+
+
+def readme_path() -> Path | None:
+    root = repo_root()
+    path = root / "README.md" if root is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def sync_readme(path: Path) -> bool:
+    """Rewrite the README's diagram block if stale; True when the file was written."""
+    text = path.read_text(encoding="utf-8")
+    new = _readme_with_diagram(text)
+    if new is None or new == text:
+        return False
+    path.write_text(new, encoding="utf-8")
+    return True
+
+
+def readme_problems(path: Path) -> list[str]:
+    new = _readme_with_diagram(path.read_text(encoding="utf-8"))
+    if new is None:
+        return [f"{path}: no diagram markers ({README_START} … {README_END})"]
+    return [] if new == path.read_text(encoding="utf-8") else [f"{path}: stale (embedded Mermaid diagram)"]
+
+
 # --- CLI ---------------------------------------------------------------------------------------
 
 
@@ -444,8 +485,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main_trace(args.trace, args.format or "mermaid", args.output)
     out_dir: Path = args.out or default_out_dir()
     regenerate = REGENERATE + (f" --out {args.out}" if args.out is not None else "")
+    readme = readme_path() if args.out is None else None
     if args.check:
-        problems = check(out_dir)
+        problems = check(out_dir) + (readme_problems(readme) if readme is not None else [])
         if problems:
             print(f"diagrams are out of date with fsm/graph.py ({len(problems)} file"
                   f"{'s' * (len(problems) != 1)}):", file=sys.stderr)
@@ -456,6 +498,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{out_dir}: diagrams are current")
         return 0
     written = write_all(out_dir, force=args.force)
+    if readme is not None and sync_readme(readme):
+        written.append(readme)
     for path in written:
         print(f"wrote {path}")
     problems = check(out_dir)

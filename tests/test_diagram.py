@@ -209,6 +209,18 @@ def test_committed_diagrams_are_current() -> None:
     if root is None:
         pytest.skip("not running from a checkout")
     assert diagram.check(root / "diagrams") == []
+    assert diagram.readme_problems(root / "README.md") == []
+
+
+def test_readme_block_is_rewritten_in_place(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- diagram:start x -->\nold\n<!-- diagram:end -->\noutro\n")
+    assert diagram.readme_problems(readme)
+    assert diagram.sync_readme(readme)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+    assert diagram.render_mermaid() in text
+    assert diagram.readme_problems(readme) == [] and not diagram.sync_readme(readme)
 
 
 def test_without_a_renderer_the_svg_is_reported_not_faked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
