@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fallback-model", default=None, help="comma-separated fallback models")
     p.add_argument("--tools", nargs="+", default=None, help='tools to offer: "Read,Grep" or "Read Grep"')
     p.add_argument("--allowedTools", "--allowed-tools", nargs="+", dest="allowed_tools", default=None)
-    p.add_argument("--disallowedTools", "--disallowed-tools", nargs="+", dest="disallowed_tools", default=None)
+    p.add_argument("--disallowedTools", "--disallowed-tools", nargs="+", dest="disallowed_tools",
+                   default=None)
     p.add_argument("--permission-mode", default=None)
     p.add_argument("--dangerously-skip-permissions", action="store_true")
     p.add_argument("--max-turns", type=int, default=None)
@@ -118,7 +119,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
                                 else args.json_schema)
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"--json-schema is not a JSON file or JSON text: {exc}") from None
-    sources = tuple(_split_list([args.setting_sources])) if args.setting_sources else ("user", "project", "local")
+    sources = (tuple(_split_list([args.setting_sources])) if args.setting_sources
+               else ("user", "project", "local"))
     try:
         return Options(
             model=args.model or os.environ.get("ANTHROPIC_MODEL") or DEFAULT_MODEL,

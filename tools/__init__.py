@@ -1,1 +1,47 @@
-"""(filled in by the work of its issue)"""
+"""Built-in tools with Claude Code's names, input schemas and result texts, and the registry."""
+
+from __future__ import annotations
+
+from tools.agent import AgentTool
+from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
+from tools.bash import BashTool, is_read_only_command
+from tools.edit import EditTool
+from tools.glob import GlobTool
+from tools.grep import GrepTool
+from tools.read import ReadTool
+from tools.registry import ToolRegistry
+from tools.write import WriteTool
+
+
+def builtin_tools() -> list[Tool]:
+    """Fresh instances of the built-in tools, in the order the model is shown them."""
+    return [
+        # The Agent tool (a subagent running its own loop) goes first, as in Claude Code.
+        AgentTool(),
+        BashTool(),
+        GlobTool(),
+        GrepTool(),
+        ReadTool(),
+        EditTool(),
+        WriteTool(),
+    ]
+
+
+__all__ = [
+    "AgentTool",
+    "BashTool",
+    "EditTool",
+    "GlobTool",
+    "GrepTool",
+    "ReadTool",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolOutput",
+    "ToolRegistry",
+    "ValidationResult",
+    "WriteTool",
+    "builtin_tools",
+    "is_read_only_command",
+    "tool",
+]

@@ -1,0 +1,239 @@
+"""Edit: Claude Code's error texts, replace/replace_all semantics, creation, line endings."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tools.base import ToolContext, ToolError
+from tools.edit import EditTool, apply_edit
+from tools.read import ReadTool
+
+NOT_READ = "File has not been read yet. Read it first before writing to it."
+MODIFIED = ("File has been modified since read, either by the user or by a linter. "
+            "Read it again before attempting to write it.")
+SAME = "No changes to make: old_string and new_string are exactly the same."
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    return ToolContext(cwd=tmp_path)
+
+
+async def read_first(ctx: ToolContext, path: Path) -> None:
+    await ReadTool().call({"file_path": str(path)}, ctx)
+
+
+async def edit(ctx: ToolContext, path: Path, old: str, new: str, **kw: Any) -> str:
+    return (await EditTool().call({"file_path": str(path), "old_string": old, "new_string": new, **kw},
+                                  ctx)).data
+
+
+async def edit_error(ctx: ToolContext, path: Path, old: str, new: str, **kw: Any) -> str:
+    inp = {"file_path": str(path), "old_string": old, "new_string": new, **kw}
+    verdict = await EditTool().validate_input(inp, ctx)
+    with pytest.raises(ToolError) as err:
+        await EditTool().call(inp, ctx)
+    assert not verdict.ok and verdict.message == str(err.value)
+    return str(err.value)
+
+
+@pytest.fixture
+async def src(ctx: ToolContext, tmp_path: Path) -> Path:
+    path = tmp_path / "src.py"
+    path.write_text("def f():\n    return 1\n\ndef g():\n    return 1\n")
+    await read_first(ctx, path)
+    return path
+
+
+async def test_unique_replacement_and_snippet(ctx: ToolContext, src: Path) -> None:
+    out = await edit(ctx, src, "def g():", "def h():")
+    assert src.read_text() == "def f():\n    return 1\n\ndef h():\n    return 1\n"
+    assert out.startswith(f"The file {src} has been updated successfully. Here's the result of running "
+                          "`cat -n` on a snippet of the edited file:\n")
+    assert out.split("\n", 1)[1] == "1\tdef f():\n2\t    return 1\n3\t\n4\tdef h():\n5\t    return 1"
+
+
+async def test_replace_all(ctx: ToolContext, src: Path) -> None:
+    out = await edit(ctx, src, "return 1", "return 2", replace_all=True)
+    assert src.read_text().count("return 2") == 2
+    assert out.startswith(f"The file {src} has been updated. All occurrences were successfully replaced.")
+
+
+async def test_not_read_yet(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "x.txt"
+    path.write_text("abc")
+    assert await edit_error(ctx, path, "a", "b") == NOT_READ
+    assert path.read_text() == "abc"
+
+
+async def test_modified_since_read(ctx: ToolContext, src: Path) -> None:
+    src.write_text(src.read_text() + "# linter\n")
+    st_ = src.stat()
+    os.utime(src, (st_.st_atime, st_.st_mtime + 5))
+    assert await edit_error(ctx, src, "def g", "def h") == MODIFIED
+
+
+async def test_string_not_found(ctx: ToolContext, src: Path) -> None:
+    message = await edit_error(ctx, src, "def zzz", "x")
+    assert message == "String to replace not found in file.\nString: def zzz"
+
+
+async def test_multiple_matches_without_replace_all(ctx: ToolContext, src: Path) -> None:
+    assert await edit_error(ctx, src, "return 1", "return 2") == (
+        "Found 2 matches of the string to replace, but replace_all is false. To replace all occurrences, "
+        "set replace_all to true. To replace only one occurrence, please provide more context to uniquely "
+        "identify the instance.\nString: return 1")
+
+
+async def test_same_strings(ctx: ToolContext, src: Path) -> None:
+    assert await edit_error(ctx, src, "def f", "def f") == SAME
+
+
+async def test_same_strings_is_checked_before_reading(ctx: ToolContext, tmp_path: Path) -> None:
+    # validate_input needs neither the file nor a prior Read for this one
+    assert await edit_error(ctx, tmp_path / "missing.txt", "a", "a") == SAME
+
+
+async def test_missing_file(ctx: ToolContext, tmp_path: Path) -> None:
+    msg = await edit_error(ctx, tmp_path / "missing.txt", "a", "b")
+    assert msg == f"File does not exist. Note: your current working directory is {tmp_path}."
+
+
+async def test_empty_old_string_creates_a_file(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "new" / "file.txt"
+    assert (await EditTool().validate_input(
+        {"file_path": str(path), "old_string": "", "new_string": "hi\n"}, ctx)).ok
+    out = await edit(ctx, path, "", "hi\n")
+    assert path.read_text() == "hi\n"
+    assert out.startswith(f"The file {path} has been updated successfully.")
+    # the file is now in the read state: a follow-up edit needs no Read
+    await edit(ctx, path, "hi", "ho")
+    assert path.read_text() == "ho\n"
+
+
+async def test_empty_old_string_on_existing_file(ctx: ToolContext, src: Path, tmp_path: Path) -> None:
+    assert await edit_error(ctx, src, "", "x") == "Cannot create new file - file already exists."
+    blank = tmp_path / "blank.txt"
+    blank.write_text("  \n")
+    await edit(ctx, blank, "", "filled\n")
+    assert blank.read_text() == "filled\n"
+
+
+async def test_validation_writes_nothing(ctx: ToolContext, src: Path) -> None:
+    before = src.read_text()
+    verdict = await EditTool().validate_input(
+        {"file_path": str(src), "old_string": "def f", "new_string": "def q"}, ctx)
+    assert verdict.ok
+    assert src.read_text() == before
+
+
+async def test_crlf_file_stays_crlf(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "w.txt"
+    path.write_bytes(b"one\r\ntwo\r\nthree\r\n")
+    await read_first(ctx, path)
+    await edit(ctx, path, "two\nthree", "2\n3")
+    assert path.read_bytes() == b"one\r\n2\r\n3\r\n"
+
+
+async def test_bom_is_kept(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "b.txt"
+    path.write_bytes(b"\xef\xbb\xbfhello\n")
+    await read_first(ctx, path)
+    await edit(ctx, path, "hello", "bye")
+    assert path.read_bytes() == b"\xef\xbb\xbfbye\n"
+
+
+async def test_straight_quotes_match_typographic_ones(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "q.md"
+    path.write_text("He said \u201chello\u201d.\n")
+    await read_first(ctx, path)
+    await edit(ctx, path, 'said "hello"', 'said "bye"')
+    assert path.read_text() == "He said \u201cbye\u201d.\n"
+
+
+async def test_deleting_a_line_takes_its_newline(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "d.txt"
+    path.write_text("keep\ndrop me\nkeep too\n")
+    await read_first(ctx, path)
+    await edit(ctx, path, "drop me", "")
+    assert path.read_text() == "keep\nkeep too\n"
+
+
+def test_tool_traits_and_schema() -> None:
+    t = EditTool()
+    assert t.name == "Edit"
+    assert not t.is_concurrency_safe({}) and not t.is_read_only({})
+    assert t.interrupt_behavior() == "block"
+    jsonschema.Draft202012Validator.check_schema(t.input_schema)
+    assert t.input_schema["required"] == ["file_path", "old_string", "new_string"]
+    assert t.input_schema["additionalProperties"] is False
+    assert t.input_schema["properties"]["replace_all"]["default"] is False
+
+
+# --- properties: replace / replace_all agree with str.replace ------------------------------
+
+texts = st.text(alphabet="ab \n", max_size=30)
+needles = st.text(alphabet="ab \n", min_size=1, max_size=4)
+replacements = st.text(alphabet="abc \n", min_size=1, max_size=4)
+
+
+@given(text=texts, old=needles, new=replacements, replace_all=st.booleans())
+def test_apply_edit_agrees_with_str_replace(text: str, old: str, new: str, replace_all: bool) -> None:
+    assume(old != new)
+    count = text.count(old)
+    if count == 0:
+        with pytest.raises(ToolError, match="String to replace not found"):
+            apply_edit(text, old, new, replace_all)
+    elif count > 1 and not replace_all:
+        with pytest.raises(ToolError, match=f"^Found {count} matches of the string to replace"):
+            apply_edit(text, old, new, replace_all)
+    else:
+        result, anchor = apply_edit(text, old, new, replace_all)
+        assert result == text.replace(old, new, -1 if replace_all else 1)
+        assert anchor == text.find(old)
+
+
+@given(parts=st.lists(st.text(alphabet="ab \n", max_size=6), min_size=2, max_size=5),
+       old=needles.filter(lambda s: not s.endswith("\n")), replace_all=st.booleans())
+def test_deleting_takes_the_following_newline(parts: list[str], old: str, replace_all: bool) -> None:
+    text = old.join(parts)
+    replace_all = replace_all or text.count(old) > 1
+    result, _ = apply_edit(text, old, "", replace_all)
+    line = old + "\n"
+    if line not in text:
+        assert result == text.replace(old, "", -1 if replace_all else 1)
+    elif replace_all:
+        assert result == text.replace(line, "").replace(old, "")
+    else:
+        assert result == text.replace(line, "", 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(parts=st.lists(st.text(alphabet="ab \n", max_size=6), min_size=2, max_size=4), old=needles,
+       new=replacements, replace_all=st.booleans())
+def test_edit_tool_on_disk_agrees_with_str_replace(parts: list[str], old: str, new: str,
+                                                   replace_all: bool) -> None:
+    assume(old != new)
+    text = old.join(parts)
+    replace_all = replace_all or text.count(old) > 1
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d, "f.txt")
+        path.write_text(text, encoding="utf-8", newline="")
+        ctx = ToolContext(cwd=Path(d))
+
+        async def run() -> None:
+            await ReadTool().call({"file_path": str(path)}, ctx)
+            await EditTool().call({"file_path": str(path), "old_string": old, "new_string": new,
+                                   "replace_all": replace_all}, ctx)
+
+        asyncio.run(run())
+        assert path.read_bytes().decode() == text.replace(old, new, -1 if replace_all else 1)

@@ -1,0 +1,407 @@
+"""Grep: output formats of the three modes, filters, paging, and ripgrep/fallback parity.
+
+Every behaviour test runs on both backends; the ripgrep runs are skipped when ``rg`` is not
+installed, so the fallback alone must pass everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tools.grep as grep_mod
+from tools.base import ToolContext, ToolError
+from tools.grep import GrepTool, Query, may_match_newline, names_a_newline, rg_args, split_globs
+
+HAVE_RG = shutil.which("rg") is not None
+needs_rg = pytest.mark.skipif(not HAVE_RG, reason="ripgrep (rg) is not installed")
+BACKENDS = [pytest.param("python", id="python"), pytest.param("rg", id="rg", marks=needs_rg)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def touch(path: Path, text: str, mtime: float | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    touch(tmp_path / "a.txt", "alpha\nbeta\ngamma\ndelta\nalpha beta\n", 3000)
+    touch(tmp_path / "src" / "m.py", "import os\n\ndef alpha():\n    return 'ALPHA'\n", 2000)
+    touch(tmp_path / "src" / "n.js", "const alpha = 1;\n", 1000)
+    touch(tmp_path / ".hidden.md", "alpha hidden\n", 500)
+    return tmp_path
+
+
+async def grep(root: Path, backend: str, **inp: Any) -> str:
+    out = await GrepTool(backend=backend).call(inp, ToolContext(cwd=root))  # type: ignore[arg-type]
+    assert not out.is_error
+    return out.data
+
+
+# --- files_with_matches ------------------------------------------------------------------------
+
+
+async def test_files_mode_is_default_and_newest_first(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha") == (
+        "Found 4 files\na.txt\nsrc/m.py\nsrc/n.js\n.hidden.md")
+
+
+async def test_single_file_found(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="import") == "Found 1 file\nsrc/m.py"
+
+
+async def test_no_files_found(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="zzz") == "No files found"
+
+
+async def test_case_insensitive(tree: Path, backend: str) -> None:
+    out = await grep(tree, backend, pattern="ALPHA", output_mode="content")
+    assert out == "src/m.py:4:    return 'ALPHA'"
+    out = await grep(tree, backend, pattern="ALPHA", **{"-i": True})
+    assert out.startswith("Found 4 files")
+
+
+async def test_glob_and_type_filters(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", glob="*.py") == "Found 1 file\nsrc/m.py"
+    assert await grep(tree, backend, pattern="alpha", glob="*.{py,js}") == "Found 2 files\nsrc/m.py\nsrc/n.js"
+    assert await grep(tree, backend, pattern="alpha", glob="*.py,*.js") == "Found 2 files\nsrc/m.py\nsrc/n.js"
+    assert await grep(tree, backend, pattern="alpha", glob="!*.txt !*.md") == (
+        "Found 2 files\nsrc/m.py\nsrc/n.js")
+    assert await grep(tree, backend, pattern="alpha", type="js") == "Found 1 file\nsrc/n.js"
+    assert await grep(tree, backend, pattern="alpha", type="md") == "Found 1 file\n.hidden.md"
+
+
+async def test_path_parameter(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", path="src") == "Found 2 files\nsrc/m.py\nsrc/n.js"
+    assert await grep(tree, backend, pattern="alpha", path=str(tree / "a.txt")) == "Found 1 file\na.txt"
+
+
+async def test_files_pagination(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", head_limit=2) == (
+        "Found 2 files limit: 2\na.txt\nsrc/m.py")
+    assert await grep(tree, backend, pattern="alpha", head_limit=2, offset=1) == (
+        "Found 2 files limit: 2, offset: 1\nsrc/m.py\nsrc/n.js")
+    assert await grep(tree, backend, pattern="alpha", head_limit=0, offset=3) == (
+        "Found 1 file offset: 3\n.hidden.md")
+    assert await grep(tree, backend, pattern="alpha", offset=9) == (
+        "No entries at this offset. [Showing results with pagination = offset: 9]")
+
+
+async def test_default_head_limit_is_250(tmp_path: Path, backend: str) -> None:
+    for i in range(260):
+        touch(tmp_path / f"f{i:03}.txt", "hit\n", 1000 + i)
+    out = await grep(tmp_path, backend, pattern="hit")
+    lines = out.split("\n")
+    assert lines[0] == "Found 250 files limit: 250"
+    assert lines[1] == "f259.txt" and len(lines) == 251
+    assert (await grep(tmp_path, backend, pattern="hit", head_limit=0)).startswith("Found 260 files\n")
+
+
+# --- content ---------------------------------------------------------------------------------
+
+
+async def test_content_lines(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", output_mode="content") == (
+        ".hidden.md:1:alpha hidden\na.txt:1:alpha\na.txt:5:alpha beta\nsrc/m.py:3:def alpha():\n"
+        "src/n.js:1:const alpha = 1;")
+
+
+async def test_content_without_line_numbers(tree: Path, backend: str) -> None:
+    out = await grep(tree, backend, pattern="alpha", output_mode="content", glob="*.txt", **{"-n": False})
+    assert out == "a.txt:alpha\na.txt:alpha beta"
+
+
+async def test_content_of_a_single_file_has_no_path(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", output_mode="content", path="a.txt") == (
+        "1:alpha\n5:alpha beta")
+
+
+async def test_context_lines_and_separators(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", output_mode="content", glob="*.{txt,py}",
+                      **{"-C": 1}) == (
+        "a.txt:1:alpha\na.txt-2-beta\n--\na.txt-4-delta\na.txt:5:alpha beta\n--\n"
+        "src/m.py-2-\nsrc/m.py:3:def alpha():\nsrc/m.py-4-    return 'ALPHA'")
+    assert await grep(tree, backend, pattern="gamma", output_mode="content", path="a.txt",
+                      **{"-B": 2, "-A": 0}) == "1-alpha\n2-beta\n3:gamma"
+    assert await grep(tree, backend, pattern="gamma", output_mode="content", path="a.txt",
+                      context=1, **{"-A": 3}) == "2-beta\n3:gamma\n4-delta"
+
+
+async def test_context_is_ignored_outside_content_mode(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="gamma", **{"-C": 3}) == "Found 1 file\na.txt"
+
+
+async def test_multiline(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="beta.gamma", output_mode="content") == "No matches found"
+    assert await grep(tree, backend, pattern="beta.gamma", output_mode="content", multiline=True) == (
+        "a.txt:2:beta\na.txt:3:gamma")
+    assert await grep(tree, backend, pattern=r"a\nb|ta\nga", output_mode="content", multiline=True,
+                      **{"-o": True}) == "a.txt:1:a\na.txt:2:b\na.txt:2:ta\na.txt:3:ga"
+
+
+async def test_only_matching(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="al[a-z]+", output_mode="content", path="a.txt",
+                      **{"-o": True}) == "1:alpha\n5:alpha"
+
+
+async def test_content_pagination_and_empty(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", output_mode="content", head_limit=2) == (
+        ".hidden.md:1:alpha hidden\na.txt:1:alpha\n\n[Showing results with pagination = limit: 2]")
+    assert await grep(tree, backend, pattern="alpha", output_mode="content", head_limit=1, offset=2) == (
+        "a.txt:5:alpha beta\n\n[Showing results with pagination = limit: 1, offset: 2]")
+    assert await grep(tree, backend, pattern="alpha", output_mode="content", offset=50) == (
+        "No entries at this offset\n\n[Showing results with pagination = offset: 50]")
+    assert await grep(tree, backend, pattern="nothing", output_mode="content") == "No matches found"
+
+
+async def test_long_lines_are_omitted(tmp_path: Path, backend: str) -> None:
+    touch(tmp_path / "w.txt", "x" * 600 + " needle\nshort needle\n")
+    assert await grep(tmp_path, backend, pattern="needle", output_mode="content") == (
+        "w.txt:1:[Omitted long matching line]\nw.txt:2:short needle")
+
+
+# --- count -----------------------------------------------------------------------------------
+
+
+async def test_count(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="alpha", output_mode="count") == (
+        ".hidden.md:1\na.txt:2\nsrc/m.py:1\nsrc/n.js:1\n\nFound 5 total occurrences across 4 files.")
+    assert await grep(tree, backend, pattern="import", output_mode="count") == (
+        "src/m.py:1\n\nFound 1 total occurrence across 1 file.")
+    assert await grep(tree, backend, pattern="alpha", output_mode="count", head_limit=1) == (
+        ".hidden.md:1\n\nFound 5 total occurrences across 4 files. with pagination = limit: 1")
+    assert await grep(tree, backend, pattern="zzz", output_mode="count") == (
+        "No matches found\n\nFound 0 total occurrences across 0 files.")
+
+
+async def test_count_in_a_single_file_keeps_the_path(tree: Path, backend: str) -> None:
+    assert await grep(tree, backend, pattern="a", output_mode="count", path="a.txt") == (
+        "a.txt:5\n\nFound 5 total occurrences across 1 file.")
+
+
+# --- file selection --------------------------------------------------------------------------
+
+
+async def test_vcs_directories_are_skipped(tree: Path, backend: str) -> None:
+    touch(tree / ".git" / "config", "alpha\n")
+    touch(tree / ".hg" / "x", "alpha\n")
+    assert ".git" not in await grep(tree, backend, pattern="alpha")
+    assert ".hg" not in await grep(tree, backend, pattern="alpha")
+
+
+async def test_gitignore_applies_only_inside_a_repository(tmp_path: Path, backend: str) -> None:
+    touch(tmp_path / "keep.txt", "needle\n", 2000)
+    touch(tmp_path / "skip.log", "needle\n", 1000)
+    touch(tmp_path / "build" / "out.txt", "needle\n", 500)
+    touch(tmp_path / ".gitignore", "*.log\nbuild/\n", 100)
+    assert await grep(tmp_path, backend, pattern="needle") == (
+        "Found 3 files\nkeep.txt\nskip.log\nbuild/out.txt")
+    (tmp_path / ".git").mkdir()
+    assert await grep(tmp_path, backend, pattern="needle") == "Found 1 file\nkeep.txt"
+    # an explicit glob overrides the ignore file; a path named outright is always searched
+    assert await grep(tmp_path, backend, pattern="needle", glob="*.log") == "Found 1 file\nskip.log"
+    assert await grep(tmp_path, backend, pattern="needle", path="skip.log") == "Found 1 file\nskip.log"
+
+
+async def test_ignore_file_negation_and_nesting(tmp_path: Path, backend: str) -> None:
+    (tmp_path / ".git").mkdir()
+    touch(tmp_path / ".gitignore", "*.txt\n!important.txt\n", 10)
+    touch(tmp_path / "a.txt", "needle\n", 100)
+    touch(tmp_path / "important.txt", "needle\n", 200)
+    touch(tmp_path / "sub" / ".ignore", "secret*\n", 10)
+    touch(tmp_path / "sub" / "secret.md", "needle\n", 300)
+    touch(tmp_path / "sub" / "open.md", "needle\n", 400)
+    assert await grep(tmp_path, backend, pattern="needle") == "Found 2 files\nsub/open.md\nimportant.txt"
+
+
+async def test_ignore_file_kinds_and_nested_repositories(tmp_path: Path, backend: str) -> None:
+    (tmp_path / ".git").mkdir()
+    touch(tmp_path / ".gitignore", "*.md\nm.txt\n", 10)
+    touch(tmp_path / ".rgignore", "!keep.md\n", 10)  # .rgignore outranks .gitignore
+    touch(tmp_path / "keep.md", "needle\n", 100)
+    touch(tmp_path / "drop.md", "needle\n", 200)
+    touch(tmp_path / "inner" / ".git" / "HEAD", "ref\n", 10)
+    touch(tmp_path / "inner" / "m.txt", "needle\n", 300)  # the outer .gitignore stops at a nested repo
+    assert await grep(tmp_path, backend, pattern="needle") == "Found 2 files\ninner/m.txt\nkeep.md"
+
+
+async def test_binary_files_and_symlinks_are_skipped(tmp_path: Path, backend: str) -> None:
+    touch(tmp_path / "t.txt", "needle\n")
+    (tmp_path / "b.bin").write_bytes(b"needle\0\x01\x02")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "t.txt")
+    assert await grep(tmp_path, backend, pattern="needle") == "Found 1 file\nt.txt"
+
+
+async def test_results_outside_cwd_are_absolute(tree: Path, backend: str,
+                                                tmp_path_factory: pytest.TempPathFactory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    out = await GrepTool(backend=backend).call(  # type: ignore[arg-type]
+        {"pattern": "import", "path": str(tree)}, ToolContext(cwd=elsewhere))
+    assert out.data == f"Found 1 file\n{tree / 'src' / 'm.py'}"
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+async def test_a_binary_file_named_outright_is_searched(tmp_path: Path, backend: str) -> None:
+    (tmp_path / "b.bin").write_bytes(b"needle here\nx\0y\nneedle again\n")
+    assert await grep(tmp_path, backend, pattern="needle", path="b.bin") == "Found 1 file\nb.bin"
+    out = await grep(tmp_path, backend, pattern="needle", path="b.bin", output_mode="content")
+    assert out == '1:needle here\n3:needle again\nbinary file matches (found "\\0" byte around offset 13)'
+
+
+async def test_missing_path(tree: Path, backend: str) -> None:
+    with pytest.raises(ToolError) as err:
+        await grep(tree, backend, pattern="x", path="nope")
+    assert str(err.value) == f"Path does not exist: nope. Note: your current working directory is {tree}."
+
+
+async def test_bad_regex_and_unknown_type(tree: Path, backend: str) -> None:
+    with pytest.raises(ToolError, match="regex parse error"):
+        await grep(tree, backend, pattern="(unclosed")
+    with pytest.raises(ToolError, match="unrecognized file type"):
+        await grep(tree, backend, pattern="x", type="nosuchtype")
+
+
+async def test_pattern_starting_with_dash(tmp_path: Path, backend: str) -> None:
+    touch(tmp_path / "f.txt", "a -v flag\n")
+    assert await grep(tmp_path, backend, pattern="-v", output_mode="content") == "f.txt:1:a -v flag"
+
+
+# --- backend selection -----------------------------------------------------------------------
+
+
+def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grep_mod, "BACKEND", "python")
+    assert not GrepTool().use_ripgrep()
+    monkeypatch.setattr(grep_mod, "BACKEND", "auto")
+    monkeypatch.setattr(grep_mod.shutil, "which", lambda _: None)
+    assert not GrepTool().use_ripgrep()
+    with pytest.raises(ToolError, match="not installed"):
+        GrepTool(backend="rg").use_ripgrep()
+    monkeypatch.setattr(grep_mod.shutil, "which", lambda _: "/usr/bin/rg")
+    assert GrepTool().use_ripgrep()
+    assert not GrepTool(backend="python").use_ripgrep()
+
+
+async def test_fallback_runs_when_rg_is_absent(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grep_mod.shutil, "which", lambda _: None)
+    out = await GrepTool().call({"pattern": "import"}, ToolContext(cwd=tree))
+    assert out.data == "Found 1 file\nsrc/m.py"
+
+
+def test_rg_arguments_follow_claude_code() -> None:
+    args = rg_args(Query(pattern="-x", root="/r", mode="content", ignore_case=True, multiline=True,
+                         before=1, after=2, file_type="py", globs=("*.py",)))
+    assert args[-4:] == ["-e", "-x", "--", "/r"]
+    for flag in ("--hidden", "-U", "--multiline-dotall", "-i", "--json", "-n", "-B", "-A"):
+        assert flag in args
+    assert ["--glob", "!.git"] == args[args.index("!.git") - 1:args.index("!.git") + 1]
+    assert ["--type", "py"] == args[args.index("py") - 1:args.index("py") + 1]
+    assert "-l" in rg_args(Query(pattern="x", root="/r"))
+    assert "-c" in rg_args(Query(pattern="x", root="/r", mode="count"))
+
+
+def test_newline_detection() -> None:
+    assert names_a_newline(r"a\nb") and names_a_newline("a\nb") and names_a_newline(r"\x0A")
+    assert not names_a_newline(r"a\\nb") and not names_a_newline(r"\s")
+    for pattern in (r"a\nb", "a.b", r"\s+", "[^x]", r"\W"):
+        assert may_match_newline(pattern), pattern
+    for pattern in ("abc", r"a\.b", r"\S+", "[a^]", r"\w+"):
+        assert not may_match_newline(pattern), pattern
+
+
+async def test_newline_outside_multiline_is_refused(tree: Path, backend: str) -> None:
+    with pytest.raises(ToolError, match="Consider enabling multiline mode"):
+        await grep(tree, backend, pattern=r"beta\ngamma")
+
+
+def test_split_globs() -> None:
+    assert split_globs("*.py") == ("*.py",)
+    assert split_globs("*.py,*.js  !x") == ("*.py", "*.js", "!x")
+    assert split_globs("*.{ts,tsx} *.md") == ("*.{ts,tsx}", "*.md")
+    assert split_globs(None) == ()
+
+
+def test_tool_traits_and_schema() -> None:
+    t = GrepTool()
+    assert t.name == "Grep"
+    assert t.is_concurrency_safe({}) and t.is_read_only({})
+    assert t.interrupt_behavior() == "cancel"
+    schema = t.input_schema
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["required"] == ["pattern"]
+    assert schema["additionalProperties"] is False
+    for key in ("pattern", "path", "glob", "type", "output_mode", "-i", "-n", "-A", "-B", "-C", "multiline",
+                "head_limit"):
+        assert key in schema["properties"]
+    assert schema["properties"]["output_mode"]["enum"] == ["content", "files_with_matches", "count"]
+    assert schema["properties"]["output_mode"]["default"] == "files_with_matches"
+    assert schema["properties"]["-n"]["default"] is True
+    v = jsonschema.Draft202012Validator(schema)
+    assert not v.is_valid({"pattern": "x", "head_limit": -1})
+    assert not v.is_valid({"pattern": "x", "output_mode": "lines"})
+
+
+# --- parity ----------------------------------------------------------------------------------
+
+PARITY_INPUTS: list[dict[str, Any]] = [
+    {"pattern": "alpha"},
+    {"pattern": "alpha", "output_mode": "content"},
+    {"pattern": "a", "output_mode": "content", "-C": 2},
+    {"pattern": "^[a-d]", "output_mode": "content", "-n": False},
+    {"pattern": "a", "output_mode": "count"},
+    {"pattern": "ALPHA", "-i": True, "output_mode": "count"},
+    {"pattern": "beta.gamma", "multiline": True, "output_mode": "content"},
+    {"pattern": r"a\s+b", "multiline": True, "output_mode": "count"},
+    {"pattern": "a", "multiline": True, "output_mode": "count"},
+    {"pattern": "l.h", "multiline": True, "output_mode": "content", "-A": 1},
+    {"pattern": "alpha", "glob": "src/*", "output_mode": "content"},
+    {"pattern": "e", "output_mode": "content", "head_limit": 3, "offset": 1},
+    {"pattern": r"\w+", "output_mode": "content", "-o": True, "path": "a.txt"},
+]
+
+
+@needs_rg
+@pytest.mark.parametrize("inp", PARITY_INPUTS, ids=lambda i: ",".join(f"{k}={v}" for k, v in i.items()))
+async def test_ripgrep_and_fallback_agree(tree: Path, inp: dict[str, Any]) -> None:
+    assert await grep(tree, "rg", **inp) == await grep(tree, "python", **inp)
+
+
+words = st.sampled_from(["ab", "ba", "abc", "b a", "", "a\tb", "cab", "AB"])
+patterns = st.sampled_from(["a", "ab", "^a", "b$", "[ab]c", "a.", "c|ba", r"\bab\b", "a b", "(?i)ab", "a+b",
+                            "b.?a"])
+
+
+@needs_rg
+@settings(max_examples=40, deadline=None)
+@given(files=st.lists(st.lists(words, max_size=6), min_size=1, max_size=4), pattern=patterns,
+       mode=st.sampled_from(["content", "files_with_matches", "count"]), ctx_lines=st.integers(0, 2),
+       ignore_case=st.booleans())
+def test_random_searches_agree(files: list[list[str]], pattern: str, mode: str, ctx_lines: int,
+                               ignore_case: bool) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for i, lines in enumerate(files):
+            touch(root / f"d{i % 2}" / f"f{i}.txt", "".join(f"{ln}\n" for ln in lines), 1000 + i)
+        inp = {"pattern": pattern, "output_mode": mode, "-C": ctx_lines, "-i": ignore_case, "head_limit": 0}
+        rg_out = asyncio.run(grep(root, "rg", **inp))
+        py_out = asyncio.run(grep(root, "python", **inp))
+        assert rg_out == py_out

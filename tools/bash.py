@@ -1,0 +1,376 @@
+"""Bash: run a shell command (Claude Code's Bash tool), plus the read-only command classifier
+that decides whether a call may run alongside other tools.
+
+Output goes to a temporary file rather than a pipe: a background child that inherits the stream
+(``server &``) cannot hold the call open, and a command that prints gigabytes costs disk, not memory.
+Timeout and abort kill the command's whole process group. Killing does not undo what the command
+already did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tools.base import Tool, ToolContext, ToolError, ToolOutput
+
+DEFAULT_TIMEOUT_MS = 120_000
+MAX_TIMEOUT_MS = 600_000
+MAX_OUTPUT_CHARS = 30_000
+# Bytes read back from the output file: enough for MAX_OUTPUT_CHARS of 4-byte UTF-8.
+_HEAD_BYTES = MAX_OUTPUT_CHARS * 4
+KILL_GRACE_S = 2.0
+ABORTED = "<error>Command was aborted before completion</error>"
+
+
+# --- read-only classification ----------------------------------------------------------------
+
+# Programs that only read, whatever their arguments.
+_ANY_ARGS = frozenset({
+    "ls", "cat", "head", "tail", "wc", "grep", "egrep", "fgrep", "pwd", "echo", "printf", "which",
+    "whereis", "stat", "du", "df", "printenv", "uname", "whoami", "id", "groups", "cut", "tr", "nl",
+    "tac", "rev", "basename", "dirname", "realpath", "readlink", "true", "false", "sleep", "seq",
+    "test", "[", "type", "diff", "cmp", "comm", "md5sum", "sha1sum", "sha256sum", "sha512sum",
+    "cksum", "b2sum", "strings", "od", "hexdump", "column", "fold", "expand", "unexpand", "jq", "ps",
+    "pgrep", "cd", "file", "tree", "sort", "uniq", "rg", "find", "date", "env", "hostname",
+    "command", "git",
+})
+# Flags that make an otherwise read-only program write, run other programs or change the system.
+_FORBIDDEN_FLAGS: dict[str, tuple[str, ...]] = {
+    "find": ("-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls"),
+    "rg": ("--pre",),
+    "sort": ("-o", "--output", "--compress-program"),
+    "tree": ("-o",),
+    "file": ("-C", "--compile"),
+}
+_GIT_READ_ONLY = frozenset({"status", "log", "diff", "show", "blame", "rev-parse", "ls-files", "ls-tree",
+                            "describe", "shortlog", "rev-list", "cat-file", "grep"})
+_GIT_FORBIDDEN = ("--output", "--ext-diff", "-O", "--open-files-in-pager", "--exec")
+_GIT_LISTING_FLAGS = {
+    "branch": frozenset({"-a", "--all", "-r", "--remotes", "-v", "-vv", "--verbose", "-l", "--list",
+                         "--show-current", "--color", "--no-color", "--column", "--no-column", "--sort",
+                         "--format", "--merged", "--no-merged", "--contains", "--no-contains",
+                         "--points-at"}),
+    "tag": frozenset({"-l", "--list", "-n", "--sort", "--format", "--merged", "--no-merged", "--contains",
+                      "--no-contains", "--points-at", "--column", "--no-column", "--color"}),
+}
+_SEPARATORS = frozenset({"&&", "||", ";", "|"})
+# Anywhere in the text, even quoted: substitutions run code, ">" may write a file.
+_UNSAFE_TEXT = ("`", "$(", "<(", ">(", ">")
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _has_flag(args: list[str], flags: tuple[str, ...]) -> bool:
+    for a in args:
+        name = _flag_name(a)
+        if name in flags:
+            return True
+        # clustered short options: "-fo" carries "-o"
+        if re.fullmatch(r"-[A-Za-z]{2,}", a) and any(len(f) == 2 and f[1] in a[1:] for f in flags
+                                                     if f.startswith("-") and not f.startswith("--")):
+            return True
+    return False
+
+
+def _git_read_only(args: list[str]) -> bool:
+    if not args:
+        return False
+    # Global options (-c, -C, --exec-path, ...) come before the subcommand and can run programs.
+    sub, rest = args[0], args[1:]
+    if _has_flag(rest, _GIT_FORBIDDEN):
+        return False
+    if sub in _GIT_READ_ONLY:
+        return True
+    if sub in _GIT_LISTING_FLAGS:
+        allowed = _GIT_LISTING_FLAGS[sub]
+        listing = any(_flag_name(a) in ("-l", "--list") for a in rest)
+        for a in rest:
+            if a.startswith("-"):
+                if _flag_name(a) not in allowed:
+                    return False
+            elif not listing:
+                return False  # "git branch NAME" creates a branch
+        return True
+    if sub == "remote":
+        return all(a in ("-v", "--verbose") for a in rest)
+    if sub == "stash":
+        return bool(rest) and rest[0] in ("list", "show")
+    if sub == "config":
+        return bool(rest) and rest[0] in ("--get", "--get-all", "--get-regexp", "--list", "-l")
+    return False
+
+
+def _date_read_only(args: list[str]) -> bool:
+    # "date MMDDhhmm" and "date -s" set the clock; formats and display flags do not.
+    return all(a.startswith("+") or (a.startswith("-") and _flag_name(a) not in ("-s", "--set"))
+               for a in args) and not any(re.fullmatch(r"-[A-Za-z]*s[A-Za-z]*", a) for a in args)
+
+
+_ARG_CHECKS: dict[str, Callable[[list[str]], bool]] = {
+    "git": _git_read_only,
+    "date": _date_read_only,
+    "env": lambda args: not args,  # "env CMD" runs CMD
+    "hostname": lambda args: not args,  # "hostname NAME" renames the machine
+    "command": lambda args: bool(args) and args[0] in ("-v", "-V"),
+    "uniq": lambda args: len([a for a in args if not a.startswith("-")]) <= 1,  # "uniq IN OUT" writes OUT
+}
+
+
+def _segment_read_only(words: list[str]) -> bool:
+    program, args = words[0], words[1:]
+    # "/usr/bin/x", "./x", "VAR=1 x", "$CMD" and "{" never name a known program
+    if program not in _ANY_ARGS:
+        return False
+    if _has_flag(args, _FORBIDDEN_FLAGS.get(program, ())):
+        return False
+    check = _ARG_CHECKS.get(program)
+    return check(args) if check is not None else True
+
+
+def is_read_only_command(command: str) -> bool:
+    """True only when every part of ``command`` is a known read-only program with harmless flags.
+
+    Conservative by design: a false "no" only costs parallelism or a permission prompt, a false
+    "yes" could run a write concurrently with other tools or unasked in plan mode.
+    """
+    if not command.strip() or any(t in command for t in _UNSAFE_TEXT):
+        return False
+    seen_command = False
+    for line in re.split(r"[\r\n]+", command):
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        lexer.commenters = ""  # "#" is not a comment inside a word; never let it hide a command
+        try:
+            tokens = list(lexer)
+        except ValueError:
+            return False  # unbalanced quotes: bash would continue onto text we cannot see
+        segment: list[str] = []
+        for tok in [*tokens, ";"]:
+            if tok in _SEPARATORS:
+                if segment and not _segment_read_only(segment):
+                    return False
+                if not segment and tok != ";":
+                    return False
+                seen_command = seen_command or bool(segment)
+                segment = []
+            elif tok and set(tok) <= set("();<>|&"):
+                return False  # "&", "(", "<<", "|&", ...: background jobs, subshells, redirections
+            else:
+                segment.append(tok)
+    return seen_command
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def format_duration(ms: float) -> str:
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:g}s"
+    return f"{int(seconds // 60)}m {int(seconds % 60)}s"
+
+
+def read_output(path: Path) -> str:
+    """The command's output as the model sees it: leading blank lines and trailing whitespace
+    dropped, cut at MAX_OUTPUT_CHARS with a count of the lines left out."""
+    extra_lines = 0
+    more = False
+    with path.open("rb") as fh:
+        head = fh.read(_HEAD_BYTES)
+        while chunk := fh.read(1 << 20):
+            more = True
+            extra_lines += chunk.count(b"\n")
+    text = re.sub(r"\A(?:[ \t]*\n)+", "", head.decode("utf-8", errors="replace")).rstrip()
+    if len(text) <= MAX_OUTPUT_CHARS and not more:
+        return text
+    cut = text[:MAX_OUTPUT_CHARS]
+    left = text[MAX_OUTPUT_CHARS:].count("\n") + extra_lines + 1
+    return f"{cut}\n\n... [{left} lines truncated] ..."
+
+
+def _exit_code(returncode: int | None) -> int:
+    if returncode is None:
+        return -1
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM the process group, SIGKILL whatever is left after a grace period."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.wait(), KILL_GRACE_S)
+    _signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+def _shell() -> str:
+    return shutil.which("bash") or "/bin/bash"
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    # A command that would open an editor (git commit without -m) must not wait for a human.
+    env.setdefault("GIT_EDITOR", "true")
+    return env
+
+
+def _timeout_ms(input: Mapping[str, Any]) -> float:
+    value = input.get("timeout")
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return DEFAULT_TIMEOUT_MS
+    return min(float(value), MAX_TIMEOUT_MS)
+
+
+async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float) -> ToolOutput:
+    fd, name = tempfile.mkstemp(prefix="agentfsm-bash-", suffix=".out")
+    out_path = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            proc = await asyncio.create_subprocess_shell(
+                command, executable=_shell(), cwd=str(ctx.cwd), env=_environment(),
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True)
+        waiter = asyncio.ensure_future(proc.wait())
+        aborted = asyncio.ensure_future(ctx.abort.wait())
+        try:
+            done, _ = await asyncio.wait({waiter, aborted}, timeout=timeout_ms / 1000,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborted.cancel()
+            if proc.returncode is None:
+                # timeout, abort, or this task was cancelled: nothing of the command may outlive it
+                await asyncio.shield(_kill_group(proc))
+        text = await asyncio.to_thread(read_output, out_path)
+    finally:
+        with contextlib.suppress(OSError):
+            out_path.unlink()
+    if waiter not in done:
+        if aborted in done:
+            return ToolOutput("\n".join(p for p in (text, ABORTED) if p), is_error=True)
+        note = f"Command timed out after {format_duration(timeout_ms)}"
+        return ToolOutput("\n".join(p for p in (note, text) if p), is_error=True)
+    code = _exit_code(proc.returncode)
+    if code != 0:
+        return ToolOutput("\n".join(p for p in (f"Exit code {code}", text) if p), is_error=True)
+    return ToolOutput(text)
+
+
+@attrs.define
+class BackgroundJob:
+    id: str
+    command: str
+    output_path: Path
+    process: subprocess.Popen[bytes]
+    timer: threading.Timer | None = None
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.process.poll() is None:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+#: Background commands started in this process, by id.
+BACKGROUND_JOBS: dict[str, BackgroundJob] = {}
+
+
+def background_dir(ctx: ToolContext) -> Path:
+    return Path(tempfile.gettempdir()) / "agentfsm" / (ctx.session_id or "default") / "tasks"
+
+
+def start_background(command: str, ctx: ToolContext, timeout_ms: float | None) -> BackgroundJob:
+    job_id = "b" + secrets.token_hex(4)
+    out_dir = background_dir(ctx)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out_path = out_dir / f"{job_id}.output"
+    with out_path.open("wb") as out:
+        # Popen, not asyncio: the job must outlive this call and the event loop that made it.
+        proc = subprocess.Popen([_shell(), "-c", command], cwd=str(ctx.cwd), env=_environment(),
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    job = BackgroundJob(job_id, command, out_path, proc)
+    if timeout_ms is not None:
+        job.timer = threading.Timer(timeout_ms / 1000, _signal_group, (proc.pid, signal.SIGKILL))
+        job.timer.daemon = True
+        job.timer.start()
+    BACKGROUND_JOBS[job_id] = job
+    return job
+
+
+def stop_background(job_id: str) -> bool:
+    """Kill a background job's process group; False if there is no such job."""
+    job = BACKGROUND_JOBS.pop(job_id, None)
+    if job is None:
+        return False
+    job.stop()
+    return True
+
+
+class BashTool(Tool):
+    name = "Bash"
+    description = (
+        "Executes a bash command in the working directory and returns its combined stdout and stderr. "
+        f"Times out after {DEFAULT_TIMEOUT_MS // 1000}s by default (timeout in ms, at most "
+        f"{MAX_TIMEOUT_MS // 1000}s); output beyond {MAX_OUTPUT_CHARS} characters is cut. A non-zero "
+        "exit status is reported as an error with its code. Set run_in_background to start a "
+        "long-running command and get its output file back at once. Use Read, Glob, Grep, Edit and "
+        "Write rather than cat, find, grep, sed or echo redirection for file work."
+    )
+    input_schema: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "The command to execute"},
+            "timeout": {"type": "number", "maximum": MAX_TIMEOUT_MS,
+                        "description": f"Optional timeout in milliseconds (max {MAX_TIMEOUT_MS})"},
+            "description": {"type": "string",
+                            "description": "Clear, concise description of what this command does in "
+                                           "active voice, in 5-10 words"},
+            "run_in_background": {"type": "boolean",
+                                  "description": "Set to true to run this command in the background; "
+                                                 "its output is written to a file you can Read later."},
+        },
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        command = input.get("command")
+        return isinstance(command, str) and is_read_only_command(command)
+
+    def permission_subject(self, input: Mapping[str, Any]) -> str | None:
+        command = input.get("command")
+        return command if isinstance(command, str) else None
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        command: str = input["command"]
+        if not Path(ctx.cwd).is_dir():
+            raise ToolError(f"Working directory does not exist: {ctx.cwd}")
+        if input.get("run_in_background"):
+            timeout = _timeout_ms(input) if input.get("timeout") else None
+            job = start_background(command, ctx, timeout)
+            return ToolOutput(f"Command running in background with ID: {job.id}. "
+                              f"Output is being written to: {job.output_path}.")
+        return await run_foreground(command, ctx, _timeout_ms(input))

@@ -1,0 +1,196 @@
+"""Edit: exact string replacement in a file the model has read (Claude Code's FileEdit tool)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from tools.read import absolute, check_fresh, not_found_message, number_lines, record_read, split_lines
+
+SNIPPET_CONTEXT = 4
+SAME_STRINGS = "No changes to make: old_string and new_string are exactly the same."
+ALREADY_EXISTS = "Cannot create new file - file already exists."
+NOT_FOUND = "String to replace not found in file."
+
+# Models often type straight quotes where the file has typographic ones (and the reverse).
+_CURLY = {"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'}
+
+
+@attrs.frozen
+class PlannedEdit:
+    """What :meth:`EditTool.call` will write, worked out without touching the file."""
+
+    path: Path
+    new_text: str
+    # index in new_text where the first replacement starts, for the snippet
+    anchor: int
+    inserted: str
+    creates: bool
+    crlf: bool
+    bom: bool
+
+
+def normalize_quotes(text: str) -> str:
+    for curly, straight in _CURLY.items():
+        text = text.replace(curly, straight)
+    return text
+
+
+def find_actual_string(text: str, old: str) -> str | None:
+    """``old`` as it occurs in ``text``: itself, or the same with the file's typographic quotes."""
+    if old in text:
+        return old
+    at = normalize_quotes(text).find(normalize_quotes(old))
+    # Quote normalisation maps one character to one, so offsets carry over to the original text.
+    return text[at:at + len(old)] if at != -1 else None
+
+
+def _styled_new(old: str, actual: str, new: str) -> str:
+    """Give ``new`` the file's typographic quotes when ``actual`` only matched after normalising."""
+    if actual == old:
+        return new
+    has_double = "\u201c" in actual or "\u201d" in actual
+    has_single = "\u2018" in actual or "\u2019" in actual
+    out: list[str] = []
+    for i, ch in enumerate(new):
+        opening = i == 0 or new[i - 1] in " \t\n\r([{\u2014\u2013"
+        if ch == '"' and has_double:
+            out.append("\u201c" if opening else "\u201d")
+        elif ch == "'" and has_single:
+            between_letters = 0 < i < len(new) - 1 and new[i - 1].isalpha() and new[i + 1].isalpha()
+            out.append("\u2019" if between_letters or not opening else "\u2018")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def apply_edit(text: str, old: str, new: str, replace_all: bool) -> tuple[str, int]:
+    """The text after the edit and where the first replacement starts; raises the model-facing
+    errors. ``old`` must be non-empty."""
+    actual = find_actual_string(text, old)
+    if actual is None:
+        raise ToolError(f"{NOT_FOUND}\nString: {old}")
+    matches = text.count(actual)
+    if matches > 1 and not replace_all:
+        raise ToolError(
+            f"Found {matches} matches of the string to replace, but replace_all is false. To replace all "
+            "occurrences, set replace_all to true. To replace only one occurrence, please provide more "
+            f"context to uniquely identify the instance.\nString: {old}")
+    replacement = _styled_new(old, actual, new)
+    target = actual
+    # Deleting a whole line should take its newline along, as Claude Code does.
+    if replacement == "" and not actual.endswith("\n") and actual + "\n" in text:
+        target = actual + "\n"
+    anchor = text.find(target)
+    if not replace_all:
+        return text.replace(target, replacement, 1), anchor
+    result = text.replace(target, replacement)
+    if target != actual:
+        # A line-deleting replace_all also removes occurrences with no newline after them.
+        result = result.replace(actual, "")
+    return result, anchor
+
+
+def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
+    """Every check Claude Code makes, in its order, and the resulting text. Writes nothing."""
+    old: str = input["old_string"]
+    new: str = input["new_string"]
+    replace_all = bool(input.get("replace_all", False))
+    if old == new:
+        raise ToolError(SAME_STRINGS)
+    path = absolute(ctx, input["file_path"])
+    if path.is_dir():
+        raise ToolError(f"{path} is a directory; Edit needs a file path.")
+    if not path.exists():
+        if old == "":
+            return PlannedEdit(path, new, 0, new, creates=True, crlf=False, bom=False)
+        raise ToolError(not_found_message(ctx, path))
+    raw = path.read_bytes()
+    bom = raw.startswith(b"\xef\xbb\xbf")
+    body = raw[3 if bom else 0:]
+    if old == "":
+        if body.strip():
+            raise ToolError(ALREADY_EXISTS)
+        return PlannedEdit(path, new, 0, new, creates=False, crlf=False, bom=bom)
+    check_fresh(ctx, path)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ToolError(f"File {path} is not valid UTF-8, so Edit will not change it: use a shell "
+                        "command that keeps its encoding.") from exc
+    # Edit on LF text and put CRLF back, but only for files that are CRLF throughout: converting a
+    # mixed file would rewrite lines the edit never touched.
+    crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")
+    if crlf:
+        text = text.replace("\r\n", "\n")
+        old, new = old.replace("\r\n", "\n"), new.replace("\r\n", "\n")
+    new_text, anchor = apply_edit(text, old, new, replace_all)
+    return PlannedEdit(path, new_text, anchor, new, creates=False, crlf=crlf, bom=bom)
+
+
+def snippet(text: str, anchor: int, inserted: str) -> str:
+    lines = split_lines(text)
+    first = text.count("\n", 0, anchor)
+    last = first + inserted.count("\n")
+    start = max(0, first - SNIPPET_CONTEXT)
+    return number_lines(lines[start:last + SNIPPET_CONTEXT + 1], start + 1)
+
+
+class EditTool(Tool):
+    name = "Edit"
+    description = (
+        "Performs an exact string replacement in a file. The file must have been read with the Read tool "
+        "first and not changed since. old_string must match the file exactly (copy it from the Read "
+        "output without the line-number prefix) and must be unique unless replace_all is true; give more "
+        "surrounding context to make it unique. An empty old_string creates a new file."
+    )
+    input_schema: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "file_path": {"type": "string", "description": "The absolute path to the file to modify"},
+            "old_string": {"type": "string", "description": "The text to replace"},
+            "new_string": {"type": "string",
+                           "description": "The text to replace it with (must be different from old_string)"},
+            "replace_all": {"type": "boolean", "default": False,
+                            "description": "Replace all occurrences of old_string (default false)"},
+        },
+        "required": ["file_path", "old_string", "new_string"],
+        "additionalProperties": False,
+    }
+
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        try:
+            await asyncio.to_thread(plan_edit, ctx, input)
+        except ToolError as exc:
+            return ValidationResult.invalid(str(exc))
+        return ValidationResult.valid()
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        # Planned afresh: hooks and permission prompts run between validation and the call.
+        plan = await asyncio.to_thread(plan_edit, ctx, input)
+        await asyncio.to_thread(_write, plan)
+        record_read(ctx, plan.path)
+        shown = input["file_path"]
+        head = (f"The file {shown} has been updated. All occurrences were successfully replaced."
+                if input.get("replace_all") else f"The file {shown} has been updated successfully.")
+        body = snippet(plan.new_text, plan.anchor, plan.inserted)
+        if not body:
+            return ToolOutput(head)
+        return ToolOutput(f"{head} Here's the result of running `cat -n` on a snippet of the edited "
+                          f"file:\n{body}")
+
+
+def _write(plan: PlannedEdit) -> None:
+    text = plan.new_text.replace("\n", "\r\n") if plan.crlf else plan.new_text
+    data = (b"\xef\xbb\xbf" if plan.bom else b"") + text.encode("utf-8")
+    try:
+        if plan.creates:
+            plan.path.parent.mkdir(parents=True, exist_ok=True)
+        plan.path.write_bytes(data)
+    except OSError as exc:
+        raise ToolError(f"Could not write {plan.path}: {exc.strerror or exc}") from exc

@@ -1,0 +1,239 @@
+"""Glob: files whose path matches a glob pattern, most recently modified first.
+
+Pattern semantics are pathlib's (``*`` and ``?`` stay within one path segment, ``**`` spans any
+number of directories, dotfiles match), plus ``{a,b}`` alternatives as in Claude Code. The walk is
+our own ``os.scandir`` loop rather than ``Path.glob`` so that it can skip VCS metadata, never follow
+a symlinked directory (3.11's ``**`` loops forever on a symlink cycle) and stop when aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
+from tools.read import CWD_NOTE
+
+T = TypeVar("T")
+
+MAX_RESULTS = 100
+VCS_DIRS = (".git", ".svn", ".hg", ".bzr", ".jj", ".sl")
+_MAGIC = re.compile(r"[*?\[{]")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``a.{js,ts}`` → ``[a.js, a.ts]``; nested groups expand too; an unbalanced or comma-less
+    group is literal text."""
+    depth = 0
+    start = -1
+    commas: list[int] = []
+    for i, ch in enumerate(pattern):
+        if ch == "\\":
+            continue
+        if ch == "{":
+            if depth == 0:
+                start, commas = i, []
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                if not commas:
+                    # ``{x}`` is literal; look for a real group further on
+                    rest = expand_braces(pattern[i + 1:])
+                    return [pattern[:i + 1] + r for r in rest]
+                bounds = [start, *commas, i]
+                head, tail = pattern[:start], pattern[i + 1:]
+                out: list[str] = []
+                for a, b in itertools.pairwise(bounds):
+                    for alt in expand_braces(pattern[a + 1:b]):
+                        out.extend(head + alt + t for t in expand_braces(tail))
+                return out
+        elif ch == "," and depth == 1:
+            commas.append(i)
+    return [pattern]
+
+
+def _segment_regex(seg: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(seg):
+        ch = seg[i]
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[":
+            j = i + 1
+            if j < len(seg) and seg[j] in "!^":
+                j += 1
+            if j < len(seg) and seg[j] == "]":
+                j += 1
+            while j < len(seg) and seg[j] != "]":
+                j += 1
+            if j >= len(seg):
+                out.append(re.escape(ch))
+            else:
+                body = seg[i + 1:j]
+                if body[:1] in ("!", "^"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = j
+        elif ch == "\\" and i + 1 < len(seg):
+            i += 1
+            out.append(re.escape(seg[i]))
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """A regex over ``/``-separated relative paths with pathlib's segment semantics; a trailing
+    ``**`` matches every file below."""
+    segs = [s for s in pattern.split("/") if s not in ("", ".")]
+    parts: list[str] = []
+    for i, seg in enumerate(segs):
+        last = i == len(segs) - 1
+        if seg == "**":
+            parts.append("(?:[^/]+/)*[^/]+" if last else "(?:[^/]+/)*")
+        else:
+            parts.append(_segment_regex(seg) + ("" if last else "/"))
+    return re.compile("".join(parts) + r"\Z", re.DOTALL)
+
+
+def split_literal_prefix(root: str, pattern: str) -> tuple[str, str]:
+    """Move leading segments without wildcards into the directory the walk starts from."""
+    if pattern.startswith("/"):
+        root, pattern = "/", pattern.lstrip("/")
+    segs = pattern.split("/")
+    while len(segs) > 1 and not _MAGIC.search(segs[0]):
+        root = os.path.join(root, segs.pop(0))
+    return os.path.normpath(root), "/".join(segs)
+
+
+def display_path(ctx: ToolContext, path: str) -> str:
+    """Relative to the cwd when below it (as Claude Code shows search results), else absolute."""
+    rel = os.path.relpath(path, os.path.abspath(ctx.cwd))
+    return path if rel == "." or rel.startswith("..") else rel
+
+
+def _walk(root: str, regex: re.Pattern[str], max_depth: int | None, skip: frozenset[str],
+          stop: threading.Event) -> Iterator[tuple[str, float]]:
+    stack: list[tuple[str, str, int]] = [(root, "", 0)]
+    while stack:
+        if stop.is_set():
+            return
+        directory, rel_dir, depth = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}{entry.name}"
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name not in skip and (max_depth is None or depth + 1 < max_depth):
+                        stack.append((entry.path, rel + "/", depth + 1))
+                elif regex.match(rel) and entry.is_file():
+                    yield entry.path, entry.stat().st_mtime
+            except OSError:
+                continue
+
+
+def find_files(root: str, pattern: str, stop: threading.Event | None = None) -> list[tuple[str, float]]:
+    """(path, mtime) of files under ``root`` matching ``pattern``, unordered."""
+    stop = stop or threading.Event()
+    found: dict[str, float] = {}
+    for alternative in expand_braces(pattern):
+        start, rest = split_literal_prefix(root, alternative)
+        if not rest or not os.path.isdir(start):
+            continue
+        regex = compile_glob(rest)
+        depth = None if "**" in rest else len([s for s in rest.split("/") if s not in ("", ".")])
+        skip = frozenset(d for d in VCS_DIRS if d not in alternative)
+        for path, mtime in _walk(start, regex, depth, skip, stop):
+            found[path] = mtime
+    return list(found.items())
+
+
+class GlobTool(Tool):
+    name = "Glob"
+    description = (
+        "Fast file pattern matching. Supports glob patterns like \"**/*.js\" or \"src/**/*.{ts,tsx}\" "
+        "(`*` and `?` stay within one directory, `**` spans directories). Returns matching file paths, "
+        f"least recently modified first, at most {MAX_RESULTS}. Use it to find files by name; use Grep "
+        "to search file contents."
+    )
+    input_schema: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "pattern": {"type": "string", "description": "The glob pattern to match files against"},
+            "path": {"type": "string",
+                     "description": "The directory to search in. If not specified, the current working "
+                                    "directory will be used. IMPORTANT: Omit this field to use the default "
+                                    "directory. DO NOT enter \"undefined\" or \"null\" - simply omit it for "
+                                    "the default behavior. Must be a valid directory path if provided."},
+        },
+        "required": ["pattern"],
+        "additionalProperties": False,
+    }
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    def is_read_only(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    def interrupt_behavior(self) -> InterruptBehavior:
+        return "cancel"
+
+    def permission_subject(self, input: Mapping[str, Any]) -> str | None:
+        # Read rules cover Glob by the directory searched, not by the pattern.
+        path = input.get("path")
+        return path if isinstance(path, str) else None
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        pattern: str = input["pattern"]
+        if not pattern.strip():
+            raise ToolError("pattern must not be empty.")
+        given = input.get("path")
+        root = os.path.normpath(ctx.resolve(given)) if given else os.path.abspath(ctx.cwd)
+        if given:
+            if not os.path.exists(root):
+                raise ToolError(f"Directory does not exist: {given}. {CWD_NOTE} {ctx.cwd}.")
+            if not os.path.isdir(root):
+                raise ToolError(f"Path is not a directory: {given}")
+        stop = threading.Event()
+        found = await run_stoppable(ctx, stop, lambda: find_files(root, pattern, stop))
+        if not found:
+            return ToolOutput("No files found")
+        # oldest first, as Claude Code 2.1.332 lists them (`rg --files --sort=modified`)
+        found.sort(key=lambda pm: (pm[1], pm[0]))
+        shown = [display_path(ctx, p) for p, _ in found[:MAX_RESULTS]]
+        if len(found) > MAX_RESULTS:
+            shown.append(f"(Showing {MAX_RESULTS} of {len(found)} matching files; "
+                         f"{len(found) - MAX_RESULTS} more are not listed. Narrow the pattern or path "
+                         "to see the rest.)")
+        return ToolOutput("\n".join(shown))
+
+
+async def run_stoppable(ctx: ToolContext, stop: threading.Event, work: Callable[[], T]) -> T:
+    """Run blocking ``work`` in a thread; set ``stop`` (which the work polls) on abort or cancel."""
+    if ctx.abort.is_set():
+        raise ToolError("Search aborted.")
+    job = asyncio.ensure_future(asyncio.to_thread(work))
+    aborted = asyncio.ensure_future(ctx.abort.wait())
+    try:
+        await asyncio.wait({job, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        if not job.done():
+            stop.set()
+            raise ToolError("Search aborted.")
+        return job.result()
+    finally:
+        stop.set()
+        aborted.cancel()

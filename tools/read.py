@@ -1,0 +1,225 @@
+"""Read: a text file as line-numbered ``N\\t<line>`` rows (Claude Code's FileRead tool).
+
+Also home to the read-state helpers Write and Edit share: a file may only be overwritten or
+edited after Read saw it, and only if it has not changed on disk since.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
+
+DEFAULT_LIMIT = 2000
+MAX_LINE_CHARS = 2000
+CWD_NOTE = "Note: your current working directory is"
+EMPTY_FILE_WARNING = "<system-reminder>Warning: the file exists but the contents are empty.</system-reminder>"
+NOT_READ_YET = "File has not been read yet. Read it first before writing to it."
+MODIFIED_SINCE_READ = ("File has been modified since read, either by the user or by a linter. "
+                       "Read it again before attempting to write it.")
+
+# The Messages API takes these as image blocks; anything bigger than ~5 MB base64 is refused there.
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".gif": "image/gif",
+               ".webp": "image/webp"}
+MAX_IMAGE_BYTES = 3_750_000
+# Extensions that are never text; a NUL byte in the first 8 KB catches the rest.
+BINARY_EXTENSIONS = frozenset({
+    ".exe", ".dll", ".so", ".dylib", ".bin", ".o", ".a", ".lib", ".obj", ".class", ".jar", ".war",
+    ".pyc", ".pyo", ".whl", ".zip", ".tar", ".gz", ".tgz", ".bz2", ".xz", ".7z", ".rar", ".zst",
+    ".bmp", ".ico", ".tif", ".tiff", ".psd", ".mp3", ".mp4", ".mov", ".avi", ".mkv", ".wav", ".flac",
+    ".ogg", ".webm", ".woff", ".woff2", ".ttf", ".otf", ".eot", ".sqlite", ".db", ".pdf", ".doc",
+    ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".dmg", ".iso", ".img", ".wasm",
+})
+
+
+# --- read state shared with Write and Edit -----------------------------------------------------
+
+
+def absolute(ctx: ToolContext, file_path: str) -> Path:
+    """``file_path`` made absolute against the context's cwd, with ``..`` folded (links kept)."""
+    return Path(os.path.normpath(ctx.resolve(file_path)))
+
+
+def _state_keys(path: Path) -> list[str]:
+    # Recorded under the spelled path and the link-free one, so reading through a symlink and
+    # editing the target (or the reverse) still counts as "read first".
+    keys = [str(path)]
+    real = os.path.realpath(path)
+    if real != keys[0]:
+        keys.append(real)
+    return keys
+
+
+def record_read(ctx: ToolContext, path: Path) -> None:
+    """Remember that the model has seen ``path`` as it is on disk now."""
+    mtime = path.stat().st_mtime
+    for key in _state_keys(path):
+        ctx.read_files[key] = mtime
+
+
+def last_read(ctx: ToolContext, path: Path) -> float | None:
+    for key in _state_keys(path):
+        if key in ctx.read_files:
+            return ctx.read_files[key]
+    return None
+
+
+def check_fresh(ctx: ToolContext, path: Path) -> None:
+    """Raise the Claude Code error unless ``path`` was read and is unchanged since."""
+    seen = last_read(ctx, path)
+    if seen is None:
+        raise ToolError(NOT_READ_YET)
+    if path.stat().st_mtime > seen:
+        raise ToolError(MODIFIED_SINCE_READ)
+
+
+def not_found_message(ctx: ToolContext, path: Path, *, what: str = "File does not exist.") -> str:
+    msg = f"{what} {CWD_NOTE} {ctx.cwd}."
+    similar = _similar_file(path)
+    if similar is not None:
+        msg += f" Did you mean {similar}?"
+    return msg
+
+
+def _similar_file(path: Path) -> str | None:
+    # Same stem, other extension (``foo.ts`` for ``foo.js``): the usual near miss.
+    try:
+        for entry in os.scandir(path.parent):
+            if entry.is_file() and Path(entry.name).stem == path.stem and entry.name != path.name:
+                return str(path.parent / entry.name)
+    except OSError:
+        return None
+    return None
+
+
+def number_lines(lines: list[str], first: int) -> str:
+    return "\n".join(f"{n}\t{line}" for n, line in enumerate(lines, start=first))
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines as an editor shows them: a final newline does not open an extra empty line."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def decode_text(data: bytes) -> str:
+    if data.startswith(b"\xef\xbb\xbf"):
+        return data[3:].decode("utf-8", errors="replace")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return data.decode("utf-16", errors="replace")
+    return data.decode("utf-8", errors="replace")
+
+
+def looks_binary(path: Path, head: bytes) -> bool:
+    if path.suffix.lower() in BINARY_EXTENSIONS:
+        return True
+    # UTF-16 text is full of NULs but announces itself with a byte-order mark.
+    return b"\0" in head[:8192] and not head.startswith((b"\xff\xfe", b"\xfe\xff"))
+
+
+# --- the tool --------------------------------------------------------------------------------
+
+
+class ReadTool(Tool):
+    name = "Read"
+    description = (
+        "Reads a file from the local filesystem. file_path must be an absolute path. By default up to "
+        f"{DEFAULT_LIMIT} lines are returned from the start of the file; pass offset (1-based line "
+        "number) and limit to page through longer files. Lines come back as `N<TAB>text` with N the "
+        f"line number; lines longer than {MAX_LINE_CHARS} characters are cut. PNG, JPEG, GIF and WebP "
+        "files are returned as images. Reading a directory is an error: use Bash `ls` or Glob instead."
+    )
+    input_schema: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "file_path": {"type": "string", "description": "The absolute path to the file to read"},
+            "offset": {"type": "integer", "minimum": 0,
+                       "description": "The line number to start reading from. Only provide if the file "
+                                      "is too large to read at once"},
+            "limit": {"type": "integer", "minimum": 1,
+                      "description": "The number of lines to read. Only provide if the file is too "
+                                     "large to read at once."},
+        },
+        "required": ["file_path"],
+        "additionalProperties": False,
+    }
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    def is_read_only(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    def interrupt_behavior(self) -> InterruptBehavior:
+        return "cancel"
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        path = absolute(ctx, input["file_path"])
+        offset: int | None = input.get("offset")
+        limit: int | None = input.get("limit")
+        # File I/O off the loop: a large file or a slow mount must not stall concurrent tools.
+        return await asyncio.to_thread(self._read, ctx, path, offset, limit)
+
+    def _read(self, ctx: ToolContext, path: Path, offset: int | None, limit: int | None) -> ToolOutput:
+        if not path.exists():
+            raise ToolError(not_found_message(ctx, path))
+        if path.is_dir():
+            raise ToolError(f"{path} is a directory, not a file. Use Bash (ls) or Glob to list a directory.")
+        try:
+            data = path.read_bytes()
+        except PermissionError as exc:
+            raise ToolError(f"Permission denied: {path}") from exc
+        except OSError as exc:
+            raise ToolError(f"Could not read {path}: {exc.strerror or exc}") from exc
+
+        media_type = IMAGE_TYPES.get(path.suffix.lower())
+        if media_type is not None:
+            if len(data) > MAX_IMAGE_BYTES:
+                raise ToolError(f"Image file is too large to read ({len(data)} bytes; the maximum is "
+                                f"{MAX_IMAGE_BYTES} bytes).")
+            record_read(ctx, path)
+            return ToolOutput([{"type": "image", "source": {
+                "type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode("ascii")}}])
+        if looks_binary(path, data):
+            raise ToolError(f"This tool cannot read binary files. The file appears to be a binary "
+                            f"{path.suffix or '(no extension)'} file. Use a shell command or script that "
+                            "can read the format.")
+
+        lines = split_lines(decode_text(data))
+        record_read(ctx, path)
+        return ToolOutput(render(lines, offset, limit))
+
+
+def render(lines: list[str], offset: int | None, limit: int | None) -> str:
+    """The tool_result text for ``lines`` read from ``offset`` (1-based; 0 counts as 1)."""
+    total = len(lines)
+    first = max(offset or 1, 1)
+    if total == 0:
+        return EMPTY_FILE_WARNING
+    if first > total:
+        return (f"<system-reminder>Warning: the file exists but is shorter than the provided offset "
+                f"({first}). The file has {total} lines.</system-reminder>")
+    count = limit if limit is not None else DEFAULT_LIMIT
+    window = lines[first - 1:first - 1 + count]
+    shown = [_clip(line) for line in window]
+    text = number_lines(shown, first)
+    last = first + len(window) - 1
+    if limit is None and last < total:
+        text += (f"\n\n[Showing lines {first}-{last} of {total}. Call Read with offset={last + 1} "
+                 "to read further.]")
+    return text
+
+
+def _clip(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    return f"{line[:MAX_LINE_CHARS]}... [line truncated: {len(line)} characters]"

@@ -1,0 +1,69 @@
+"""Write: create a file or replace one the model has read (Claude Code's FileWrite tool)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from tools.read import absolute, check_fresh, record_read
+
+
+class WriteTool(Tool):
+    name = "Write"
+    description = (
+        "Writes a file to the local filesystem, creating missing parent directories. Overwrites the file "
+        "if it exists: an existing file must have been read with the Read tool first in this "
+        "conversation, and must not have changed since, or the write is refused. Prefer Edit for "
+        "changes to existing files; use Write for new files or complete rewrites."
+    )
+    input_schema: Mapping[str, Any] = {
+        "type": "object",
+        "properties": {
+            "file_path": {"type": "string",
+                          "description": "The absolute path to the file to write (must be absolute, "
+                                         "not relative)"},
+            "content": {"type": "string", "description": "The content to write to the file"},
+        },
+        "required": ["file_path", "content"],
+        "additionalProperties": False,
+    }
+
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        try:
+            _check(ctx, absolute(ctx, input["file_path"]))
+        except ToolError as exc:
+            return ValidationResult.invalid(str(exc))
+        return ValidationResult.valid()
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        path = absolute(ctx, input["file_path"])
+        # Checked again: hooks and permission prompts run between validation and the call.
+        existed = _check(ctx, path)
+        await asyncio.to_thread(_write, path, input["content"])
+        record_read(ctx, path)
+        if existed:
+            return ToolOutput(f"The file {input['file_path']} has been updated successfully.")
+        return ToolOutput(f"File created successfully at: {input['file_path']}")
+
+
+def _check(ctx: ToolContext, path: Path) -> bool:
+    """True when ``path`` exists (and so must be fresh); raises when it may not be written."""
+    if path.is_dir():
+        raise ToolError(f"{path} is a directory; Write needs a file path.")
+    if not path.exists():
+        return False
+    check_fresh(ctx, path)
+    return True
+
+
+def _write(path: Path, content: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # newline="" writes the content byte for byte: no platform newline translation.
+        with path.open("w", encoding="utf-8", newline="") as fh:
+            fh.write(content)
+    except OSError as exc:
+        raise ToolError(f"Could not write {path}: {exc.strerror or exc}") from exc
