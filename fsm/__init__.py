@@ -1,3 +1,49 @@
-"""agentfsm: Claude Code's agent loop as an explicit, auditable finite-state machine."""
+"""agentfsm: Claude Code's agent loop as an explicit, auditable finite-state machine.
+
+The Python API (:mod:`fsm.api`) is exported here but imported on first use, so ``import fsm`` stays
+cheap (the CLI's subcommands and the pytest plugin import this package too)::
+
+    async for msg in fsm.query("hello", options=fsm.Options(tools=("Read",))):
+        ...
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "query": "fsm.api",
+    "AgentClient": "fsm.api",
+    "Options": "fsm.options",
+    "AgentDefinition": "fsm.options",
+    "Limits": "fsm.state",
+    "Session": "fsm.session",
+    "open_session": "fsm.sessions",
+}
+
+__all__ = ["AgentClient", "AgentDefinition", "Limits", "Options", "Session", "__version__", "open_session",
+           "query"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from fsm.api import AgentClient, query
+    from fsm.options import AgentDefinition, Options
+    from fsm.session import Session
+    from fsm.sessions import open_session
+    from fsm.state import Limits

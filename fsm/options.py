@@ -22,6 +22,20 @@ def _mode(_inst: Any, _attr: attrs.Attribute, value: str | None) -> None:
 
 
 @attrs.frozen
+class AgentDefinition:
+    """A subagent type the ``Agent`` tool can launch (claude-agent-sdk's ``AgentDefinition``).
+
+    ``prompt`` is the subagent's system prompt; ``tools`` None = the parent's tools minus ``Agent``;
+    ``model`` None = the parent's model; ``limits`` None = the parent's limits."""
+
+    description: str
+    prompt: str
+    tools: tuple[str, ...] | None = attrs.field(default=None, converter=attrs.converters.optional(tuple))
+    model: str | None = None
+    limits: Limits | None = None
+
+
+@attrs.frozen
 class Options:
     """Everything a session is configured with. ``tools`` None = every built-in tool."""
 
@@ -49,6 +63,8 @@ class Options:
     extra_tools: tuple[Any, ...] = ()  # user Tool instances
     write_trace: bool = True
     include_partial: bool = False
+    # subagent types for the Agent tool, besides the built-in "general-purpose"
+    agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
     agent_type: str | None = None  # set for subagents
     parent_session_id: str | None = None
 

@@ -9,6 +9,8 @@ Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 ``session``      ``session_id``, ``version``, ``limits`` (Limits fields), ``graph`` (digest of the
                  declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``
 ``message``      ``uuid``, ``role``, ``kind``, ``content`` (wire blocks) — the transcript
+``assistant_block`` ``message_id``, ``block``: one streamed content block as soon as it is complete,
+                 so a crash while its tools run still leaves the ``tool_use`` to repair on resume
 ``compact_boundary`` ``trigger``, ``pre_tokens``; the messages after it are the new history view
 ``transition``   ``from``, ``to``, ``trigger``, ``kind`` (edge kind), ``turn``, ``counters``,
                  ``terminal_reason`` (set on moves into stop), ``chain_id``, ``depth``
@@ -20,6 +22,7 @@ Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +38,9 @@ from fsm.state import Limits, LoopState, Message
 TRACE_VERSION = 1
 
 
+@functools.cache
 def graph_digest() -> str:
+    """The declared graph's fingerprint; EDGES is a constant, so it is hashed once per process."""
     from fsm.graph import EDGES
 
     text = json.dumps([[e.trigger, [s.value for s in e.sources], e.dest.value, e.kind,
@@ -62,7 +67,10 @@ def skeleton(messages: Any) -> list[dict[str, Any]]:
 
 
 class TraceWriter:
-    """Appends records to one session file; ``path=None`` keeps nothing (a pure in-memory run)."""
+    """Appends records to one session file; ``path=None`` keeps nothing (a pure in-memory run).
+
+    Each record method returns before building its record when there is no file: the loop calls
+    them on every move, and a run without a trace should not pay for dicts nobody writes."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -83,18 +91,26 @@ class TraceWriter:
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
                 parent_session_id: str | None = None) -> None:
+        if self._fh is None:
+            return
         self.write({"type": "session", "session_id": session_id, "version": TRACE_VERSION,
                     "limits": attrs.asdict(limits), "graph": graph_digest(), "cwd": cwd, "model": model,
                     "parent_session_id": parent_session_id, "ts": time.time()})
 
     def message(self, msg: Message) -> None:
+        if self._fh is None:
+            return
         self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
                     "content": [dict(b) for b in msg.content]})
 
     def compact_boundary(self, trigger: str, pre_tokens: int) -> None:
+        if self._fh is None:
+            return
         self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens})
 
     def transition(self, trigger: str, kind: str, before: LoopState, after: LoopState) -> None:
+        if self._fh is None:
+            return
         self.write({"type": "transition", "from": before.phase.value, "to": after.phase.value,
                     "trigger": trigger, "kind": kind, "turn": after.turn_count,
                     "counters": after.counters(),
@@ -102,9 +118,13 @@ class TraceWriter:
                     "chain_id": after.query_tracking.chain_id, "depth": after.query_tracking.depth})
 
     def request(self, model: str, depth: int, wire_messages: Any) -> None:
+        if self._fh is None:
+            return
         self.write({"type": "request", "model": model, "depth": depth, "messages": skeleton(wire_messages)})
 
     def result(self, result: Mapping[str, Any]) -> None:
+        if self._fh is None:
+            return
         self.write({"type": "result", **result})
 
     def close(self) -> None:
@@ -138,5 +158,15 @@ def read_records(path: Path) -> Iterator[dict[str, Any]]:
 
 def default_sessions_dir(cwd: Path) -> Path:
     """``$AGENTFSM_HOME/projects/<cwd with / as ->`` like Claude Code's per-project folders."""
-    home = Path(os.environ.get("AGENTFSM_HOME", Path.home() / ".agentfsm"))
-    return home / "projects" / str(cwd.resolve()).replace(os.sep, "-")
+    if not cwd.is_absolute():  # resolved against the process's cwd, which may change: not cached
+        return _sessions_dir.__wrapped__(str(cwd), os.environ.get("AGENTFSM_HOME"), os.environ.get("HOME"))
+    return _sessions_dir(str(cwd), os.environ.get("AGENTFSM_HOME"), os.environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=64)
+def _sessions_dir(cwd: str, agentfsm_home: str | None, home_env: str | None) -> Path:
+    # Memoised on the inputs (the environment included): every Session asks, even one that writes no
+    # trace, and resolving the path costs a few syscalls each time. ``home_env`` is only in the key
+    # because Path.home() reads $HOME.
+    home = Path(agentfsm_home) if agentfsm_home is not None else Path.home() / ".agentfsm"
+    return home / "projects" / str(Path(cwd).resolve()).replace(os.sep, "-")

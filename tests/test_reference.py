@@ -37,8 +37,8 @@ CASES = {
 }
 
 
-def run_cli(name: str, extra: list[str], workspace: Path, home: Path) -> tuple[subprocess.CompletedProcess[str],
-                                                                            list[dict]]:
+def run_cli(name: str, extra: list[str], workspace: Path,
+            home: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
     scenario = load_scenario(REFERENCE / "scenarios" / f"{name}.json", ws=str(workspace))
     with ScriptedServer(scenario) as server:
         env = {**os.environ, "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "sk-test",

@@ -12,7 +12,7 @@ import pytest
 from tools import ToolRegistry, builtin_tools, tool
 from tools.base import Tool, ToolContext, ToolError, ToolOutput
 
-BUILTIN = ["Bash", "Glob", "Grep", "Read", "Edit", "Write"]
+BUILTIN = ["Agent", "Bash", "Glob", "Grep", "Read", "Edit", "Write"]
 
 
 @tool("Shout", "Upper-cases text.", {"type": "object", "properties": {"text": {"type": "string"}},
@@ -48,7 +48,8 @@ def test_concurrency_traits() -> None:
     assert not reg["Write"].is_concurrency_safe({}) and not reg["Edit"].is_concurrency_safe({})
     assert reg["Bash"].is_concurrency_safe({"command": "ls"})
     assert not reg["Bash"].is_concurrency_safe({"command": "make"})
-    assert [t.interrupt_behavior() for t in reg] == ["block", "cancel", "cancel", "cancel", "block", "block"]
+    assert [t.interrupt_behavior() for t in reg] == ["cancel", "block", "cancel", "cancel", "cancel",
+                                                     "block", "block"]
 
 
 def test_lookup_by_name_and_alias() -> None:
@@ -59,7 +60,7 @@ def test_lookup_by_name_and_alias() -> None:
     assert reg.names() == [*BUILTIN, "Shout"]
     with pytest.raises(KeyError):
         reg["Nope"]
-    assert len(reg) == 7
+    assert len(reg) == len(BUILTIN) + 1  # the built-ins and Shout
 
 
 def test_closest_for_did_you_mean() -> None:
@@ -82,12 +83,13 @@ def test_subset_rejects_unknown_names_clearly() -> None:
     with pytest.raises(ValueError) as err:
         reg.subset(["Read", "Reed", "Frobnicate"])
     assert str(err.value) == ("Unknown tools: Reed (did you mean Read?), Frobnicate. "
-                              "Available tools: Bash, Glob, Grep, Read, Edit, Write")
+                              "Available tools: Agent, Bash, Glob, Grep, Read, Edit, Write")
 
 
 def test_without() -> None:
     reg = ToolRegistry([*builtin_tools(), shout])
-    assert reg.without(["Bash", "Yell", "NotThere"]).names() == ["Glob", "Grep", "Read", "Edit", "Write"]
+    expected = ["Agent", "Glob", "Grep", "Read", "Edit", "Write"]
+    assert reg.without(["Bash", "Yell", "NotThere"]).names() == expected
 
 
 def test_duplicate_names_and_aliases_are_refused() -> None:

@@ -1,0 +1,166 @@
+"""Many sessions in one process: N concurrent sessions against one loopback scripted server.
+
+Each session runs the read probe (a Read tool call, then a text answer: two requests) through the
+real anthropic SDK, all sharing one transport, on one event loop. The scripted server runs in a
+child process (``agentfsm serve-scripted --per-session``) so its memory is not counted; pass
+``--server thread`` to serve from a thread of this process instead.
+
+Printed: wall time, requests per second, peak RSS, and the marginal memory per session:
+``(RSS with all N sessions alive - RSS before the first) / N``, where "alive" is the highest RSS
+sampled while the N sessions run or after they finished (their Session objects, histories and
+results are all still referenced then). Target: <= 1 MiB per session. Session files are written
+(as a real run does) unless ``--no-trace``.
+
+    python bench/sessions.py [--n 1000] [--server subprocess|thread] [--no-trace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, machine, workspace
+
+from fsm.options import Options
+from fsm.session import Session
+from fsm.testing.scenario import load_embedded_scenario, populate_workspace
+from fsm.testing.server import ScriptedServer
+from fsm.transport import AnthropicTransport
+
+MIB = 1024 * 1024
+
+
+def rss_bytes() -> int:
+    """Resident set size now (Linux /proc; falls back to the peak elsewhere)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class Sampler:
+    """Highest RSS seen while it runs (sampled every ``every`` seconds)."""
+
+    def __init__(self, every: float = 0.01) -> None:
+        self.every = every
+        self.peak = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, rss_bytes())
+            await asyncio.sleep(self.every)
+
+    def __enter__(self) -> Sampler:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self.peak = max(self.peak, rss_bytes())
+
+
+def start_server(ws: Path, mode: str) -> tuple[str, Any]:
+    if mode == "thread":
+        server = ScriptedServer(load_embedded_scenario("read_probe", ws=str(ws)), per_session=True)
+        return server.start(), server
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fsm", "serve-scripted", "read_probe", "--per-session", "--ws", str(ws)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise RuntimeError(f"the scripted server did not start (said {url!r})")
+    return url, proc
+
+
+def stop_server(handle: Any) -> None:
+    if isinstance(handle, ScriptedServer):
+        handle.stop()
+    else:
+        handle.terminate()
+        handle.wait(timeout=30)
+
+
+async def run_sessions(n: int, url: str, ws: Path, sessions_dir: Path, trace: bool) -> dict[str, Any]:
+    transport = AnthropicTransport(api_key="sk-bench", base_url=url, max_retries=2)
+    options = Options(tools=("Read",), cwd=ws, sessions_dir=sessions_dir, setting_sources=(),
+                      permission_mode="bypassPermissions", write_trace=trace)
+
+    async def one(session: Session) -> Any:
+        return await session.run("AGENT_LOOP_INITIAL_MARKER")
+
+    try:
+        # warm-up: every lazy import and cache the sessions touch is loaded before RSS0
+        warm = Session(options, client=transport, owns_client=False)
+        await one(warm)
+        await warm.aclose()
+        del warm
+        gc.collect()
+        rss0 = rss_bytes()
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()
+        with Sampler() as sampler:
+            sessions = [Session(options, client=transport, owns_client=False) for _ in range(n)]
+            results = await asyncio.gather(*(one(s) for s in sessions))
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        alive = max(sampler.peak, rss_bytes())  # every session, history and result still referenced
+        ok = sum(1 for r in results if r.subtype == "success" and r.result == "TOOL_EXECUTION_OK")
+        for s in sessions:
+            await s.aclose()
+    finally:
+        await transport.aclose()
+    return {"rss0": rss0, "alive": alive, "wall": wall, "cpu": cpu, "ok": ok}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1000, help="concurrent sessions (default 1000)")
+    ap.add_argument("--server", choices=("subprocess", "thread"), default="subprocess")
+    ap.add_argument("--no-trace", action="store_true", help="do not write session files")
+    args = ap.parse_args(argv)
+
+    base = workspace()
+    ws = populate_workspace(base / "ws")
+    sessions_dir = base / "sessions"
+    url, handle = start_server(ws, args.server)
+    try:
+        out = asyncio.run(run_sessions(args.n, url, ws, sessions_dir, not args.no_trace))
+    finally:
+        stop_server(handle)
+        shutil.rmtree(base, ignore_errors=True)
+    n = args.n
+    marginal = (out["alive"] - out["rss0"]) / n
+    print(f"machine: {machine()}")
+    print(f"sessions: {n} concurrent, {out['ok']} completed correctly; server: {args.server}; "
+          f"session files: {'no' if args.no_trace else 'yes'}")
+    print(f"wall time: {out['wall']:.2f} s ({2 * n / out['wall']:.0f} requests/s); CPU: {out['cpu']:.2f} s")
+    print(f"RSS before: {out['rss0'] / MIB:.1f} MiB; with all sessions alive: {out['alive'] / MIB:.1f} MiB; "
+          f"peak RSS (process): {peak_rss_bytes() / MIB:.1f} MiB")
+    print(f"marginal memory per session: {marginal / 1024:.0f} KiB "
+          f"({'within' if marginal <= MIB else 'OVER'} the 1 MiB target)")
+    return 0 if out["ok"] == n and marginal <= MIB else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
