@@ -3,6 +3,10 @@
 A block is complete at its ``content_block_stop``; that is the moment a ``tool_use`` is handed to the
 executor — before ``message_stop`` (SPEC §3 step 3). ``stop_reason`` is recorded but never trusted
 alone to decide whether tools exist (seed 001): the blocks themselves decide.
+
+A sequence the Messages protocol does not allow (a delta for a block that is not open, a second
+``message_start``, ``message_stop`` with blocks still open or without any ``stop_reason``, anything
+after ``message_stop``) raises :class:`StreamProtocolError`; the loop ends ``model_error`` on it.
 """
 
 from __future__ import annotations
@@ -42,12 +46,16 @@ class ResponseAssembler:
     def feed(self, event: StreamEvent) -> dict[str, Any] | None:
         """Take one event; return the block it completed, if any."""
         if isinstance(event, MessageStart):
+            if self.started:
+                raise StreamProtocolError("message_start twice in one response")
             self.started = True
             self.model, self.message_id = event.model, event.message_id
             self.usage.update(event.usage)
             return None
         if not self.started:
             raise StreamProtocolError(f"{type(event).__name__} before message_start")
+        if self.stopped:
+            raise StreamProtocolError(f"{type(event).__name__} after message_stop")
         if isinstance(event, BlockStart):
             if event.index in self._open:
                 raise StreamProtocolError(f"content block {event.index} started twice")
@@ -102,6 +110,13 @@ class ResponseAssembler:
             self.usage.update({k: v for k, v in event.usage.items() if v is not None})
             return None
         if isinstance(event, MessageStop):
+            # A complete response closes every block and says why it stopped; one that does not is
+            # malformed (a model_error), not something to guess the meaning of.
+            if self._open:
+                raise StreamProtocolError(
+                    f"message_stop while content block(s) {sorted(self._open)} are still open")
+            if self.stop_reason is None:
+                raise StreamProtocolError("message_stop without a stop_reason in any message_delta")
             self.stopped = True
             return None
         raise StreamProtocolError(f"unknown stream event {event!r}")

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,36 +157,68 @@ class Printer:
             sys.stdout.flush()
 
 
-def _read_prompt(args: argparse.Namespace) -> str | list[dict[str, Any]]:
+def _read_prompt(args: argparse.Namespace) -> str | None:
+    """The prompt of a text-input run (argument, else all of stdin). With ``--input-format
+    stream-json`` stdin is read while the run goes on instead (:func:`_stdin_messages`), so this
+    returns only the prompt argument, if any."""
     if args.prompt is not None:
         return args.prompt
+    if args.input_format == "stream-json":
+        if sys.stdin is None:
+            raise UsageError("--input-format stream-json reads user messages from stdin, but there is none")
+        return None
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt: pass one as an argument or on stdin")
     data = sys.stdin.read()
-    if args.input_format == "stream-json":
-        blocks: list[dict[str, Any]] = []
-        for n, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                msg = json.loads(line)
-                content = msg["message"]["content"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise UsageError(f"stdin line {n} is not a stream-json user message") from None
-            blocks.extend([{"type": "text", "text": content}] if isinstance(content, str) else content)
-        if not blocks:
-            raise UsageError("stdin held no user message")
-        return blocks
     if not data.strip():
         raise UsageError("no prompt: stdin was empty")
     return data
 
 
+async def _stdin_messages() -> AsyncIterator[Any]:
+    """stream-json input: each stdin line as a JSON value, as soon as it arrives. A thread does the
+    blocking reads (stdin may be a pipe, a file or a terminal); blank lines are skipped."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+
+    def post(item: tuple[int, str] | None) -> None:
+        try:
+            loop.call_soon_threadsafe(lines.put_nowait, item)
+        except RuntimeError:  # the loop is gone: the process is finishing anyway
+            pass
+
+    def read() -> None:
+        try:
+            for n, line in enumerate(sys.stdin, 1):
+                if line.strip():
+                    post((n, line))
+        except (OSError, ValueError):
+            pass  # stdin closed under us: that is the end of the input
+        finally:
+            post(None)
+
+    threading.Thread(target=read, name="agentfsm-stdin", daemon=True).start()
+    while (item := await lines.get()) is not None:
+        n, line = item
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            yield {"type": "invalid", "line": n}
+
+
 async def run_print(args: argparse.Namespace) -> int:
     from fsm import log
+    from fsm.api import InputError, drive
     from fsm.options import Options
+    from fsm.sessions import open_session, plan_session
 
     options: Options = options_from_args(args)
+    try:
+        plan_session(options)  # before anything slow: a bad --resume is a usage error at once
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
     prompt = _read_prompt(args)
     client = None
     if args.scripted:
@@ -205,8 +237,6 @@ async def run_print(args: argparse.Namespace) -> int:
         except MissingCredentials as exc:
             sys.stderr.write(f"agentfsm: {exc}\n")
             return 1
-    from fsm.sessions import open_session
-
     printer = Printer(args.output_format, args.verbose)
     try:
         session = open_session(options, client=client, emit=printer)
@@ -219,14 +249,20 @@ async def run_print(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, session.abort)
+            loop.add_signal_handler(sig, session.interrupt)
         except (NotImplementedError, RuntimeError):
             break
+    inputs = _stdin_messages() if args.input_format == "stream-json" else None
     try:
-        result = await session.run(prompt)
+        results = await drive(session, inputs, first=prompt)
+    except InputError as exc:
+        raise UsageError(f"stdin: {exc}") from None
     finally:
         await session.aclose()
-    return 1 if result.is_error else 0
+    if not results:
+        raise UsageError("stdin held no user message")
+    # several runs (stream-json input) print several results; the exit status is the last one's
+    return 1 if results[-1].is_error else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,34 +3,60 @@
 Compaction keeps the last exchange verbatim (the last assistant tool_use message and what follows it,
 or the trailing user input) and replaces everything before it with one user message holding the
 model's summary. A history whose earlier part holds no assistant message cannot be compacted.
+
+The same :func:`compact` serves auto-compaction (before a call, when the estimate passes the
+threshold) and reactive compaction (after the API answered prompt-too-long); only the trigger differs.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import structlog
+
 from fsm import prompts
-from fsm.assembler import ResponseAssembler
+from fsm.assembler import ResponseAssembler, StreamProtocolError
 from fsm.events import Compaction
-from fsm.model import ModelClient, ModelRequest
+from fsm.model import ModelCallError, ModelClient, ModelRequest
+from fsm.request import normalize
 from fsm.state import Message
+
+log = structlog.get_logger("agentfsm.compact")
+
+# Tokens are estimated as characters / 4 wherever the API has not reported a count: the ratio the
+# reference tooling uses, and the one the scripted model reports, so estimates and reports agree.
+CHARS_PER_TOKEN = 4
+
+UsageSink = Callable[[str, Mapping[str, Any]], None]
+
+
+def chars_of(blocks: Any) -> int:
+    """Serialised size of any JSON-able request part (messages' blocks, system, tool schemas)."""
+    return len(json.dumps(blocks, ensure_ascii=False, default=str))
 
 
 def estimate_tokens(messages: Sequence[Message], last_usage: Mapping[str, Any] | None = None,
-                    counted_upto: int = 0) -> int:
-    """Tokens the next request will carry: the last response's reported context plus a chars/4
-    estimate of what was appended since; chars/4 of everything when nothing was reported."""
+                    counted_upto: int = 0, static_tokens: int = 0) -> int:
+    """Tokens the next request will carry.
+
+    With a reported usage (the last response's input, cache and output tokens) only what was
+    appended since is estimated: ``messages[counted_upto:]`` are the messages the last request did
+    not carry, and an assistant message among them is that response itself — already in
+    ``output_tokens`` — so it is not counted twice. Without one, chars/4 of every message plus
+    ``static_tokens`` (system prompt and tool schemas, which the usage report would include).
+    """
     def chars(msgs: Sequence[Message]) -> int:
-        return sum(len(json.dumps([dict(b) for b in m.content], ensure_ascii=False)) for m in msgs)
+        return sum(chars_of([dict(b) for b in m.content]) for m in msgs)
 
     if last_usage:
         reported = sum(int(last_usage.get(k) or 0) for k in (
             "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
         if reported:
-            return reported + chars(messages[counted_upto:]) // 4
-    return chars(messages) // 4
+            fresh = [m for m in messages[counted_upto:] if m.role != "assistant"]
+            return reported + chars(fresh) // CHARS_PER_TOKEN
+    return chars(messages) // CHARS_PER_TOKEN + static_tokens
 
 
 def split_for_compaction(messages: Sequence[Message]) -> tuple[list[Message], list[Message]] | None:
@@ -51,17 +77,11 @@ def split_for_compaction(messages: Sequence[Message]) -> tuple[list[Message], li
     return head, tail
 
 
-def _wire(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    from fsm.request import normalize
-
-    return normalize(messages)
-
-
-async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str, Any], ...],
-                  messages: Sequence[Message], trigger: str, max_tokens: int = 8192,
-                  custom_instructions: str | None = None,
-                  metadata: Mapping[str, Any] | None = None) -> Compaction | None:
-    """Summarise the history before the last exchange; None when that is impossible or fails."""
+def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Mapping[str, Any], ...],
+                    max_tokens: int = 8192, custom_instructions: str | None = None,
+                    metadata: Mapping[str, Any] | None = None) -> tuple[ModelRequest, list[Message]] | None:
+    """The summarisation request for ``messages`` (history before the last exchange plus a
+    text-only instruction, no tools offered) and the messages it keeps; None when impossible."""
     split = split_for_compaction(messages)
     if split is None:
         return None
@@ -70,18 +90,45 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
     if custom_instructions:
         instruction += f"\n\nAdditional instructions:\n{custom_instructions}"
     request_msgs = [*head, Message("user", instruction, kind="meta")]
-    request = ModelRequest(model=model, system=system, messages=tuple(_wire(request_msgs)), tools=(),
+    request = ModelRequest(model=model, system=system, messages=tuple(normalize(request_msgs)), tools=(),
                            max_tokens=max_tokens, metadata=dict(metadata or {}))
-    asm = ResponseAssembler()
-    from fsm.model import ModelCallError
+    return request, tail
 
+
+async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str, Any], ...],
+                  messages: Sequence[Message], trigger: str, max_tokens: int = 8192,
+                  custom_instructions: str | None = None,
+                  metadata: Mapping[str, Any] | None = None,
+                  on_usage: UsageSink | None = None) -> Compaction | None:
+    """Summarise the history before the last exchange; None when that is impossible or fails.
+
+    A failed summarisation (API error, broken or malformed stream, no visible text) is not an
+    exception: the caller decides what a failed compaction means (a counted auto-compact failure,
+    or ``prompt_too_long`` for a reactive one). ``on_usage(model, usage)`` receives the summary
+    request's usage so its cost counts towards the budget like any other request.
+    """
+    built = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
+                            custom_instructions=custom_instructions, metadata=metadata)
+    if built is None:
+        log.info("compact.impossible", trigger=trigger, messages=len(messages))
+        return None
+    request, tail = built
+    asm = ResponseAssembler()
     try:
         async for ev in client.stream(request):
             asm.feed(ev)
-    except ModelCallError:
+    except (ModelCallError, StreamProtocolError) as exc:
+        log.warning("compact.failed", trigger=trigger, error=str(exc))
+        return None
+    finally:
+        if on_usage is not None and asm.usage:
+            on_usage(asm.model or model, dict(asm.usage))
+    if not asm.stopped:
+        log.warning("compact.failed", trigger=trigger, error="summary stream ended before message_stop")
         return None
     summary = asm.finish().visible_text()
     if not summary:
+        log.warning("compact.failed", trigger=trigger, error="the summary response had no text")
         return None
     summary_msg = Message("user", prompts.COMPACT_SUMMARY_PREFIX + summary, kind="compact_summary")
     pre = estimate_tokens(messages)

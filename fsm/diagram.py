@@ -5,7 +5,7 @@ when any of them no longer matches the declaration, which is how CI keeps them h
 
 Mermaid output is a ``flowchart``, not a ``stateDiagram-v2``: only flowcharts have dotted arrows
 (``-.->``) and per-edge ``linkStyle`` colours, which is what tells a re-entry from a forward edge at a
-glance, and they draw labelled self-loops (``settle``, ``precomputed_compact_swap``) as well.
+glance, and they draw labelled self-loops (``settle``, ``fallback_retry``) as well.
 
 The SVG is rendered by Graphviz: the ``dot`` program when it is on ``PATH``, else ``pygraphviz``
 (whose manylinux wheels bundle the Graphviz libraries, so ``pip install pygraphviz`` is enough on a

@@ -3,6 +3,20 @@
 Each iteration observes the world in the current phase (assemble context, call the model, stream,
 run tools, run hooks), turns what happened into an event record, and hands it to the machine
 (:class:`fsm.graph.LoopMachine`). The driver never chooses a next phase itself.
+
+Faults and recovery, phase by phase (the graph picks the edge; the driver gathers the facts):
+
+* assemble — a deferred tool call of a resumed run is run again (``tool_deferred_unavailable`` when
+  its tool is gone); auto-compaction when the estimated context passes the threshold; any exception
+  while preparing the turn is ``turn_setup_failed``.
+* call_model — preflight: a host's ``should_stop_before_next_call`` (``background_requested``), the
+  budget (``budget_exhausted``, cost from :mod:`fsm.cost`'s price table), the blocking limit; then the
+  request. Transient HTTP failures are retried inside the transport (the SDK's own retry machinery);
+  what still fails arrives as a classified :class:`ModelError`. Prompt-too-long is answered by one
+  reactive compaction when the graph allows it.
+* stream — a stream that breaks part-way is either requested again as a whole (its executor is
+  aborted, its blocks tombstoned, nothing of it kept) or, when no retry is left, ends the loop with
+  every tool_use it showed paired with a result. A protocol violation is ``model_error``.
 """
 
 from __future__ import annotations
@@ -13,11 +27,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import jsonschema
 import structlog
 
 from fsm import graph, prompts
 from fsm.assembler import ResponseAssembler, StreamProtocolError
-from fsm.compact import compact, estimate_tokens
+from fsm.compact import chars_of, compact, estimate_tokens
 from fsm.cost import add_usage, cost_usd
 from fsm.events import (
     Aborted,
@@ -34,10 +49,11 @@ from fsm.events import (
     ToolsDrained,
 )
 from fsm.executor import StreamingToolExecutor
-from fsm.pipeline import synthetic_result
 from fsm.gate import OpenGate, ToolGate
 from fsm.model import MessageStop, ModelCallError, ModelClient, ModelRequest, StreamEvent
 from fsm.options import Options
+from fsm.pipeline import STREAMING_FALLBACK, synthetic_result
+from fsm.queue import InputQueue  # re-exported: `from fsm.driver import InputQueue`
 from fsm.request import normalize
 from fsm.result import RunResult, build_result
 from fsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
@@ -45,7 +61,14 @@ from fsm.trace import TraceWriter
 from tools.base import ToolContext
 
 Emit = Callable[[dict[str, Any]], None]
+# Asked before every model request with the loop state; a truthy answer ends the foreground loop
+# with `background_requested` (a string answer is the reason). Seed: shouldStopBeforeNextApiCall.
+StopBeforeCall = Callable[[LoopState], Any]
 _END = object()
+# The kind of the tool_result message of a call a PreToolUse hook deferred: a resumed run finds it
+# there (it survives in the session file) and runs the call again before the next request.
+DEFERRED_RESULTS = "deferred_tool_results"
+STREAM_FAILED = "stream_failed"
 
 
 class LoopHooks:
@@ -65,29 +88,23 @@ class LoopHooks:
         return None
 
 
-@attrs.define
-class InputQueue:
-    """User input submitted while a turn runs; an item leaves the queue only once absorbed."""
-
-    items: list[str] = attrs.field(factory=list)
-
-    def submit(self, text: str) -> None:
-        self.items.append(text)
-
-    def take(self) -> list[str]:
-        taken, self.items = self.items, []
-        return taken
-
-
 class Driver:
     def __init__(self, *, options: Options, client: ModelClient, registry: Any, session_id: str,
                  system: tuple[Mapping[str, Any], ...], gate: ToolGate | None = None,
                  hooks: Any = None, trace: TraceWriter | None = None, emit: Emit | None = None,
-                 queue: InputQueue | None = None, services: Mapping[str, Any] | None = None) -> None:
+                 queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
+                 should_stop_before_next_call: StopBeforeCall | None = None) -> None:
         self.options = options
         self.limits = options.limits
         self.client = client
-        self.registry = registry
+        # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
+        self._setup_error: str | None = None
+        try:
+            self.registry = _with_structured_output(registry, options.json_schema)
+        except jsonschema.SchemaError as exc:
+            self.registry = registry
+            self._setup_error = ("Turn setup failed: the JSON schema for structured output is invalid: "
+                                 f"{exc.message}")
         self.session_id = session_id
         self.system = system
         self.gate: ToolGate = gate or OpenGate()
@@ -96,6 +113,8 @@ class Driver:
         self.emit: Emit = emit or (lambda _m: None)
         self.queue = queue or InputQueue()
         self.services = dict(services or {})
+        self.should_stop_before_next_call: StopBeforeCall | None = (
+            should_stop_before_next_call or getattr(options, "should_stop_before_next_call", None))
         self.abort_event = asyncio.Event()
         self.read_files: dict[str, float] = {}
         self.log = structlog.get_logger("agentfsm").bind(session_id=session_id)
@@ -106,7 +125,10 @@ class Driver:
         self._denials: list[Mapping[str, Any]] = []
         self._warnings: list[str] = []
         self._last_usage: Mapping[str, Any] | None = None
-        self._counted_upto = 0
+        self._counted_upto = 0  # messages the request behind _last_usage carried
+        self._request_messages = 0
+        # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
+        self._discarded: list[StreamingToolExecutor] = []
         self._stream: Any = None
         self._first: StreamEvent | None = None
         self._executor: StreamingToolExecutor | None = None
@@ -137,15 +159,23 @@ class Driver:
                              tool_names=tool_names)
         content = prompt if not isinstance(prompt, str) else ({"type": "text", "text": prompt},)
         first = Message("user", tuple(content), kind="prompt")
+        self.trace.message(first)
+        setup_failure: SetupFailed | None = None
+        if self._setup_error is not None:
+            setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
+        else:
+            history, setup_failure = await self._resume_deferred(tuple(history), first)
         state = LoopState(messages=(*history, first), tool_use_context=ctx)
         machine = graph.LoopMachine(state)
-        self.trace.message(first)
         text = prompt if isinstance(prompt, str) else "".join(b.get("text", "") for b in content)
-        blocked = await self.hooks.user_prompt_submit(text)
-        if blocked is not None and getattr(blocked, "blocked", False):
-            self._apply(machine, SetupFailed(TerminalReason.HOOK_STOPPED,
-                                             getattr(blocked, "reason", "") or "prompt blocked by hook"))
         try:
+            if setup_failure is not None:
+                self._apply(machine, setup_failure)
+            else:
+                blocked = await self.hooks.user_prompt_submit(text)
+                if blocked is not None and getattr(blocked, "blocked", False):
+                    reason = getattr(blocked, "reason", "") or "prompt blocked by hook"
+                    self._apply(machine, SetupFailed(TerminalReason.HOOK_STOPPED, reason))
             await self._loop(machine)
         except asyncio.CancelledError:
             if machine.phase is not Phase.STOP:
@@ -153,6 +183,7 @@ class Driver:
             raise
         finally:
             await self._close_stream()
+            await self._close_executors()
         result = build_result(machine.state, session_id=self.session_id,
                               duration_ms=int((time.monotonic() - started) * 1000),
                               duration_api_ms=int(self._api_ms), cost=self._cost, usage=self._usage,
@@ -207,7 +238,8 @@ class Driver:
                       chain_id=after.query_tracking.chain_id, depth=after.query_tracking.depth,
                       terminal_reason=after.terminal_reason.value if after.terminal_reason else None,
                       **after.counters())
-        if edge.kind in ("retry",) or step.trigger in ("stream_retry", "fallback_retry"):
+        if edge.kind == "retry" and before.phase is Phase.STREAM:
+            # what this response showed is withdrawn; a retry from call_model showed nothing
             self._tombstone()
         return after
 
@@ -241,6 +273,8 @@ class Driver:
                 if ids:
                     got = {r.tool_use_id: r for r in (self._executor.abort("user_interrupted")
                                                       if self._executor else [])}
+                    if self._executor is not None:
+                        self._discarded.append(self._executor)
                     res_blocks = tuple(got[i].block if i in got else _interrupted(i) for i in ids)
                     results = Message("user", res_blocks, kind="tool_results")
                     for b in res_blocks:
@@ -251,23 +285,47 @@ class Driver:
     # --- phases --------------------------------------------------------------------------------
 
     async def _assemble(self, state: LoopState) -> Event:
-        attachments = tuple(prompts.queued_input(t) for t in self.queue.take())
+        try:
+            return await self._prepare_turn(state)
+        except Exception as exc:
+            # Whatever breaks while preparing the turn (a hook object, a client failing outside its
+            # error contract during compaction, a bug) ends the run cleanly instead of crashing it.
+            self.log.error("turn.setup_failed", error=repr(exc), exc_info=True)
+            return SetupFailed(TerminalReason.TURN_SETUP_FAILED,
+                               f"Turn setup failed: {type(exc).__name__}: {exc}")
+
+    async def _prepare_turn(self, state: LoopState) -> Event:
         lim = self.limits
-        tokens = estimate_tokens(state.messages, self._last_usage, self._counted_upto)
+        tokens = self._estimate(state)
         tracking = state.compact_tracking
+        compaction = None
+        failed = rapid = False
         if (lim.auto_compact and tokens > lim.auto_compact_threshold
                 and tracking.consecutive_failures < lim.max_consecutive_compact_failures):
             await self.hooks.pre_compact("auto", None)
-            self.log.info("compact.start", trigger="auto", tokens=tokens)
-            result = await compact(self.client, model=self._model(state), system=self.system,
-                                   messages=state.messages, trigger="auto",
-                                   metadata=self._metadata())
-            self.log.info("compact.end", trigger="auto", ok=result is not None)
-            if result is None:
-                return Assembled(compact_failed=True, attachments=attachments)
-            rapid = tracking.compactions > 0 and tracking.turns_since_compact < lim.rapid_refill_turns
-            return Assembled(compaction=result, rapid_refill=rapid, attachments=attachments)
-        return Assembled(attachments=attachments)
+            self.log.info("compact.start", trigger="auto", tokens=tokens,
+                          threshold=lim.auto_compact_threshold)
+            compaction = await compact(self.client, model=self._model(state), system=self.system,
+                                       messages=state.messages, trigger="auto",
+                                       metadata=self._metadata(), on_usage=self._account_usage)
+            self.log.info("compact.end", trigger="auto", ok=compaction is not None)
+            failed = compaction is None
+            # refilled to the threshold within `rapid_refill_turns` of the previous compaction
+            rapid = (compaction is not None and tracking.compactions > 0
+                     and tracking.turns_since_compact < lim.rapid_refill_turns)
+        # queued input is absorbed last: once absorbed it must reach the conversation, so nothing
+        # that can fail comes after it
+        attachments = self.queue.absorb()
+        return Assembled(compaction=compaction, compact_failed=failed, rapid_refill=rapid,
+                         attachments=attachments)
+
+    def _estimate(self, state: LoopState) -> int:
+        return estimate_tokens(state.messages, self._last_usage, self._counted_upto,
+                               static_tokens=self._static_tokens())
+
+    def _static_tokens(self) -> int:
+        """System prompt and tool schemas: part of every request, in no message."""
+        return (chars_of(list(self.system)) + chars_of(self.registry.api_schemas())) // 4
 
     def _model(self, state: LoopState) -> str:
         models = self.options.models
@@ -276,34 +334,72 @@ class Driver:
     def _metadata(self) -> dict[str, str]:
         return {"user_id": f"session_{self.session_id}"}
 
-    async def _call_model(self, state: LoopState) -> Event:
+    def _preflight(self, state: LoopState) -> Refused | None:
+        """Reasons not to send the next request at all (seed order: background, budget, limit)."""
         lim = self.limits
+        if self.should_stop_before_next_call is not None:
+            answer = self.should_stop_before_next_call(state)
+            if answer:
+                reason = (answer if isinstance(answer, str)
+                          else "Moved to the background before the next request")
+                return Refused(TerminalReason.BACKGROUND_REQUESTED, reason)
         if lim.max_budget_usd is not None and self._cost >= lim.max_budget_usd:
             return Refused(TerminalReason.BUDGET_EXHAUSTED,
                            f"Reached maximum budget (${lim.max_budget_usd:g}); spent ${self._cost:.4f}")
-        tokens = estimate_tokens(state.messages, self._last_usage, self._counted_upto)
+        tokens = self._estimate(state)
         if tokens > lim.blocking_limit:
             return Refused(TerminalReason.BLOCKING_LIMIT,
                            f"Prompt is too long: about {tokens} tokens, over the blocking limit "
                            f"of {lim.blocking_limit}. Compact the conversation or start a new one.")
+        return None
+
+    async def _call_model(self, state: LoopState) -> Event:
+        # the previous response is history now: an abort or a retry must never pair or withdraw it
+        self._asm = None
+        refused = self._preflight(state)
+        if refused is not None:
+            self.log.info("model.refused", reason=refused.reason.value, detail=refused.detail)
+            return refused
         wire = normalize(state.messages)
         model = self._model(state)
         request = ModelRequest(model=model, system=self.system, messages=tuple(wire),
                                tools=tuple(self.registry.api_schemas()),
-                               max_tokens=lim.max_output_tokens, metadata=self._metadata())
+                               max_tokens=self.limits.max_output_tokens, metadata=self._metadata())
         self.trace.request(model, state.query_tracking.depth, wire)
         self.log.info("model.request", model=model, messages=len(wire),
                       chain_id=state.query_tracking.chain_id, depth=state.query_tracking.depth)
+        self._request_messages = len(state.messages)
         self._t_request = time.monotonic()
         self._stream = self.client.stream(request)
+        # race the first event against an abort: a slow answer or the SDK's retry backoff must not
+        # hold an interrupt until the response starts
+        first = asyncio.ensure_future(anext(self._stream))
+        abort_wait = asyncio.ensure_future(self.abort_event.wait())
         try:
-            self._first = await anext(self._stream)
+            await asyncio.wait({first, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abort_wait.cancel()
+        if not first.done():
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            await self._close_stream()
+            return self._abort_event_for(state)
+        try:
+            self._first = first.result()
         except StopAsyncIteration:
-            return CallFailed(ModelError("model", "The API returned an empty stream", None, True),
-                              fallback_available=self._has_fallback(state))
+            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            return await self._failed(state, ModelError("connection", "The API returned an empty stream",
+                                                        None, True))
         except ModelCallError as exc:
             self._api_ms += (time.monotonic() - self._t_request) * 1000
             return await self._failed(state, exc.error)
+        except Exception as exc:
+            # outside the transport's error contract: a client bug, not a retryable fault
+            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            self.log.error("model.client_failed", error=repr(exc), exc_info=True)
+            return await self._failed(state, ModelError("model", f"Model call failed: {type(exc).__name__}: "
+                                                                 f"{exc}"))
         self.log.info("model.first_event", model=model,
                       ms=round((time.monotonic() - self._t_request) * 1000, 1))
         return StreamOpened(model)
@@ -316,11 +412,15 @@ class Driver:
         await self._close_stream()
         compaction = None
         if error.kind == "prompt_too_long" and graph.may_reactive_compact(state):
+            # held back from the user: only a failed compaction lets the error through
             await self.hooks.pre_compact("auto", None)
+            self.log.info("compact.start", trigger="reactive", error=error.message)
             compaction = await compact(self.client, model=self._model(state), system=self.system,
                                        messages=state.messages, trigger="reactive",
-                                       metadata=self._metadata())
-        self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message)
+                                       metadata=self._metadata(), on_usage=self._account_usage)
+            self.log.info("compact.end", trigger="reactive", ok=compaction is not None)
+        self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
+                         retryable=error.retryable)
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
                           partial=partial, partial_results=partial_results)
 
@@ -345,10 +445,18 @@ class Driver:
                                                 None, True))
         except (ModelCallError, StreamProtocolError) as exc:
             self._api_ms += (time.monotonic() - self._t_request) * 1000
-            error = exc.error if isinstance(exc, ModelCallError) else ModelError("model", str(exc))
+            if isinstance(exc, ModelCallError):
+                error = exc.error
+            else:
+                error = ModelError("model", f"Malformed stream from the API: {exc}")
+            return await self._stream_failed(state, error, asm, executor)
+        except Exception as exc:
+            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            self.log.error("model.stream_failed_unexpectedly", error=repr(exc), exc_info=True)
+            error = ModelError("model", f"Model stream failed: {type(exc).__name__}: {exc}")
             return await self._stream_failed(state, error, asm, executor)
         finally:
-            self._stream = None
+            await self._close_stream()
         self._api_ms += (time.monotonic() - self._t_request) * 1000
         response = asm.finish()
         self._account(response)
@@ -359,36 +467,44 @@ class Driver:
         if not (response.tool_uses() and (response.usable_tool_uses() or response.stop_reason != "tool_use")):
             # not dispatching: discard whatever the executor started for this response
             executor.abort("discarded")
+            self._discarded.append(executor)
             self._executor = None
         return event
 
     async def _stream_failed(self, state: LoopState, error: ModelError, asm: ResponseAssembler,
                              executor: StreamingToolExecutor) -> CallFailed:
-        retrying = (error.retryable and state.stream_retry_count < self.limits.stream_retries) or (
-            (error.retryable or error.kind == "overloaded") and self._has_fallback(state))
-        aborted = {r.tool_use_id: r for r in executor.abort("stream_failed")}
+        """The stream broke. Either the graph will request the response again (then nothing of this
+        one is kept: its running tools are aborted with the streaming-fallback result and the next
+        stream gets a new executor), or the loop ends and every tool_use this response showed is
+        paired with its result — the real one if the tool finished, a synthetic one otherwise."""
+        await self._close_stream()
+        if asm.usage:
+            # the input was processed (and billed) even though the answer is lost
+            self._account_usage(asm.model or self._model(state), asm.usage)
+        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits)
+        aborted = {r.tool_use_id: r for r in executor.abort(STREAMING_FALLBACK if retry else STREAM_FAILED)}
+        self._discarded.append(executor)
         self._executor = None
+        self.log.warning("model.stream_broken", kind=error.kind, retry=retry, blocks=len(asm.blocks),
+                         tools_aborted=len(aborted))
         partial = results = None
         blocks = tuple(asm.blocks)
-        if blocks and not retrying:
+        if blocks and retry is None:
             partial = Message("assistant", blocks, kind="assistant")
             ids = partial.tool_use_ids()
             if ids:
                 results = Message("user", tuple(aborted[i].block if i in aborted else _interrupted(i)
                                                 for i in ids), kind="tool_results")
+                for b in results.content:
+                    self._emit_result(b)
         return await self._failed(state, error, partial, results)
 
     async def _next_event(self, it: Any, executor: StreamingToolExecutor) -> Any:
-        """The next stream event, emitting tool results that become ready meanwhile; None = abort."""
-        if not executor.has_pending() and not self.abort_event.is_set():
-            # nothing running: no need to race the stream against the executor
-            nxt = asyncio.ensure_future(anext(it, _END))
-            abort_wait = asyncio.ensure_future(self.abort_event.wait())
-            done, _ = await asyncio.wait({nxt, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
-            abort_wait.cancel()
-            if nxt in done:
-                return nxt.result()
-            nxt.cancel()
+        """The next stream event, emitting tool results that become ready meanwhile; None = abort.
+
+        An abort wins over an event that arrived at the same moment: a fast stream must not run on
+        to its end (and complete the turn) past a cancellation."""
+        if self.abort_event.is_set():
             return None
         nxt = asyncio.ensure_future(anext(it, _END))
         abort_wait = asyncio.ensure_future(self.abort_event.wait())
@@ -397,17 +513,22 @@ class Driver:
                 waiters = {nxt, abort_wait}
                 ready = None
                 if executor.has_pending():
+                    # race the stream against the executor, so a result shows as soon as it exists
                     ready = asyncio.ensure_future(executor.wait_ready())
                     waiters.add(ready)
                 done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
                 if ready is not None and not ready.done():
                     ready.cancel()
                 self._emit_ready(executor)
-                if nxt in done:
-                    return nxt.result()
                 if abort_wait in done:
                     nxt.cancel()
+                    # let the cancelled read unwind, so the stream can be closed (not left running)
+                    await asyncio.wait({nxt})
+                    if not nxt.cancelled():
+                        nxt.exception()  # retrieved: a failure racing the abort is moot
                     return None
+                if nxt in done:
+                    return nxt.result()
         finally:
             abort_wait.cancel()
 
@@ -426,9 +547,15 @@ class Driver:
             self._emit_ready(executor)
 
     def _account(self, response: ModelResponse) -> None:
-        self._usage = add_usage(self._usage, response.usage)
-        self._cost += cost_usd(response.model or self.options.model, response.usage)
+        self._account_usage(response.model or self.options.model, response.usage)
+        # the next estimate starts from this report and adds only what the request did not carry
         self._last_usage = response.usage
+        self._counted_upto = self._request_messages
+
+    def _account_usage(self, model: str, usage: Mapping[str, Any]) -> None:
+        """Usage and cost of any request the loop made (main, compaction, a broken stream)."""
+        self._usage = add_usage(self._usage, usage)
+        self._cost += cost_usd(model, usage)
 
     def _needs_structured_output(self, response: ModelResponse) -> bool:
         if self.options.json_schema is None:
@@ -452,21 +579,27 @@ class Driver:
                 self._denials.append(r.permission_denial)
             if r.tool_name == "StructuredOutput" and not r.is_error:
                 self._structured = r.output_data
-        user = Message("user", tuple(r.block for r in ordered), kind="tool_results")
+        # a deferral counts only for a lone call: deferring one of several would leave its siblings'
+        # results without their call on resume (seed 004)
         deferred = len(ordered) == 1 and ordered[0].deferred
+        user = Message("user", tuple(r.block for r in ordered),
+                       kind=DEFERRED_RESULTS if deferred else "tool_results")
         stop = next((r for r in ordered if r.stop), None)
         ends_turn = any(r.ends_turn for r in ordered)
         calls = [{"tool_name": r.tool_name, "tool_input": dict(_input_of(assistant, r.tool_use_id)),
                   "tool_use_id": r.tool_use_id, "tool_response": r.block.get("content")} for r in ordered]
         post = await self.hooks.post_tool_batch(calls)
-        post_blocked = bool(post is not None and (getattr(post, "blocked", False) or getattr(post, "stop", False)))
+        post_blocked = bool(post is not None
+                            and (getattr(post, "blocked", False) or getattr(post, "stop", False)))
         post_reason = (getattr(post, "reason", "") or getattr(post, "stop_reason", "")) if post else ""
         extra = tuple(getattr(post, "additional_context", ()) or ()) if post else ()
         if extra:
             user = attrs.evolve(user, content=user.content + tuple(
                 {"type": "text", "text": prompts.reminder(c)} for c in extra))
         continuing = not (stop or deferred or ends_turn or post_blocked)
-        attachments = tuple(prompts.queued_input(t) for t in self.queue.take()) if continuing else ()
+        # queued input is absorbed only when another request follows this batch (not past max_turns)
+        absorb = continuing and (self.limits.max_turns is None or state.turn_count < self.limits.max_turns)
+        attachments = self.queue.absorb() if absorb else ()
         self._drained = ToolsDrained(
             assistant=assistant, results=user, aborted=False, deferred=deferred,
             hook_stopped=stop is not None, hook_stop_reason=stop.stop_reason if stop else "",
@@ -535,11 +668,60 @@ class Driver:
         return StopHookVerdict(blocked=blocked, reason=getattr(outcome, "reason", "") or "",
                                prevented=prevented, stop_reason=getattr(outcome, "stop_reason", "") or "")
 
+    async def _resume_deferred(self, history: tuple[Message, ...], first: Message
+                               ) -> tuple[tuple[Message, ...], SetupFailed | None]:
+        """A run resumed after ``tool_deferred`` first runs the deferred call (its PreToolUse hooks
+        are asked again) and puts the real result where the deferral's stood. A call whose tool this
+        session no longer offers cannot be resumed: ``tool_deferred_unavailable``. Deferred again:
+        the run ends ``tool_deferred`` once more, before any request."""
+        if len(history) < 2 or history[-1].kind != DEFERRED_RESULTS or history[-2].role != "assistant":
+            return history, None
+        assistant = history[-2]
+        calls = [b for b in assistant.content if b.get("type") == "tool_use"]
+        missing = [b["name"] for b in calls if self.registry.get(b["name"]) is None]
+        if missing:
+            self.log.warning("tool.deferred_unavailable", tools=missing)
+            return history, SetupFailed(
+                TerminalReason.TOOL_DEFERRED_UNAVAILABLE,
+                f"The deferred tool call cannot be resumed: {', '.join(missing)} is no longer available "
+                f"(available tools: {', '.join(self.registry.names()) or 'none'}).")
+        executor = self._new_executor()
+        for block in calls:
+            executor.add_tool(block)
+        results = await executor.remaining()
+        self.log.info("tool.deferred_resumed", tools=[b["name"] for b in calls])
+        deferred = len(results) == 1 and results[0].deferred
+        replaced = Message("user", tuple(r.block for r in results),
+                           kind=DEFERRED_RESULTS if deferred else "tool_results")
+        for r in results:
+            self._emit_result(r.block)
+        messages = (*history[:-1], replaced)
+        # The session file's history view is rewritten from here on (fsm.sessions.load_history reads
+        # what follows the last boundary); the run's prompt, already recorded, closes the new view.
+        self.trace.compact_boundary("deferred_resume", 0)
+        for m in (*messages, first):
+            self.trace.message(m)
+        if deferred:
+            return messages, SetupFailed(TerminalReason.TOOL_DEFERRED,
+                                         "The resumed tool call was deferred again by a PreToolUse hook")
+        return messages, None
+
+    async def _close_executors(self) -> None:
+        """Let the calls of every abandoned executor unwind (bounded), so no task outlives the run."""
+        discarded, self._discarded = self._discarded, []
+        if self._executor is not None:
+            discarded.append(self._executor)
+        for executor in discarded:
+            await executor.aclose()
+
     def _tombstone(self) -> None:
+        """Withdraw what a response that is being requested again already showed: its blocks and
+        the results of its tool calls (stream-json consumers drop them; they never reach history)."""
         asm = self._asm
         if asm is not None and asm.blocks:
+            ids = [b["id"] for b in asm.blocks if b.get("type") == "tool_use"]
             self.emit({"type": "system", "subtype": "tombstone", "session_id": self.session_id,
-                       "message_id": asm.message_id, "blocks": len(asm.blocks)})
+                       "message_id": asm.message_id, "blocks": len(asm.blocks), "tool_use_ids": ids})
         self._asm = None
 
     async def _close_stream(self) -> None:
@@ -549,6 +731,17 @@ class Driver:
                 await stream.aclose()
             except (RuntimeError, ModelCallError):  # closing a generator mid-iteration
                 self.log.debug("model.stream_close_failed")
+
+
+def _with_structured_output(registry: Any, schema: Mapping[str, Any] | None) -> Any:
+    """The registry plus the ``StructuredOutput`` tool when a JSON schema asks for it (unless the
+    session already registered one)."""
+    if schema is None or registry.get("StructuredOutput") is not None:
+        return registry
+    from tools.registry import ToolRegistry
+    from tools.structured_output import StructuredOutputTool
+
+    return ToolRegistry([*registry.tools(), StructuredOutputTool(schema)])
 
 
 def _interrupted(tool_use_id: str) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class Compaction:
     """A finished compaction: the messages that replace the history, and what it cost."""
 
     messages: tuple[Message, ...]
-    trigger: str  # "auto" | "reactive" | "manual" | "precomputed"
+    trigger: str  # "auto" | "reactive" | "manual"
     pre_tokens: int = 0
     summary: str = ""
 
@@ -75,11 +75,6 @@ class Assembled:
     compact_failed: bool = False
     rapid_refill: bool = False
     attachments: tuple[Message, ...] = ()
-
-
-@attrs.frozen
-class PrecomputedSwap:
-    compaction: Compaction
 
 
 @attrs.frozen
@@ -163,7 +158,6 @@ class Aborted:
 
 Event = (
     Assembled
-    | PrecomputedSwap
     | SetupFailed
     | Refused
     | StreamOpened

@@ -39,19 +39,20 @@ from types import MappingProxyType
 from typing import Any
 
 import attrs
-import structlog
 
+from fsm import log as fsm_log
 from fsm.gate import OpenGate, ToolGate
 from fsm.pipeline import (
     USER_INTERRUPTED,
     CallResult,
+    PreparedInput,
     ToolTable,
     run_tool_call,
     synthetic_result,
 )
 from tools.base import InterruptBehavior, Tool, ToolContext
 
-log = structlog.get_logger("agentfsm.executor")
+log = fsm_log.get_logger("agentfsm.executor")
 
 QUEUED, RUNNING, DONE, DELIVERED = "queued", "running", "done", "delivered"
 
@@ -66,6 +67,8 @@ class _Entry:
     safe: bool
     interrupt: InterruptBehavior
     status: str = QUEUED
+    # steps 3-4 as done by the safety check, handed to the pipeline so it does not redo them
+    prepared: tuple[Tool, PreparedInput] | None = None
     task: asyncio.Task[CallResult] | None = None
     result: CallResult | None = None
     # set when the executor cancels the call; decides the synthetic text
@@ -116,8 +119,10 @@ class StreamingToolExecutor:
             raise ValueError(f"tool_use {tool_use_id!r} was already added to this executor")
         name = str(block.get("name", ""))
         tool = self.table.lookup(name)
+        safe, prepared = self._is_safe(tool, block, invalid_json)
         entry = _Entry(len(self._entries), block, tool_use_id, tool.name if tool else name, invalid_json,
-                       self._is_safe(tool, block, invalid_json), _interrupt_behavior(tool))
+                       safe, _interrupt_behavior(tool),
+                       prepared=(tool, prepared) if tool is not None and prepared is not None else None)
         self._entries.append(entry)
         self._by_id[tool_use_id] = entry
         log.debug("tool.queued", tool_use_id=tool_use_id, tool_name=entry.tool_name, index=entry.index,
@@ -129,18 +134,23 @@ class StreamingToolExecutor:
             return
         self._pump()
 
-    def _is_safe(self, tool: Tool | None, block: Mapping[str, Any], invalid_json: str | None) -> bool:
+    def _is_safe(self, tool: Tool | None, block: Mapping[str, Any],
+                 invalid_json: str | None) -> tuple[bool, PreparedInput | None]:
+        """The concurrency verdict, and the validated input it was reached on (None when validation
+        itself failed): the pipeline reuses it instead of validating the same block again."""
         if tool is None or invalid_json is not None:
-            return False
+            return False, None
+        prepared = None
         try:
             prepared = self.table.prepare_input(tool, block.get("input", {}))
             if prepared.issues:
-                return False
-            return bool(tool.is_concurrency_safe(prepared.input))
+                return False, prepared
+            # a copy: is_concurrency_safe must not be able to change what the tool will run with
+            return bool(tool.is_concurrency_safe(dict(prepared.input))), prepared
         except Exception as exc:  # the seed: a verdict that cannot be reached is "unsafe"
             log.warning("tool.concurrency_check_failed", tool_use_id=block.get("id"), tool_name=tool.name,
                         error=repr(exc))
-            return False
+            return False, prepared
 
     # --- scheduling --------------------------------------------------------------------------------
 
@@ -175,7 +185,7 @@ class StreamingToolExecutor:
         entry.status = RUNNING
         coro = run_tool_call(entry.block, lookup=self.table, gate=self.gate, ctx_factory=self._make_ctx,
                              invalid_json=entry.invalid_json, abort=self._abort_event,
-                             in_progress=self._in_progress)
+                             in_progress=self._in_progress, prepared=entry.prepared)
         name = f"tool:{entry.tool_name}:{entry.tool_use_id}"
         task = asyncio.get_running_loop().create_task(coro, name=name)
         entry.task = task

@@ -9,11 +9,10 @@ without I/O; the driver only performs what the chosen edge implies.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 
 import attrs
-from transitions import Machine
+from transitions import Machine, MachineError
 
 from fsm import prompts
 from fsm.events import (
@@ -22,7 +21,6 @@ from fsm.events import (
     CallFailed,
     Event,
     ModelError,
-    PrecomputedSwap,
     Refused,
     SetupFailed,
     StopHookVerdict,
@@ -49,6 +47,8 @@ A, C, S, D, F, X = (
 )
 STATES: tuple[Phase, ...] = (A, C, S, D, F, X)
 T = TerminalReason
+# the tool a --json-schema run must end with (tools/structured_output.py)
+STRUCTURED_OUTPUT_TOOL = "StructuredOutput"
 
 
 @attrs.frozen
@@ -93,13 +93,13 @@ EDGES: tuple[Edge, ...] = (
     _edge("structured_output_retry", S, A, "reentry",
           "ended without the required StructuredOutput call; ask for it (count < cap)"),
     _edge("stop_hook_blocking", X, A, "reentry", "a Stop hook blocked the end (count < cap)"),
-    _edge("precomputed_compact_swap", (A, C), A, "reentry", "swap in a prepared compaction summary"),
     # same request again
     _edge("stream_retry", S, C, "retry", "the stream broke mid-way; discard it and request again"),
     _edge("fallback_retry", (C, S), C, "retry", "retries exhausted on this model; use the fallback"),
     # into stop
-    _edge("setup_failed", A, X, "terminal", "the turn could not be prepared",
-          T.TURN_SETUP_FAILED, T.RAPID_REFILL_BREAKER, T.TOOL_DEFERRED_UNAVAILABLE),
+    _edge("setup_failed", A, X, "terminal",
+          "the turn could not be prepared (a resumed deferred call may be deferred again)",
+          T.TURN_SETUP_FAILED, T.RAPID_REFILL_BREAKER, T.TOOL_DEFERRED_UNAVAILABLE, T.TOOL_DEFERRED),
     _edge("prompt_blocked", A, X, "terminal", "a UserPromptSubmit hook blocked the prompt", T.HOOK_STOPPED),
     _edge("refuse", C, X, "terminal", "preflight refused the request",
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
@@ -111,7 +111,8 @@ EDGES: tuple[Edge, ...] = (
     _edge("settle", X, X, "terminal", "Stop hooks did not re-enter: prevented, max_turns, or cap override",
           T.COMPLETED, T.STOP_HOOK_PREVENTED, T.MAX_TURNS),
     _edge("finish_batch", F, X, "terminal", "the tool batch ends the run",
-          T.MAX_TURNS, T.ABORTED_TOOLS, T.TOOL_DEFERRED, T.HOOK_STOPPED, T.COMPLETED),
+          T.MAX_TURNS, T.ABORTED_TOOLS, T.TOOL_DEFERRED, T.HOOK_STOPPED, T.COMPLETED,
+          T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
     _edge("abort", (A, C, S, D, F), X, "terminal", "cancelled; every tool_use shown gets a result",
           T.ABORTED_STREAMING, T.ABORTED_TOOLS),
 )
@@ -212,8 +213,6 @@ def decide(state: LoopState, event: Event, limits) -> Step:
         if isinstance(event, SetupFailed):
             trigger = "prompt_blocked" if event.reason is T.HOOK_STOPPED else "setup_failed"
             return _stop(state, trigger, event.reason, event.detail)
-        if isinstance(event, PrecomputedSwap):
-            return _swap(state, "precomputed_compact_swap", event.compaction.messages)
         if isinstance(event, Assembled):
             tracking = state.compact_tracking
             messages = state.messages + event.attachments
@@ -241,8 +240,6 @@ def decide(state: LoopState, event: Event, limits) -> Step:
             return _stop(state, "refuse", event.reason, event.detail)
         if isinstance(event, StreamOpened):
             return _move(state, "open_stream")
-        if isinstance(event, PrecomputedSwap):
-            return _swap(state, "precomputed_compact_swap", event.compaction.messages)
         if isinstance(event, CallFailed):
             return _call_failed(state, event, limits)
         raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
@@ -386,6 +383,13 @@ def _after_batch(state: LoopState, event: ToolsDrained, limits) -> Step:
         return _stop(state, "finish_batch", T.COMPLETED)
     if event.post_batch_blocked:
         return _stop(state, "finish_batch", T.HOOK_STOPPED, event.post_batch_reason or None)
+    # A StructuredOutput call whose input failed the schema is a structured-output retry like an
+    # answer without the call: it counts towards the same cap instead of resetting it, or a model
+    # that keeps sending invalid output would loop until max_turns.
+    structured_failed = _structured_output_failed(event)
+    if structured_failed and state.structured_output_retry_count >= limits.structured_output_retries:
+        return _stop(state, "finish_batch", T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED,
+                     f"No valid structured output after {limits.structured_output_retries} retries.")
     if limits.max_turns is not None and state.turn_count + 1 > limits.max_turns:
         return _stop(state, "finish_batch", T.MAX_TURNS,
                      f"Reached maximum number of turns ({limits.max_turns})")
@@ -395,7 +399,7 @@ def _after_batch(state: LoopState, event: ToolsDrained, limits) -> Step:
         turn_count=state.turn_count + 1,
         max_output_tokens_recovery_count=0,
         malformed_tool_use_retry_count=0,
-        structured_output_retry_count=0,
+        structured_output_retry_count=state.structured_output_retry_count + 1 if structured_failed else 0,
         has_attempted_reactive_compact=False,
         thinking_only_nudged=False,
         stop_hook_blocking_count=0,
@@ -406,6 +410,13 @@ def _after_batch(state: LoopState, event: ToolsDrained, limits) -> Step:
             rapid_refill_count=tracking.rapid_refill_count,
             compactions=tracking.compactions),
     )
+
+
+def _structured_output_failed(event: ToolsDrained) -> bool:
+    calls = {b["id"] for b in event.assistant.content
+             if b.get("type") == "tool_use" and b.get("name") == STRUCTURED_OUTPUT_TOOL}
+    return any(b.get("is_error") for b in event.results.content
+               if b.get("type") == "tool_result" and b.get("tool_use_id") in calls)
 
 
 # --- the runtime machine -----------------------------------------------------------------------
@@ -425,52 +436,41 @@ def machine_spec() -> dict[str, object]:
     }
 
 
-@functools.cache
-def runtime_moves() -> Mapping[str, Mapping[Phase, Phase]]:
-    """``trigger -> {source: dest}`` as the ``transitions.Machine`` built from :data:`EDGES` declares
-    it. The machine is built once per process and read back here: building one per session cost
-    ~450 µs and firing a trigger through it ~13 µs per move (event objects, callback lists, debug-log
-    checks for callbacks this graph never has), against ~1 µs for this lookup. A move is allowed
-    exactly when the machine would have fired it: a known trigger from one of its sources; with no
-    conditions or callbacks declared, firing had no other effect."""
-    machine = Machine(model=None, **machine_spec())  # type: ignore[arg-type]
-    moves: dict[str, dict[Phase, Phase]] = {}
-    for trigger, event in machine.events.items():
-        for source, transitions in event.transitions.items():
-            if transitions and transitions[0].dest is not None:
-                moves.setdefault(trigger, {})[Phase(source)] = Phase(transitions[0].dest)
-    return moves
+class _Cursor:
+    """The model object ``transitions`` moves; it holds only the current state name."""
+
+    state: str
 
 
 class LoopMachine:
     """One session's runtime machine. :meth:`apply` is the only way the loop state changes phase:
-    the step's trigger must be a move the ``transitions.Machine`` built from :data:`EDGES` declares
-    from the current phase (:func:`runtime_moves`), so a move the graph does not declare raises
-    :class:`UndeclaredMove` even if a rule above were wrong."""
+    the step's trigger is fired on a plain synchronous ``transitions.Machine`` built from
+    :data:`EDGES`, so a move the graph does not declare raises :class:`UndeclaredMove` even if a rule
+    above were wrong. (Building one costs ~0.45 ms per session and firing ~12 µs per move — small
+    beside a turn; see ``bench/overhead.py``.)"""
 
     def __init__(self, state: LoopState) -> None:
-        self._moves = runtime_moves()
-        self._phase = state.phase
+        self._cursor = _Cursor()
+        spec = machine_spec()
+        spec["initial"] = state.phase.value
+        Machine(model=self._cursor, **spec)  # type: ignore[arg-type]
         self.state = state
 
     @property
     def phase(self) -> Phase:
-        return self._phase
+        return Phase(self._cursor.state)
 
     def apply(self, step: Step) -> LoopState:
         edge = EDGES_BY_TRIGGER.get(step.trigger)
-        moves = self._moves.get(step.trigger)
-        if edge is None or moves is None:
+        if edge is None:
             raise UndeclaredMove(f"no edge is declared for trigger {step.trigger!r}")
         if step.state.phase is not edge.dest:
             raise UndeclaredMove(f"{step.trigger} must lead to {edge.dest}, not {step.state.phase}")
-        dest = moves.get(self._phase)
-        if dest is None:
-            raise UndeclaredMove(f"{step.trigger} is not declared from {self._phase.value}: "
-                                 f"\"Can't trigger event {step.trigger} from state {self._phase.value}!\"")
-        if dest is not edge.dest:  # the machine and the edge table disagree: never move on that
-            raise UndeclaredMove(f"{step.trigger} from {self._phase.value} leads to {dest}, not {edge.dest}")
-        self._phase = dest
+        try:
+            getattr(self._cursor, step.trigger)()
+        except MachineError as exc:
+            raise UndeclaredMove(f"{step.trigger} is not declared from {self._cursor.state}: "
+                                 f"{exc.value}") from None
         self.state = step.state
         return step.state
 

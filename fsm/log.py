@@ -13,6 +13,11 @@ import structlog
 
 _sink: IO[str] | None = None
 
+try:  # structlog keeps its global configuration here; only read, to notice a reconfiguration
+    from structlog._config import _CONFIG as _STRUCTLOG_CONFIG
+except ImportError:  # pragma: no cover - a structlog without it: loggers are rebuilt per call
+    _STRUCTLOG_CONFIG = None
+
 
 def configure(mode: str = "off", *, file: Path | None = None, level: str = "info") -> None:
     """``mode``: ``off`` (drop everything), ``json`` (JSON lines to ``file`` or stderr), ``console``
@@ -35,7 +40,7 @@ def configure(mode: str = "off", *, file: Path | None = None, level: str = "info
     else:
         if file is not None:
             file.parent.mkdir(parents=True, exist_ok=True)
-            _sink = open(file, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as logging does
+            _sink = open(file, "a", encoding="utf-8")  # lives as long as logging does
         else:
             _sink = sys.stderr
         renderer = structlog.processors.JSONRenderer()
@@ -51,3 +56,76 @@ def ensure_configured() -> None:
     """Library use: never let structlog's default (printing to stdout) through."""
     if not structlog.is_configured():
         configure("off")
+
+
+def _config_key() -> tuple[Any, ...] | None:
+    cfg = _STRUCTLOG_CONFIG
+    if cfg is None:
+        return None
+    return (cfg.default_wrapper_class, cfg.default_processors, cfg.logger_factory,
+            cfg.default_context_class)
+
+
+class ModuleLogger:
+    """A module-level logger that builds its bound logger once per structlog configuration.
+
+    ``structlog.get_logger()`` returns a lazy proxy that, with ``cache_logger_on_first_use`` off,
+    assembles a new bound logger on *every* call (~4 µs, even when the level filter then drops the
+    event); turning caching on instead would pin whatever configuration was current at first use,
+    and the CLI reconfigures after the session exists. This one rebuilds only when the configuration
+    objects changed (``configure()``, ``structlog.configure``, ``capture_logs`` all replace or
+    keep-and-mutate them), so a dropped event costs one tuple compare and a no-op call."""
+
+    __slots__ = ("_context", "_key", "_logger", "_name")
+
+    def __init__(self, name: str, **context: Any) -> None:
+        self._name = name
+        self._context = context
+        self._key: tuple[Any, ...] | None = None
+        self._logger: Any = None
+
+    def _current(self) -> Any:
+        key = _config_key()
+        if key is None or key != self._key or self._logger is None:
+            self._logger = structlog.get_logger(self._name).bind(**self._context)
+            self._key = key
+        return self._logger
+
+    def is_enabled_for(self, level: int) -> bool:
+        """Whether an event at ``level`` would be processed now: lets a caller skip building the
+        arguments of a log line nobody will see."""
+        check = getattr(self._current(), "is_enabled_for", None)
+        return True if check is None else bool(check(level))
+
+    def bind(self, **values: Any) -> Any:
+        return self._current().bind(**values)
+
+    def debug(self, event: str, **kw: Any) -> Any:
+        return self._current().debug(event, **kw)
+
+    def info(self, event: str, **kw: Any) -> Any:
+        return self._current().info(event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> Any:
+        return self._current().warning(event, **kw)
+
+    def error(self, event: str, **kw: Any) -> Any:
+        return self._current().error(event, **kw)
+
+    def exception(self, event: str, **kw: Any) -> Any:
+        return self._current().exception(event, **kw)
+
+
+def get_logger(name: str, **context: Any) -> ModuleLogger:
+    """The logger for a module's ``log = get_logger(...)``, or an object's long-lived logger with
+    its ``context`` bound (see :class:`ModuleLogger`): unlike ``structlog.get_logger().bind()``
+    it follows a later :func:`configure`."""
+    return ModuleLogger(name, **context)
+
+
+def enabled(level: int = logging.INFO) -> bool:
+    """Whether the current configuration processes events at ``level`` (False under ``off``)."""
+    return _PROBE.is_enabled_for(level)
+
+
+_PROBE = ModuleLogger("agentfsm")

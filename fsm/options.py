@@ -65,6 +65,8 @@ class Options:
     include_partial: bool = False
     # subagent types for the Agent tool, besides the built-in "general-purpose"
     agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
+    # asked before every model request; a true answer ends the run `background_requested`
+    should_stop_before_next_call: Callable[[Any], Any] | None = None
     agent_type: str | None = None  # set for subagents
     parent_session_id: str | None = None
 

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
 from fsm import log
 from fsm.cost import add_usage
@@ -56,7 +55,22 @@ def build_registry(options: Options) -> Any:
     registry = ToolRegistry([*tools, *options.extra_tools])
     if options.tools is not None:
         registry = registry.subset([*options.tools, *(t.name for t in options.extra_tools)])
+    # an invalid schema is left to the driver, which ends the turn `turn_setup_failed` saying why
+    if options.json_schema is not None and _is_valid_schema(options.json_schema):
+        from tools.structured_output import StructuredOutputTool
+
+        registry = ToolRegistry([*registry.tools(), StructuredOutputTool(options.json_schema)])
     return registry
+
+
+def _is_valid_schema(schema: Mapping[str, Any]) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError:
+        return False
+    return True
 
 
 @attrs.frozen
@@ -152,7 +166,8 @@ class Session:
         # teardown waits for them to write their results
         self._foreground: set[asyncio.Future[RunResult]] = set()
         self._subagent_cost = 0.0
-        self.log = structlog.get_logger("agentfsm").bind(session_id=self.session_id, agent_depth=depth)
+        # resolved per call, so a CLI that switches logging on after the session exists is followed
+        self.log = log.get_logger("agentfsm", session_id=self.session_id, agent_depth=depth)
 
     def _build_gate(self) -> tuple[Any, Any]:
         try:

@@ -69,22 +69,14 @@ class AnthropicTransport:
                 mapped = _map_event(ev)
                 if mapped is not None:
                     yield mapped
-        except a.APIStatusError as exc:
-            raise ModelCallError(_status_error(exc)) from exc
         except a.APIError as exc:
-            # an SSE `error` event mid-stream (e.g. overloaded_error) or a broken connection
-            body_err = getattr(exc, "body", None) or {}
-            err = body_err.get("error", body_err) if isinstance(body_err, dict) else {}
-            etype = err.get("type", "") if isinstance(err, dict) else ""
-            message = err.get("message", str(exc)) if isinstance(err, dict) else str(exc)
-            status = 529 if etype == "overloaded_error" else None
-            classified = classify_error(status, etype, message)
-            if etype in ("", "api_error") or isinstance(exc, a.APIConnectionError):
-                classified = ModelError("connection", message or "stream interrupted", None, True)
-            raise ModelCallError(classified) from exc
+            # mid-stream the SDK raises APIError for an SSE `error` event (an APIStatusError carrying
+            # the 200 of the stream's response) and for a dropped connection
+            raise ModelCallError(_stream_error(a, exc)) from exc
         except ModelCallError:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            # undecodable SSE data (JSONDecodeError is a ValueError) or an event missing its fields
             raise ModelCallError(ModelError("model", f"Malformed stream from the API: {exc}")) from exc
         except Exception as exc:  # httpx/httpcore read errors surface as their own types
             raise ModelCallError(ModelError("connection", f"Stream interrupted: {exc}", None, True)) from exc
@@ -97,6 +89,25 @@ def _status_error(exc: Any) -> ModelError:
     err = body.get("error", {}) if isinstance(body.get("error"), dict) else {}
     message = err.get("message") or str(exc)
     return classify_error(exc.status_code, err.get("type", ""), message)
+
+
+def _stream_error(a: Any, exc: Any) -> ModelError:
+    """A failure after the stream started, classified as :func:`fsm.testing.scripted.stream_error`
+    does for the in-process model: an SSE ``overloaded_error`` is an overload (as a 529), an SSE
+    ``api_error`` (the server failed part-way) or a dropped connection is a retryable connection
+    error — the whole response is requested again — and any other SSE error type is classified like
+    the API error it names."""
+    if isinstance(exc, a.APIConnectionError):
+        return ModelError("connection", f"Stream interrupted: {exc}", None, True)
+    body = getattr(exc, "body", None)
+    err = body.get("error", body) if isinstance(body, dict) else {}
+    etype = err.get("type", "") if isinstance(err, dict) else ""
+    message = (err.get("message") if isinstance(err, dict) else None) or str(exc)
+    if etype == "overloaded_error":
+        return ModelError("overloaded", message, 529, True)
+    if etype in ("", "api_error"):
+        return ModelError("connection", message or "stream interrupted", None, True)
+    return classify_error(None, etype, message)
 
 
 def _map_event(ev: Any) -> StreamEvent | None:

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
+from fsm import log as fsm_log
 from hooks.events import FOREIGN_EVENTS, HOOK_EVENTS
 from hooks.permissions import PermissionRule, RuleBehavior, normalize_mode
 from hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
 
-log = structlog.get_logger("agentfsm.hooks.config")
+log = fsm_log.get_logger("agentfsm.hooks.config")
 
 # Handler types Claude Code accepts that this loop does not run; a settings file using them must
 # still load (they are valid configuration), so they are skipped with a warning.

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import structlog
 
+from fsm import log as fsm_log
 from fsm.events import StopHookVerdict
 from fsm.gate import PermissionOutcome, PostToolOutcome, PreToolOutcome
 from hooks.config import Settings, load_settings
@@ -39,7 +39,7 @@ from hooks.permissions import CanUseTool, PermissionPolicy, normalize_mode
 from hooks.runner import HookMatcher, HookRunner, HookRunResult
 from tools.base import Tool
 
-log = structlog.get_logger("agentfsm.permissions")
+log = fsm_log.get_logger("agentfsm.permissions")
 
 
 @attrs.frozen

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import attrs
-import structlog
 
+from fsm import log as fsm_log
 from hooks.events import (
     BLOCKING_EVENTS,
     DECISION_BLOCK_EVENTS,
@@ -34,7 +34,7 @@ from hooks.events import (
     parse_hook_output,
 )
 
-log = structlog.get_logger("agentfsm.hooks")
+log = fsm_log.get_logger("agentfsm.hooks")
 
 DEFAULT_COMMAND_TIMEOUT_S = 600.0
 DEFAULT_PYTHON_TIMEOUT_S = 60.0

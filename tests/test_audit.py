@@ -643,7 +643,7 @@ def test_coverage_counts_edges_and_reasons(tmp_path: Path) -> None:
     assert taken[Move("stream_retry", "stream", "call_model")] == 1
     assert taken[Move("abort", "dispatch_tools", "stop")] == 1
     assert reasons["completed"] >= 8 and reasons["budget_exhausted"] == 1
-    assert Move("precomputed_compact_swap", "assemble", "assemble") in missing
+    assert Move("reactive_compact_retry", "stream", "assemble") in missing
     assert Move("abort", "assemble", "stop") in missing
     assert "image_error" in missing_reasons and "completed" not in missing_reasons
     assert set(missing) | set(taken) == set(declared_moves())
@@ -671,7 +671,7 @@ def test_main_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
     assert main(["--coverage", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "×2  call" in out and "never  precomputed_compact_swap" in out
+    assert "×2  call" in out and "never  thinking_only_nudge" in out
     assert "terminal reasons reached: 1/" in out
     assert main(["--coverage", "--require-full", str(path)]) == 1
     capsys.readouterr()

@@ -62,7 +62,7 @@ def test_machine_declares_exactly_the_edges() -> None:
     expected = {(e.trigger, s.value, e.dest.value) for e in EDGES for s in e.sources}
     assert declared == expected
     assert {"next_turn", "reactive_compact_retry", "max_output_tokens_recovery", "malformed_tool_use_retry",
-            "thinking_only_nudge", "stop_hook_blocking", "precomputed_compact_swap"} <= graph.REENTRY_LABELS
+            "thinking_only_nudge", "stop_hook_blocking"} <= graph.REENTRY_LABELS
 
 
 def test_every_terminal_reason_has_an_edge() -> None:
@@ -111,6 +111,25 @@ def test_max_turns_ends_after_the_tools_ran() -> None:
     assert s.messages[-1].tool_result_ids() == ["toolu_1"]
 
 
+def test_invalid_structured_output_call_counts_towards_its_cap() -> None:
+    call = ({"type": "tool_use", "id": "so_1", "name": "StructuredOutput", "input": {}},)
+    failed = {"type": "tool_result", "tool_use_id": "so_1", "is_error": True,
+              "content": "InputValidationError"}
+    bad = ToolsDrained(assistant=Message("assistant", call, kind="assistant"),
+                       results=Message("user", (failed,), kind="tool_results"))
+    turn = (Assembled(), StreamOpened(), StreamEnded(ModelResponse(call, "tool_use")), bad, bad)
+    lim = Limits(structured_output_retries=1)
+    s, labels = run(start(), *turn, limits=lim)
+    assert labels[-1] == "next_turn" and s.structured_output_retry_count == 1
+    s, labels = run(s, *turn, limits=lim)
+    assert labels[-1] == "finish_batch"
+    assert s.terminal_reason is TerminalReason.STRUCTURED_OUTPUT_RETRY_EXHAUSTED
+    # a normal tool turn still resets the count
+    s, _ = run(attrs.evolve(start(), structured_output_retry_count=1), Assembled(), StreamOpened(),
+               StreamEnded(ModelResponse(USE, "tool_use")), drained(), drained(), limits=lim)
+    assert s.structured_output_retry_count == 0
+
+
 def test_max_tokens_recovers_up_to_cap_then_api_error() -> None:
     cut = StreamEnded(ModelResponse(({"type": "text", "text": "part"},), "max_tokens"))
     s, m = to_stream()
@@ -142,15 +161,16 @@ def test_malformed_tool_use_clean_retry(cap: int) -> None:
 
 
 def test_unparsable_sibling_still_dispatches() -> None:
-    resp = ModelResponse(USE + ({"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {}},),
+    resp = ModelResponse((*USE, {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {}}),
                          "tool_use", invalid_tool_inputs={"toolu_2": '{"file_'})
-    s, m = to_stream()
+    _s, m = to_stream()
     step, _ = m.step(StreamEnded(resp), LIM)
     assert step.trigger == "dispatch"
 
 
 def test_thinking_only_nudged_once() -> None:
-    think = StreamEnded(ModelResponse(({"type": "thinking", "thinking": "hm", "signature": "s"},), "end_turn"))
+    think = StreamEnded(ModelResponse(({"type": "thinking", "thinking": "hm", "signature": "s"},),
+                                      "end_turn"))
     s, m = to_stream()
     step, s = m.step(think, LIM)
     assert step.trigger == "thinking_only_nudge" and s.thinking_only_nudged

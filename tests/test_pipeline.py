@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 
 from fsm.gate import OpenGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
@@ -579,6 +580,16 @@ async def test_post_hook_crash_keeps_output_and_notes_it() -> None:
     assert content(r) == "1\tcontents of /a.txt\n\nPostToolUse:Read hook error: post hook crashed"
 
 
+@pytest.fixture
+def plain_structlog() -> Iterator[None]:
+    """capture_logs swaps processors but keeps the level filter; an earlier Session in this process
+    may have configured logging "off" (a CRITICAL filter), so start from structlog's defaults."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.mark.usefixtures("plain_structlog")
 async def test_tool_breaking_its_own_output_schema_is_logged() -> None:
     class Liar(Typed):
         async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
@@ -593,6 +604,7 @@ async def test_tool_breaking_its_own_output_schema_is_logged() -> None:
 # --- logging ---------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("plain_structlog")
 async def test_structlog_events_carry_ids_and_durations() -> None:
     with structlog.testing.capture_logs() as logs:
         await run(use())

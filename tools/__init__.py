@@ -10,6 +10,7 @@ from tools.glob import GlobTool
 from tools.grep import GrepTool
 from tools.read import ReadTool
 from tools.registry import ToolRegistry
+from tools.structured_output import StructuredOutputTool
 from tools.write import WriteTool
 
 
@@ -34,6 +35,7 @@ __all__ = [
     "GlobTool",
     "GrepTool",
     "ReadTool",
+    "StructuredOutputTool",
     "Tool",
     "ToolContext",
     "ToolError",

@@ -52,6 +52,17 @@ _EXPORTS: dict[str, str] = {
     "load_bodies": "canonical",
     # fixtures' helpers
     "find_reference_dir": "plugin",
+    # property testing (hypothesis is imported only when one of these is used)
+    "AgentLoopStateMachine": "stateful",
+    "LoopHarness": "stateful",
+    "LoopRun": "stateful",
+    "run_loop": "stateful",
+    "assert_invariants": "stateful",
+    "invariant_violations": "stateful",
+    "model_behaviours": "strategies",
+    "model_responses": "strategies",
+    "tool_inputs": "strategies",
+    "inputs_from_schema": "strategies",
 }
 
 __all__ = [

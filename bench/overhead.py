@@ -1,0 +1,122 @@
+"""Engine overhead against the bare loop of seed 001.
+
+Both loops talk to the same in-process ScriptedModel and call the same custom tool (no delay), for
+N conversations of K tool turns plus a final answer each. What differs is everything the engine adds:
+the session set-up (registry, gate, machine), the state machine and its records, the streaming
+executor and the 15-step pipeline, structured logs, result building.
+
+Printed: µs per loop iteration (one model turn) for both, CPU and wall, and the ratio engine / bare.
+Target: engine ≤ 2× the bare loop. The two are measured in alternating rounds and the median round
+is reported, so a neighbour's burst of load hits both alike.
+
+    python bench/overhead.py [--n 200] [--k 5] [--rounds 7] [--profile]
+
+``--profile`` runs the engine once more under cProfile and prints the top functions by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import pstats
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    bare_loop,
+    bare_system,
+    echo_tool,
+    engine_options,
+    machine,
+    median,
+    ratio,
+    run_engine,
+    tool_turns,
+    workspace,
+)
+
+from fsm.testing.scripted import ScriptedModel
+from tools.base import ToolContext
+
+
+def _timed(fn: Callable[[], Awaitable[None]]) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one asyncio run of ``fn``; GC collected before, so a
+    collection left over from the other loop is not billed to this one."""
+    gc.collect()
+    c0, w0 = time.process_time(), time.perf_counter()
+    asyncio.run(fn())
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200, help="conversations per round (default 200)")
+    ap.add_argument("--k", type=int, default=5, help="tool turns per conversation (default 5)")
+    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
+    ap.add_argument("--profile", action="store_true", help="profile the engine and print the top costs")
+    args = ap.parse_args(argv)
+
+    cwd = workspace()
+    echo = echo_tool()
+    responses = tool_turns(args.k)
+    options = engine_options(cwd, [echo])
+    system = bare_system(cwd)
+    tools = {echo.name: echo}
+    iterations = args.n * (args.k + 1)
+
+    async def engine() -> None:
+        for _ in range(args.n):
+            result = await run_engine(responses, options)
+            if result.is_error or result.num_turns != args.k + 1:
+                raise SystemExit(f"engine run went wrong: {result.to_dict()}")
+
+    async def bare() -> None:
+        ctx = ToolContext(cwd=cwd)
+        for _ in range(args.n):
+            final = await bare_loop(ScriptedModel(responses), "go", tools, system, ctx)
+            if final[-1].get("text") != "done":
+                raise SystemExit(f"bare loop went wrong: {final}")
+
+    # warm-up: imports, lazily compiled validators, first-use caches of both loops
+    asyncio.run(engine())
+    asyncio.run(bare())
+
+    eng: list[tuple[float, float]] = []
+    base: list[tuple[float, float]] = []
+    for r in range(args.rounds):
+        # alternate which goes first so neither always runs right after the other's garbage
+        pair = (engine, bare) if r % 2 == 0 else (bare, engine)
+        for fn in pair:
+            (eng if fn is engine else base).append(_timed(fn))
+
+    us = 1e6 / iterations
+    e_cpu, e_wall = median([c for c, _ in eng]) * us, median([w for _, w in eng]) * us
+    b_cpu, b_wall = median([c for c, _ in base]) * us, median([w for _, w in base]) * us
+    print(f"machine: {machine()}")
+    print(f"overhead: {args.n} conversations x ({args.k} tool turns + 1 answer) = {iterations} iterations "
+          f"per round, {args.rounds} rounds, median round")
+    print(f"  bare loop (seed 001): {b_cpu:8.1f} us/iter CPU  {b_wall:8.1f} us/iter wall")
+    print(f"  engine (Session):     {e_cpu:8.1f} us/iter CPU  {e_wall:8.1f} us/iter wall")
+    print(f"  ratio engine/bare:    {ratio(e_cpu, b_cpu)} CPU  {ratio(e_wall, b_wall)} wall   (target <= 2x)")
+    print(f"  engine extra per iteration: {e_cpu - b_cpu:.1f} us CPU")
+
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        asyncio.run(engine())
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(35)
+        print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

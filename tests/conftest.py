@@ -1,0 +1,66 @@
+"""Suite-wide set-up: hypothesis profiles, and the traces the property suite leaves for the coverage
+check.
+
+Profiles (``HYPOTHESIS_PROFILE=ci|nightly``, default ``ci``):
+
+* ``ci`` — hypothesis' usual 100 examples per test, so CI stays within its time budget; the
+  property suite (``tests/test_properties.py``) scales its own example counts from this number;
+* ``nightly`` — ten times as many examples everywhere (the property suite runs tens of thousands
+  of loops), no deadline, and no per-test timeout for the property suite.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=100, print_blob=True)
+settings.register_profile("nightly", max_examples=1000, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+# The property suite's per-test budget in CI; a nightly profile lifts it (pytest-timeout's 120 s
+# default would otherwise cut the big runs short).
+_NIGHTLY_TIMEOUT_S = 6 * 3600
+
+
+@attrs.define
+class PropertyTraces:
+    """Where the property suite writes its session files, and which workloads have run — the
+    coverage check (``tests/test_coverage.py``) reads the union and runs what did not run."""
+
+    dir: Path
+    done: set[str] = attrs.field(factory=set)
+
+
+@pytest.fixture(scope="session")
+def property_traces() -> Iterator[PropertyTraces]:
+    # not tmp_path_factory: thousands of session files need not survive the run for inspection,
+    # and the coverage report names what it read
+    with tempfile.TemporaryDirectory(prefix="agentfsm-property-traces-") as d:
+        yield PropertyTraces(Path(d))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "property_suite: a workload of the project's property suite "
+                                       "(its session files feed the coverage check)")
+    config.addinivalue_line("markers", "after_property_suite: runs after every property_suite test, so "
+                                       "it sees all their traces")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the coverage check needs the property suite's traces: run it last, keeping the order otherwise
+    late = [i for i in items if i.get_closest_marker("after_property_suite") is not None]
+    if late:
+        items[:] = [i for i in items if i.get_closest_marker("after_property_suite") is None] + late
+    if PROFILE == "nightly":
+        for item in items:
+            if item.get_closest_marker("property_suite") or item.get_closest_marker("after_property_suite"):
+                item.add_marker(pytest.mark.timeout(_NIGHTLY_TIMEOUT_S), append=False)

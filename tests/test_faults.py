@@ -1,0 +1,357 @@
+"""API faults on the wire: the real ``anthropic`` SDK against the loopback scripted server (and, for
+undecodable SSE, a few lines of raw HTTP), driven through a session in this process.
+
+Transient HTTP failures are the SDK's to retry (``max_retries`` = ``Limits.api_max_retries``; the
+server's ``retry-after-ms`` keeps its backoff short). A stream that breaks part-way is the loop's:
+requested again as a whole (partial blocks tombstoned, running tools aborted, a new executor for the
+new stream) or, with no retry left, the end of the run with every tool_use it showed paired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import structlog
+
+from fsm import log
+from fsm.audit import audit_file
+from fsm.events import ModelError
+from fsm.model import ModelCallError, ModelRequest
+from fsm.options import Options
+from fsm.result import RunResult
+from fsm.session import Session
+from fsm.state import Limits, Message, TerminalReason
+from fsm.testing.canonical import canonical_requests
+from fsm.testing.scenario import load_scenario, parse_response
+from fsm.testing.scripted import ScriptedModel, stream_error
+from fsm.testing.server import ScriptedServer
+from fsm.transport import AnthropicTransport
+from tools.base import Tool, ToolContext, ToolOutput
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leave_structlog_as_found() -> Iterator[None]:
+    """Sessions configure structlog process-wide (``fsm.log``); put it back for the modules after."""
+    was_configured, saved = structlog.is_configured(), structlog.get_config()
+    yield
+    log.configure("off")  # closes a log file the CLI may have opened
+    if was_configured:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()
+
+pytestmark = pytest.mark.server
+T = TerminalReason
+
+
+class SlowTool(Tool):
+    """Sleeps (10 s, or not at all with ``quick``) and records what happened to each call, so a test
+    can see a call cancelled by an abort and another one started by a fresh executor."""
+
+    name = "Slow"
+    description = "Waits."
+    input_schema = {"type": "object", "properties": {"quick": {"type": "boolean"}}}
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def interrupt_behavior(self) -> Any:
+        return "cancel"
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        self.events.append(("start", ctx.tool_use_id))
+        try:
+            await asyncio.sleep(0 if input.get("quick") else 10)
+        except asyncio.CancelledError:
+            self.events.append(("cancelled", ctx.tool_use_id))
+            raise
+        self.events.append(("done", ctx.tool_use_id))
+        return ToolOutput("slept")
+
+
+@attrs.define
+class WireRun:
+    result: RunResult
+    bodies: list[dict[str, Any]]
+    out: list[dict[str, Any]]
+    history: tuple[Message, ...]
+    trace: Path
+
+    @property
+    def requests(self) -> list[list[str]]:
+        return canonical_requests(self.bodies)
+
+    def system(self, subtype: str) -> list[dict[str, Any]]:
+        return [m for m in self.out if m["type"] == "system" and m.get("subtype") == subtype]
+
+    def shown_pairs(self) -> tuple[list[str], list[str]]:
+        uses = [b["id"] for m in self.out if m["type"] == "assistant" for b in m["message"]["content"]
+                if b["type"] == "tool_use"]
+        results = [b["tool_use_id"] for m in self.out if m["type"] == "user"
+                   for b in m["message"]["content"] if b.get("type") == "tool_result"]
+        return uses, results
+
+
+async def over_the_wire(tmp: Path, ws: Path, responses: Sequence[Any], *, limits: Limits | None = None,
+                        fallback: tuple[str, ...] = (), extra_tools: tuple[Tool, ...] = (),
+                        base_url: str | None = None) -> WireRun:
+    limits = limits or Limits()
+    options = Options(tools=("Read",), permission_mode="bypassPermissions", cwd=ws, limits=limits,
+                      fallback_models=fallback, extra_tools=extra_tools, sessions_dir=tmp / "sessions",
+                      setting_sources=())
+    out: list[dict[str, Any]] = []
+    server = ScriptedServer(load_scenario({"prompt": "go", "responses": list(responses)}, ws=str(ws)))
+    url = base_url or await server.start_async()
+    try:
+        client = AnthropicTransport(api_key="sk-test", base_url=url, max_retries=limits.api_max_retries)
+        session = Session(options, client=client, emit=out.append)
+        try:
+            result = await session.run("go")
+        finally:
+            await session.aclose()
+            await client.aclose()
+    finally:
+        await server.stop_async()
+    assert session.trace_path is not None
+    return WireRun(result, server.requests, out, session.history, session.trace_path)
+
+
+def text(t: str, **kw: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "text", "text": t}], "stop_reason": "end_turn", **kw}
+
+
+def use(tid: str, name: str, inp: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tid, "name": name, "input": dict(inp)}
+
+
+def pairs_ok(history: Sequence[Message]) -> bool:
+    for i, m in enumerate(history):
+        if m.role == "assistant" and m.tool_use_ids():
+            if i + 1 >= len(history) or sorted(history[i + 1].tool_result_ids()) != sorted(m.tool_use_ids()):
+                return False
+    return True
+
+
+# --- transient HTTP failures: the SDK retries ---------------------------------------------------
+
+
+@pytest.mark.parametrize("status,etype", [(429, "rate_limit_error"), (500, "api_error"),
+                                          (503, "api_error"), (529, "overloaded_error")])
+async def test_transient_http_errors_are_retried_by_the_sdk(status: int, etype: str, tmp_path: Path,
+                                                           scripted_workspace: Path) -> None:
+    err = {"status": status, "error_type": etype, "message": f"HTTP {status}", "retry_after_s": 0.01}
+    run = await over_the_wire(tmp_path, scripted_workspace, [err, err, text("after two retries")])
+    assert len(run.bodies) == 3 and run.requests == [["U:go"]] * 3
+    assert run.result.terminal_reason is T.COMPLETED and run.result.result == "after two retries"
+    assert audit_file(run.trace) == []
+
+
+async def test_retries_exhausted_without_fallback_is_api_error(tmp_path: Path,
+                                                                scripted_workspace: Path) -> None:
+    err = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01}
+    run = await over_the_wire(tmp_path, scripted_workspace, [err] * 3, limits=Limits(api_max_retries=2))
+    assert len(run.bodies) == 3
+    res = run.result
+    assert (res.terminal_reason, res.is_error, res.result) == (T.API_ERROR, True, "Overloaded")
+
+
+async def test_non_retryable_4xx_is_api_error_with_the_apis_message(tmp_path: Path,
+                                                                    scripted_workspace: Path) -> None:
+    err = {"status": 403, "error_type": "permission_error",
+           "message": "Your API key does not have permission to use the specified resource."}
+    run = await over_the_wire(tmp_path, scripted_workspace, [err, text("never sent")])
+    assert len(run.bodies) == 1  # a 403 is never retried
+    res = run.result
+    assert (res.terminal_reason, res.subtype, res.is_error) == (T.API_ERROR, "success", True)
+    assert res.result == err["message"]
+    assert audit_file(run.trace) == []
+
+
+async def test_connection_refused_is_api_error(tmp_path: Path, scripted_workspace: Path) -> None:
+    # a port nobody listens on: the SDK's connection error, after its (here: no) retries
+    run = await over_the_wire(tmp_path, scripted_workspace, [], limits=Limits(api_max_retries=0),
+                              base_url="http://127.0.0.1:9")
+    assert run.result.terminal_reason is T.API_ERROR and "Connection error" in (run.result.result or "")
+    assert audit_file(run.trace) == []
+
+
+async def test_fallback_model_takes_over_when_the_primary_is_overloaded(tmp_path: Path,
+                                                                       scripted_workspace: Path) -> None:
+    err = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01}
+    run = await over_the_wire(tmp_path, scripted_workspace, [err, err, err, text("haiku here")],
+                              limits=Limits(api_max_retries=2), fallback=("claude-haiku-4-5",))
+    assert [b["model"] for b in run.bodies] == ["claude-sonnet-4-5"] * 3 + ["claude-haiku-4-5"]
+    assert run.result.terminal_reason is T.COMPLETED and run.result.result == "haiku here"
+    transitions = [json.loads(line) for line in run.trace.read_text().splitlines()]
+    assert [r["trigger"] for r in transitions if r["type"] == "transition"].count("fallback_retry") == 1
+    assert audit_file(run.trace) == []
+
+
+# --- streams that break part-way: the loop retries the whole response --------------------------
+
+
+async def test_broken_stream_is_retried_as_a_whole(tmp_path: Path, scripted_workspace: Path) -> None:
+    slow = SlowTool()
+    broken = {"blocks": [use("s1", "Slow", {}), {"type": "text", "text": "and then"}],
+              "stop_reason": "tool_use", "break_after": 1, "block_delay_s": 0.2}
+    again = {"blocks": [use("s2", "Slow", {"quick": True})], "stop_reason": "tool_use"}
+    run = await over_the_wire(tmp_path, scripted_workspace, [broken, again, text("done")],
+                              extra_tools=(slow,))
+    # nothing of the broken response was kept: the retry carries the prompt only
+    assert run.requests == [["U:go"], ["U:go"], ["U:go", "use:s2:Slow", "res:s2:ok"]]
+    # s1 started while streaming and was aborted with its executor; s2 ran on a new one
+    assert slow.events == [("start", "s1"), ("cancelled", "s1"), ("start", "s2"), ("done", "s2")]
+    # what the broken response showed was withdrawn
+    tombstones = run.system("tombstone")
+    assert len(tombstones) == 1 and tombstones[0]["blocks"] == 1 and tombstones[0]["tool_use_ids"] == ["s1"]
+    assert not any(b.get("id") == "s1" or b.get("tool_use_id") == "s1"
+                   for m in run.history for b in m.content)
+    assert run.result.terminal_reason is T.COMPLETED
+    assert audit_file(run.trace) == []
+
+
+async def test_broken_stream_with_no_retry_left_pairs_every_started_tool(tmp_path: Path,
+                                                                         scripted_workspace: Path) -> None:
+    slow = SlowTool()
+    broken = {"blocks": [use("r1", "Read", {"file_path": f"{scripted_workspace}/a.txt"}),
+                         use("s1", "Slow", {}), {"type": "text", "text": "never shown"}],
+              "stop_reason": "tool_use", "break_after": 2, "block_delay_s": 0.2}
+    run = await over_the_wire(tmp_path, scripted_workspace, [broken, text("never sent")],
+                              limits=Limits(stream_retries=0), extra_tools=(slow,))
+    assert len(run.bodies) == 1
+    res = run.result
+    assert (res.terminal_reason, res.is_error) == (T.API_ERROR, True)
+    assert "Stream interrupted" in (res.result or "")
+    assert pairs_ok(run.history)
+    assistant, results = run.history[-2], run.history[-1]
+    assert assistant.tool_use_ids() == ["r1", "s1"]
+    by_id = {b["tool_use_id"]: b for b in results.content}
+    assert "ALPHA" in str(by_id["r1"]["content"]) and not by_id["r1"].get("is_error")  # Read had finished
+    assert by_id["s1"]["is_error"] is True and "discarded" in by_id["s1"]["content"]
+    assert ("cancelled", "s1") in slow.events
+    uses, shown = run.shown_pairs()
+    assert sorted(uses) == sorted(shown) == ["r1", "s1"]
+    assert audit_file(run.trace) == []
+
+
+@pytest.mark.parametrize("sse,retried", [("overloaded_error", True), ("api_error", True),
+                                         ("invalid_request_error", False)])
+async def test_sse_error_event_mid_stream(sse: str, retried: bool, tmp_path: Path,
+                                          scripted_workspace: Path) -> None:
+    failing = text("half an answ", sse_error=sse)
+    run = await over_the_wire(tmp_path, scripted_workspace, [failing, text("whole answer")])
+    if retried:
+        assert len(run.bodies) == 2 and run.result.terminal_reason is T.COMPLETED
+        assert len(run.system("tombstone")) == 1
+    else:
+        assert len(run.bodies) == 1 and run.result.terminal_reason is T.API_ERROR
+        # what was shown is kept as the answer's partial text, not withdrawn
+        assert run.history[-1].text() == "half an answ"
+    assert audit_file(run.trace) == []
+
+
+async def test_stream_retries_exhausted_then_fallback(tmp_path: Path, scripted_workspace: Path) -> None:
+    broken = {"blocks": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}], "break_after": 1}
+    run = await over_the_wire(tmp_path, scripted_workspace, [broken, broken, text("fallback answer")],
+                              limits=Limits(stream_retries=1), fallback=("claude-haiku-4-5",))
+    assert [b["model"] for b in run.bodies] == ["claude-sonnet-4-5", "claude-sonnet-4-5", "claude-haiku-4-5"]
+    assert run.result.terminal_reason is T.COMPLETED and run.result.result == "fallback answer"
+    assert audit_file(run.trace) == []
+
+
+# --- malformed streams: model_error -------------------------------------------------------------
+
+
+async def test_stream_without_stop_reason_is_model_error(tmp_path: Path, scripted_workspace: Path) -> None:
+    run = await over_the_wire(tmp_path, scripted_workspace,
+                              [{"blocks": [{"type": "text", "text": "hi"}], "stop_reason": None}])
+    res = run.result
+    assert (res.terminal_reason, res.subtype, res.is_error) == (T.MODEL_ERROR, "error_during_execution", True)
+    assert "stop_reason" in res.errors[0]
+    assert audit_file(run.trace) == []
+
+
+async def _undecodable_sse_server() -> tuple[asyncio.Server, str]:
+    """Answers every request with a stream whose second event's data is not JSON."""
+    message = {"type": "message_start", "message": {
+        "id": "msg_x", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 1}}}
+    sse = (f"event: message_start\ndata: {json.dumps(message)}\n\n"
+           "event: content_block_start\ndata: {\"type\": \"content_block_start\", \"index\": 0,\n\n").encode()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(sse), sse))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_undecodable_sse_is_model_error(tmp_path: Path, scripted_workspace: Path) -> None:
+    server, url = await _undecodable_sse_server()
+    try:
+        run = await over_the_wire(tmp_path, scripted_workspace, [], base_url=url,
+                                  limits=Limits(api_max_retries=0))
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert run.result.terminal_reason is T.MODEL_ERROR
+    assert "Malformed stream" in run.result.errors[0]
+    assert audit_file(run.trace) == []
+
+
+# --- the two transports agree on what a broken stream means --------------------------------------
+
+
+@pytest.mark.parametrize("raw", [
+    {"blocks": [{"type": "text", "text": "x"}], "sse_error": "overloaded_error"},
+    {"blocks": [{"type": "text", "text": "x"}], "sse_error": "api_error"},
+    {"blocks": [{"type": "text", "text": "x"}],
+     "sse_error": {"type": "invalid_request_error", "message": "no"}},
+    {"blocks": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}], "break_after": 1},
+])
+async def test_sdk_transport_classifies_broken_streams_like_the_scripted_model(raw: dict[str, Any]) -> None:
+    resp = parse_response(raw)
+    expected = stream_error(resp)  # type: ignore[arg-type]
+    request = ModelRequest("claude-sonnet-4-5", (), ({"role": "user", "content": "hi"},), (), 100)
+    errors: list[ModelError] = []
+    for client_of in ("scripted", "sdk"):
+        async with ScriptedServer([raw]) as server:
+            client: Any = (ScriptedModel([raw]) if client_of == "scripted"
+                           else AnthropicTransport(api_key="k", base_url=server.base_url, max_retries=0))
+            with pytest.raises(ModelCallError) as caught:
+                async for _ in client.stream(request):
+                    pass
+            errors.append(caught.value.error)
+            if client_of == "sdk":
+                await client.aclose()
+    scripted, sdk = errors
+    assert scripted == expected
+    assert (sdk.kind, sdk.retryable, sdk.status) == (expected.kind, expected.retryable, expected.status)
+
+
+async def test_abort_while_waiting_for_the_first_event_ends_at_once(tmp_path: Path) -> None:
+    """An interrupt during a slow answer (or the SDK's retry backoff) does not wait for the stream."""
+    model = ScriptedModel([{"blocks": [{"type": "text", "text": "late"}], "stop_reason": "end_turn",
+                            "delay_s": 30}])
+    session = Session(Options(cwd=tmp_path, sessions_dir=tmp_path / "s", tools=("Read",)), client=model)
+    run = asyncio.ensure_future(session.run("hello"))
+    await asyncio.sleep(0.2)
+    session.abort()
+    result = await asyncio.wait_for(run, timeout=5)
+    await session.aclose()
+    assert result.terminal_reason is TerminalReason.ABORTED_STREAMING and result.is_error
+    assert model.count == 1
+    assert [f for f in audit_file(session.trace_path) if f.is_error] == []

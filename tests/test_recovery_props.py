@@ -1,0 +1,161 @@
+"""Random interleavings of model failures through the real driver (in process).
+
+Hypothesis scripts whole conversations from the testing kit's strategies — answers, tool calls
+(valid, invalid, unparsable), malformed tool use, max_tokens, thinking-only, prompt-too-long, API
+errors (429/500/529 retried by a mimicked SDK, 400s final), streams that break or send an SSE error —
+under small random caps, with or without a fallback model and a Stop hook that keeps blocking. Every
+run must end with a result whose subtype matches its terminal reason, never send a request after
+that, keep every counter within its cap, pair every tool_use, and leave a session file the auditor
+finds clean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fsm import log
+from fsm.audit import audit_file
+from fsm.model import ModelRequest
+from fsm.options import Options
+from fsm.request import normalize
+from fsm.session import Session
+from fsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, TerminalReason
+from fsm.testing.scenario import Response, exhausted_response
+from fsm.testing.scripted import ScriptedModel
+from fsm.testing.strategies import loop_limits, model_behaviours, tool_call_responses, unique_tool_ids
+from hooks import HookMatcher
+from hooks.events import HookOutput
+from tools.base import Tool, ToolContext, ToolOutput
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _leave_structlog_as_found() -> Iterator[None]:
+    """Sessions configure structlog process-wide (``fsm.log``); put it back for the modules after."""
+    was_configured, saved = structlog.is_configured(), structlog.get_config()
+    yield
+    log.configure("off")  # closes a log file the CLI may have opened
+    if was_configured:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()
+
+
+class Echo(Tool):
+    """Concurrency-safe and side-effect free: the property is about the loop, not the filesystem."""
+
+    name = "Echo"
+    description = "Echo a text."
+    input_schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
+                    "additionalProperties": False}
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        return ToolOutput(input["text"])
+
+
+class Tally(Tool):
+    """Concurrency-unsafe (a barrier for the executor) and counting, still without side effects."""
+
+    name = "Tally"
+    description = "Count to n."
+    input_schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 5}},
+                    "required": ["n"]}
+
+    async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        await asyncio.sleep(0)
+        return ToolOutput(list(range(input["n"])))
+
+
+TOOLS = (Echo(), Tally())
+ERROR_REASONS_NEVER_EXPECTED = {TerminalReason.MODEL_ERROR, TerminalReason.TURN_SETUP_FAILED}
+AFTER_ABORT = {TerminalReason.ABORTED_STREAMING, TerminalReason.ABORTED_TOOLS, TerminalReason.API_ERROR,
+               TerminalReason.PROMPT_TOO_LONG, TerminalReason.IMAGE_ERROR}
+
+
+async def drive(tmp: Path, behaviour: list[Response], limits: Limits, *, retries: int, fallback: bool,
+                block_stop: bool, abort_at: int | None = None) -> None:
+    ws = tmp / "ws"
+    ws.mkdir()
+    out: list[dict[str, Any]] = []
+    late: list[int] = []
+
+    def answer(request: ModelRequest, n: int) -> Response:
+        if out and out[-1].get("type") == "result":
+            late.append(n)  # recorded, not raised: an exception here would become a model error
+        if n == abort_at:
+            session.interrupt()  # the user cancels while this request is under way
+        return behaviour[n] if n < len(behaviour) else exhausted_response()
+
+    hooks = {"Stop": [HookMatcher(hooks=(lambda _r: HookOutput.block("keep going"),))]} if block_stop else {}
+    options = Options(tools=(), extra_tools=TOOLS, permission_mode="bypassPermissions", cwd=ws, limits=limits,
+                      fallback_models=("claude-haiku-4-5",) if fallback else (), hooks=hooks,
+                      sessions_dir=tmp / "sessions", setting_sources=())
+    model = ScriptedModel(answer, max_retries=retries, time_scale=0)
+    session = Session(options, client=model, emit=out.append)
+    try:
+        result = await asyncio.wait_for(session.run("go"), 20)
+    finally:
+        await session.aclose()
+
+    if abort_at is not None and abort_at < model.count:
+        # cancelled mid-request: the run ends aborted — or with the error that request came back with
+        assert result.terminal_reason in AFTER_ABORT, result.terminal_reason
+    # a result, classified as the terminal table says, and nothing asked of the model after it
+    info = TERMINAL_INFO[result.terminal_reason]
+    assert (result.subtype, result.is_error) == (info.subtype, info.is_error)
+    assert out[-1]["type"] == "result" and out[-1]["terminal_reason"] == result.terminal_reason.value
+    assert not late, f"requests {late} were sent after the result"
+    assert result.terminal_reason not in ERROR_REASONS_NEVER_EXPECTED, (result.terminal_reason, result.errors)
+    # bounded: each request takes one scripted answer, and only blocking Stop hooks add requests past
+    # the script's end (up to their cap)
+    assert model.count <= len(behaviour) + limits.stop_hook_block_cap + 2
+    # counters within their caps at the end (the auditor checks every step of the trace)
+    state = session.last_state
+    counters = state.counters()
+    for counter, cap in COUNTER_CAPS.items():
+        assert counters[counter] <= getattr(limits, cap), counter
+    if limits.max_turns is not None:
+        assert state.turn_count <= limits.max_turns
+    # the history a resumed session would send: alternating roles, every tool_use answered once
+    wire = normalize(state.messages)
+    assert [m["role"] for m in wire] == ["user", "assistant"] * (len(wire) // 2) + ["user"] * (len(wire) % 2)
+    all_uses = [b["id"] for m in wire for b in m["content"] if b.get("type") == "tool_use"]
+    assert len(all_uses) == len(set(all_uses)), f"a tool_use occurs twice: {all_uses}"
+    for i, m in enumerate(wire):
+        uses = [b["id"] for b in m["content"] if b.get("type") == "tool_use"]
+        if uses:
+            assert i + 1 < len(wire)
+            got = [b["tool_use_id"] for b in wire[i + 1]["content"] if b.get("type") == "tool_result"]
+            assert sorted(got) == sorted(uses)
+    # the session file: declared moves only, counters within caps, every request paired, no request
+    # after stop
+    assert session.trace_path is not None
+    findings = audit_file(session.trace_path)
+    assert findings == [], findings
+
+
+# A few good tool turns first, sometimes: a conversation with history is what reactive compaction,
+# counter resets and pairing across turns need, and a purely random script rarely builds one.
+conversations = st.tuples(st.lists(tool_call_responses(TOOLS, True), max_size=3),
+                          model_behaviours(TOOLS, max_size=8)).map(lambda t: unique_tool_ids([*t[0], *t[1]]))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(behaviour=conversations, limits=loop_limits(), retries=st.integers(0, 2), fallback=st.booleans(),
+       block_stop=st.booleans(), abort_at=st.one_of(st.none(), st.integers(0, 8)))
+def test_random_failures_keep_every_invariant(behaviour: list[Response], limits: Limits, retries: int,
+                                              fallback: bool, block_stop: bool, abort_at: int | None) -> None:
+    with tempfile.TemporaryDirectory(prefix="agentfsm-props-") as tmp:
+        asyncio.run(drive(Path(tmp), behaviour, limits, retries=retries, fallback=fallback,
+                          block_stop=block_stop, abort_at=abort_at))
