@@ -232,7 +232,7 @@ class _Auditor:
                 rewriting = True
                 continue
             if kind == "message":
-                if rec.get("kind") == "prompt" and not rewriting:
+                if rec.get("kind") in ("prompt", "erased_prompt") and not rewriting:
                     self._end_run()
                 continue
             rewriting = False

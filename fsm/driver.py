@@ -159,23 +159,37 @@ class Driver:
                              tool_names=tool_names)
         content = prompt if not isinstance(prompt, str) else ({"type": "text", "text": prompt},)
         first = Message("user", tuple(content), kind="prompt")
-        self.trace.message(first)
+        text = prompt if isinstance(prompt, str) else "".join(b.get("text", "") for b in content)
         setup_failure: SetupFailed | None = None
+        erased = False
         if self._setup_error is not None:
             setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
         else:
+            submitted = await self.hooks.user_prompt_submit(text)
+            if submitted is not None and (getattr(submitted, "blocked", False)
+                                          or getattr(submitted, "stop", False)):
+                # a blocked prompt (exit 2, decision block) or `continue: false` is erased: it never
+                # reaches the model or the history
+                reason = (getattr(submitted, "stop_reason", "") if getattr(submitted, "stop", False)
+                          else getattr(submitted, "reason", "")) or "prompt blocked by hook"
+                setup_failure = SetupFailed(TerminalReason.HOOK_STOPPED, reason)
+                erased = True
+            else:
+                extra = tuple(getattr(submitted, "additional_context", ()) or ()) if submitted else ()
+                if extra:
+                    first = attrs.evolve(first, content=first.content + tuple(
+                        {"type": "text", "text": prompts.reminder(c)} for c in extra))
+        # the prompt record marks where this run starts in the file (before anything the run
+        # writes); an erased one is recorded as such, and resume leaves it out of the history
+        self.trace.message(attrs.evolve(first, kind="erased_prompt") if erased else first)
+        if setup_failure is None:
             history, setup_failure = await self._resume_deferred(tuple(history), first)
-        state = LoopState(messages=(*history, first), tool_use_context=ctx)
+        messages: tuple[Message, ...] = tuple(history) if erased else (*history, first)
+        state = LoopState(messages=messages, tool_use_context=ctx)
         machine = graph.LoopMachine(state)
-        text = prompt if isinstance(prompt, str) else "".join(b.get("text", "") for b in content)
         try:
             if setup_failure is not None:
                 self._apply(machine, setup_failure)
-            else:
-                blocked = await self.hooks.user_prompt_submit(text)
-                if blocked is not None and getattr(blocked, "blocked", False):
-                    reason = getattr(blocked, "reason", "") or "prompt blocked by hook"
-                    self._apply(machine, SetupFailed(TerminalReason.HOOK_STOPPED, reason))
             await self._loop(machine)
         except asyncio.CancelledError:
             if machine.phase is not Phase.STOP:

@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from fsm import log
+from fsm import log, prompts
 from fsm.cost import add_usage
 from fsm.driver import Driver, Emit, LoopHooks
 from fsm.gate import OpenGate
@@ -234,8 +234,11 @@ class Session:
             current = prompt if prompt is not None else self._take_prompt()
             if current is None:
                 raise ValueError("nothing to run: no prompt given and nothing queued")
+            first_run = not self._header_written
             self._write_header()
             self._emit(self.init_message())
+            if first_run:
+                current = await self._session_start(current)
             started = time.monotonic()
             cost_before = self._subagent_cost
             results: list[RunResult] = []
@@ -287,6 +290,20 @@ class Session:
         self.queue.settle(TERMINAL_INFO[result.terminal_reason].controlled)
         return result
 
+    async def _session_start(self, prompt: Prompt) -> Prompt:
+        """Fire SessionStart once per session (not for subagents); its context rides with the first
+        prompt as a reminder, the way Claude Code adds it to the conversation."""
+        start = getattr(self.hooks, "session_start", None)
+        if start is None or self.options.agent_type is not None:
+            return prompt
+        source = "resume" if self.resumed else ("fork" if self.options.parent_session_id else "startup")
+        outcome = await start(source)
+        extra = tuple(getattr(outcome, "additional_context", ()) or ())
+        if not extra:
+            return prompt
+        blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else list(prompt)
+        return [*blocks, *({"type": "text", "text": prompts.reminder(c)} for c in extra)]
+
     def _driver_emit(self, msg: dict[str, Any]) -> None:
         # Each assistant block is in the session file as soon as it is complete — before its tool
         # runs — so a crash mid-tool leaves the dangling tool_use that resume repairs
@@ -328,6 +345,9 @@ class Session:
         self._closed = True
         await self._stop_background()
         self.queue.discard()
+        end = getattr(self.hooks, "session_end", None)
+        if end is not None and self._header_written and self.options.agent_type is None:
+            await end("other")
         self.trace.close()
         client = self._client
         if self._owns_client and client is not None and hasattr(client, "aclose"):

@@ -75,6 +75,9 @@ def load_history(path: Path) -> tuple[Message, ...]:
                 streamed, streamed_id = [], rec.get("message_id")
             if isinstance(rec.get("block"), Mapping):
                 streamed.append(rec["block"])
+        elif kind == "message" and rec.get("kind") == "erased_prompt":
+            recover()  # a run whose prompt a UserPromptSubmit hook erased: nothing of it is history
+            streamed, streamed_id = [], None
         elif kind == "message":
             if rec.get("kind") == "prompt" and rec.get("role") == "user":
                 recover()  # a new run starts: an unrecorded response of the last one is rebuilt

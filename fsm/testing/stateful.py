@@ -316,7 +316,7 @@ class _StepChecker:
             self._rewriting = True
             return
         if kind == "message":
-            if rec.get("kind") == "prompt" and not self._rewriting:
+            if rec.get("kind") in ("prompt", "erased_prompt") and not self._rewriting:
                 self.legs += 1
                 self.at, self.stopped = _START, False
             return
@@ -363,7 +363,7 @@ def _split_legs(records: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str,
         if kind == "compact_boundary":
             rewriting = True
         elif kind == "message":
-            if rec.get("kind") == "prompt" and not rewriting:
+            if rec.get("kind") in ("prompt", "erased_prompt") and not rewriting:
                 legs.append([])
         else:
             rewriting = False

@@ -1,0 +1,78 @@
+"""UserPromptSubmit, SessionStart and SessionEnd hooks fire at their places in a real session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fsm.audit import audit_file
+from fsm.options import Options
+from fsm.session import Session
+from fsm.sessions import load_history
+from fsm.state import TerminalReason
+from fsm.testing.scripted import ScriptedModel
+from hooks import HookMatcher, HookOutput
+
+ANSWER = {"blocks": [{"type": "text", "text": "ANSWER"}], "stop_reason": "end_turn"}
+
+
+def session(tmp_path: Path, hooks: dict[str, Any], model: ScriptedModel) -> Session:
+    return Session(Options(cwd=tmp_path, sessions_dir=tmp_path / "s", tools=("Read",), hooks=hooks),
+                   client=model)
+
+
+def user_texts(model: ScriptedModel) -> list[str]:
+    return [b["text"] for m in model.requests[0].messages if m["role"] == "user"
+            for b in m["content"] if b.get("type") == "text"]
+
+
+async def test_continue_false_erases_the_prompt_and_stops(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER])
+    s = session(tmp_path, {"UserPromptSubmit": [HookMatcher(hooks=[lambda _r: HookOutput.stop("no today")])]},
+                model)
+    result = await s.run("hello")
+    await s.aclose()
+    assert result.terminal_reason is TerminalReason.HOOK_STOPPED and not result.is_error
+    assert result.result == "Operation stopped by hook: no today"
+    assert model.count == 0 and s.history == ()
+    assert load_history(s.trace_path) == ()  # erased: resume does not bring it back
+    assert [f for f in audit_file(s.trace_path) if f.is_error] == []
+
+
+async def test_blocked_prompt_is_erased_and_the_next_prompt_runs(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER])
+    block_secret = HookMatcher(hooks=[lambda r: HookOutput.block("no secrets") if "secret" in r.prompt
+                                      else None])
+    s = session(tmp_path, {"UserPromptSubmit": [block_secret]}, model)
+    first = await s.run("my secret")
+    second = await s.run("plain question")
+    await s.aclose()
+    assert first.terminal_reason is TerminalReason.HOOK_STOPPED
+    assert second.terminal_reason is TerminalReason.COMPLETED and second.result == "ANSWER"
+    assert model.count == 1 and user_texts(model) == ["plain question"]
+    assert [f for f in audit_file(s.trace_path) if f.is_error] == []
+
+
+async def test_prompt_and_session_start_context_reach_the_model(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER])
+    seen: list[str] = []
+
+    def on_end(record: Any) -> None:
+        seen.append(f"end:{record.reason}")
+
+    hooks = {
+        "SessionStart": [HookMatcher(hooks=[lambda r: (seen.append(f"start:{r.source}"),
+                                                         HookOutput.context("PROJECT_RULES"))[1]])],
+        "UserPromptSubmit": [HookMatcher(hooks=[lambda _r: HookOutput.context("PROMPT_NOTE")])],
+        "SessionEnd": [HookMatcher(hooks=[on_end])],
+    }
+    s = session(tmp_path, hooks, model)
+    result = await s.run("hello")
+    assert seen == ["start:startup"]
+    await s.aclose()
+    assert seen == ["start:startup", "end:other"]
+    assert result.result == "ANSWER"
+    texts = user_texts(model)
+    assert texts[0] == "hello"
+    assert any("PROJECT_RULES" in t and t.startswith("<system-reminder>") for t in texts)
+    assert any("PROMPT_NOTE" in t and t.startswith("<system-reminder>") for t in texts)
