@@ -76,3 +76,19 @@ async def test_prompt_and_session_start_context_reach_the_model(tmp_path: Path) 
     assert texts[0] == "hello"
     assert any("PROJECT_RULES" in t and t.startswith("<system-reminder>") for t in texts)
     assert any("PROMPT_NOTE" in t and t.startswith("<system-reminder>") for t in texts)
+
+
+async def test_a_stop_hook_that_always_blocks_ends_after_one_plus_eight_requests(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER] * 12)
+    emitted: list[dict[str, Any]] = []
+    s = Session(Options(cwd=tmp_path, sessions_dir=tmp_path / "s", tools=("Read",),
+                        hooks={"Stop": [HookMatcher(hooks=[lambda _r: HookOutput.block("keep going")])]}),
+                client=model, emit=emitted.append)
+    result = await s.run("hello")
+    await s.aclose()
+    assert model.count == 1 + 8
+    assert result.terminal_reason is TerminalReason.COMPLETED and not result.is_error
+    assert any(m.get("subtype") == "warning" and "8 times" in m.get("message", "") for m in emitted)
+    last = model.requests[-1].messages
+    assert sum("keep going" in b.get("text", "") for m in last for b in m["content"]) == 8
+    assert [f for f in audit_file(s.trace_path) if f.is_error] == []
