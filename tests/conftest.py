@@ -18,6 +18,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=100, print_blob=True)
@@ -64,3 +65,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("property_suite") or item.get_closest_marker("after_property_suite"):
                 item.add_marker(pytest.mark.timeout(_NIGHTLY_TIMEOUT_S), append=False)
+
+
+@pytest.fixture(autouse=True)
+def _leave_structlog_as_found() -> Iterator[None]:
+    """Sessions configure structlog process-wide (``fsm.log``: ``off`` for library use, a JSON file for
+    the CLI). After every test, close any log file a run opened and put back what the process had,
+    so a later test that captures logs sees structlog as it was."""
+    from fsm import log
+
+    was_configured, saved = structlog.is_configured(), structlog.get_config()
+    yield
+    log.configure("off")
+    if was_configured:
+        structlog.configure(**saved)
+    else:
+        structlog.reset_defaults()

@@ -6,32 +6,18 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import structlog
 
 import fsm
 from fsm.api import InputError, parse_input
 from fsm.options import Options
 from fsm.testing.scripted import ScriptedModel
 from tools.base import ToolContext, tool
-
-
-@pytest.fixture(autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog (``off``) for library use; put back what the process had, so
-    later tests that capture logs see structlog as they left it."""
-    configured, config = structlog.is_configured(), structlog.get_config()
-    yield
-    if configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
-
 
 READ = {"blocks": [{"type": "tool_use", "id": "toolu_r", "name": "Read",
                     "input": {"file_path": "$WS/probe-fixture.txt"}}]}

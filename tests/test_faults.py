@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import structlog
 
-from fsm import log
 from fsm.audit import audit_file
 from fsm.events import ModelError
 from fsm.model import ModelCallError, ModelRequest
@@ -33,18 +31,6 @@ from fsm.testing.scripted import ScriptedModel, stream_error
 from fsm.testing.server import ScriptedServer
 from fsm.transport import AnthropicTransport
 from tools.base import Tool, ToolContext, ToolOutput
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog process-wide (``fsm.log``); put it back for the modules after."""
-    was_configured, saved = structlog.is_configured(), structlog.get_config()
-    yield
-    log.configure("off")  # closes a log file the CLI may have opened
-    if was_configured:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
 
 pytestmark = pytest.mark.server
 T = TerminalReason

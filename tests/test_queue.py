@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from fsm.driver import InputQueue as DriverInputQueue
 from fsm.options import Options
@@ -18,18 +17,6 @@ from fsm.state import Limits
 from fsm.testing.scripted import ScriptedModel
 from fsm.trace import read_records
 from tools.base import ToolContext, tool
-
-
-@pytest.fixture(autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog (``off``) for library use; put back what the process had, so
-    later tests that capture logs see structlog as they left it."""
-    configured, config = structlog.is_configured(), structlog.get_config()
-    yield
-    if configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
 
 
 def lifecycle(messages: list[dict[str, Any]], uid: str | None = None) -> list[str]:

@@ -20,7 +20,6 @@ from typing import Any
 
 import attrs
 import pytest
-import structlog
 
 from fsm import log, prompts
 from fsm.audit import audit_file
@@ -32,18 +31,6 @@ from fsm.testing.canonical import canonical_requests
 from fsm.testing.scenario import load_scenario, populate_workspace
 from fsm.testing.scripted import ScriptedModel
 from fsm.testing.server import ScriptedServer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog process-wide (``fsm.log``); put it back for the modules after."""
-    was_configured, saved = structlog.is_configured(), structlog.get_config()
-    yield
-    log.configure("off")  # closes a log file the CLI may have opened
-    if was_configured:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
 
 REFERENCE_ARGS = ["--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5",
                   "--tools", "Read", "--permission-mode", "bypassPermissions"]

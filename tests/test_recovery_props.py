@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm import log
 from fsm.audit import audit_file
 from fsm.model import ModelRequest
 from fsm.options import Options
@@ -35,18 +32,6 @@ from fsm.testing.strategies import loop_limits, model_behaviours, tool_call_resp
 from hooks import HookMatcher
 from hooks.events import HookOutput
 from tools.base import Tool, ToolContext, ToolOutput
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog process-wide (``fsm.log``); put it back for the modules after."""
-    was_configured, saved = structlog.is_configured(), structlog.get_config()
-    yield
-    log.configure("off")  # closes a log file the CLI may have opened
-    if was_configured:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
 
 
 class Echo(Tool):

@@ -10,12 +10,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from fsm.audit import check_request
 from fsm.options import Options
@@ -23,19 +22,6 @@ from fsm.sessions import DANGLING_RESULT, heal_tail, latest_session, load_histor
 from fsm.state import Limits, Message
 from fsm.testing.server import ScriptedServer
 from fsm.trace import TraceWriter, read_records
-
-
-@pytest.fixture(autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog (``off``) for library use; put back what the process had, so
-    later tests that capture logs see structlog as they left it."""
-    configured, config = structlog.is_configured(), structlog.get_config()
-    yield
-    if configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
-
 
 pytestmark = pytest.mark.server
 

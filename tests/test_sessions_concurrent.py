@@ -6,31 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 import fsm
 from fsm.options import Options
 from fsm.testing.server import ScriptedServer
 from fsm.trace import read_records
 from fsm.transport import AnthropicTransport
-
-
-@pytest.fixture(autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog (``off``) for library use; put back what the process had, so
-    later tests that capture logs see structlog as they left it."""
-    configured, config = structlog.is_configured(), structlog.get_config()
-    yield
-    if configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
-
 
 pytestmark = pytest.mark.server
 

@@ -9,12 +9,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from fsm.model import ModelRequest
 from fsm.options import AgentDefinition, Options
@@ -26,18 +25,6 @@ from fsm.trace import read_records
 from hooks.runner import HookMatcher
 from tools import AgentTool
 from tools.agent import task_notification
-
-
-@pytest.fixture(autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog (``off``) for library use; put back what the process had, so
-    later tests that capture logs see structlog as they left it."""
-    configured, config = structlog.is_configured(), structlog.get_config()
-    yield
-    if configured:
-        structlog.configure(**config)
-    else:
-        structlog.reset_defaults()
 
 
 def agent_call(prompt: str, *, background: bool = False, kind: str = "general-purpose",

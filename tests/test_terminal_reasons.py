@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import structlog
 
-from fsm import log
 from fsm.audit import audit_file
 from fsm.driver import Driver, LoopHooks
 from fsm.options import Options
@@ -33,18 +31,6 @@ from fsm.trace import TraceWriter
 from hooks import HookMatcher, build_gate
 from hooks.events import HookOutput
 from tools.base import ToolOutput, tool
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog process-wide (``fsm.log``); put it back for the modules after."""
-    was_configured, saved = structlog.is_configured(), structlog.get_config()
-    yield
-    log.configure("off")  # closes a log file the CLI may have opened
-    if was_configured:
-        structlog.configure(**saved)
-    else:
-        structlog.reset_defaults()
 
 T = TerminalReason
 

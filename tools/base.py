@@ -127,6 +127,20 @@ class Tool:
         return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
 
 
+class ReadOnlyTool(Tool):
+    """A tool that only reads: it may run beside other safe tools, is allowed in ``plan`` mode, and
+    an interrupt may cancel it (nothing half-written is left behind)."""
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    def is_read_only(self, input: Mapping[str, Any]) -> bool:
+        return True
+
+    def interrupt_behavior(self) -> InterruptBehavior:
+        return "cancel"
+
+
 ToolFn = Callable[[Mapping[str, Any], ToolContext], Awaitable[Any]]
 
 

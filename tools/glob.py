@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
+from tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
 from tools.read import CWD_NOTE
 
 T = TypeVar("T")
@@ -58,37 +58,42 @@ def expand_braces(pattern: str) -> list[str]:
     return [pattern]
 
 
+def glob_char(pat: str, i: int) -> tuple[str, int]:
+    """The regex for the glob token at ``pat[i]`` other than ``*`` (whose meaning differs between
+    Glob and gitignore rules): ``?``, a ``[...]`` class (``!``/``^`` negate), a ``\\`` escape or a
+    literal. Returns the regex and the index after the token."""
+    ch = pat[i]
+    if ch == "?":
+        return "[^/]", i + 1
+    if ch == "[":
+        j = i + 1
+        if j < len(pat) and pat[j] in "!^":
+            j += 1
+        if j < len(pat) and pat[j] == "]":
+            j += 1
+        while j < len(pat) and pat[j] != "]":
+            j += 1
+        if j >= len(pat):
+            return re.escape(ch), i + 1
+        body = pat[i + 1:j]
+        if body[:1] in ("!", "^"):
+            body = "^" + body[1:]
+        return "[" + body.replace("\\", "\\\\") + "]", j + 1
+    if ch == "\\" and i + 1 < len(pat):
+        return re.escape(pat[i + 1]), i + 2
+    return re.escape(ch), i + 1
+
+
 def _segment_regex(seg: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(seg):
-        ch = seg[i]
-        if ch == "*":
+        if seg[i] == "*":
             out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "[":
-            j = i + 1
-            if j < len(seg) and seg[j] in "!^":
-                j += 1
-            if j < len(seg) and seg[j] == "]":
-                j += 1
-            while j < len(seg) and seg[j] != "]":
-                j += 1
-            if j >= len(seg):
-                out.append(re.escape(ch))
-            else:
-                body = seg[i + 1:j]
-                if body[:1] in ("!", "^"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
-        elif ch == "\\" and i + 1 < len(seg):
             i += 1
-            out.append(re.escape(seg[i]))
         else:
-            out.append(re.escape(ch))
-        i += 1
+            piece, i = glob_char(seg, i)
+            out.append(piece)
     return "".join(out)
 
 
@@ -161,7 +166,7 @@ def find_files(root: str, pattern: str, stop: threading.Event | None = None) -> 
     return list(found.items())
 
 
-class GlobTool(Tool):
+class GlobTool(ReadOnlyTool):
     name = "Glob"
     description = (
         "Fast file pattern matching. Supports glob patterns like \"**/*.js\" or \"src/**/*.{ts,tsx}\" "
@@ -182,15 +187,6 @@ class GlobTool(Tool):
         "required": ["pattern"],
         "additionalProperties": False,
     }
-
-    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
-        return True
-
-    def is_read_only(self, input: Mapping[str, Any]) -> bool:
-        return True
-
-    def interrupt_behavior(self) -> InterruptBehavior:
-        return "cancel"
 
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         # Read rules cover Glob by the directory searched, not by the pattern.

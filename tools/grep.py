@@ -27,8 +27,8 @@ from typing import Any, Literal, cast
 
 import attrs
 
-from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
-from tools.glob import VCS_DIRS, display_path, expand_braces, run_stoppable
+from tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from tools.glob import VCS_DIRS, display_path, expand_braces, glob_char, run_stoppable
 from tools.read import CWD_NOTE, decode_text
 
 Backend = Literal["auto", "rg", "python"]
@@ -252,35 +252,14 @@ def _glob_body(pat: str) -> str:
             out.append("/.*")
             i += 3
             continue
-        ch = pat[i]
-        if ch == "*":
+        if pat[i] == "*":
             while i + 1 < len(pat) and pat[i + 1] == "*":
                 i += 1
             out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "[":
-            j = i + 1
-            if j < len(pat) and pat[j] in "!^":
-                j += 1
-            if j < len(pat) and pat[j] == "]":
-                j += 1
-            while j < len(pat) and pat[j] != "]":
-                j += 1
-            if j >= len(pat):
-                out.append(re.escape(ch))
-            else:
-                body = pat[i + 1:j]
-                if body[:1] in ("!", "^"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
-        elif ch == "\\" and i + 1 < len(pat):
             i += 1
-            out.append(re.escape(pat[i]))
         else:
-            out.append(re.escape(ch))
-        i += 1
+            piece, i = glob_char(pat, i)
+            out.append(piece)
     return "".join(out)
 
 
@@ -731,7 +710,7 @@ def _context(input: Mapping[str, Any]) -> tuple[int, int]:
     return _count(input.get("-B")), _count(input.get("-A"))
 
 
-class GrepTool(Tool):
+class GrepTool(ReadOnlyTool):
     name = "Grep"
     description = (
         "Searches file contents with regular expressions (ripgrep syntax). Filter files with glob "
@@ -797,15 +776,6 @@ class GrepTool(Tool):
 
     def __init__(self, backend: Backend | None = None) -> None:
         self.backend = backend
-
-    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
-        return True
-
-    def is_read_only(self, input: Mapping[str, Any]) -> bool:
-        return True
-
-    def interrupt_behavior(self) -> InterruptBehavior:
-        return "cancel"
 
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         path = input.get("path")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
+from tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
 
 DEFAULT_LIMIT = 2000
 MAX_LINE_CHARS = 2000
@@ -129,7 +129,7 @@ def looks_binary(path: Path, head: bytes) -> bool:
 # --- the tool --------------------------------------------------------------------------------
 
 
-class ReadTool(Tool):
+class ReadTool(ReadOnlyTool):
     name = "Read"
     description = (
         "Reads a file from the local filesystem. file_path must be an absolute path. By default up to "
@@ -152,15 +152,6 @@ class ReadTool(Tool):
         "required": ["file_path"],
         "additionalProperties": False,
     }
-
-    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
-        return True
-
-    def is_read_only(self, input: Mapping[str, Any]) -> bool:
-        return True
-
-    def interrupt_behavior(self) -> InterruptBehavior:
-        return "cancel"
 
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         path = absolute(ctx, input["file_path"])
