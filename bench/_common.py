@@ -24,14 +24,14 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from fsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, ModelRequest  # noqa: E402
-from fsm.options import Options  # noqa: E402
-from fsm.request import system_blocks  # noqa: E402
-from fsm.result import RunResult  # noqa: E402
-from fsm.session import Session  # noqa: E402
-from fsm.testing.scenario import Scenario, StreamedResponse, TextBlock, ToolUseBlock  # noqa: E402
-from fsm.testing.scripted import ScriptedModel  # noqa: E402
-from tools.base import Tool, ToolContext, tool  # noqa: E402
+from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, ModelRequest  # noqa: E402
+from agentfsm.options import Options  # noqa: E402
+from agentfsm.request import system_blocks  # noqa: E402
+from agentfsm.result import RunResult  # noqa: E402
+from agentfsm.session import Session  # noqa: E402
+from agentfsm.testing.scenario import Scenario, StreamedResponse, TextBlock, ToolUseBlock  # noqa: E402
+from agentfsm.testing.scripted import ScriptedModel  # noqa: E402
+from agentfsm.tools.base import Tool, ToolContext, tool  # noqa: E402
 
 ROOT = _ROOT
 MODEL = "claude-sonnet-4-5"

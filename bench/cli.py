@@ -15,7 +15,7 @@ seconds, peak RSS (``ru_maxrss``). The median of the repeats is printed with the
 agentfsm / Claude Code. Targets: CPU and peak RSS ≤ 0.5× Claude Code's.
 ``python -c pass`` is measured too, as the floor any Python CLI starts from.
 
-Then ``python -X importtime -m fsm -p ...`` shows what the ``-p`` path imports: diagram code,
+Then ``python -X importtime -m agentfsm -p ...`` shows what the ``-p`` path imports: diagram code,
 pygraphviz and hypothesis must not be among it; the biggest import costs are listed.
 
     python bench/cli.py [--repeats 3] [--claude-repeats 3] [--claude PATH | --no-claude]
@@ -46,15 +46,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import MODEL, ROOT, machine, median, ratio
 
-from fsm.testing.scenario import embedded_scenario_path, populate_workspace
-from fsm.testing.server import ScriptedServer
+from agentfsm.testing.scenario import embedded_scenario_path, populate_workspace
+from agentfsm.testing.server import ScriptedServer
 
 PROMPT = "AGENT_LOOP_INITIAL_MARKER"
 EXPECTED = "TOOL_EXECUTION_OK"
 FLAGS = ("--output-format", "stream-json", "--verbose", "--model", MODEL, "--tools", "Read",
          "--permission-mode", "bypassPermissions")
 # modules the -p path must never import (issue 8): diagram rendering and the test libraries
-FORBIDDEN = ("fsm.diagram", "pygraphviz", "graphviz", "hypothesis", "pytest", "fsm.audit", "fsm.demo")
+FORBIDDEN = ("agentfsm.diagram", "pygraphviz", "graphviz", "hypothesis", "pytest", "agentfsm.audit", "agentfsm.demo")
 CLAUDE_QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
 
@@ -127,7 +127,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def import_report(env: Mapping[str, str], cwd: Path, top: int) -> None:
-    run = run_child([sys.executable, "-X", "importtime", "-m", "fsm", "--print", PROMPT, *FLAGS], env, cwd)
+    run = run_child([sys.executable, "-X", "importtime", "-m", "agentfsm", "--print", PROMPT, *FLAGS], env, cwd)
     rows: list[tuple[int, int, str]] = []
     for line in run["stderr"].splitlines():
         if not line.startswith("import time:") or "|" not in line or "self [us]" in line:
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     env = base_env(url, home)
     problems: list[str] = []
     try:
-        agentfsm = [sys.executable, "-m", "fsm", "--print", PROMPT, *FLAGS]
+        agentfsm = [sys.executable, "-m", "agentfsm", "--print", PROMPT, *FLAGS]
         problems.append(check(run_child(agentfsm, env, ws), "agentfsm warm-up"))
         floor = [run_child([sys.executable, "-c", "pass"], env, ws) for _ in range(args.repeats)]
         sdk = [run_child([sys.executable, "-c", "import anthropic"], env, ws) for _ in range(args.repeats)]
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'program':<32} {'CPU s':>7} {'user':>6} {'sys':>6} {'wall s':>7} {'peak RSS MiB':>12}")
         rows = [("python -c pass (floor)", summarise(floor)),
                 ("python -c 'import anthropic'", summarise(sdk)),
-                ("agentfsm (python -m fsm -p)", summarise(ours))]
+                ("agentfsm (python -m agentfsm -p)", summarise(ours))]
         if theirs:
             rows.append((f"claude {claude_version.split()[0] if claude_version else ''}", summarise(theirs)))
         for name, s in rows:

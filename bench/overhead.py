@@ -42,8 +42,8 @@ from _common import (
     workspace,
 )
 
-from fsm.testing.scripted import ScriptedModel
-from tools.base import ToolContext
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext
 
 
 def _timed(fn: Callable[[], Awaitable[None]]) -> tuple[float, float]:

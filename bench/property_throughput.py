@@ -8,7 +8,7 @@ each in its own ``asyncio.run`` (a property test starts a fresh event loop per e
 * the engine writing its session file (one JSONL record per message/move/request, flushed);
 * the engine under ``hypothesis.given`` (no trace): examples per second including hypothesis's own
   data generation and bookkeeping — skipped when hypothesis is not installed;
-* ``fsm.testing.stateful.run_loop`` when present: the property suite's harness (scratch workspace,
+* ``agentfsm.testing.stateful.run_loop`` when present: the property suite's harness (scratch workspace,
   trace, records read back) — what ``tests/test_properties.py`` pays per example.
 
     python bench/property_throughput.py [--runs 300]
@@ -38,8 +38,8 @@ from _common import (
     workspace,
 )
 
-from fsm.testing.scripted import ScriptedModel
-from tools.base import ToolContext
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext
 
 
 def rate(fn: Callable[[], None], runs: int) -> tuple[float, float]:
@@ -121,9 +121,9 @@ def hypothesis_row(script: object, options: object, runs: int, plain: float) -> 
 
 
 def run_loop_row(echo: object, runs: int, plain: float) -> tuple[str, float, float, str]:
-    name = "fsm.testing.stateful.run_loop"
+    name = "agentfsm.testing.stateful.run_loop"
     try:
-        from fsm.testing.stateful import run_loop
+        from agentfsm.testing.stateful import run_loop
     except ImportError as exc:
         return name, 0.0, 0.0, f"not available ({exc})"
     script = list(tool_turns(1).responses)

@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, machine, workspace
 
-from fsm.options import Options
-from fsm.session import Session
-from fsm.testing.scenario import load_embedded_scenario, populate_workspace
-from fsm.testing.server import ScriptedServer
-from fsm.transport import AnthropicTransport
+from agentfsm.options import Options
+from agentfsm.session import Session
+from agentfsm.testing.scenario import load_embedded_scenario, populate_workspace
+from agentfsm.testing.server import ScriptedServer
+from agentfsm.transport import AnthropicTransport
 
 MIB = 1024 * 1024
 
@@ -83,7 +83,7 @@ def start_server(ws: Path, mode: str) -> tuple[str, Any]:
         server = ScriptedServer(load_embedded_scenario("read_probe", ws=str(ws)), per_session=True)
         return server.start(), server
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fsm", "serve-scripted", "read_probe", "--per-session", "--ws", str(ws)],
+        [sys.executable, "-m", "agentfsm", "serve-scripted", "read_probe", "--per-session", "--ws", str(ws)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     url = proc.stdout.readline().strip()

@@ -1,9 +1,9 @@
 """agentfsm: Claude Code's agent loop as an explicit, auditable finite-state machine.
 
-The Python API (:mod:`fsm.api`) is exported here but imported on first use, so ``import fsm`` stays
+The Python API (:mod:`agentfsm.api`) is exported here but imported on first use, so ``import fsm`` stays
 cheap (the CLI's subcommands and the pytest plugin import this package too)::
 
-    async for msg in fsm.query("hello", options=fsm.Options(tools=("Read",))):
+    async for msg in agentfsm.query("hello", options=fsm.Options(tools=("Read",))):
         ...
 """
 
@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
-    "query": "fsm.api",
-    "AgentClient": "fsm.api",
-    "Options": "fsm.options",
-    "AgentDefinition": "fsm.options",
-    "Limits": "fsm.state",
-    "Session": "fsm.session",
-    "open_session": "fsm.sessions",
+    "query": "agentfsm.api",
+    "AgentClient": "agentfsm.api",
+    "Options": "agentfsm.options",
+    "AgentDefinition": "agentfsm.options",
+    "Limits": "agentfsm.state",
+    "Session": "agentfsm.session",
+    "open_session": "agentfsm.sessions",
 }
 
 __all__ = ["AgentClient", "AgentDefinition", "Limits", "Options", "Session", "__version__", "open_session",
@@ -31,7 +31,7 @@ __all__ = ["AgentClient", "AgentDefinition", "Limits", "Options", "Session", "__
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'fsm' has no attribute {name!r}")
+        raise AttributeError(f"module 'agentfsm' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
@@ -42,8 +42,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from fsm.api import AgentClient, query
-    from fsm.options import AgentDefinition, Options
-    from fsm.session import Session
-    from fsm.sessions import open_session
-    from fsm.state import Limits
+    from agentfsm.api import AgentClient, query
+    from agentfsm.options import AgentDefinition, Options
+    from agentfsm.session import Session
+    from agentfsm.sessions import open_session
+    from agentfsm.state import Limits

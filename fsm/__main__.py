@@ -1,5 +1,5 @@
 import sys
 
-from fsm.cli import main
+from agentfsm.cli import main
 
 sys.exit(main())

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fsm.events import ModelResponse
-from fsm.model import (
+from agentfsm.events import ModelResponse
+from agentfsm.model import (
     BlockDelta,
     BlockStart,
     BlockStop,

@@ -1,23 +1,25 @@
-"""The trace auditor: checks a session file (JSONL, :mod:`fsm.trace`) against the declared graph.
+"""The trace auditor: checks a session file (JSONL, :mod:`agentfsm.trace`) against the declaration.
 
-Everything is judged against :data:`fsm.graph.EDGES`, the same declaration that builds the runtime
-machine and the diagrams, so "declared" means one thing everywhere. The checks (SPEC §3 invariants,
-§8):
+Everything is judged against :mod:`agentfsm.graph` — the same edges and routes that run the loop —
+so "declared" means one thing everywhere. Two kinds of checks:
 
-* every transition is a declared edge (trigger known, ``from`` one of its sources, ``to`` its
-  destination) and starts where the previous one ended (the first of a run at ``assemble``);
-* every capped counter, and the turn, stays within the caps of the session's ``limits``;
-* a move into ``stop`` carries a terminal reason its edge allows; the ``result`` record repeats the
-  last move's reason with the subtype and ``is_error`` of :data:`fsm.state.TERMINAL_INFO`;
-* every request alternates user/assistant from a user message, and pairs every ``tool_use`` with
-  exactly one ``tool_result`` in the next message (and no ``tool_result`` without its call);
-* no request after the loop reached ``stop`` (unless ``stop_hook_blocking`` re-entered), no
-  transition after the result;
-* a session recorded under another graph digest is a warning (``graph_changed``), not an error.
+* **Replay** (format 2 traces, which record each move's event): the machine is pure, so the auditor
+  re-decides every recorded event from the state the previous move left (:func:`agentfsm.graph.advance`)
+  and compares the recorded move field by field — edge, route, destination, every counter and flag,
+  the terminal reason. Anything the declared machine would not have produced is flagged with the
+  record's line and the field. Moves a phase makes on its own (feedback) must follow in order.
+* **Structure** (every format): each transition is a declared edge and starts where the previous one
+  ended; counters never go negative, never jump, never go backwards except to 0, and rise only on
+  the edges that raise them; caps hold; a move into ``stop`` carries a terminal reason its edge
+  allows; the result repeats the last move's reason with the subtype and ``is_error`` of
+  :data:`agentfsm.state.TERMINAL_INFO`; every request alternates user/assistant and pairs every
+  ``tool_use`` with exactly one ``tool_result``; no request after the loop stopped; record numbers
+  are consecutive; a torn last line is reported as truncated.
 
-One session file may hold several runs of the loop (a session that took several prompts, or was
-resumed after a crash): each starts with the ``prompt`` message the driver records before its first
-move, and the checks that follow the loop's position start over there.
+A file that is not an agentfsm trace (empty, binary, another tool's JSONL) is refused with one line
+(:class:`NotATrace`), never answered "ok". One session file may hold several runs of the loop (a
+session that took several prompts, or was resumed): each starts with the ``prompt`` message the
+driver records before its first move.
 """
 
 from __future__ import annotations
@@ -25,16 +27,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import attrs
 
-from fsm.graph import DECLARED_MOVES, EDGES, EDGES_BY_TRIGGER, Edge
-from fsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, Phase, TerminalReason
-from fsm.trace import graph_digest
+from agentfsm.coverage import Coverage, Move, coverage, declared_moves, trace_files
+from agentfsm.events import EventRecordError, from_record, message_skeleton
+from agentfsm.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step, UndeclaredMove, advance
+from agentfsm.state import (
+    COUNTER_CAPS,
+    TERMINAL_INFO,
+    Limits,
+    LoopState,
+    Message,
+    Phase,
+    TerminalReason,
+    ToolUseContext,
+)
+from agentfsm.trace import TRACE_VERSION, graph_digest
+
+__all__ = ["CODES", "Coverage", "Finding", "Move", "NotATrace", "audit", "audit_file", "check_request",
+           "coverage", "declared_moves", "main", "read_numbered", "trace_files"]
 
 ERROR = "error"
 WARNING = "warning"
@@ -42,13 +57,23 @@ WARNING = "warning"
 # code -> what it means (`agentfsm audit --codes` lists them)
 CODES: Mapping[str, str] = {
     "unreadable_line": "a line (not the last) that is not a JSON record with a 'type'",
+    "undecodable_line": "a line that is not valid UTF-8 (its bad bytes are replaced to read on)",
     "unknown_state": "a transition names a state the graph does not have",
     "unknown_trigger": "a transition's trigger is not a declared edge",
-    "undeclared_move": "a transition's from/to is not declared for its trigger",
+    "undeclared_move": "a transition's from/to is not declared for its trigger, or the machine refuses it",
     "kind_mismatch": "a transition's recorded edge kind differs from the declared one",
     "discontinuous": "a transition does not start where the previous one ended",
     "counter_over_cap": "a counter exceeds the Limits field that caps it",
     "turn_over_cap": "the turn exceeds max_turns",
+    "counter_negative": "a counter below zero",
+    "counter_jump": "a counter rose by more than one in one move",
+    "counter_backwards": "a counter fell without being reset to 0",
+    "counter_without_edge": "a counter rose on a move whose edge never raises it",
+    "bad_event": "a transition's event record cannot be read",
+    "missing_event": "a transition without its event where the machine had nothing to decide on its own",
+    "replay_mismatch": "re-deciding the recorded event gives another move or state than recorded",
+    "message_mismatch": "a message record differs from what the replayed move added (roles, tool ids, results)",
+    "message_missing": "the replayed move added a message the file does not record",
     "bad_terminal_reason": "a move into stop without a terminal reason its edge allows",
     "result_before_stop": "a result record while the loop is not at stop",
     "result_mismatch": "the result's terminal_reason differs from the last move into stop",
@@ -62,15 +87,29 @@ CODES: Mapping[str, str] = {
     "unpaired_tool_use": "a tool_use without a tool_result in the next message",
     "duplicate_tool_result": "a tool_use with more than one tool_result",
     "orphan_tool_result": "a tool_result without its tool_use in the previous message",
-    # warnings
-    "graph_changed": "the session was recorded under another graph (digest differs)",
-    "torn_last_line": "the last line was cut off mid-write (a crash); it is skipped",
-    "no_session_record": "records before any session record; default limits are used",
     "seq_order": "record seq numbers are not consecutive (records missing or reordered)",
+    # warnings
+    "graph_changed": "the session was recorded under another declaration (digest differs): not replayed",
+    "no_replay": "a format-1 trace records no events: moves are checked, not replayed",
+    "torn_last_line": "the last line was cut off mid-write (a crash or a truncated copy); it is skipped",
+    "no_session_record": "records before any session record; default limits are used",
     "incomplete_run": "a run without a result record (crashed or still running)",
 }
 WARNING_CODES: frozenset[str] = frozenset(
-    {"graph_changed", "torn_last_line", "no_session_record", "seq_order", "incomplete_run"})
+    {"graph_changed", "no_replay", "torn_last_line", "no_session_record", "incomplete_run"})
+
+# Which edges may raise each counter (by exactly one): the structural check for every trace format.
+RAISED_BY: Mapping[str, frozenset[str]] = {
+    "turn_count": frozenset({"next_turn", "stop_hook_blocking"}),
+    "max_output_tokens_recovery_count": frozenset({"max_output_tokens_recovery"}),
+    "malformed_tool_use_retry_count": frozenset({"malformed_tool_use_retry"}),
+    "structured_output_retry_count": frozenset({"structured_output_retry", "next_turn"}),
+    "stream_retry_count": frozenset({"stream_retry"}),
+    "model_index": frozenset({"fallback_retry"}),
+    "stop_hook_blocking_count": frozenset({"stop_hook_blocking"}),
+    "consecutive_compact_failures": frozenset({"call"}),
+    "rapid_refill_count": frozenset({"call", "setup_failed"}),
+}
 
 
 @attrs.frozen
@@ -94,23 +133,12 @@ class Finding:
         return f"line {self.line}: {self.severity} [{self.code}] {self.message}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"line": self.line, "code": self.code, "severity": self.severity, "message": self.message}
+        return {"line": self.line, "code": self.code, "severity": self.severity, "level": self.severity,
+                "message": self.message}
 
 
-class Move(NamedTuple):
-    """One declared move: an edge with several sources is one move per source."""
-
-    trigger: str
-    source: str
-    dest: str
-
-    def __str__(self) -> str:
-        return f"{self.trigger} ({self.source} → {self.dest})"
-
-
-def declared_moves() -> list[Move]:
-    """Every declared move, in the order of :data:`EDGES` (stable, for reports and diagrams)."""
-    return [Move(e.trigger, s.value, e.dest.value) for e in EDGES for s in e.sources]
+class NotATrace(ValueError):
+    """The input cannot be read as an agentfsm trace at all (empty, binary, another format)."""
 
 
 _STATES = frozenset(p.value for p in Phase)
@@ -118,6 +146,8 @@ _REASONS = frozenset(r.value for r in TerminalReason)
 _START = Phase.ASSEMBLE.value
 _STOP = Phase.STOP.value
 _REENTER_FROM_STOP = "stop_hook_blocking"
+_OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request",
+                        "result"})
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -126,19 +156,25 @@ _REENTER_FROM_STOP = "stop_hook_blocking"
 def read_numbered(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Finding]]:
     """Records of a session file with their 1-based line numbers, and findings about the file itself.
 
-    Same tolerance as :func:`fsm.trace.read_records` for a torn last line (a crash mid-write), but a
-    broken line in the middle is reported instead of skipped: nothing the writer does produces one.
+    A torn last line (a crash mid-write) is reported and skipped; a broken line in the middle is
+    reported (nothing the writer does produces one); bytes that are not UTF-8 are replaced and the
+    line reported, so one bad byte never hides the rest of the file.
     """
     records: list[tuple[int, dict[str, Any]]] = []
     findings: list[Finding] = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, "rb") as fh:
         lines = fh.readlines()
-    for lineno, line in enumerate(lines, 1):
-        if not line.endswith("\n"):
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.endswith(b"\n"):
             findings.append(Finding(lineno, "torn_last_line",
-                                    f"the last line ({len(line)} characters, no newline) was cut off "
-                                    "mid-write; skipped"))
+                                    f"the last line ({len(raw)} bytes, no newline) was cut off mid-write; skipped"))
             break
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw.decode("utf-8", errors="replace")
+            findings.append(Finding(lineno, "undecodable_line", f"not UTF-8 at byte {exc.start}; read with the "
+                                                                 "bad bytes replaced"))
         if not line.strip():
             continue
         try:
@@ -147,11 +183,34 @@ def read_numbered(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Fi
             findings.append(Finding(lineno, "unreadable_line", f"not JSON ({exc.msg} at column {exc.colno})"))
             continue
         if not isinstance(rec, dict) or "type" not in rec:
-            findings.append(Finding(lineno, "unreadable_line",
-                                    "not a record: a JSON object with a 'type' is required"))
+            findings.append(Finding(lineno, "unreadable_line", "not a record: a JSON object with a 'type' is required"))
             continue
         records.append((lineno, rec))
     return records, findings
+
+
+def recognise(path: Path) -> None:
+    """Raise :class:`NotATrace` unless ``path`` reads as an agentfsm session file."""
+    if not path.is_file():
+        raise NotATrace(f"{path}: no such file")
+    with open(path, "rb") as fh:
+        head = fh.read(65536)
+    if not head.strip():
+        raise NotATrace(f"{path}: empty file, not an agentfsm trace")
+    if b"\x00" in head:
+        raise NotATrace(f"{path}: binary file, not an agentfsm trace")
+    for raw in head.splitlines()[:50]:
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("type") in _OUR_TYPES and "seq" in rec:
+            if rec.get("type") == "session" and isinstance(rec.get("version"), int) \
+                    and rec["version"] > TRACE_VERSION:
+                raise NotATrace(f"{path}: recorded by a newer agentfsm (trace format {rec['version']}; this "
+                                f"version reads formats 1 to {TRACE_VERSION})")
+            return
+    raise NotATrace(f"{path}: not an agentfsm trace (no agentfsm session, message or transition records)")
 
 
 # --- auditing ----------------------------------------------------------------------------------
@@ -159,17 +218,17 @@ def read_numbered(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Fi
 
 def audit(records: Iterable[Mapping[str, Any]], *, limits: Limits | Mapping[str, Any] | None = None
           ) -> list[Finding]:
-    """Audit records in file order; record *n* is reported as line *n*.
-
-    ``limits`` overrides the caps recorded in the session records (e.g. to audit against stricter
-    caps than the run used).
-    """
+    """Audit records in file order; record *n* is reported as line *n*. ``limits`` overrides the caps
+    recorded in the session records (e.g. to audit against stricter caps than the run used)."""
     return sorted(_Auditor(limits).run(enumerate(records, 1)), key=lambda f: f.line)
 
 
 def audit_file(path: Path | str, *, limits: Limits | Mapping[str, Any] | None = None) -> list[Finding]:
-    """Audit one session file; findings are sorted by line."""
-    numbered, findings = read_numbered(Path(path))
+    """Audit one session file; findings are sorted by line. Raises :class:`NotATrace` for a file
+    that is not an agentfsm trace."""
+    path = Path(path)
+    recognise(path)
+    numbered, findings = read_numbered(path)
     findings.extend(_Auditor(limits).run(numbered))
     return sorted(findings, key=lambda f: f.line)
 
@@ -184,14 +243,16 @@ def _limits_mapping(limits: Limits | Mapping[str, Any] | None) -> Mapping[str, A
     return attrs.asdict(limits) if isinstance(limits, Limits) else dict(limits)
 
 
-class _Auditor:
-    """Walks the records once, following the loop's position run by run.
+def _limits_record(values: Mapping[str, Any]) -> Limits | None:
+    names = set(Limits.field_names())
+    try:
+        return Limits(**{k: v for k, v in values.items() if k in names})
+    except (TypeError, ValueError):
+        return None
 
-    A run is one call of the loop: it starts at the ``prompt`` message the driver records before its
-    first move (a session file holds several runs when the session took several prompts or was
-    resumed), or at a ``session`` record. Messages that follow a ``compact_boundary`` are the
-    rewritten history, not a new prompt.
-    """
+
+class _Auditor:
+    """Walks the records once, following the loop run by run, replaying what it can."""
 
     def __init__(self, limits: Limits | Mapping[str, Any] | None) -> None:
         self.override = _limits_mapping(limits)
@@ -199,6 +260,8 @@ class _Auditor:
         self.digest = graph_digest()
         self.last_seq: int | None = None
         self.limits: Mapping[str, Any] = self.override or attrs.asdict(Limits())
+        self.replayable = True  # the session's format and declaration allow replay
+        self.view: list[Message] = []  # the conversation as the message records rebuild it
         self._new_run()
 
     def _new_run(self) -> None:
@@ -210,12 +273,16 @@ class _Auditor:
         self.last_reason: Any = None
         self.result_line: int | None = None
         self.over: set[str] = set()  # counters (and "turn") now over their caps
+        self.counters: dict[str, Any] | None = None  # the last transition's counters
+        self.replay: LoopState | None = None  # the replayed state after the last move
+        self.expected: list[Step] = []  # moves the machine makes on its own, still to be recorded
+        self.appended: list[tuple[int, dict[str, Any]]] = []  # (move line, skeleton) still to be recorded
 
     def add(self, line: int, code: str, message: str) -> None:
         self.findings.append(Finding(line, code, message))
 
     def run(self, records: Iterable[tuple[int, Mapping[str, Any]]]) -> list[Finding]:
-        saw_session = rewriting = False
+        saw_session = rewriting = replacing = False
         for line, rec in records:
             self._seq(line, rec)
             kind = rec.get("type")
@@ -229,11 +296,16 @@ class _Auditor:
                 self.add(line, "no_session_record",
                          "records before any session record: the caps of the default Limits are used")
             if kind == "compact_boundary":
-                rewriting = True
+                # the messages that follow, up to the next other record, are the new view
+                rewriting = replacing = True
                 continue
             if kind == "message":
                 if rec.get("kind") in ("prompt", "erased_prompt") and not rewriting:
                     self._end_run()
+                if not rewriting:
+                    self._check_appended(line, rec)
+                self._message(rec, replace=replacing)
+                replacing = False
                 continue
             rewriting = False
             if kind in ("transition", "request", "result") and not self.active:
@@ -247,20 +319,48 @@ class _Auditor:
         self._end_run()
         return self.findings
 
+    def _message(self, rec: Mapping[str, Any], *, replace: bool) -> None:
+        if replace:
+            self.view = []
+        if rec.get("kind") == "erased_prompt" or rec.get("role") not in ("user", "assistant"):
+            return
+        content = rec.get("content")
+        blocks = tuple(b for b in content if isinstance(b, Mapping)) if isinstance(content, list) else ()
+        self.view.append(Message(rec["role"], blocks, kind=str(rec.get("kind", "prompt")),
+                                 uuid=str(rec.get("uuid") or "")))
+
+    def _check_appended(self, line: int, rec: Mapping[str, Any]) -> None:
+        """A message record after a replayed move: it must be the next message that move added."""
+        if not self.appended or rec.get("kind") in ("prompt", "erased_prompt"):
+            return
+        move_line, want = self.appended.pop(0)
+        got = message_skeleton(Message(str(rec.get("role")), tuple(
+            b for b in rec.get("content") or () if isinstance(b, Mapping)), kind=str(rec.get("kind"))))
+        for skel in (want, got):
+            skel.pop("uuid", None)
+        if got != want:
+            self.add(line, "message_mismatch", f"the message recorded here is not what the move at line {move_line} "
+                                               f"added: recorded {_brief(got)}, replay {_brief(want)}")
+
+    def _flush_appended(self, line: int) -> None:
+        if self.appended:
+            move_line, want = self.appended[0]
+            self.add(line, "message_missing", f"the move at line {move_line} added {len(self.appended)} message(s) "
+                                              f"the file does not record before this line (first: {_brief(want)})")
+            self.appended = []
+
     def _seq(self, line: int, rec: Mapping[str, Any]) -> None:
         seq = rec.get("seq")
         if not _is_number(seq):
             return
         if self.last_seq is not None and seq != self.last_seq + 1:
-            self.add(line, "seq_order",
-                     f"seq {seq} follows seq {self.last_seq} (expected {self.last_seq + 1})")
+            self.add(line, "seq_order", f"seq {seq} follows seq {self.last_seq} (expected {self.last_seq + 1})")
         self.last_seq = seq
 
     def _end_run(self) -> None:
         if self.active and self.result_line is None:
             self.add(self.run_start, "incomplete_run",
-                     f"the run starting at line {self.run_start} has no result record "
-                     f"(last position: {self.at})")
+                     f"the run starting at line {self.run_start} has no result record (last position: {self.at})")
         self._new_run()
 
     def _session(self, line: int, rec: Mapping[str, Any]) -> None:
@@ -269,20 +369,28 @@ class _Auditor:
         if isinstance(recorded, Mapping):
             limits.update(recorded)
         self.limits = self.override or limits
+        self.view = []
+        version = rec.get("version")
+        self.replayable = True
+        if version == 1:
+            self.replayable = False
+            self.add(line, "no_replay", "trace format 1 records no events: every move is checked against the "
+                                        "declaration, but not replayed")
         digest = rec.get("graph")
         if digest != self.digest:
+            self.replayable = False
             self.add(line, "graph_changed",
-                     f"session {rec.get('session_id')!r} was recorded under graph {digest!r}; the current "
-                     f"graph is {self.digest!r} — moves are judged against the current declaration")
+                     f"session {rec.get('session_id')!r} was recorded under declaration {digest!r}; the current "
+                     f"one is {self.digest!r} — moves are checked against the current edges, not replayed")
 
     # transitions
 
     def _transition(self, line: int, rec: Mapping[str, Any]) -> None:
+        self._flush_appended(line)
         frm, to, trig = rec.get("from"), rec.get("to"), rec.get("trigger")
         what = f"transition {trig!r} ({frm} → {to})"
         if self.result_line is not None:
-            self.add(line, "transition_after_result",
-                     f"{what} after the result record at line {self.result_line}")
+            self.add(line, "transition_after_result", f"{what} after the result record at line {self.result_line}")
         if frm != self.at:
             where = (f"the previous transition (line {self.last_transition}) ended at {self.at!r}"
                      if self.last_transition is not None else f"a run starts at {_START!r}")
@@ -293,9 +401,11 @@ class _Auditor:
             allowed = sorted(r.value for r in edge.reasons)
             if reason not in allowed:
                 self.add(line, "bad_terminal_reason",
-                         f"{what} ends the loop with terminal_reason {reason!r}; {trig!r} allows "
-                         f"{', '.join(allowed)}")
+                         f"{what} ends the loop with terminal_reason {reason!r}; {trig!r} allows {', '.join(allowed)}")
+        self._check_counters(line, what, str(trig), rec)
         self._check_caps(line, what, rec)
+        if self.replayable:
+            self._replay(line, what, rec)
         if to == _STOP:
             self.stopped = (line, str(trig), reason)
             self.last_reason = reason
@@ -304,13 +414,11 @@ class _Auditor:
         self.at = to if isinstance(to, str) else repr(to)
         self.last_transition = line
 
-    def _check_declared(self, line: int, what: str, frm: Any, to: Any, trig: Any,
-                        kind: Any) -> Edge | None:
+    def _check_declared(self, line: int, what: str, frm: Any, to: Any, trig: Any, kind: Any) -> Edge | None:
         unknown = [s for s in (frm, to) if s not in _STATES]
         if unknown:
-            self.add(line, "unknown_state",
-                     f"{what} names {', '.join(repr(s) for s in unknown)}, not a state of the graph "
-                     f"({', '.join(p.value for p in Phase)})")
+            self.add(line, "unknown_state", f"{what} names {', '.join(repr(s) for s in unknown)}, not a state of "
+                                            f"the graph ({', '.join(p.value for p in Phase)})")
             return None
         edge = EDGES_BY_TRIGGER.get(trig) if isinstance(trig, str) else None
         others = sorted(DECLARED_MOVES.get((Phase(frm), Phase(to)), ()))
@@ -328,6 +436,31 @@ class _Auditor:
             self.add(line, "kind_mismatch", f"{what} is recorded as kind {kind!r}; the edge is {edge.kind!r}")
         return edge
 
+    def _check_counters(self, line: int, what: str, trigger: str, rec: Mapping[str, Any]) -> None:
+        counters = rec.get("counters")
+        counters = dict(counters) if isinstance(counters, Mapping) else {}
+        if "turn" in rec:
+            counters.setdefault("turn_count", rec.get("turn"))
+        for name, value in counters.items():
+            if _is_number(value) and value < 0:
+                self.add(line, "counter_negative", f"counter {name}={value} is negative after {what}")
+        prev = self.counters
+        self.counters = counters
+        if prev is None:
+            return
+        for name, raisers in RAISED_BY.items():
+            old, new = prev.get(name), counters.get(name)
+            if not (_is_number(old) and _is_number(new)) or new == old:
+                continue
+            if new > old + 1:
+                self.add(line, "counter_jump", f"counter {name} went {old} → {new} in one move ({what})")
+            elif new > old and trigger not in raisers:
+                self.add(line, "counter_without_edge",
+                         f"counter {name} rose {old} → {new} on {what}; only {', '.join(sorted(raisers))} raise it")
+            elif new < old and new != 0:
+                self.add(line, "counter_backwards", f"counter {name} went back {old} → {new} on {what} "
+                                                    "(counters only reset to 0)")
+
     def _check_caps(self, line: int, what: str, rec: Mapping[str, Any]) -> None:
         # a counter stays over its cap on every move until it resets: report the move that took it
         # over, not each one after
@@ -337,8 +470,7 @@ class _Auditor:
             value, cap = counters.get(name), self.limits.get(field)
             over = _is_number(value) and _is_number(cap) and value > cap
             if over and name not in self.over:
-                self.add(line, "counter_over_cap",
-                         f"counter {name}={value} exceeds its cap {field}={cap} after {what}")
+                self.add(line, "counter_over_cap", f"counter {name}={value} exceeds its cap {field}={cap} after {what}")
             (self.over.add if over else self.over.discard)(name)
         turn, max_turns = rec.get("turn"), self.limits.get("max_turns")
         over = _is_number(turn) and _is_number(max_turns) and turn > max_turns
@@ -346,12 +478,100 @@ class _Auditor:
             self.add(line, "turn_over_cap", f"turn {turn} exceeds max_turns={max_turns} after {what}")
         (self.over.add if over else self.over.discard)("turn")
 
+    # replay
+
+    def _replay(self, line: int, what: str, rec: Mapping[str, Any]) -> None:
+        """Re-decide the recorded event and compare; the replayed state carries on."""
+        event_rec = rec.get("event")
+        if event_rec is None:
+            if not self.expected:
+                self.add(line, "missing_event", f"{what} records no event, and the machine had no move of its own "
+                                                "to make here")
+                self.replay = None
+                return
+            step = self.expected.pop(0)
+            before = self.replay
+        else:
+            if self.expected:
+                self.add(line, "replay_mismatch", f"{what}: the machine would first have moved on its own "
+                                                  f"({self.expected[0].trigger}); that move is missing")
+                self.expected = []
+            limits = _limits_record(self.limits)
+            if not isinstance(event_rec, Mapping) or limits is None:
+                self.add(line, "bad_event", f"{what}: the event record or the session's limits cannot be read")
+                self.replay = None
+                return
+            try:
+                event = from_record(event_rec)
+            except EventRecordError as exc:
+                self.add(line, "bad_event", f"{what}: {exc}")
+                self.replay = None
+                return
+            state = before = self._state_before(rec)
+            try:
+                steps = advance(state, event, limits)
+            except (UndeclaredMove, AssertionError) as exc:
+                self.add(line, "undeclared_move", f"{what}: the machine refuses {event_rec.get('type')} in "
+                                                  f"{state.phase.value}: {exc}")
+                self.replay = None
+                return
+            step, self.expected = steps[0], list(steps[1:])
+        self._compare(line, what, rec, step)
+        self.replay = step.state
+        old, new = (before.messages if before is not None else ()), step.state.messages
+        if before is not None and len(new) >= len(old) and all(a is b for a, b in zip(old, new, strict=False)):
+            self.appended += [(line, message_skeleton(m)) for m in new[len(old):]]
+
+    def _state_before(self, rec: Mapping[str, Any]) -> LoopState:
+        """The replayed state before this move: the last replayed one, with the conversation as the
+        message records rebuilt it; at a run's first move (or after a move that could not be
+        replayed), a fresh one at the recorded source with the recorded counters."""
+        messages = tuple(self.view)
+        if self.replay is not None:
+            return attrs.evolve(self.replay, messages=messages)
+        fresh = LoopState(messages=messages, tool_use_context=ToolUseContext())
+        if self.last_transition is None:
+            return fresh
+        return _restore(fresh, self.at, self._last_snapshot)
+
+    _last_snapshot: Mapping[str, Any] = {}
+
+    def _compare(self, line: int, what: str, rec: Mapping[str, Any], step: Step) -> None:
+        recorded_state = rec.get("state")
+        self._last_snapshot = recorded_state if isinstance(recorded_state, Mapping) else {}
+        got = step.state.snapshot()
+        diffs = []
+        for field, want in (("trigger", step.trigger), ("route", step.route), ("to", got["phase"])):
+            if rec.get(field) != want:
+                diffs.append(f"{field} {rec.get(field)!r} (replay: {want!r})")
+        # every place the record states a field must agree with the replay
+        stated: list[tuple[str, Any]] = []
+        for part in (rec.get("counters"), recorded_state):
+            if isinstance(part, Mapping):
+                stated += list(part.items())
+        stated += [("terminal_reason", rec.get("terminal_reason"))]
+        if "turn" in rec:
+            stated.append(("turn_count", rec.get("turn")))
+        seen: set[tuple[str, str]] = set()
+        for field, value in stated:
+            if field == "phase" or field not in got or got[field] == value or (field, repr(value)) in seen:
+                continue
+            seen.add((field, repr(value)))
+            diffs.append(f"{field} {value!r} (replay: {got[field]!r})")
+        if diffs:
+            self.add(line, "replay_mismatch", f"{what} is not what the declared machine does here: " + "; ".join(diffs))
+
     # results
 
     def _result(self, line: int, rec: Mapping[str, Any]) -> None:
+        self._flush_appended(line)
+        for code, message in check_pairs(self.view):
+            self.add(line, code, f"at the end of the run, the conversation: {message}")
         if self.result_line is not None:
-            self.add(line, "duplicate_result",
-                     f"a second result record (the first is at line {self.result_line})")
+            self.add(line, "duplicate_result", f"a second result record (the first is at line {self.result_line})")
+        if self.expected:
+            self.add(line, "replay_mismatch", f"the run ended before the machine's own move {self.expected[0].trigger}")
+            self.expected = []
         reason = rec.get("terminal_reason")
         if self.stopped is None:
             self.add(line, "result_before_stop",
@@ -359,9 +579,8 @@ class _Auditor:
                      + (f" (line {self.last_transition})" if self.last_transition is not None else ""))
         elif reason != self.last_reason:
             stop_line, trig, last = self.stopped
-            self.add(line, "result_mismatch",
-                     f"result terminal_reason {reason!r} but the last move into stop ({trig!r}, line "
-                     f"{stop_line}) carried {last!r}")
+            self.add(line, "result_mismatch", f"result terminal_reason {reason!r} but the last move into stop "
+                                              f"({trig!r}, line {stop_line}) carried {last!r}")
         elif reason not in _REASONS:
             self.add(line, "result_mismatch", f"result terminal_reason {reason!r} is not a terminal reason")
         if reason in _REASONS:
@@ -378,18 +597,60 @@ class _Auditor:
     def _request(self, line: int, rec: Mapping[str, Any]) -> None:
         if self.stopped is not None:
             stop_line, trig, reason = self.stopped
-            self.add(line, "request_after_stop",
-                     f"request sent after the loop reached stop at line {stop_line} ({trig!r}, "
-                     f"{reason!r}) with no {_REENTER_FROM_STOP!r} in between")
+            self.add(line, "request_after_stop", f"request sent after the loop reached stop at line {stop_line} "
+                                                 f"({trig!r}, {reason!r}) with no {_REENTER_FROM_STOP!r} in between")
         elif self.result_line is not None:
-            self.add(line, "request_after_stop",
-                     f"request sent after the result record at line {self.result_line}")
+            self.add(line, "request_after_stop", f"request sent after the result record at line {self.result_line}")
         messages = rec.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
             self.add(line, "bad_request", "a request record needs 'messages': a list of {role, blocks}")
             return
         for code, message in check_request(messages):
             self.add(line, code, message)
+
+
+def _brief(skel: Mapping[str, Any]) -> str:
+    blocks = ", ".join(str(b.get("type")) + (f":{b.get('id') or b.get('tool_use_id')}" if b.get("id") or
+                                             b.get("tool_use_id") else "") for b in skel.get("content", ()))
+    return f"{skel.get('role')} {skel.get('kind')} [{blocks}]"
+
+
+def check_pairs(messages: Sequence[Message]) -> Iterator[tuple[str, str]]:
+    """Pairing problems of a conversation (every tool_use answered once in the next message)."""
+    wire = [{"role": m.role, "blocks": list(m.content)} for m in messages]
+    merged: list[dict[str, Any]] = []
+    for m in wire:  # consecutive user messages travel as one (attachments after results)
+        if merged and merged[-1]["role"] == m["role"]:
+            merged[-1]["blocks"] = merged[-1]["blocks"] + m["blocks"]
+        else:
+            merged.append(dict(m))
+    for code, message in check_request(merged):
+        if code in ("unpaired_tool_use", "duplicate_tool_result", "orphan_tool_result", "duplicate_tool_use"):
+            yield code, message
+
+
+def _restore(state: LoopState, phase: str, snap: Mapping[str, Any]) -> LoopState:
+    """A state at ``phase`` carrying a recorded snapshot's counters (to resume replay after a move
+    that could not be replayed)."""
+    fields: dict[str, Any] = {"phase": Phase(phase) if phase in _STATES else Phase.ASSEMBLE}
+    for name in ("turn_count", "max_output_tokens_recovery_count", "malformed_tool_use_retry_count",
+                 "structured_output_retry_count", "stream_retry_count", "model_index",
+                 "has_attempted_reactive_compact", "thinking_only_nudged", "stop_hook_active",
+                 "stop_hook_blocking_count", "stop_hooks_due", "transition"):
+        if name in snap:
+            fields[name] = snap[name]
+    reason = snap.get("terminal_reason")
+    fields["terminal_reason"] = TerminalReason(reason) if reason in _REASONS else None
+    tracking = state.compact_tracking
+    tracking = attrs.evolve(
+        tracking, consecutive_failures=int(snap.get("consecutive_compact_failures", 0) or 0),
+        rapid_refill_count=int(snap.get("rapid_refill_count", 0) or 0),
+        turns_since_compact=int(snap.get("turns_since_compact", 0) or 0),
+        compactions=int(snap.get("compactions", 0) or 0))
+    try:
+        return attrs.evolve(state, compact_tracking=tracking, **fields)
+    except (TypeError, ValueError):
+        return state
 
 
 def _blocks(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -442,54 +703,6 @@ def check_request(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, 
                            f"that id in {where}")
 
 
-# --- coverage ----------------------------------------------------------------------------------
-
-
-class Coverage(NamedTuple):
-    taken_edges: Counter[Move]
-    reasons: Counter[str]
-    missing_edges: list[Move]
-    missing_reasons: list[str]
-
-
-def trace_files(paths: Iterable[Path | str]) -> list[Path]:
-    """Files as given; a directory stands for every ``*.jsonl`` below it (sorted)."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        out.extend(sorted(p.rglob("*.jsonl")) if p.is_dir() else [p])
-    return out
-
-
-def move_counts(records: Iterable[Mapping[str, Any]]) -> tuple[Counter[Move], Counter[str]]:
-    """How often each declared move was taken, and each terminal reason reached; undeclared moves
-    are left out (the auditor reports them)."""
-    declared = set(declared_moves())
-    moves: Counter[Move] = Counter()
-    reasons: Counter[str] = Counter()
-    for rec in records:
-        if rec.get("type") != "transition":
-            continue
-        move = Move(str(rec.get("trigger")), str(rec.get("from")), str(rec.get("to")))
-        if move in declared:
-            moves[move] += 1
-            reason = rec.get("terminal_reason")
-            if move.dest == _STOP and reason in _REASONS:
-                reasons[reason] += 1
-    return moves, reasons
-
-
-def coverage(paths: Iterable[Path | str]) -> Coverage:
-    """Which declared moves and terminal reasons the traces exercised, and which never."""
-    taken: Counter[Move] = Counter()
-    reasons: Counter[str] = Counter()
-    for path in trace_files(paths):
-        m, r = move_counts(rec for _, rec in read_numbered(path)[0])
-        taken.update(m)
-        reasons.update(r)
-    missing = [m for m in declared_moves() if m not in taken]
-    missing_reasons = [r.value for r in TerminalReason if r.value not in reasons]
-    return Coverage(taken, reasons, missing, missing_reasons)
-
 
 # --- CLI ---------------------------------------------------------------------------------------
 
@@ -497,8 +710,9 @@ def coverage(paths: Iterable[Path | str]) -> Coverage:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agentfsm audit",
-        description="Check session traces (JSONL) against the declared graph; or, with --coverage, report "
-                    "which declared edges and terminal reasons a set of traces exercised.")
+        description="Check session traces (JSONL) against the declared graph, replaying every recorded event; "
+                    "or, with --coverage, report which declared edges and terminal reasons a set of traces "
+                    "exercised. Exit 0: no problems; 1: problems found; 2: an input is not a trace.")
     p.add_argument("traces", nargs="*", type=Path, metavar="TRACE",
                    help="session files (.jsonl); a directory means every .jsonl below it")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -519,10 +733,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("give at least one TRACE")
     if args.require_full and not args.coverage:
         _parser().error("--require-full goes with --coverage")
-    files = trace_files(args.traces)
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        print(f"agentfsm audit: no such trace file: {', '.join(missing)}", file=sys.stderr)
+    files = []
+    for given in args.traces:
+        found = trace_files([given])
+        if given.is_dir() and not found:
+            print(f"agentfsm audit: {given}: no .jsonl session files in this directory", file=sys.stderr)
+            return 2
+        files.extend(found)
+    try:
+        for f in files:
+            recognise(f)
+    except NotATrace as exc:
+        print(f"agentfsm audit: {exc}", file=sys.stderr)
         return 2
     if args.coverage:
         return _main_coverage(files, as_json=args.json, require_full=args.require_full)
@@ -535,7 +757,8 @@ def _main_audit(files: list[Path], *, as_json: bool) -> int:
     warnings = sum(not f.is_error for fs in results.values() for f in fs)
     if as_json:
         found = [{"path": path, **f.to_json()} for path, fs in results.items() for f in fs]
-        print(json.dumps({"errors": errors, "warnings": warnings, "findings": found}, indent=2))
+        print(json.dumps({"source": "agentfsm", "errors": errors, "warnings": warnings, "findings": found},
+                         indent=2))
     else:
         for path, fs in results.items():
             for f in fs:
@@ -543,7 +766,7 @@ def _main_audit(files: list[Path], *, as_json: bool) -> int:
             n_err = sum(f.is_error for f in fs)
             summary = "ok" if not n_err else f"{n_err} error{'s' * (n_err != 1)}"
             n_warn = len(fs) - n_err
-            print(f"{path}: {summary}" + (f", {n_warn} warning{'s' * (n_warn != 1)}" if n_warn else ""))
+            print(f"{path}: agentfsm trace, {summary}" + (f", {n_warn} warning{'s' * (n_warn != 1)}" if n_warn else ""))
     return 1 if errors else 0
 
 

@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> Any:
-    from fsm.options import DEFAULT_MODEL, Options
-    from fsm.state import Limits
+    from agentfsm.options import DEFAULT_MODEL, Options
+    from agentfsm.state import Limits
 
     if args.output_format == "stream-json" and not args.verbose:
         raise UsageError("When using --print, --output-format=stream-json requires --verbose")
@@ -209,10 +209,10 @@ async def _stdin_messages() -> AsyncIterator[Any]:
 
 
 async def run_print(args: argparse.Namespace) -> int:
-    from fsm import log
-    from fsm.api import InputError, drive
-    from fsm.options import Options
-    from fsm.sessions import open_session, plan_session
+    from agentfsm import log
+    from agentfsm.api import InputError, drive
+    from agentfsm.options import Options
+    from agentfsm.sessions import open_session, plan_session
 
     options: Options = options_from_args(args)
     try:
@@ -222,15 +222,15 @@ async def run_print(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     client = None
     if args.scripted:
-        from fsm.testing.scenario import load_scenario
-        from fsm.testing.scripted import ScriptedModel
+        from agentfsm.testing.scenario import load_scenario
+        from agentfsm.testing.scripted import ScriptedModel
 
         try:
             client = ScriptedModel(load_scenario(Path(args.scripted), ws=str(options.cwd)))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--scripted: {exc}") from None
     else:
-        from fsm.transport import AnthropicTransport, MissingCredentials
+        from agentfsm.transport import AnthropicTransport, MissingCredentials
 
         try:
             client = AnthropicTransport(max_retries=options.limits.api_max_retries)
@@ -286,18 +286,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _subcommand(name: str, argv: list[str]) -> int:
     if name == "demo":
-        from fsm.demo import main as demo_main
+        from agentfsm.demo import main as demo_main
 
         return demo_main(argv)
     if name == "serve-scripted":
-        from fsm.testing.server import main as serve_main
+        from agentfsm.testing.server import main as serve_main
 
         return serve_main(argv)
     if name == "diagram":
-        from fsm.diagram import main as diagram_main
+        from agentfsm.diagram import main as diagram_main
 
         return diagram_main(argv)
-    from fsm.audit import main as audit_main
+    from agentfsm.audit import main as audit_main
 
     return audit_main(argv)
 

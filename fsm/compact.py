@@ -16,12 +16,12 @@ from typing import Any
 
 import structlog
 
-from fsm import prompts
-from fsm.assembler import ResponseAssembler, StreamProtocolError
-from fsm.events import Compaction
-from fsm.model import ModelCallError, ModelClient, ModelRequest
-from fsm.request import normalize
-from fsm.state import Message
+from agentfsm import prompts
+from agentfsm.assembler import ResponseAssembler, StreamProtocolError
+from agentfsm.events import Compaction
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest
+from agentfsm.request import normalize
+from agentfsm.state import Message
 
 log = structlog.get_logger("agentfsm.compact")
 

@@ -45,7 +45,7 @@ def price_table() -> Mapping[str, Price]:
     override = os.environ.get(PRICES_ENV)
     if override:
         return _load(Path(override).read_text(encoding="utf-8"), override)
-    return _load(resources.files("fsm").joinpath("data/prices.json").read_text(encoding="utf-8"),
+    return _load(resources.files("agentfsm").joinpath("data/prices.json").read_text(encoding="utf-8"),
                  "fsm/data/prices.json")
 
 

@@ -43,14 +43,14 @@ def _show(msg: dict[str, Any]) -> None:
 
 
 async def _run(workspace: Path, sessions: Path) -> int:
-    from fsm.options import Options
-    from fsm.session import Session
-    from fsm.testing.scenario import load_scenario
-    from fsm.testing.server import ScriptedServer
-    from fsm.trace import read_records
-    from fsm.transport import AnthropicTransport
+    from agentfsm.options import Options
+    from agentfsm.session import Session
+    from agentfsm.testing.scenario import load_scenario
+    from agentfsm.testing.server import ScriptedServer
+    from agentfsm.trace import read_records
+    from agentfsm.transport import AnthropicTransport
 
-    raw = json.loads(resources.files("fsm").joinpath("scenarios/read_probe.json").read_text())
+    raw = json.loads(resources.files("agentfsm").joinpath("scenarios/read_probe.json").read_text())
     scenario = load_scenario(raw, ws=str(workspace))
     server = ScriptedServer(scenario)
     url = await server.start_async()

@@ -1,99 +1,116 @@
-"""The async driver: performs what the graph decides.
+"""The async driver: performs what the machine decides, and nothing else.
 
-Each iteration observes the world in the current phase (assemble context, call the model, stream,
-run tools, run hooks), turns what happened into an event record, and hands it to the machine
-(:class:`fsm.graph.LoopMachine`). The driver never chooses a next phase itself.
+Each iteration performs the work of the current phase (:data:`Driver.PERFORM`: assemble the context,
+call the model, consume the stream, run the tool batch, run Stop hooks when they are due), turns what
+happened into an event record and fires it on the loop's machine (:class:`agentfsm.graph.LoopMachine`).
+Where the loop goes, and every guard, cap and "is it due" question, is answered by
+:mod:`agentfsm.graph`; the driver asks its pure functions before doing I/O and acts on the steps the
+machine returns. Observers (the session file, the structured log, the testing kit) see every step.
 
-Faults and recovery, phase by phase (the graph picks the edge; the driver gathers the facts):
+Faults, phase by phase (the graph picks the edge; the driver gathers the facts):
 
 * assemble — a deferred tool call of a resumed run is run again (``tool_deferred_unavailable`` when
-  its tool is gone); auto-compaction when the estimated context passes the threshold; any exception
-  while preparing the turn is ``turn_setup_failed``.
-* call_model — preflight: a host's ``should_stop_before_next_call`` (``background_requested``), the
-  budget (``budget_exhausted``, cost from :mod:`fsm.cost`'s price table), the blocking limit; then the
-  request. Transient HTTP failures are retried inside the transport (the SDK's own retry machinery);
-  what still fails arrives as a classified :class:`ModelError`. Prompt-too-long is answered by one
-  reactive compaction when the graph allows it.
+  its tool is gone); auto-compaction when :func:`agentfsm.graph.should_auto_compact` says so; any
+  exception while preparing the turn is ``turn_setup_failed``.
+* call_model — :func:`agentfsm.graph.preflight_refusal` (a host's ``should_stop_before_next_call``,
+  the budget, the blocking limit); then the request, carrying any queued user input. Transient HTTP
+  failures are retried inside the transport; what still fails arrives as a classified
+  :class:`ModelError`. Prompt-too-long is answered by one reactive compaction when the graph allows it.
 * stream — a stream that breaks part-way is either requested again as a whole (its executor is
   aborted, its blocks tombstoned, nothing of it kept) or, when no retry is left, ends the loop with
   every tool_use it showed paired with a result. A protocol violation is ``model_error``.
+
+Stopping: :meth:`Driver.interrupt` is the user's interrupt (Ctrl-C, the SDK's ``interrupt``): a
+response that is streaming is cut, running tools whose ``interrupt_behavior()`` is ``cancel`` are
+cancelled and ``block`` tools finish, then the loop ends ``aborted_tools``/``aborted_streaming``.
+:meth:`Driver.abort` is the hard stop: everything running is cancelled at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 import attrs
 import jsonschema
-import structlog
 
-from fsm import graph, prompts
-from fsm.assembler import ResponseAssembler, StreamProtocolError
-from fsm.compact import chars_of, compact, estimate_tokens
-from fsm.cost import add_usage, cost_usd
-from fsm.events import (
+from agentfsm import graph, log, prompts
+from agentfsm.assembler import ResponseAssembler, StreamProtocolError
+from agentfsm.compact import chars_of, compact, estimate_tokens
+from agentfsm.events import (
     Aborted,
     Assembled,
     CallFailed,
     Event,
     ModelError,
     ModelResponse,
-    Refused,
     SetupFailed,
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
     ToolsDrained,
 )
-from fsm.executor import StreamingToolExecutor
-from fsm.gate import OpenGate, ToolGate
-from fsm.model import MessageStop, ModelCallError, ModelClient, ModelRequest, StreamEvent
-from fsm.options import Options
-from fsm.pipeline import STREAMING_FALLBACK, synthetic_result
-from fsm.queue import InputQueue  # re-exported: `from fsm.driver import InputQueue`
-from fsm.request import normalize
-from fsm.result import RunResult, build_result
-from fsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
-from fsm.trace import TraceWriter
-from tools.base import ToolContext
+from agentfsm.executor import StreamingToolExecutor
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest, StreamEvent
+from agentfsm.options import Options
+from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, synthetic_result
+from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
+from agentfsm.queue import InputQueue, QueueItem
+from agentfsm.request import normalize
+from agentfsm.result import RunAccount, RunResult, build_result
+from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
+from agentfsm.tools.base import ToolContext
+from agentfsm.trace import TraceWriter
 
 Emit = Callable[[dict[str, Any]], None]
 # Asked before every model request with the loop state; a truthy answer ends the foreground loop
-# with `background_requested` (a string answer is the reason). Seed: shouldStopBeforeNextApiCall.
+# with `background_requested` (a string answer is the reason).
 StopBeforeCall = Callable[[LoopState], Any]
+T = TypeVar("T")
 _END = object()
-# The kind of the tool_result message of a call a PreToolUse hook deferred: a resumed run finds it
-# there (it survives in the session file) and runs the call again before the next request.
-DEFERRED_RESULTS = "deferred_tool_results"
 STREAM_FAILED = "stream_failed"
+DEFERRED_RESULTS = graph.DEFERRED_RESULTS
 
 
-class LoopHooks:
-    """The non-tool hook events the driver fires; the default runs nothing. ``hooks.HookGate``
-    implements the same methods for command and Python hooks."""
+class StepObserver(Protocol):
+    """Told of every move of the loop, after it happened: the state before, the step (edge, route,
+    state after) and the event that caused it (the same event for a move a phase made on its own)."""
 
-    async def user_prompt_submit(self, prompt: str) -> Any:
-        return None
+    def on_step(self, before: LoopState, step: graph.Step, event: Event) -> None: ...
 
-    async def stop(self, last_assistant_message: str, stop_hook_active: bool) -> Any:
-        return None
 
-    async def post_tool_batch(self, tool_calls: list[dict[str, Any]]) -> Any:
-        return None
+class _Stopped(Exception):
+    """The awaited work was given up because the run is being stopped."""
 
-    async def pre_compact(self, trigger: str, custom_instructions: str | None) -> Any:
-        return None
+
+class _LogSteps:
+    """The structured log's view of the loop: one ``loop.transition`` event per move."""
+
+    def __init__(self, logger: log.ModuleLogger) -> None:
+        self.log = logger
+
+    def on_step(self, before: LoopState, step: graph.Step, event: Event) -> None:
+        if not self.log.is_enabled_for(20):
+            return
+        after = step.state
+        self.log.info("loop.transition", **{"from": before.phase.value}, to=after.phase.value,
+                      label=step.trigger, route=step.route, kind=step.edge.kind, turn=after.turn_count,
+                      chain_id=after.query_tracking.chain_id, depth=after.query_tracking.depth,
+                      terminal_reason=after.terminal_reason.value if after.terminal_reason else None,
+                      **after.counters())
 
 
 class Driver:
-    def __init__(self, *, options: Options, client: ModelClient, registry: Any, session_id: str,
-                 system: tuple[Mapping[str, Any], ...], gate: ToolGate | None = None,
-                 hooks: Any = None, trace: TraceWriter | None = None, emit: Emit | None = None,
+    """Runs one loop (one prompt to one result) of a session; see the module docstring."""
+
+    def __init__(self, *, options: Options, client: ModelClient, registry: ToolLookup, session_id: str,
+                 system: tuple[Mapping[str, Any], ...], gate: ToolGate, hooks: LoopHooks,
+                 trace: TraceWriter | None = None, emit: Emit | None = None,
                  queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
-                 should_stop_before_next_call: StopBeforeCall | None = None) -> None:
+                 should_stop_before_next_call: StopBeforeCall | None = None,
+                 observers: Sequence[StepObserver] = ()) -> None:
         self.options = options
         self.limits = options.limits
         self.client = client
@@ -107,56 +124,65 @@ class Driver:
                                  f"{exc.message}")
         self.session_id = session_id
         self.system = system
-        self.gate: ToolGate = gate or OpenGate()
-        self.hooks = hooks or LoopHooks()
+        self.gate = gate
+        self.hooks = hooks
         self.trace = trace or TraceWriter(None)
         self.emit: Emit = emit or (lambda _m: None)
-        self.queue = queue or InputQueue()
+        self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
         self.should_stop_before_next_call: StopBeforeCall | None = (
-            should_stop_before_next_call or getattr(options, "should_stop_before_next_call", None))
+            should_stop_before_next_call or options.should_stop_before_next_call)
         self.abort_event = asyncio.Event()
+        self.interrupt_event = asyncio.Event()
         self.read_files: dict[str, float] = {}
-        self.log = structlog.get_logger("agentfsm").bind(session_id=session_id)
-        # per-run bookkeeping
-        self._usage: dict[str, Any] = {}
-        self._cost = 0.0
-        self._api_ms = 0.0
-        self._denials: list[Mapping[str, Any]] = []
-        self._warnings: list[str] = []
-        self._last_usage: Mapping[str, Any] | None = None
-        self._counted_upto = 0  # messages the request behind _last_usage carried
+        self.log = log.get_logger("agentfsm", session_id=session_id)
+        self.observers: tuple[StepObserver, ...] = (self.trace, _LogSteps(self.log), *observers)
+        self.account = RunAccount()
+        # what the phase in progress holds between its perform and the machine's step
         self._request_messages = 0
-        # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
-        self._discarded: list[StreamingToolExecutor] = []
+        self._pending_input: tuple[QueueItem, ...] = ()
         self._stream: Any = None
         self._first: StreamEvent | None = None
         self._executor: StreamingToolExecutor | None = None
         self._asm: ResponseAssembler | None = None
-        self._drained: ToolsDrained | None = None
-        self._structured: Any = None
-        self._response_id = ""
         self._emitted_results: set[str] = set()
-        self._last_trigger = ""
         self._t_request = 0.0
+        # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
+        self._discarded: list[StreamingToolExecutor] = []
+
+    PERFORM: Mapping[Phase, str] = {
+        Phase.ASSEMBLE: "_assemble",
+        Phase.CALL_MODEL: "_call_model",
+        Phase.STREAM: "_consume_stream",
+        Phase.DISPATCH_TOOLS: "_dispatch",
+        Phase.STOP: "_stop_hooks",
+    }
 
     # --- public --------------------------------------------------------------------------------
 
     def abort(self) -> None:
-        """Cancel the run (Ctrl-C, host interrupt). Tools already finished keep their side effects."""
+        """Hard stop: everything running is cancelled at once. Finished tools keep their effects."""
         self.abort_event.set()
+        self.interrupt_event.set()
+
+    def interrupt(self) -> None:
+        """The user's interrupt: the response is cut, ``cancel`` tools are cancelled and ``block``
+        tools finish, then the loop ends. Nothing is rolled back."""
+        self.interrupt_event.set()
+        executor = self._executor
+        if executor is not None and not executor.aborted:
+            executor.interrupt()
 
     @property
     def cost_usd(self) -> float:
-        return self._cost
+        return self.account.cost_usd
 
     async def run(self, prompt: str | Sequence[Mapping[str, Any]],
                   history: Sequence[Message] = ()) -> tuple[RunResult, LoopState]:
         started = time.monotonic()
-        tool_names = tuple(self.registry.names())
         mode = getattr(self.gate, "permission_mode", None) or self.options.permission_mode or "default"
         ctx = ToolUseContext(cwd=str(self.options.cwd), permission_mode=mode,
-                             tool_names=tool_names)
+                             tool_names=tuple(self.registry.names()))
         content = prompt if not isinstance(prompt, str) else ({"type": "text", "text": prompt},)
         first = Message("user", tuple(content), kind="prompt")
         text = prompt if isinstance(prompt, str) else "".join(b.get("text", "") for b in content)
@@ -166,118 +192,124 @@ class Driver:
             setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
         else:
             submitted = await self.hooks.user_prompt_submit(text)
-            if submitted is not None and (getattr(submitted, "blocked", False)
-                                          or getattr(submitted, "stop", False)):
+            if submitted.blocked or submitted.stop:
                 # a blocked prompt (exit 2, decision block) or `continue: false` is erased: it never
                 # reaches the model or the history
-                reason = (getattr(submitted, "stop_reason", "") if getattr(submitted, "stop", False)
-                          else getattr(submitted, "reason", "")) or "prompt blocked by hook"
+                reason = (submitted.stop_reason if submitted.stop else submitted.reason) or "prompt blocked by hook"
                 setup_failure = SetupFailed(TerminalReason.HOOK_STOPPED, reason)
                 erased = True
-            else:
-                extra = tuple(getattr(submitted, "additional_context", ()) or ()) if submitted else ()
-                if extra:
-                    first = attrs.evolve(first, content=first.content + tuple(
-                        {"type": "text", "text": prompts.reminder(c)} for c in extra))
+            elif submitted.additional_context:
+                first = attrs.evolve(first, content=first.content + tuple(
+                    {"type": "text", "text": prompts.reminder(c)} for c in submitted.additional_context))
         # the prompt record marks where this run starts in the file (before anything the run
         # writes); an erased one is recorded as such, and resume leaves it out of the history
         self.trace.message(attrs.evolve(first, kind="erased_prompt") if erased else first)
         if setup_failure is None:
             history, setup_failure = await self._resume_deferred(tuple(history), first)
         messages: tuple[Message, ...] = tuple(history) if erased else (*history, first)
-        state = LoopState(messages=messages, tool_use_context=ctx)
-        machine = graph.LoopMachine(state)
-        try:
-            if setup_failure is not None:
-                self._apply(machine, setup_failure)
-            await self._loop(machine)
-        except asyncio.CancelledError:
-            if machine.phase is not Phase.STOP:
-                self._apply(machine, self._abort_event_for(machine.state))
-            raise
-        finally:
-            await self._close_stream()
-            await self._close_executors()
-        result = build_result(machine.state, session_id=self.session_id,
+        with graph.LoopMachine(LoopState(messages=messages, tool_use_context=ctx)) as machine:
+            try:
+                if setup_failure is not None:
+                    self._fire(machine, setup_failure)
+                await self._loop(machine)
+            except asyncio.CancelledError:
+                if machine.phase is not Phase.STOP:
+                    self._fire(machine, self._abort_event_for(machine.state))
+                raise
+            finally:
+                await self._close_stream()
+                await self._close_executors()
+            state = machine.state
+        acct = self.account
+        result = build_result(state, session_id=self.session_id,
                               duration_ms=int((time.monotonic() - started) * 1000),
-                              duration_api_ms=int(self._api_ms), cost=self._cost, usage=self._usage,
-                              denials=tuple(self._denials), structured_output=self._structured,
-                              warnings=tuple(self._warnings))
+                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
+                              denials=tuple(acct.denials), structured_output=acct.structured_output,
+                              warnings=tuple(acct.warnings))
         self.trace.result(result.to_dict())
         self.log.info("loop.terminal", terminal_reason=result.terminal_reason.value,
                       subtype=result.subtype, is_error=result.is_error, turns=result.num_turns,
-                      cost_usd=round(self._cost, 6))
-        return result, machine.state
+                      cost_usd=round(acct.cost_usd, 6))
+        return result, state
 
     # --- the loop ------------------------------------------------------------------------------
 
     async def _loop(self, machine: graph.LoopMachine) -> None:
         while True:
             state = machine.state
-            phase = machine.phase
-            if phase is Phase.STOP:
-                # Stop hooks run once per end_turn; a `settle` leaves the loop in stop for good
-                if self._last_trigger != "end_turn":
-                    return
-                event = await self._stop_hooks(state)
-                if event is None:
-                    return
-                self._apply(machine, event)
-                continue
-            if self.abort_event.is_set():
-                self._apply(machine, self._abort_event_for(state))
-                continue
-            if phase is Phase.ASSEMBLE:
-                event = await self._assemble(state)
-            elif phase is Phase.CALL_MODEL:
-                event = await self._call_model(state)
-            elif phase is Phase.STREAM:
-                event = await self._consume_stream(state)
-            elif phase is Phase.DISPATCH_TOOLS:
-                event = await self._dispatch(state)
-            else:  # FEEDBACK: the same drained batch decides how the loop goes on
-                assert self._drained is not None
-                event, self._drained = self._drained, None
-            self._apply(machine, event)
+            if state.phase is Phase.STOP and not graph.stop_hooks_are_due(state):
+                return
+            if state.phase is not Phase.STOP and self._stopping():
+                event: Event = self._abort_event_for(state)
+            else:
+                event = await getattr(self, self.PERFORM[state.phase])(state)
+            self._fire(machine, event)
 
-    def _apply(self, machine: graph.LoopMachine, event: Event) -> LoopState:
+    def _fire(self, machine: graph.LoopMachine, event: Event) -> None:
         before = machine.state
-        step, after = machine.step(event, self.limits)
-        self._last_trigger = step.trigger
-        edge = step.edge
-        self.trace.transition(step.trigger, edge.kind, before, after)
-        self._record_messages(before, after, event)
-        self.log.info("loop.transition", **{"from": before.phase.value}, to=after.phase.value,
-                      label=step.trigger, kind=edge.kind, turn=after.turn_count,
-                      chain_id=after.query_tracking.chain_id, depth=after.query_tracking.depth,
-                      terminal_reason=after.terminal_reason.value if after.terminal_reason else None,
-                      **after.counters())
-        if edge.kind == "retry" and before.phase is Phase.STREAM:
+        for step in machine.fire(event, self.limits):
+            for observer in self.observers:
+                observer.on_step(before, step, event)
+            self._after_step(before, step, event)
+            before = step.state
+
+    def _after_step(self, before: LoopState, step: graph.Step, event: Event) -> None:
+        """What a step asks of the world: warnings reported, input taken, what a retry withdrew."""
+        for notice in step.notices:
+            self.account.warnings.append(notice)
+            self.emit({"type": "system", "subtype": "warning", "message": notice, "session_id": self.session_id})
+        if step.trigger == "open_stream" and self._pending_input:
+            self.queue.take_items(self._pending_input)
+        if step.state.messages is not before.messages and _rewritten(before.messages, step.state.messages):
+            compaction = getattr(event, "compaction", None)
+            self.account.anchor(None, 0)
+            self.emit({"type": "system", "subtype": "compact_boundary", "session_id": self.session_id,
+                       "compact_metadata": {"trigger": "manual" if compaction and compaction.trigger == "manual"
+                                            else "auto", "pre_tokens": compaction.pre_tokens if compaction else 0}})
+        if step.edge.kind == "retry" and before.phase is Phase.STREAM:
             # what this response showed is withdrawn; a retry from call_model showed nothing
             self._tombstone()
-        return after
+        if isinstance(event, StreamEnded) and step.trigger != "dispatch" and self._executor is not None:
+            # not dispatching: discard whatever the executor started for this response
+            self._executor.abort("discarded")
+            self._discarded.append(self._executor)
+            self._executor = None
 
-    def _record_messages(self, before: LoopState, after: LoopState, event: Event) -> None:
-        old, new = before.messages, after.messages
-        if new is old:
-            return
-        if len(new) >= len(old) and all(a is b for a, b in zip(old, new, strict=False)):
-            for m in new[len(old):]:
-                self.trace.message(m)
-            return
-        compaction = getattr(event, "compaction", None)
-        trigger = compaction.trigger if compaction is not None else "swap"
-        pre = compaction.pre_tokens if compaction is not None else 0
-        self.trace.compact_boundary(trigger, pre)
-        for m in new:
-            self.trace.message(m)
-        self._last_usage, self._counted_upto = None, 0
-        self.emit({"type": "system", "subtype": "compact_boundary", "session_id": self.session_id,
-                   "compact_metadata": {"trigger": "manual" if trigger == "manual" else "auto",
-                                        "pre_tokens": pre}})
+    def _stopping(self, *, hard: bool = False) -> bool:
+        """The run is being stopped: aborted (anything may set the abort signal, tools included), or,
+        unless ``hard``, interrupted by the user."""
+        return self.abort_event.is_set() or (not hard and self.interrupt_event.is_set())
+
+    async def _wait_stop(self, *, hard: bool = False) -> None:
+        waits = {asyncio.ensure_future(self.abort_event.wait())}
+        if not hard:
+            waits.add(asyncio.ensure_future(self.interrupt_event.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _until_stopped(self, work: Awaitable[T], *, hard: bool = False) -> T:
+        """Await ``work`` unless the run is stopped first (aborted, or, unless ``hard``, interrupted):
+        then cancel it, let it unwind, and raise :class:`_Stopped`."""
+        task = asyncio.ensure_future(work)
+        if not self._stopping(hard=hard):
+            waiter = asyncio.ensure_future(self._wait_stop(hard=hard))
+            try:
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure racing the stop is moot
+        raise _Stopped
 
     def _abort_event_for(self, state: LoopState) -> Aborted:
-        """Pair every tool_use that was shown before the abort."""
+        """Pair every tool_use that was shown before the stop."""
         partial = results = None
         if state.phase in (Phase.STREAM, Phase.DISPATCH_TOOLS) and self._asm is not None:
             blocks = tuple(self._asm.blocks)
@@ -285,10 +317,10 @@ class Driver:
                 partial = Message("assistant", blocks, kind="assistant")
                 ids = partial.tool_use_ids()
                 if ids:
-                    got = {r.tool_use_id: r for r in (self._executor.abort("user_interrupted")
-                                                      if self._executor else [])}
-                    if self._executor is not None:
-                        self._discarded.append(self._executor)
+                    executor = self._executor
+                    got = {r.tool_use_id: r for r in (executor.abort("user_interrupted") if executor else [])}
+                    if executor is not None:
+                        self._discarded.append(executor)
                     res_blocks = tuple(got[i].block if i in got else _interrupted(i) for i in ids)
                     results = Message("user", res_blocks, kind="tool_results")
                     for b in res_blocks:
@@ -296,46 +328,34 @@ class Driver:
         self._executor = None
         return Aborted(partial, results)
 
-    # --- phases --------------------------------------------------------------------------------
+    # --- assemble ------------------------------------------------------------------------------
 
     async def _assemble(self, state: LoopState) -> Event:
         try:
-            return await self._prepare_turn(state)
+            return await self._until_stopped(self._prepare_turn(state))
+        except _Stopped:
+            return self._abort_event_for(state)
         except Exception as exc:
             # Whatever breaks while preparing the turn (a hook object, a client failing outside its
             # error contract during compaction, a bug) ends the run cleanly instead of crashing it.
             self.log.error("turn.setup_failed", error=repr(exc), exc_info=True)
-            return SetupFailed(TerminalReason.TURN_SETUP_FAILED,
-                               f"Turn setup failed: {type(exc).__name__}: {exc}")
+            return SetupFailed(TerminalReason.TURN_SETUP_FAILED, f"Turn setup failed: {type(exc).__name__}: {exc}")
 
-    async def _prepare_turn(self, state: LoopState) -> Event:
-        lim = self.limits
-        tokens = self._estimate(state)
-        tracking = state.compact_tracking
-        compaction = None
-        failed = rapid = False
-        if (lim.auto_compact and tokens > lim.auto_compact_threshold
-                and tracking.consecutive_failures < lim.max_consecutive_compact_failures):
-            await self.hooks.pre_compact("auto", None)
-            self.log.info("compact.start", trigger="auto", tokens=tokens,
-                          threshold=lim.auto_compact_threshold)
-            compaction = await compact(self.client, model=self._model(state), system=self.system,
-                                       messages=state.messages, trigger="auto",
-                                       metadata=self._metadata(), on_usage=self._account_usage)
-            self.log.info("compact.end", trigger="auto", ok=compaction is not None)
-            failed = compaction is None
-            # refilled to the threshold within `rapid_refill_turns` of the previous compaction
-            rapid = (compaction is not None and tracking.compactions > 0
-                     and tracking.turns_since_compact < lim.rapid_refill_turns)
-        # queued input is absorbed last: once absorbed it must reach the conversation, so nothing
-        # that can fail comes after it
-        attachments = self.queue.absorb()
-        return Assembled(compaction=compaction, compact_failed=failed, rapid_refill=rapid,
-                         attachments=attachments)
+    async def _prepare_turn(self, state: LoopState) -> Assembled:
+        tokens = self._estimate(state.messages)
+        if not graph.should_auto_compact(state, tokens, self.limits):
+            return Assembled()
+        await self.hooks.pre_compact("auto", None)
+        self.log.info("compact.start", trigger="auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
+        compaction = await compact(self.client, model=self._model(state), system=self.system,
+                                   messages=state.messages, trigger="auto", metadata=self._metadata(),
+                                   on_usage=self.account.spend)
+        self.log.info("compact.end", trigger="auto", ok=compaction is not None)
+        return Assembled(compaction=compaction, compact_failed=compaction is None)
 
-    def _estimate(self, state: LoopState) -> int:
-        return estimate_tokens(state.messages, self._last_usage, self._counted_upto,
-                               static_tokens=self._static_tokens())
+    def _estimate(self, messages: Sequence[Message]) -> int:
+        acct = self.account
+        return estimate_tokens(messages, acct.last_usage, acct.counted_upto, static_tokens=self._static_tokens())
 
     def _static_tokens(self) -> int:
         """System prompt and tool schemas: part of every request, in no message."""
@@ -348,33 +368,21 @@ class Driver:
     def _metadata(self) -> dict[str, str]:
         return {"user_id": f"session_{self.session_id}"}
 
-    def _preflight(self, state: LoopState) -> Refused | None:
-        """Reasons not to send the next request at all (seed order: background, budget, limit)."""
-        lim = self.limits
-        if self.should_stop_before_next_call is not None:
-            answer = self.should_stop_before_next_call(state)
-            if answer:
-                reason = (answer if isinstance(answer, str)
-                          else "Moved to the background before the next request")
-                return Refused(TerminalReason.BACKGROUND_REQUESTED, reason)
-        if lim.max_budget_usd is not None and self._cost >= lim.max_budget_usd:
-            return Refused(TerminalReason.BUDGET_EXHAUSTED,
-                           f"Reached maximum budget (${lim.max_budget_usd:g}); spent ${self._cost:.4f}")
-        tokens = self._estimate(state)
-        if tokens > lim.blocking_limit:
-            return Refused(TerminalReason.BLOCKING_LIMIT,
-                           f"Prompt is too long: about {tokens} tokens, over the blocking limit "
-                           f"of {lim.blocking_limit}. Compact the conversation or start a new one.")
-        return None
+    # --- call_model ----------------------------------------------------------------------------
 
     async def _call_model(self, state: LoopState) -> Event:
         # the previous response is history now: an abort or a retry must never pair or withdraw it
         self._asm = None
-        refused = self._preflight(state)
+        pending = self.queue.pending
+        sent = tuple(item.as_attachment() for item in pending)
+        outgoing = (*state.messages, *sent)
+        background = self.should_stop_before_next_call(state) if self.should_stop_before_next_call else None
+        refused = graph.preflight_refusal(background=background, cost_usd=self.account.cost_usd,
+                                          tokens=self._estimate(outgoing), limits=self.limits)
         if refused is not None:
             self.log.info("model.refused", reason=refused.reason.value, detail=refused.detail)
             return refused
-        wire = normalize(state.messages)
+        wire = normalize(outgoing)
         model = self._model(state)
         request = ModelRequest(model=model, system=self.system, messages=tuple(wire),
                                tools=tuple(self.registry.api_schemas()),
@@ -382,41 +390,33 @@ class Driver:
         self.trace.request(model, state.query_tracking.depth, wire)
         self.log.info("model.request", model=model, messages=len(wire),
                       chain_id=state.query_tracking.chain_id, depth=state.query_tracking.depth)
-        self._request_messages = len(state.messages)
+        self._request_messages = len(outgoing)
+        self._pending_input = pending
         self._t_request = time.monotonic()
         self._stream = self.client.stream(request)
-        # race the first event against an abort: a slow answer or the SDK's retry backoff must not
-        # hold an interrupt until the response starts
-        first = asyncio.ensure_future(anext(self._stream))
-        abort_wait = asyncio.ensure_future(self.abort_event.wait())
+        # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
-            await asyncio.wait({first, abort_wait}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            abort_wait.cancel()
-        if not first.done():
-            first.cancel()
-            await asyncio.gather(first, return_exceptions=True)
-            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            self._first = await self._until_stopped(anext(self._stream))
+        except _Stopped:
+            self._api_ms_since_request()
             await self._close_stream()
             return self._abort_event_for(state)
-        try:
-            self._first = first.result()
         except StopAsyncIteration:
-            self._api_ms += (time.monotonic() - self._t_request) * 1000
-            return await self._failed(state, ModelError("connection", "The API returned an empty stream",
-                                                        None, True))
+            self._api_ms_since_request()
+            return await self._failed(state, ModelError("connection", "The API returned an empty stream", None, True))
         except ModelCallError as exc:
-            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            self._api_ms_since_request()
             return await self._failed(state, exc.error)
         except Exception as exc:
             # outside the transport's error contract: a client bug, not a retryable fault
-            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            self._api_ms_since_request()
             self.log.error("model.client_failed", error=repr(exc), exc_info=True)
-            return await self._failed(state, ModelError("model", f"Model call failed: {type(exc).__name__}: "
-                                                                 f"{exc}"))
-        self.log.info("model.first_event", model=model,
-                      ms=round((time.monotonic() - self._t_request) * 1000, 1))
-        return StreamOpened(model)
+            return await self._failed(state, ModelError("model", f"Model call failed: {type(exc).__name__}: {exc}"))
+        self.log.info("model.first_event", model=model, ms=round((time.monotonic() - self._t_request) * 1000, 1))
+        return StreamOpened(model, sent_input=sent)
+
+    def _api_ms_since_request(self) -> None:
+        self.account.api_ms += (time.monotonic() - self._t_request) * 1000
 
     def _has_fallback(self, state: LoopState) -> bool:
         return state.model_index + 1 < len(self.options.models)
@@ -431,12 +431,14 @@ class Driver:
             self.log.info("compact.start", trigger="reactive", error=error.message)
             compaction = await compact(self.client, model=self._model(state), system=self.system,
                                        messages=state.messages, trigger="reactive",
-                                       metadata=self._metadata(), on_usage=self._account_usage)
+                                       metadata=self._metadata(), on_usage=self.account.spend)
             self.log.info("compact.end", trigger="reactive", ok=compaction is not None)
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
                           partial=partial, partial_results=partial_results)
+
+    # --- stream --------------------------------------------------------------------------------
 
     async def _consume_stream(self, state: LoopState) -> Event:
         asm = self._asm = ResponseAssembler()
@@ -448,42 +450,47 @@ class Driver:
             if first is not None:
                 self._on_event(first, asm, executor)
             while True:
-                ev = await self._next_event(it, executor)
+                try:
+                    ev = await self._next_event(it, executor)
+                except _Stopped:
+                    return await self._stopped_mid_stream(state)
                 if ev is _END:
                     break
-                if ev is None:  # abort requested while streaming
-                    return self._abort_event_for(attrs.evolve(state))
-                self._on_event(ev, asm, executor)  # type: ignore[arg-type]
+                self._on_event(ev, asm, executor)
             if not asm.stopped:
-                raise ModelCallError(ModelError("connection", "The stream ended before message_stop",
-                                                None, True))
+                raise ModelCallError(ModelError("connection", "The stream ended before message_stop", None, True))
         except (ModelCallError, StreamProtocolError) as exc:
-            self._api_ms += (time.monotonic() - self._t_request) * 1000
-            if isinstance(exc, ModelCallError):
-                error = exc.error
-            else:
-                error = ModelError("model", f"Malformed stream from the API: {exc}")
+            self._api_ms_since_request()
+            error = exc.error if isinstance(exc, ModelCallError) else ModelError(
+                "model", f"Malformed stream from the API: {exc}")
             return await self._stream_failed(state, error, asm, executor)
         except Exception as exc:
-            self._api_ms += (time.monotonic() - self._t_request) * 1000
+            self._api_ms_since_request()
             self.log.error("model.stream_failed_unexpectedly", error=repr(exc), exc_info=True)
             error = ModelError("model", f"Model stream failed: {type(exc).__name__}: {exc}")
             return await self._stream_failed(state, error, asm, executor)
         finally:
             await self._close_stream()
-        self._api_ms += (time.monotonic() - self._t_request) * 1000
+        self._api_ms_since_request()
         response = asm.finish()
         self._account(response)
         self.log.info("model.stream_end", stop_reason=response.stop_reason, blocks=len(response.blocks),
                       tool_uses=len(response.tool_uses()))
-        needs_structured = self._needs_structured_output(response)
-        event = StreamEnded(response, structured_output_required=needs_structured)
-        if not (response.tool_uses() and (response.usable_tool_uses() or response.stop_reason != "tool_use")):
-            # not dispatching: discard whatever the executor started for this response
-            executor.abort("discarded")
-            self._discarded.append(executor)
-            self._executor = None
-        return event
+        return StreamEnded(response, json_schema=self.options.json_schema is not None)
+
+    async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
+        """The stream was cut by a stop. On the user's interrupt, ``block`` tools the response already
+        started finish first (their real results pair their calls); a hard abort cancels them."""
+        await self._close_stream()
+        executor = self._executor
+        if executor is not None and not self._stopping(hard=True) and executor.has_pending():
+            executor.interrupt()
+            try:
+                await self._until_stopped(executor.remaining(), hard=True)
+            except _Stopped:
+                pass
+            self._emit_ready(executor)
+        return self._abort_event_for(state)
 
     async def _stream_failed(self, state: LoopState, error: ModelError, asm: ResponseAssembler,
                              executor: StreamingToolExecutor) -> CallFailed:
@@ -494,7 +501,7 @@ class Driver:
         await self._close_stream()
         if asm.usage:
             # the input was processed (and billed) even though the answer is lost
-            self._account_usage(asm.model or self._model(state), asm.usage)
+            self.account.spend(asm.model or self._model(state), asm.usage)
         retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits)
         aborted = {r.tool_use_id: r for r in executor.abort(STREAMING_FALLBACK if retry else STREAM_FAILED)}
         self._discarded.append(executor)
@@ -514,17 +521,16 @@ class Driver:
         return await self._failed(state, error, partial, results)
 
     async def _next_event(self, it: Any, executor: StreamingToolExecutor) -> Any:
-        """The next stream event, emitting tool results that become ready meanwhile; None = abort.
-
-        An abort wins over an event that arrived at the same moment: a fast stream must not run on
-        to its end (and complete the turn) past a cancellation."""
-        if self.abort_event.is_set():
-            return None
+        """The next stream event, emitting tool results that become ready meanwhile. Raises
+        :class:`_Stopped` on a stop, which wins over an event that arrived at the same moment: a
+        fast stream must not run on to its end (and complete the turn) past a cancellation."""
+        if self._stopping():
+            raise _Stopped
         nxt = asyncio.ensure_future(anext(it, _END))
-        abort_wait = asyncio.ensure_future(self.abort_event.wait())
+        stop_wait = asyncio.ensure_future(self._wait_stop())
         try:
             while True:
-                waiters = {nxt, abort_wait}
+                waiters = {nxt, stop_wait}
                 ready = None
                 if executor.has_pending():
                     # race the stream against the executor, so a result shows as soon as it exists
@@ -534,22 +540,20 @@ class Driver:
                 if ready is not None and not ready.done():
                     ready.cancel()
                 self._emit_ready(executor)
-                if abort_wait in done:
+                if stop_wait in done:
                     nxt.cancel()
                     # let the cancelled read unwind, so the stream can be closed (not left running)
                     await asyncio.wait({nxt})
                     if not nxt.cancelled():
-                        nxt.exception()  # retrieved: a failure racing the abort is moot
-                    return None
+                        nxt.exception()  # retrieved: a failure racing the stop is moot
+                    raise _Stopped
                 if nxt in done:
                     return nxt.result()
         finally:
-            abort_wait.cancel()
+            stop_wait.cancel()
 
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)
-        if isinstance(ev, MessageStop):
-            self.log.debug("model.message_stop")
         if block is None:
             return
         self.emit({"type": "assistant", "message": {
@@ -561,87 +565,76 @@ class Driver:
             self._emit_ready(executor)
 
     def _account(self, response: ModelResponse) -> None:
-        self._account_usage(response.model or self.options.model, response.usage)
-        # the next estimate starts from this report and adds only what the request did not carry
-        self._last_usage = response.usage
-        self._counted_upto = self._request_messages
+        self.account.spend(response.model or self.options.model, response.usage)
+        self.account.anchor(response.usage, self._request_messages)
 
-    def _account_usage(self, model: str, usage: Mapping[str, Any]) -> None:
-        """Usage and cost of any request the loop made (main, compaction, a broken stream)."""
-        self._usage = add_usage(self._usage, usage)
-        self._cost += cost_usd(model, usage)
-
-    def _needs_structured_output(self, response: ModelResponse) -> bool:
-        if self.options.json_schema is None:
-            return False
-        return not any(b.get("name") == "StructuredOutput" for b in response.tool_uses())
+    # --- dispatch_tools ------------------------------------------------------------------------
 
     async def _dispatch(self, state: LoopState) -> Event:
-        executor = self._executor
-        asm = self._asm
+        executor, asm = self._executor, self._asm
         assert executor is not None and asm is not None
-        results = await self._drain(executor)
-        if results is None:  # aborted while tools ran
+        try:
+            results, interrupted = await self._drain(executor)
+        except _Stopped:  # hard abort while tools ran
             return self._abort_event_for(state)
         self._executor = None
-        response = asm.finish()
-        assistant = response.as_message()
+        assistant = asm.finish().as_message()
         by_id = {r.tool_use_id: r for r in results}
         ordered = [by_id[i] for i in assistant.tool_use_ids()]
         for r in ordered:
             if r.permission_denial is not None:
-                self._denials.append(r.permission_denial)
-            if r.tool_name == "StructuredOutput" and not r.is_error:
-                self._structured = r.output_data
-        # a deferral counts only for a lone call: deferring one of several would leave its siblings'
-        # results without their call on resume (seed 004)
-        deferred = len(ordered) == 1 and ordered[0].deferred
-        user = Message("user", tuple(r.block for r in ordered),
-                       kind=DEFERRED_RESULTS if deferred else "tool_results")
+                self.account.denials.append(r.permission_denial)
+            if r.tool_name == graph.STRUCTURED_OUTPUT_TOOL and not r.is_error:
+                self.account.structured_output = r.output_data
+        user = Message("user", tuple(r.block for r in ordered), kind="tool_results")
         stop = next((r for r in ordered if r.stop), None)
-        ends_turn = any(r.ends_turn for r in ordered)
-        calls = [{"tool_name": r.tool_name, "tool_input": dict(_input_of(assistant, r.tool_use_id)),
-                  "tool_use_id": r.tool_use_id, "tool_response": r.block.get("content")} for r in ordered]
-        post = await self.hooks.post_tool_batch(calls)
-        post_blocked = bool(post is not None
-                            and (getattr(post, "blocked", False) or getattr(post, "stop", False)))
-        post_reason = (getattr(post, "reason", "") or getattr(post, "stop_reason", "")) if post else ""
-        extra = tuple(getattr(post, "additional_context", ()) or ()) if post else ()
-        if extra:
+        if interrupted:
+            return ToolsDrained(assistant=assistant, results=user, aborted=True)
+        post = await self.hooks.post_tool_batch(
+            [{"tool_name": r.tool_name, "tool_input": dict(_input_of(assistant, r.tool_use_id)),
+              "tool_use_id": r.tool_use_id, "tool_response": r.block.get("content")} for r in ordered])
+        if post.additional_context:
             user = attrs.evolve(user, content=user.content + tuple(
-                {"type": "text", "text": prompts.reminder(c)} for c in extra))
-        continuing = not (stop or deferred or ends_turn or post_blocked)
-        # queued input is absorbed only when another request follows this batch (not past max_turns)
-        absorb = continuing and (self.limits.max_turns is None or state.turn_count < self.limits.max_turns)
-        attachments = self.queue.absorb() if absorb else ()
-        self._drained = ToolsDrained(
-            assistant=assistant, results=user, aborted=False, deferred=deferred,
+                {"type": "text", "text": prompts.reminder(c)} for c in post.additional_context))
+        return ToolsDrained(
+            assistant=assistant, results=user, deferred_ids=tuple(r.tool_use_id for r in ordered if r.deferred),
             hook_stopped=stop is not None, hook_stop_reason=stop.stop_reason if stop else "",
-            ends_turn=ends_turn, post_batch_blocked=post_blocked and not ends_turn,
-            post_batch_reason=post_reason, attachments=attachments,
-            context_layers=executor.context_layers())
-        return self._drained
+            ends_turn=any(r.ends_turn for r in ordered), post_batch_blocked=post.blocked or post.stop,
+            post_batch_reason=post.reason or post.stop_reason, context_layers=executor.context_layers())
 
-    async def _drain(self, executor: StreamingToolExecutor) -> list[Any] | None:
+    async def _drain(self, executor: StreamingToolExecutor) -> tuple[list[CallResult], bool]:
+        """Every result of the batch, emitting each as soon as it may be shown; and whether the user
+        interrupted meanwhile (then ``cancel`` tools were cancelled, ``block`` tools finished). A hard
+        abort raises :class:`_Stopped`."""
+        if self._stopping(hard=True):
+            raise _Stopped
+        interrupted = self._stopping()
+        if interrupted:
+            executor.interrupt()
         waiter = asyncio.ensure_future(executor.remaining())
-        abort_wait = asyncio.ensure_future(self.abort_event.wait())
         try:
             while True:
+                stop_wait = asyncio.ensure_future(self._wait_stop(hard=interrupted))
                 ready = asyncio.ensure_future(executor.wait_ready())
-                done, _ = await asyncio.wait({waiter, abort_wait, ready}, return_when=asyncio.FIRST_COMPLETED)
-                if not ready.done():
+                try:
+                    done, _ = await asyncio.wait({waiter, stop_wait, ready}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    stop_wait.cancel()
                     ready.cancel()
                 self._emit_ready(executor)
                 if waiter in done:
                     results = waiter.result()
                     for r in results:
                         self._emit_result(r.block)
-                    return results
-                if abort_wait in done:
-                    waiter.cancel()
-                    return None
+                    return results, interrupted
+                if stop_wait in done:
+                    if self._stopping(hard=True):
+                        raise _Stopped
+                    interrupted = True
+                    executor.interrupt()
         finally:
-            abort_wait.cancel()
+            if not waiter.done():
+                waiter.cancel()
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
         for r in executor.drain_ready():
@@ -658,29 +651,25 @@ class Driver:
     def _new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
             return ToolContext(cwd=self.options.cwd, session_id=self.session_id, tool_use_id=tool_use_id,
-                               abort=self.abort_event, read_files=self.read_files,
-                               services=self.services)
+                               abort=self.abort_event, read_files=self.read_files, services=self.services)
 
         return StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
                                      max_concurrency=self.limits.max_tool_concurrency)
 
-    async def _stop_hooks(self, state: LoopState) -> Event | None:
-        """After a completed end of turn, Stop hooks may block (re-enter) or prevent the end."""
+    # --- stop ----------------------------------------------------------------------------------
+
+    async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
+        """Stop hooks are due after a completed end of turn: they may block (re-enter) or prevent the
+        end. A stop while they run lets the end stand."""
         last = next((m for m in reversed(state.messages) if m.role == "assistant"), None)
-        outcome = await self.hooks.stop(last.text() if last else "", state.stop_hook_active)
-        if outcome is None:
-            return None
-        blocked = bool(getattr(outcome, "blocked", False))
-        prevented = bool(getattr(outcome, "prevented", False))
-        if not (blocked or prevented):
-            return None
-        if blocked and not prevented and state.stop_hook_blocking_count >= self.limits.stop_hook_block_cap:
-            warning = prompts.STOP_HOOK_CAP_WARNING.format(n=state.stop_hook_blocking_count)
-            self._warnings.append(warning)
-            self.emit({"type": "system", "subtype": "warning", "message": warning,
-                       "session_id": self.session_id})
-        return StopHookVerdict(blocked=blocked, reason=getattr(outcome, "reason", "") or "",
-                               prevented=prevented, stop_reason=getattr(outcome, "stop_reason", "") or "")
+        try:
+            outcome = await self._until_stopped(self.hooks.stop(last.text() if last else "", state.stop_hook_active))
+        except _Stopped:
+            return StopHookVerdict()
+        return StopHookVerdict(blocked=outcome.blocked, reason=outcome.reason, prevented=outcome.prevented,
+                               stop_reason=outcome.stop_reason)
+
+    # --- a resumed deferral --------------------------------------------------------------------
 
     async def _resume_deferred(self, history: tuple[Message, ...], first: Message
                                ) -> tuple[tuple[Message, ...], SetupFailed | None]:
@@ -710,8 +699,8 @@ class Driver:
         for r in results:
             self._emit_result(r.block)
         messages = (*history[:-1], replaced)
-        # The session file's history view is rewritten from here on (fsm.sessions.load_history reads
-        # what follows the last boundary); the run's prompt, already recorded, closes the new view.
+        # The session file's history view is rewritten from here on (agentfsm.sessions.load_history
+        # reads what follows the last boundary); the run's prompt, already recorded, closes the new view.
         self.trace.compact_boundary("deferred_resume", 0)
         for m in (*messages, first):
             self.trace.message(m)
@@ -719,6 +708,8 @@ class Driver:
             return messages, SetupFailed(TerminalReason.TOOL_DEFERRED,
                                          "The resumed tool call was deferred again by a PreToolUse hook")
         return messages, None
+
+    # --- clean-up ------------------------------------------------------------------------------
 
     async def _close_executors(self) -> None:
         """Let the calls of every abandoned executor unwind (bounded), so no task outlives the run."""
@@ -747,13 +738,18 @@ class Driver:
                 self.log.debug("model.stream_close_failed")
 
 
-def _with_structured_output(registry: Any, schema: Mapping[str, Any] | None) -> Any:
+def _rewritten(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
+    """The step replaced the history (compaction) rather than appending to it."""
+    return len(new) < len(old) or any(a is not b for a, b in zip(old, new, strict=False))
+
+
+def _with_structured_output(registry: ToolLookup, schema: Mapping[str, Any] | None) -> ToolLookup:
     """The registry plus the ``StructuredOutput`` tool when a JSON schema asks for it (unless the
     session already registered one)."""
-    if schema is None or registry.get("StructuredOutput") is not None:
+    if schema is None or registry.get(graph.STRUCTURED_OUTPUT_TOOL) is not None:
         return registry
-    from tools.registry import ToolRegistry
-    from tools.structured_output import StructuredOutputTool
+    from agentfsm.tools.registry import ToolRegistry
+    from agentfsm.tools.structured_output import StructuredOutputTool
 
     return ToolRegistry([*registry.tools(), StructuredOutputTool(schema)])
 

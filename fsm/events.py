@@ -1,4 +1,10 @@
-"""What the driver observed, handed to :func:`fsm.graph.decide`. Plain frozen records, no behaviour."""
+"""What the driver observed, handed to the machine (:mod:`agentfsm.graph`). Plain frozen records.
+
+Each event also has a *record* form (:func:`to_record` / :func:`from_record`): what the session file
+keeps of it so the auditor can re-decide the move. Message contents are reduced to their skeleton
+(roles, kinds, tool ids and names, error flags, whether a text is blank) — exactly what the graph's
+guards read; the contents themselves are in the file's ``message`` records.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from fsm.state import Message, TerminalReason
+from agentfsm.state import Message, TerminalReason
 
 
 @attrs.frozen
@@ -69,12 +75,11 @@ class Compaction:
 
 @attrs.frozen
 class Assembled:
-    """assemble finished: optional auto-compaction result and absorbed queued input."""
+    """assemble finished: the auto-compaction result when one ran (``compact_failed`` when it was
+    tried and failed)."""
 
     compaction: Compaction | None = None
     compact_failed: bool = False
-    rapid_refill: bool = False
-    attachments: tuple[Message, ...] = ()
 
 
 @attrs.frozen
@@ -93,7 +98,11 @@ class Refused:
 
 @attrs.frozen
 class StreamOpened:
+    """The request was accepted. ``sent_input``: queued user input the request carried (as
+    attachment messages); it joins the conversation with this step."""
+
     model: str = ""
+    sent_input: tuple[Message, ...] = ()
 
 
 @attrs.frozen
@@ -114,8 +123,11 @@ class CallFailed:
 
 @attrs.frozen
 class StreamEnded:
+    """The response ended (``message_stop``). ``json_schema``: the run must end with a
+    StructuredOutput call (``--json-schema``)."""
+
     response: ModelResponse
-    structured_output_required: bool = False
+    json_schema: bool = False
 
 
 @attrs.frozen
@@ -132,18 +144,19 @@ class StopHookVerdict:
 @attrs.frozen
 class ToolsDrained:
     """Every tool of the batch has its result. ``results`` is the one user message with every
-    tool_result; the flags say how the batch ended (SPEC §3 step 5, in that order)."""
+    tool_result (and PostToolBatch context); the rest says how the batch ended: ``deferred_ids``
+    (calls a PreToolUse hook deferred), a hook that stopped continuation, a result that ends the
+    turn, a PostToolBatch block."""
 
     assistant: Message
     results: Message
     aborted: bool = False
-    deferred: bool = False
+    deferred_ids: tuple[str, ...] = ()
     hook_stopped: bool = False
     hook_stop_reason: str = ""
     ends_turn: bool = False
     post_batch_blocked: bool = False
     post_batch_reason: str = ""
-    attachments: tuple[Message, ...] = ()
     context_layers: Mapping[str, Any] = attrs.field(factory=dict)
 
 
@@ -156,6 +169,9 @@ class Aborted:
     detail: str = "Request interrupted by user"
 
 
+EVENT_TYPES: tuple[type, ...] = (
+    Assembled, SetupFailed, Refused, StreamOpened, CallFailed, StreamEnded, StopHookVerdict, ToolsDrained, Aborted,
+)
 Event = (
     Assembled
     | SetupFailed
@@ -167,3 +183,98 @@ Event = (
     | ToolsDrained
     | Aborted
 )
+
+
+# --- record form -------------------------------------------------------------------------------
+
+_EVENTS_BY_NAME: Mapping[str, type] = {t.__name__: t for t in EVENT_TYPES}
+_SKELETON_KEYS = ("type", "id", "name", "tool_use_id", "is_error")
+
+
+def _block_skeleton(block: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: block[k] for k in _SKELETON_KEYS if k in block}
+    if block.get("type") == "text":
+        # blank or not is all a guard reads of a text ("visible text")
+        out["text"] = "…" if str(block.get("text", "")).strip() else ""
+    return out
+
+
+def message_skeleton(msg: Message) -> dict[str, Any]:
+    return {"role": msg.role, "kind": msg.kind, "uuid": msg.uuid,
+            "content": [_block_skeleton(b) for b in msg.content]}
+
+
+def _message(data: Mapping[str, Any]) -> Message:
+    return Message(data["role"], tuple(data.get("content", ())), kind=data.get("kind", "prompt"),
+                   uuid=data.get("uuid") or "")
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, Message):
+        return message_skeleton(value)
+    if isinstance(value, ModelResponse):
+        return {"blocks": [_block_skeleton(b) for b in value.blocks], "stop_reason": value.stop_reason,
+                "model": value.model, "invalid_tool_inputs": sorted(value.invalid_tool_inputs),
+                "incomplete_tool_uses": value.incomplete_tool_uses}
+    if isinstance(value, Compaction):
+        return {"trigger": value.trigger, "pre_tokens": value.pre_tokens,
+                "messages": [message_skeleton(m) for m in value.messages]}
+    if isinstance(value, ModelError):
+        return attrs.asdict(value)
+    if isinstance(value, TerminalReason):
+        return value.value
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    if isinstance(value, Mapping):
+        return sorted(value)  # context layers: only their names are kept
+    return value
+
+
+def to_record(event: Event) -> dict[str, Any]:
+    """The session-file form of an event: ``{"type": <event name>, <field>: <value>…}``."""
+    rec: dict[str, Any] = {"type": type(event).__name__}
+    for field in attrs.fields(type(event)):
+        rec[field.name] = _encode(getattr(event, field.name))
+    return rec
+
+
+class EventRecordError(ValueError):
+    """An event record that does not describe an event."""
+
+
+def _decode_field(name: str, kind: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in ("assistant", "results", "partial", "partial_results"):
+        return _message(value)
+    if name == "sent_input":
+        return tuple(_message(m) for m in value)
+    if name == "response":
+        return ModelResponse(tuple(value.get("blocks", ())), value.get("stop_reason"), {}, value.get("model", ""),
+                             {i: "" for i in value.get("invalid_tool_inputs", ())},
+                             int(value.get("incomplete_tool_uses", 0)))
+    if name == "compaction":
+        return Compaction(tuple(_message(m) for m in value.get("messages", ())), value.get("trigger", "auto"),
+                          int(value.get("pre_tokens", 0)))
+    if name == "error":
+        return ModelError(**value)
+    if kind in (TerminalReason, "TerminalReason"):
+        return TerminalReason(value)
+    if name == "deferred_ids":
+        return tuple(value)
+    if name == "context_layers":
+        return {k: None for k in value}
+    return value
+
+
+def from_record(rec: Mapping[str, Any]) -> Event:
+    """The event an event record describes (message contents are skeletons). Raises
+    :class:`EventRecordError` for anything else."""
+    kind = _EVENTS_BY_NAME.get(str(rec.get("type")))
+    if kind is None:
+        raise EventRecordError(f"unknown event type {rec.get('type')!r}")
+    try:
+        fields = {f.name: _decode_field(f.name, f.type, rec[f.name]) for f in attrs.fields(kind) if f.name in rec}
+        return kind(**fields)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise EventRecordError(f"{kind.__name__} record cannot be read: {exc}") from None

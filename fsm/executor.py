@@ -40,9 +40,8 @@ from typing import Any
 
 import attrs
 
-from fsm import log as fsm_log
-from fsm.gate import OpenGate, ToolGate
-from fsm.pipeline import (
+from agentfsm import log as fsm_log
+from agentfsm.pipeline import (
     USER_INTERRUPTED,
     CallResult,
     PreparedInput,
@@ -50,7 +49,8 @@ from fsm.pipeline import (
     run_tool_call,
     synthetic_result,
 )
-from tools.base import InterruptBehavior, Tool, ToolContext
+from agentfsm.ports import ToolGate
+from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext
 
 log = fsm_log.get_logger("agentfsm.executor")
 
@@ -78,21 +78,21 @@ class _Entry:
 class StreamingToolExecutor:
     """Runs the tool calls of one model response under the concurrency rules (module docstring).
 
-    ``lookup``: the tool registry (anything :class:`fsm.pipeline.ToolTable` accepts). ``ctx_factory``
+    ``lookup``: the tool registry (anything :class:`agentfsm.pipeline.ToolTable` accepts). ``ctx_factory``
     builds the :class:`ToolContext` of one call from its id; the executor then sets the context's
     ``tool_use_id``, ``layers`` (a read-only view of the shared context) and ``on_progress`` (chained
     with the factory's own callback). ``on_progress(tool_use_id, data)`` receives every progress event.
     Must be used from inside a running event loop.
     """
 
-    def __init__(self, lookup: Any, *, gate: ToolGate | None = None,
+    def __init__(self, lookup: Any, *, gate: ToolGate,
                  ctx_factory: Callable[[str], ToolContext] | None = None, max_concurrency: int = 10,
                  layers: Mapping[str, Any] | None = None,
                  on_progress: Callable[[str, Any], None] | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.table = ToolTable.of(lookup)
-        self.gate: ToolGate = gate or OpenGate()
+        self.gate: ToolGate = gate
         self.max_concurrency = max_concurrency
         self._ctx_factory = ctx_factory
         self._on_progress = on_progress

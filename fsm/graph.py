@@ -1,21 +1,36 @@
-"""The agent loop's whole state graph, as data, plus the pure rules that pick an edge.
+"""The agent loop's whole behaviour, as data: edges, routes, refusals, and the machine built from them.
 
-Like h11's ``_state.py``: this module is the only place that decides where the loop goes next. The
-runtime ``transitions.Machine`` (:class:`LoopMachine`), the diagrams (``fsm.diagram``) and the trace
-auditor (``fsm.audit``) are all built from :data:`EDGES`. :func:`decide` is pure — loop state +
-observed event + limits in, the next state and the edge taken out — so every rule is testable
-without I/O; the driver only performs what the chosen edge implies.
+Like h11's ``_state.py``, this module is the only place that decides where the loop goes:
+
+* :data:`EDGES` — the shape: every declared move (trigger, sources → destination, kind, the terminal
+  reasons a move into ``stop`` may carry);
+* :data:`ROUTES` — the behaviour, in statechart form ``source, event [guard] / effect → edge``: for
+  each phase and each kind of observed event, the guarded routes in the order they are tried; the
+  first whose guard holds fires, and its effect computes the next frozen :class:`LoopState`;
+* :data:`REFUSALS` — every (phase, event) pair no route handles, with the reason it cannot happen;
+* :data:`MACHINE` — one module-level ``transitions.Machine`` built from the routes. It is what
+  picks a route: conditions are the guards in declared order. Each running loop is a model of it
+  (:class:`LoopMachine`), so the phase exists once, in the loop's state record.
+
+Guards and effects are pure functions of (state, event, limits); the driver only performs what a
+step implies. The auditor (:mod:`agentfsm.audit`) replays recorded events through :func:`advance` and
+the diagrams (:mod:`agentfsm.diagram`) draw :data:`EDGES` and :data:`ROUTES`. The table is validated
+at import (:func:`validate`): a route whose edge is not declared from its phase, an edge no route
+takes, a (phase, event) pair neither routed nor refused, or a phase from which ``stop`` cannot be
+reached fails loudly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import attrs
 from transitions import Machine, MachineError
 
-from fsm import prompts
-from fsm.events import (
+from agentfsm import prompts
+from agentfsm.events import (
+    EVENT_TYPES,
     Aborted,
     Assembled,
     CallFailed,
@@ -28,8 +43,10 @@ from fsm.events import (
     StreamOpened,
     ToolsDrained,
 )
-from fsm.state import (
+from agentfsm.state import (
+    COUNTER_CAPS,
     CompactTracking,
+    Limits,
     LoopState,
     Message,
     Phase,
@@ -46,9 +63,17 @@ A, C, S, D, F, X = (
     Phase.STOP,
 )
 STATES: tuple[Phase, ...] = (A, C, S, D, F, X)
+# the phases that perform work an abort can interrupt (feedback decides at once: nothing arrives there)
+RUNNING: tuple[Phase, ...] = (A, C, S, D)
 T = TerminalReason
-# the tool a --json-schema run must end with (tools/structured_output.py)
+# The tool a --json-schema run must end with (agentfsm.tools.structured_output).
 STRUCTURED_OUTPUT_TOOL = "StructuredOutput"
+# The kind of the tool_result message of a call a PreToolUse hook deferred: a resumed run finds it
+# there (it survives in the session file) and runs the call again before the next request.
+DEFERRED_RESULTS = "deferred_tool_results"
+
+
+# --- edges: the shape --------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -77,11 +102,11 @@ def _edge(trigger: str, sources: tuple[Phase, ...] | Phase, dest: Phase, kind: s
 
 EDGES: tuple[Edge, ...] = (
     # forward path
-    _edge("call", A, C, "forward", "context assembled (queued input absorbed, auto-compact done); send"),
+    _edge("call", A, C, "forward", "context assembled (auto-compact done); send the request"),
     _edge("open_stream", C, S, "forward", "the request was accepted and the response is streaming"),
     _edge("dispatch", S, D, "forward", "the response ended with complete tool_use blocks"),
     _edge("collect", D, F, "forward", "every tool of the batch has exactly one result"),
-    # labelled re-entries (SPEC §2 transition reasons)
+    # labelled re-entries (the transition reasons recorded in LoopState.transition)
     _edge("next_turn", F, A, "reentry", "tool results appended; next model turn"),
     _edge("reactive_compact_retry", (C, S), A, "reentry",
           "prompt too long, answered by one successful compaction"),
@@ -105,15 +130,15 @@ EDGES: tuple[Edge, ...] = (
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
     _edge("call_failed", (C, S), X, "terminal", "the model call failed and cannot be recovered",
           T.API_ERROR, T.MODEL_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR),
-    _edge("end_turn", S, X, "terminal", "no tool call: the answer is final (Stop hooks next)", T.COMPLETED),
+    _edge("end_turn", S, X, "terminal", "no tool call: the answer is final (Stop hooks are due)", T.COMPLETED),
     _edge("recovery_exhausted", S, X, "terminal", "a recovery branch reached its cap",
           T.API_ERROR, T.MALFORMED_TOOL_USE_EXHAUSTED, T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
-    _edge("settle", X, X, "terminal", "Stop hooks did not re-enter: prevented, max_turns, or cap override",
-          T.COMPLETED, T.STOP_HOOK_PREVENTED, T.MAX_TURNS),
+    _edge("settle", X, X, "terminal", "Stop hooks ran and did not re-enter: passed, prevented, max_turns, "
+          "or the block cap overridden", T.COMPLETED, T.STOP_HOOK_PREVENTED, T.MAX_TURNS),
     _edge("finish_batch", F, X, "terminal", "the tool batch ends the run",
           T.MAX_TURNS, T.ABORTED_TOOLS, T.TOOL_DEFERRED, T.HOOK_STOPPED, T.COMPLETED,
           T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
-    _edge("abort", (A, C, S, D, F), X, "terminal", "cancelled; every tool_use shown gets a result",
+    _edge("abort", RUNNING, X, "terminal", "cancelled; every tool_use shown gets a result",
           T.ABORTED_STREAMING, T.ABORTED_TOOLS),
 )
 
@@ -131,24 +156,91 @@ class UndeclaredMove(RuntimeError):
     """A move the graph does not declare was attempted."""
 
 
+# --- guards ------------------------------------------------------------------------------------
+
+
+GuardFn = Callable[[LoopState, Any, Limits], bool]
+
+
 @attrs.frozen
-class Step:
-    """The outcome of :func:`decide`: the edge to take and the state after it."""
+class Guard:
+    """A named pure predicate of (state, event, limits). Names are what the trace, the diagrams and
+    error messages show; ``&`` and ``~`` combine guards into new named ones."""
 
-    trigger: str
-    state: LoopState
+    name: str
+    fn: GuardFn = attrs.field(eq=False, repr=False)
 
-    @property
-    def edge(self) -> Edge:
-        return EDGES_BY_TRIGGER[self.trigger]
+    def __call__(self, state: LoopState, event: Any, limits: Limits) -> bool:
+        return self.fn(state, event, limits)
+
+    def __and__(self, other: Guard) -> Guard:
+        a, b = self.fn, other.fn
+        return Guard(f"{self.name} and {other.name}", lambda s, e, lim: a(s, e, lim) and b(s, e, lim))
+
+    def __invert__(self) -> Guard:
+        f = self.fn
+        return Guard(f"not {self.name}", lambda s, e, lim: not f(s, e, lim))
 
 
-# --- guards the driver consults before doing I/O ---------------------------------------------
+def counter_value(state: LoopState, name: str) -> int:
+    """A counter of :data:`agentfsm.state.COUNTER_CAPS` by name (compaction ones live in compact_tracking)."""
+    if name == "consecutive_compact_failures":
+        return state.compact_tracking.consecutive_failures
+    if name == "rapid_refill_count":
+        return state.compact_tracking.rapid_refill_count
+    return int(getattr(state, name))
+
+
+def under_cap(counter: str) -> Guard:
+    """The counter may still be incremented: its value is below the Limits field that caps it."""
+    cap = COUNTER_CAPS[counter]
+    return Guard(f"under_cap({counter})",
+                 lambda s, _e, lim: counter_value(s, counter) < getattr(lim, cap))
+
+
+def stop_reason_is(*reasons: str) -> Guard:
+    wanted = frozenset(reasons)
+    return Guard(f"stop_reason_is({'|'.join(reasons)})",
+                 lambda _s, e, _lim: e.response.stop_reason in wanted)
+
+
+def _named(name: str) -> Callable[[GuardFn], Guard]:
+    def wrap(fn: GuardFn) -> Guard:
+        return Guard(name, fn)
+    return wrap
+
+
+@_named("turn_cap_reached")
+def turn_cap_reached(s: LoopState, _e: Any, lim: Limits) -> bool:
+    """Another turn would exceed max_turns."""
+    return lim.max_turns is not None and s.turn_count + 1 > lim.max_turns
+
+
+@_named("tools_running")
+def tools_running(s: LoopState, _e: Any, _lim: Limits) -> bool:
+    return s.phase is D
+
+
+@_named("hook_stopped_prompt")
+def hook_stopped_prompt(_s: LoopState, e: SetupFailed, _lim: Limits) -> bool:
+    return e.reason is T.HOOK_STOPPED
+
+
+def rapid_refill(state: LoopState, limits: Limits) -> bool:
+    """A compaction now refills what the previous one emptied within ``rapid_refill_turns`` turns."""
+    t = state.compact_tracking
+    return t.compactions > 0 and t.turns_since_compact < limits.rapid_refill_turns
+
+
+@_named("rapid_refill_tripped")
+def rapid_refill_tripped(s: LoopState, e: Assembled, lim: Limits) -> bool:
+    return (e.compaction is not None and rapid_refill(s, lim)
+            and s.compact_tracking.rapid_refill_count + 1 >= lim.rapid_refill_max)
 
 
 def may_reactive_compact(state: LoopState) -> bool:
     """A prompt-too-long error may be answered by compaction: once per turn, and only when there is
-    more than a single exchange to summarise (seed 004: one exchange cannot be compacted)."""
+    more than a single exchange to summarise (one exchange cannot be compacted)."""
     return not state.has_attempted_reactive_compact and _exchanges(state.messages) > 1
 
 
@@ -156,37 +248,139 @@ def _exchanges(messages: tuple[Message, ...]) -> int:
     return sum(1 for m in messages if m.role == "assistant")
 
 
-# --- the rules ---------------------------------------------------------------------------------
+def retry_trigger(state: LoopState, error: ModelError, fallback_available: bool, limits: Limits) -> str | None:
+    """The retry edge a failed call takes (``stream_retry`` / ``fallback_retry``), or None when the
+    failure is final. The driver asks it before deciding whether to keep what was streamed, and the
+    routes below use the same function, so the two can never disagree."""
+    # a stream that broke mid-way is requested again as a whole (its partial blocks discarded)
+    if error.retryable and state.phase is S and state.stream_retry_count < limits.stream_retries:
+        return "stream_retry"
+    # the transport's own retries are spent: move down the fallback chain
+    if (error.retryable or error.kind == "overloaded") and fallback_available:
+        return "fallback_retry"
+    return None
 
 
-def _move(state: LoopState, trigger: str, **changes: object) -> Step:
-    edge = EDGES_BY_TRIGGER[trigger]
-    if state.phase not in edge.sources:
-        raise UndeclaredMove(f"{trigger}: {state.phase} is not a source of this edge")
-    if edge.kind == "reentry":
-        changes.setdefault("transition", trigger)
-    reason = changes.get("terminal_reason")
-    if edge.dest is Phase.STOP:
-        if reason not in edge.reasons:
-            raise UndeclaredMove(f"{trigger} cannot end the loop with {reason!r}")
-    elif edge.kind in ("reentry",):
-        changes.setdefault("terminal_reason", None)
-        changes.setdefault("terminal_detail", None)
-    return Step(trigger, attrs.evolve(state, phase=edge.dest, **changes))  # type: ignore[arg-type]
+@_named("stream_retry_left")
+def stream_retry_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
+    return retry_trigger(s, e.error, e.fallback_available, lim) == "stream_retry"
 
 
-def _stop(state: LoopState, trigger: str, reason: TerminalReason, detail: str | None = None,
-          messages: tuple[Message, ...] | None = None) -> Step:
-    return _move(state, trigger, terminal_reason=reason, terminal_detail=detail,
-                 messages=state.messages if messages is None else messages)
+@_named("fallback_left")
+def fallback_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
+    return retry_trigger(s, e.error, e.fallback_available, lim) == "fallback_retry"
 
 
-def _error_reason(kind: str) -> TerminalReason:
-    return {
-        "prompt_too_long": T.PROMPT_TOO_LONG,
-        "image": T.IMAGE_ERROR,
-        "model": T.MODEL_ERROR,
-    }.get(kind, T.API_ERROR)
+@_named("compacted_after_prompt_too_long")
+def compacted_after_prompt_too_long(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
+    return e.error.kind == "prompt_too_long" and e.compaction is not None and may_reactive_compact(s)
+
+
+def dispatchable(response: Any) -> bool:
+    """Complete tool_use blocks were seen: the batch runs. ``stop_reason`` alone is not trusted — a
+    response whose calls all have broken JSON and that ended ``tool_use`` is a malformed tool use."""
+    return bool(response.tool_uses()) and (bool(response.usable_tool_uses())
+                                           or response.stop_reason != "tool_use")
+
+
+@_named("has_tool_calls")
+def has_tool_calls(_s: LoopState, e: StreamEnded, _lim: Limits) -> bool:
+    return dispatchable(e.response)
+
+
+@_named("thinking_only")
+def thinking_only(s: LoopState, e: StreamEnded, lim: Limits) -> bool:
+    r = e.response
+    return (not r.visible_text() and r.has_thinking() and not s.thinking_only_nudged
+            and lim.thinking_only_nudges > 0)
+
+
+@_named("structured_output_missing")
+def structured_output_missing(_s: LoopState, e: StreamEnded, _lim: Limits) -> bool:
+    return e.json_schema and not any(b.get("name") == STRUCTURED_OUTPUT_TOOL for b in e.response.tool_uses())
+
+
+@_named("aborted")
+def batch_aborted(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
+    return e.aborted
+
+
+def lone_deferral(event: ToolsDrained) -> bool:
+    """A deferral counts only for a lone call: deferring one of several would leave its siblings'
+    results without their call on resume."""
+    ids = event.assistant.tool_use_ids()
+    return len(ids) == 1 and ids[0] in event.deferred_ids
+
+
+@_named("lone_call_deferred")
+def lone_call_deferred(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
+    return lone_deferral(e)
+
+
+@_named("hook_stopped")
+def batch_hook_stopped(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
+    return e.hook_stopped
+
+
+@_named("ends_turn")
+def batch_ends_turn(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
+    return e.ends_turn
+
+
+@_named("post_batch_blocked")
+def post_batch_blocked(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
+    return e.post_batch_blocked
+
+
+def structured_output_failed(event: ToolsDrained) -> bool:
+    """A StructuredOutput call of this batch got an error result (its input failed the schema)."""
+    calls = {b["id"] for b in event.assistant.content
+             if b.get("type") == "tool_use" and b.get("name") == STRUCTURED_OUTPUT_TOOL}
+    return any(b.get("is_error") for b in event.results.content
+               if b.get("type") == "tool_result" and b.get("tool_use_id") in calls)
+
+
+@_named("structured_output_failed")
+def structured_failed(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
+    return structured_output_failed(e)
+
+
+@_named("stop_hooks_due")
+def stop_hooks_due(s: LoopState, _e: Any, _lim: Limits) -> bool:
+    return s.stop_hooks_due
+
+
+@_named("prevented")
+def verdict_prevented(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> bool:
+    return e.prevented
+
+
+@_named("blocked")
+def verdict_blocked(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> bool:
+    return e.blocked
+
+
+# --- effects -----------------------------------------------------------------------------------
+
+# An effect computes the changes a route makes to the state record (beyond phase, which the edge
+# sets): pure, from (state, event, limits). Terminal routes return ``terminal_reason``.
+Effect = Callable[[LoopState, Any, Limits], Mapping[str, Any]]
+Notices = Callable[[LoopState, Any, Limits], tuple[str, ...]]
+
+
+def no_change(_s: LoopState, _e: Any, _lim: Limits) -> Mapping[str, Any]:
+    return {}
+
+
+def _stop(reason: TerminalReason, detail: str | None = None) -> Effect:
+    def effect(_s: LoopState, _e: Any, _lim: Limits) -> Mapping[str, Any]:
+        return {"terminal_reason": reason, "terminal_detail": detail}
+    effect.__name__ = f"stop_{reason.value}"
+    return effect
+
+
+def stop_with_event_reason(_s: LoopState, e: SetupFailed | Refused, _lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": e.reason, "terminal_detail": e.detail}
 
 
 def _with_pair(messages: tuple[Message, ...], partial: Message | None,
@@ -199,281 +393,562 @@ def _with_pair(messages: tuple[Message, ...], partial: Message | None,
     return (*messages, partial) + ((results,) if results is not None else ())
 
 
-def decide(state: LoopState, event: Event, limits) -> Step:
-    """Pick the edge for ``event`` in ``state.phase`` and compute the next state. Pure."""
-    phase = state.phase
-    if isinstance(event, Aborted):
-        if phase is X:
-            raise UndeclaredMove("abort after the loop stopped")
-        reason = T.ABORTED_TOOLS if phase in (D, F) else T.ABORTED_STREAMING
-        return _stop(state, "abort", reason, event.detail,
-                     _with_pair(state.messages, event.partial, event.partial_results))
-
-    if phase is A:
-        if isinstance(event, SetupFailed):
-            trigger = "prompt_blocked" if event.reason is T.HOOK_STOPPED else "setup_failed"
-            return _stop(state, trigger, event.reason, event.detail)
-        if isinstance(event, Assembled):
-            tracking = state.compact_tracking
-            messages = state.messages + event.attachments
-            if event.compaction is not None:
-                rapid = tracking.rapid_refill_count + 1 if event.rapid_refill else 0
-                tracking = attrs.evolve(
-                    tracking, last_compact_turn_id=state.query_tracking.chain_id,
-                    turns_since_compact=0, consecutive_failures=0, rapid_refill_count=rapid,
-                    compactions=tracking.compactions + 1)
-                messages = event.compaction.messages + event.attachments
-                if rapid >= limits.rapid_refill_max:
-                    return _stop(attrs.evolve(state, compact_tracking=tracking), "setup_failed",
-                                 T.RAPID_REFILL_BREAKER,
-                                 "Context refilled right after compaction "
-                                 f"{rapid} times in a row; stopping to avoid thrashing.")
-            elif event.compact_failed:
-                tracking = attrs.evolve(tracking, consecutive_failures=tracking.consecutive_failures + 1)
-            qt = state.query_tracking
-            return _move(state, "call", messages=messages, compact_tracking=tracking,
-                         query_tracking=QueryTracking(chain_id=qt.chain_id, depth=qt.depth + 1))
-        raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
-
-    if phase is C:
-        if isinstance(event, Refused):
-            return _stop(state, "refuse", event.reason, event.detail)
-        if isinstance(event, StreamOpened):
-            return _move(state, "open_stream")
-        if isinstance(event, CallFailed):
-            return _call_failed(state, event, limits)
-        raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
-
-    if phase is S:
-        if isinstance(event, CallFailed):
-            return _call_failed(state, event, limits)
-        if isinstance(event, StreamEnded):
-            return _stream_ended(state, event, limits)
-        raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
-
-    if phase is D:
-        if isinstance(event, ToolsDrained):
-            layers = {**state.tool_use_context.layers, **event.context_layers}
-            ctx = attrs.evolve(state.tool_use_context, layers=layers)
-            results = event.results
-            if event.attachments:
-                # queued input rides in the same user message as the results (one user message)
-                extra = tuple(b for m in event.attachments for b in m.content)
-                results = attrs.evolve(results, content=results.content + extra)
-            return _move(state, "collect", messages=(*state.messages, event.assistant, results),
-                         tool_use_context=ctx)
-        raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
-
-    if phase is F:
-        if isinstance(event, ToolsDrained):
-            return _after_batch(state, event, limits)
-        raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
-
-    if isinstance(event, StopHookVerdict):
-        return _stop_hooks(state, event, limits)
-    raise UndeclaredMove(f"{type(event).__name__} is not an event of {phase}")
+def _compacted(state: LoopState, rapid: bool) -> CompactTracking:
+    t = state.compact_tracking
+    return attrs.evolve(t, last_compact_turn_id=state.query_tracking.chain_id, turns_since_compact=0,
+                        consecutive_failures=0, rapid_refill_count=t.rapid_refill_count + 1 if rapid else 0,
+                        compactions=t.compactions + 1)
 
 
-def _swap(state: LoopState, trigger: str, messages: tuple[Message, ...]) -> Step:
-    tracking = attrs.evolve(state.compact_tracking, last_compact_turn_id=state.query_tracking.chain_id,
-                            turns_since_compact=0, compactions=state.compact_tracking.compactions + 1)
-    return _move(state, trigger, messages=messages, compact_tracking=tracking)
+def rapid_refill_stop(s: LoopState, e: Assembled, lim: Limits) -> Mapping[str, Any]:
+    tracking = _compacted(s, rapid=True)
+    return {"compact_tracking": tracking, "terminal_reason": T.RAPID_REFILL_BREAKER,
+            "terminal_detail": "Context refilled right after compaction "
+                               f"{tracking.rapid_refill_count} times in a row; stopping to avoid thrashing."}
 
 
-def retry_trigger(state: LoopState, error: ModelError, fallback_available: bool, limits) -> str | None:
-    """The retry edge a failed call takes (``stream_retry`` / ``fallback_retry``), or None when the
-    failure is final. Pure; the driver asks it before deciding whether to keep what was streamed, so
-    the two can never disagree about which failures are retried."""
-    # a stream that broke mid-way is requested again as a whole (its partial blocks discarded)
-    if error.retryable and state.phase is S and state.stream_retry_count < limits.stream_retries:
-        return "stream_retry"
-    # the transport's own retries are spent: move down the fallback chain
-    if (error.retryable or error.kind == "overloaded") and fallback_available:
-        return "fallback_retry"
-    return None
+def assembled(s: LoopState, e: Assembled, lim: Limits) -> Mapping[str, Any]:
+    changes: dict[str, Any] = {}
+    if e.compaction is not None:
+        changes["compact_tracking"] = _compacted(s, rapid=rapid_refill(s, lim))
+        changes["messages"] = e.compaction.messages
+    elif e.compact_failed:
+        t = s.compact_tracking
+        changes["compact_tracking"] = attrs.evolve(t, consecutive_failures=t.consecutive_failures + 1)
+    qt = s.query_tracking
+    changes["query_tracking"] = QueryTracking(chain_id=qt.chain_id, depth=qt.depth + 1)
+    return changes
 
 
-def _call_failed(state: LoopState, event: CallFailed, limits) -> Step:
-    err = event.error
-    retry = retry_trigger(state, err, event.fallback_available, limits)
-    if retry == "stream_retry":
-        return _move(state, "stream_retry", stream_retry_count=state.stream_retry_count + 1)
-    if retry == "fallback_retry":
-        return _move(state, "fallback_retry", model_index=state.model_index + 1, stream_retry_count=0)
-    if err.kind == "prompt_too_long" and event.compaction is not None:
-        if not may_reactive_compact(state):
-            raise UndeclaredMove("reactive compaction is not allowed in this state")
-        return _swap(attrs.evolve(state, has_attempted_reactive_compact=True), "reactive_compact_retry",
-                     event.compaction.messages)
-    messages = _with_pair(state.messages, event.partial, event.partial_results)
-    return _stop(state, "call_failed", _error_reason(err.kind), err.message, messages)
+def stream_opened(s: LoopState, e: StreamOpened, _lim: Limits) -> Mapping[str, Any]:
+    # queued input the request carried is in the conversation from now on: it is taken only by the
+    # step that really starts a request (a refused or failed call leaves it queued)
+    return {"messages": s.messages + e.sent_input} if e.sent_input else {}
 
 
-def _stream_ended(state: LoopState, event: StreamEnded, limits) -> Step:
-    resp = event.response
-    assistant = resp.as_message()
-    if state.stream_retry_count:
-        state = attrs.evolve(state, stream_retry_count=0)
-    if resp.tool_uses() and (resp.usable_tool_uses() or resp.stop_reason != "tool_use"):
-        return _move(state, "dispatch")
-    if resp.stop_reason in ("max_tokens", "model_context_window_exceeded"):
-        if state.max_output_tokens_recovery_count < limits.max_output_tokens_recoveries:
-            kept = (assistant,) if assistant.content else ()
-            return _move(state, "max_output_tokens_recovery",
-                         messages=(*state.messages, *kept, prompts.meta_message(prompts.MAX_TOKENS_RESUME)),
-                         max_output_tokens_recovery_count=state.max_output_tokens_recovery_count + 1)
-        kept_msgs = (*state.messages, assistant) if assistant.content else state.messages
-        return _stop(state, "recovery_exhausted", T.API_ERROR,
-                     prompts.MAX_TOKENS_EXHAUSTED.format(n=limits.max_output_tokens), kept_msgs)
-    if resp.stop_reason == "tool_use":
-        # clean retry: the failed assistant message is dropped, never sent back
-        if state.malformed_tool_use_retry_count < limits.malformed_tool_use_retries:
-            return _move(state, "malformed_tool_use_retry",
-                         messages=(*state.messages, prompts.meta_message(prompts.MALFORMED_TOOL_USE_RETRY)),
-                         malformed_tool_use_retry_count=state.malformed_tool_use_retry_count + 1)
-        return _stop(state, "recovery_exhausted", T.MALFORMED_TOOL_USE_EXHAUSTED,
-                     "The model kept ending with stop_reason tool_use without a complete tool_use block.")
-    if not resp.visible_text() and resp.has_thinking() and not state.thinking_only_nudged \
-            and limits.thinking_only_nudges > 0:
-        # the thinking-only answer is dropped (the reference client re-asks without it)
-        return _move(state, "thinking_only_nudge",
-                     messages=(*state.messages, prompts.meta_message(prompts.THINKING_ONLY_NUDGE)),
-                     thinking_only_nudged=True)
-    if event.structured_output_required:
-        if state.structured_output_retry_count < limits.structured_output_retries:
-            kept = (assistant,) if assistant.content else ()
-            return _move(state, "structured_output_retry",
-                         messages=(*state.messages, *kept,
-                                   prompts.meta_message(prompts.STRUCTURED_OUTPUT_RETRY)),
-                         structured_output_retry_count=state.structured_output_retry_count + 1)
-        return _stop(state, "recovery_exhausted", T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED,
-                     f"No valid structured output after {limits.structured_output_retries} retries.",
-                     (*state.messages, assistant) if assistant.content else state.messages)
-    messages = (*state.messages, assistant) if assistant.content else state.messages
-    return _stop(state, "end_turn", T.COMPLETED, None, messages)
+def stream_retried(s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
+    return {"stream_retry_count": s.stream_retry_count + 1}
 
 
-def _stop_hooks(state: LoopState, verdict: StopHookVerdict, limits) -> Step:
-    if state.terminal_reason is not T.COMPLETED:
-        raise UndeclaredMove("Stop hooks run only after a completed end of turn")
-    if verdict.prevented:
-        return _stop(state, "settle", T.STOP_HOOK_PREVENTED, verdict.stop_reason)
-    if not verdict.blocked:
-        raise UndeclaredMove("a Stop hook verdict that neither blocks nor prevents moves nothing")
-    if limits.max_turns is not None and state.turn_count + 1 > limits.max_turns:
-        return _stop(state, "settle", T.MAX_TURNS, f"Reached maximum number of turns ({limits.max_turns})")
-    if state.stop_hook_blocking_count >= limits.stop_hook_block_cap:
-        return _stop(state, "settle", T.COMPLETED,
-                     prompts.STOP_HOOK_CAP_WARNING.format(n=state.stop_hook_blocking_count))
-    return _move(state, "stop_hook_blocking",
-                 messages=(*state.messages, prompts.stop_hook_feedback(verdict.reason)),
-                 stop_hook_active=True,
-                 stop_hook_blocking_count=state.stop_hook_blocking_count + 1,
-                 turn_count=state.turn_count + 1)
+def fallback_taken(s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
+    return {"model_index": s.model_index + 1, "stream_retry_count": 0}
 
 
-def _after_batch(state: LoopState, event: ToolsDrained, limits) -> Step:
-    if event.aborted:
-        return _stop(state, "finish_batch", T.ABORTED_TOOLS, "Request interrupted by user for tool use")
-    if event.deferred:
-        return _stop(state, "finish_batch", T.TOOL_DEFERRED, "A tool call was deferred by a PreToolUse hook")
-    if event.hook_stopped:
-        return _stop(state, "finish_batch", T.HOOK_STOPPED, event.hook_stop_reason or None)
-    if event.ends_turn:
-        return _stop(state, "finish_batch", T.COMPLETED)
-    if event.post_batch_blocked:
-        return _stop(state, "finish_batch", T.HOOK_STOPPED, event.post_batch_reason or None)
+def reactive_compacted(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
+    t = s.compact_tracking
+    assert e.compaction is not None
+    return {"has_attempted_reactive_compact": True, "messages": e.compaction.messages,
+            "compact_tracking": attrs.evolve(t, last_compact_turn_id=s.query_tracking.chain_id,
+                                             turns_since_compact=0, compactions=t.compactions + 1)}
+
+
+def _error_reason(kind: str) -> TerminalReason:
+    return {"prompt_too_long": T.PROMPT_TOO_LONG, "image": T.IMAGE_ERROR, "model": T.MODEL_ERROR}.get(
+        kind, T.API_ERROR)
+
+
+def call_failed(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": _error_reason(e.error.kind), "terminal_detail": e.error.message,
+            "messages": _with_pair(s.messages, e.partial, e.partial_results)}
+
+
+def _ended(changes: Mapping[str, Any]) -> Mapping[str, Any]:
+    # a response that ended cleanly closes this request's stream retries
+    return {"stream_retry_count": 0, **changes}
+
+
+def _kept(s: LoopState, e: StreamEnded, *extra: Message) -> tuple[Message, ...]:
+    assistant = e.response.as_message()
+    return (*s.messages, *((assistant,) if assistant.content else ()), *extra)
+
+
+def dispatching(_s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    return _ended({})
+
+
+def max_tokens_recovery(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    return _ended({"messages": _kept(s, e, prompts.meta_message(prompts.MAX_TOKENS_RESUME)),
+                   "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1})
+
+
+def max_tokens_exhausted(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]:
+    return _ended({"messages": _kept(s, e), "terminal_reason": T.API_ERROR,
+                   "terminal_detail": prompts.MAX_TOKENS_EXHAUSTED.format(n=lim.max_output_tokens)})
+
+
+def malformed_retry(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    # clean retry: the failed assistant message is dropped, never sent back
+    return _ended({"messages": (*s.messages, prompts.meta_message(prompts.MALFORMED_TOOL_USE_RETRY)),
+                   "malformed_tool_use_retry_count": s.malformed_tool_use_retry_count + 1})
+
+
+def malformed_exhausted(_s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    return _ended({"terminal_reason": T.MALFORMED_TOOL_USE_EXHAUSTED, "terminal_detail":
+                   "The model kept ending with stop_reason tool_use without a complete tool_use block."})
+
+
+def thinking_nudge(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    # the thinking-only answer is dropped (Claude Code re-asks without it)
+    return _ended({"messages": (*s.messages, prompts.meta_message(prompts.THINKING_ONLY_NUDGE)),
+                   "thinking_only_nudged": True})
+
+
+def structured_retry(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    return _ended({"messages": _kept(s, e, prompts.meta_message(prompts.STRUCTURED_OUTPUT_RETRY)),
+                   "structured_output_retry_count": s.structured_output_retry_count + 1})
+
+
+def _structured_exhausted_detail(lim: Limits) -> str:
+    return f"No valid structured output after {lim.structured_output_retries} retries."
+
+
+def structured_exhausted(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]:
+    return _ended({"messages": _kept(s, e), "terminal_reason": T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED,
+                   "terminal_detail": _structured_exhausted_detail(lim)})
+
+
+def answered(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    return _ended({"messages": _kept(s, e), "terminal_reason": T.COMPLETED, "terminal_detail": None,
+                   "stop_hooks_due": True})
+
+
+def collected(s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
+    results = e.results
+    kind = DEFERRED_RESULTS if lone_deferral(e) else "tool_results"
+    if results.kind != kind:
+        results = attrs.evolve(results, kind=kind)
+    layers = {**s.tool_use_context.layers, **e.context_layers}
+    return {"messages": (*s.messages, e.assistant, results),
+            "tool_use_context": attrs.evolve(s.tool_use_context, layers=layers)}
+
+
+def batch_hook_stop(_s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": T.HOOK_STOPPED, "terminal_detail": e.hook_stop_reason or None}
+
+
+def post_batch_stop(_s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": T.HOOK_STOPPED, "terminal_detail": e.post_batch_reason or None}
+
+
+def batch_structured_exhausted(_s: LoopState, _e: ToolsDrained, lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED,
+            "terminal_detail": _structured_exhausted_detail(lim)}
+
+
+def _max_turns(_s: LoopState, _e: Any, lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": T.MAX_TURNS, "terminal_detail": f"Reached maximum number of turns ({lim.max_turns})"}
+
+
+def next_turn(s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
     # A StructuredOutput call whose input failed the schema is a structured-output retry like an
     # answer without the call: it counts towards the same cap instead of resetting it, or a model
     # that keeps sending invalid output would loop until max_turns.
-    structured_failed = _structured_output_failed(event)
-    if structured_failed and state.structured_output_retry_count >= limits.structured_output_retries:
-        return _stop(state, "finish_batch", T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED,
-                     f"No valid structured output after {limits.structured_output_retries} retries.")
-    if limits.max_turns is not None and state.turn_count + 1 > limits.max_turns:
-        return _stop(state, "finish_batch", T.MAX_TURNS,
-                     f"Reached maximum number of turns ({limits.max_turns})")
-    tracking = state.compact_tracking
-    return _move(
-        state, "next_turn",
-        turn_count=state.turn_count + 1,
-        max_output_tokens_recovery_count=0,
-        malformed_tool_use_retry_count=0,
-        structured_output_retry_count=state.structured_output_retry_count + 1 if structured_failed else 0,
-        has_attempted_reactive_compact=False,
-        thinking_only_nudged=False,
-        stop_hook_blocking_count=0,
-        compact_tracking=CompactTracking(
-            last_compact_turn_id=tracking.last_compact_turn_id,
-            turns_since_compact=tracking.turns_since_compact + 1,
-            consecutive_failures=tracking.consecutive_failures,
-            rapid_refill_count=tracking.rapid_refill_count,
-            compactions=tracking.compactions),
-    )
+    t = s.compact_tracking
+    return {
+        "turn_count": s.turn_count + 1,
+        "max_output_tokens_recovery_count": 0,
+        "malformed_tool_use_retry_count": 0,
+        "structured_output_retry_count": s.structured_output_retry_count + 1 if structured_output_failed(e) else 0,
+        "has_attempted_reactive_compact": False,
+        "thinking_only_nudged": False,
+        "stop_hook_blocking_count": 0,
+        "stop_hook_active": False,
+        "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1),
+    }
 
 
-def _structured_output_failed(event: ToolsDrained) -> bool:
-    calls = {b["id"] for b in event.assistant.content
-             if b.get("type") == "tool_use" and b.get("name") == STRUCTURED_OUTPUT_TOOL}
-    return any(b.get("is_error") for b in event.results.content
-               if b.get("type") == "tool_result" and b.get("tool_use_id") in calls)
+def verdict_prevented_stop(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": T.STOP_HOOK_PREVENTED, "terminal_detail": e.stop_reason or None,
+            "stop_hooks_due": False}
+
+
+def verdict_max_turns(s: LoopState, e: StopHookVerdict, lim: Limits) -> Mapping[str, Any]:
+    return {**_max_turns(s, e, lim), "stop_hooks_due": False}
+
+
+def block_cap_warning(s: LoopState, _e: StopHookVerdict, _lim: Limits) -> tuple[str, ...]:
+    return (prompts.STOP_HOOK_CAP_WARNING.format(n=s.stop_hook_blocking_count),)
+
+
+def verdict_cap_override(s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[str, Any]:
+    return {"terminal_reason": T.COMPLETED, "stop_hooks_due": False,
+            "terminal_detail": block_cap_warning(s, _e, _lim)[0]}
+
+
+def stop_hook_reentry(s: LoopState, e: StopHookVerdict, _lim: Limits) -> Mapping[str, Any]:
+    return {"messages": (*s.messages, prompts.stop_hook_feedback(e.reason)), "stop_hook_active": True,
+            "stop_hook_blocking_count": s.stop_hook_blocking_count + 1, "turn_count": s.turn_count + 1,
+            "stop_hooks_due": False}
+
+
+def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[str, Any]:
+    return {"stop_hooks_due": False}
+
+
+def aborted(reason: TerminalReason) -> Effect:
+    def effect(s: LoopState, e: Aborted, _lim: Limits) -> Mapping[str, Any]:
+        return {"terminal_reason": reason, "terminal_detail": e.detail,
+                "messages": _with_pair(s.messages, e.partial, e.partial_results)}
+    effect.__name__ = f"aborted_{reason.value}"
+    return effect
+
+
+# --- routes: the behaviour ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class Route:
+    """``source, event [guard] / effect → edge``. ``guard`` None always holds. ``notices`` are texts
+    the step reports (warnings for the result) besides its state."""
+
+    sources: tuple[Phase, ...]
+    event: type
+    guard: Guard | None
+    edge: str
+    effect: Effect = attrs.field(eq=False)
+    notices: Notices | None = attrs.field(default=None, eq=False)
+
+    @property
+    def guard_name(self) -> str:
+        return self.guard.name if self.guard is not None else "else"
+
+    @property
+    def label(self) -> str:
+        """``Event [guard] → edge``, as the diagrams show it."""
+        guard = f" [{self.guard.name}]" if self.guard is not None else ""
+        return f"{self.event.__name__}{guard} → {self.edge}"
+
+
+def _route(sources: Phase | tuple[Phase, ...], event: type, guard: Guard | None, edge: str, effect: Effect,
+           notices: Notices | None = None) -> Route:
+    return Route(sources if isinstance(sources, tuple) else (sources,), event, guard, edge, effect, notices)
+
+
+_due = stop_hooks_due
+ROUTES: tuple[Route, ...] = (
+    # assemble
+    _route(A, SetupFailed, hook_stopped_prompt, "prompt_blocked", stop_with_event_reason),
+    _route(A, SetupFailed, None, "setup_failed", stop_with_event_reason),
+    _route(A, Assembled, rapid_refill_tripped, "setup_failed", rapid_refill_stop),
+    _route(A, Assembled, None, "call", assembled),
+    # call_model
+    _route(C, Refused, None, "refuse", stop_with_event_reason),
+    _route(C, StreamOpened, None, "open_stream", stream_opened),
+    # a failed call, before or during the stream
+    _route(S, CallFailed, stream_retry_left, "stream_retry", stream_retried),
+    _route((C, S), CallFailed, fallback_left, "fallback_retry", fallback_taken),
+    _route((C, S), CallFailed, compacted_after_prompt_too_long, "reactive_compact_retry", reactive_compacted),
+    _route((C, S), CallFailed, None, "call_failed", call_failed),
+    # the response ended
+    _route(S, StreamEnded, has_tool_calls, "dispatch", dispatching),
+    _route(S, StreamEnded, stop_reason_is("max_tokens", "model_context_window_exceeded")
+           & under_cap("max_output_tokens_recovery_count"), "max_output_tokens_recovery", max_tokens_recovery),
+    _route(S, StreamEnded, stop_reason_is("max_tokens", "model_context_window_exceeded"),
+           "recovery_exhausted", max_tokens_exhausted),
+    _route(S, StreamEnded, stop_reason_is("tool_use") & under_cap("malformed_tool_use_retry_count"),
+           "malformed_tool_use_retry", malformed_retry),
+    _route(S, StreamEnded, stop_reason_is("tool_use"), "recovery_exhausted", malformed_exhausted),
+    _route(S, StreamEnded, thinking_only, "thinking_only_nudge", thinking_nudge),
+    _route(S, StreamEnded, structured_output_missing & under_cap("structured_output_retry_count"),
+           "structured_output_retry", structured_retry),
+    _route(S, StreamEnded, structured_output_missing, "recovery_exhausted", structured_exhausted),
+    _route(S, StreamEnded, None, "end_turn", answered),
+    # the tool batch drained; feedback then decides at once (an automatic phase) on the same event
+    _route(D, ToolsDrained, None, "collect", collected),
+    _route(F, ToolsDrained, batch_aborted, "finish_batch", _stop(T.ABORTED_TOOLS,
+                                                                 "Request interrupted by user for tool use")),
+    _route(F, ToolsDrained, lone_call_deferred, "finish_batch",
+           _stop(T.TOOL_DEFERRED, "A tool call was deferred by a PreToolUse hook")),
+    _route(F, ToolsDrained, batch_hook_stopped, "finish_batch", batch_hook_stop),
+    _route(F, ToolsDrained, batch_ends_turn, "finish_batch", _stop(T.COMPLETED)),
+    _route(F, ToolsDrained, post_batch_blocked, "finish_batch", post_batch_stop),
+    _route(F, ToolsDrained, structured_failed & ~under_cap("structured_output_retry_count"), "finish_batch",
+           batch_structured_exhausted),
+    _route(F, ToolsDrained, turn_cap_reached, "finish_batch", _max_turns),
+    _route(F, ToolsDrained, None, "next_turn", next_turn),
+    # Stop hooks ran after a completed end of turn
+    _route(X, StopHookVerdict, _due & verdict_prevented, "settle", verdict_prevented_stop),
+    _route(X, StopHookVerdict, _due & verdict_blocked & turn_cap_reached, "settle", verdict_max_turns),
+    _route(X, StopHookVerdict, _due & verdict_blocked & ~under_cap("stop_hook_blocking_count"), "settle",
+           verdict_cap_override, block_cap_warning),
+    _route(X, StopHookVerdict, _due & verdict_blocked, "stop_hook_blocking", stop_hook_reentry),
+    _route(X, StopHookVerdict, _due, "settle", verdict_passed),
+    # cancelled
+    _route(RUNNING, Aborted, tools_running, "abort", aborted(T.ABORTED_TOOLS)),
+    _route(RUNNING, Aborted, None, "abort", aborted(T.ABORTED_STREAMING)),
+)
+
+# Phases that decide at once, on the event that brought the loop there (no I/O in between).
+AUTOMATIC: frozenset[Phase] = frozenset({F})
+
+# Every (phase, event) pair no route handles, and why it cannot happen.
+_ONLY = "reports the work of {}; the driver observes it nowhere else"
+REFUSALS: Mapping[tuple[Phase, type], str] = {
+    **{(p, SetupFailed): _ONLY.format("assemble") for p in (C, S, D, F, X)},
+    **{(p, Assembled): _ONLY.format("assemble") for p in (C, S, D, F, X)},
+    **{(p, Refused): _ONLY.format("call_model (the preflight)") for p in (A, S, D, F, X)},
+    **{(p, StreamOpened): _ONLY.format("call_model") for p in (A, S, D, F, X)},
+    **{(p, CallFailed): _ONLY.format("call_model and stream") for p in (A, D, F, X)},
+    **{(p, StreamEnded): _ONLY.format("stream") for p in (A, C, D, F, X)},
+    **{(p, ToolsDrained): _ONLY.format("dispatch_tools") for p in (A, C, S, X)},
+    **{(p, StopHookVerdict): _ONLY.format("stop (after end_turn)") for p in (*RUNNING, F)},
+    (F, Aborted): "feedback decides on the batch's own event, at once: nothing can arrive in between",
+    (X, Aborted): "the loop has stopped: there is nothing left to abort",
+}
+
+ROUTES_BY_KEY: Mapping[tuple[Phase, type], tuple[Route, ...]] = {
+    key: tuple(r for r in ROUTES if key[0] in r.sources and r.event is key[1])
+    for key in {(p, r.event) for r in ROUTES for p in r.sources}
+}
+
+
+def validate(edges: Iterable[Edge] = EDGES, routes: Iterable[Route] = ROUTES,
+             refusals: Mapping[tuple[Phase, type], str] = REFUSALS,
+             event_types: Iterable[type] = EVENT_TYPES) -> list[str]:
+    """Problems with the declaration; empty when it is sound. Run at import (fails loudly)."""
+    edges, routes = tuple(edges), tuple(routes)
+    by_trigger = {e.trigger: e for e in edges}
+    problems: list[str] = []
+    routed: dict[tuple[Phase, type], list[Route]] = {}
+    for r in routes:
+        edge = by_trigger.get(r.edge)
+        if edge is None:
+            problems.append(f"route {r.label}: edge {r.edge!r} is not declared")
+            continue
+        for src in r.sources:
+            if src not in edge.sources:
+                problems.append(f"route {r.label} from {src.value}: {r.edge!r} is not declared from {src.value}")
+            routed.setdefault((src, r.event), []).append(r)
+    taken = {r.edge for r in routes}
+    problems += [f"edge {e.trigger!r} is taken by no route" for e in edges if e.trigger not in taken]
+    for phase in STATES:
+        for ev in event_types:
+            key = (phase, ev)
+            if key in routed and key in refusals:
+                problems.append(f"{phase.value}/{ev.__name__} is both routed and refused")
+            elif key not in routed and key not in refusals:
+                problems.append(f"{phase.value}/{ev.__name__} is neither routed nor refused")
+    for (phase, ev), rs in routed.items():
+        unguarded = [i for i, r in enumerate(rs) if r.guard is None]
+        if unguarded and unguarded[0] != len(rs) - 1:
+            problems.append(f"{phase.value}/{ev.__name__}: routes after the unguarded one can never fire")
+        if phase in AUTOMATIC and not unguarded:
+            problems.append(f"{phase.value} decides on its own, so {ev.__name__} needs an unguarded last route")
+    # stop is reachable from every phase
+    reach = {X}
+    changed = True
+    while changed:
+        changed = False
+        for e in edges:
+            for s in e.sources:
+                if e.dest in reach and s not in reach:
+                    reach.add(s)
+                    changed = True
+    problems += [f"stop cannot be reached from {p.value}" for p in STATES if p not in reach]
+    return problems
+
+
+_PROBLEMS = validate()
+if _PROBLEMS:  # pragma: no cover - a broken table must never load
+    raise ImportError("agentfsm.graph: the declaration is unsound:\n  " + "\n  ".join(_PROBLEMS))
+
+
+# --- steps -------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Step:
+    """One move: the edge taken, the route (guard) that chose it, the state after it, and what the
+    step reports (``notices``: warnings for the result)."""
+
+    trigger: str
+    state: LoopState
+    route: str = "else"
+    notices: tuple[str, ...] = ()
+    automatic: bool = False
+
+    @property
+    def edge(self) -> Edge:
+        return EDGES_BY_TRIGGER[self.trigger]
+
+
+def _next_state(state: LoopState, route: Route, event: Any, limits: Limits) -> LoopState:
+    edge = EDGES_BY_TRIGGER[route.edge]
+    changes = dict(route.effect(state, event, limits))
+    if edge.kind == "reentry":
+        changes["transition"] = route.edge
+        changes.setdefault("terminal_reason", None)
+        changes.setdefault("terminal_detail", None)
+    if edge.dest is X:
+        reason = changes.get("terminal_reason", state.terminal_reason)
+        if reason not in edge.reasons:
+            raise UndeclaredMove(f"{route.edge} cannot end the loop with {reason!r}")
+    return attrs.evolve(state, phase=edge.dest, **changes)
 
 
 # --- the runtime machine -----------------------------------------------------------------------
 
 
-def machine_spec() -> dict[str, object]:
-    """Keyword arguments for ``transitions.Machine``, derived from :data:`EDGES`."""
-    return {
-        "states": [p.value for p in STATES],
-        "transitions": [
-            {"trigger": e.trigger, "source": [s.value for s in e.sources], "dest": e.dest.value}
-            for e in EDGES
-        ],
-        "initial": A.value,
-        "auto_transitions": False,
-        "ignore_invalid_triggers": False,
-    }
+class LoopModel:
+    """A loop as a model of :data:`MACHINE`: ``phase`` reads the state record, so there is a single
+    copy of it. The machine sets ``phase`` only after the route's effect replaced the record, and
+    the setter checks that the two agree."""
+
+    __slots__ = ("__dict__", "record", "step")
+
+    def __init__(self, state: LoopState) -> None:
+        self.record = state
+        self.step: Step | None = None
+
+    @property
+    def phase(self) -> str:
+        # the machine's states are the phases' names (plain strings: transitions resolves them fastest)
+        return self.record.phase.value
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        if value != self.record.phase.value:
+            raise UndeclaredMove(f"the machine moved to {value} but the route's state is at {self.record.phase}")
 
 
-class _Cursor:
-    """The model object ``transitions`` moves; it holds only the current state name."""
+def _condition(route: Route) -> Callable[[Any], bool]:
+    guard = route.guard
+    assert guard is not None
 
-    state: str
+    def check(ed: Any) -> bool:
+        return guard(ed.model.record, ed.kwargs["event"], ed.kwargs["limits"])
+    check.__name__ = guard.name
+    return check
+
+
+def _perform(route: Route) -> Callable[[Any], None]:
+    def before(ed: Any) -> None:
+        model: LoopModel = ed.model
+        event, limits = ed.kwargs["event"], ed.kwargs["limits"]
+        state = model.record
+        nxt = _next_state(state, route, event, limits)
+        notices = route.notices(state, event, limits) if route.notices is not None else ()
+        model.record = nxt
+        model.step = Step(route.edge, nxt, route.guard_name, notices, ed.kwargs.get("automatic", False))
+    return before
+
+
+def build_machine(routes: Iterable[Route] = ROUTES) -> Machine:
+    """One ``transitions.Machine`` for every loop: states are the phases, each route is a transition
+    triggered by its event's name, with its guard as condition and its effect run before the state
+    changes. Transitions of one trigger and source are tried in declared order."""
+    machine = Machine(model=None, states=[p.value for p in Phase], initial=A.value, auto_transitions=False,
+                      send_event=True, ignore_invalid_triggers=False, model_attribute="phase")
+    for route in routes:
+        dest = EDGES_BY_TRIGGER[route.edge].dest
+        conditions = [_condition(route)] if route.guard is not None else []
+        for src in route.sources:
+            machine.add_transition(route.event.__name__, src.value, dest.value, conditions=conditions,
+                                   before=[_perform(route)])
+    return machine
+
+
+MACHINE: Machine = build_machine()
 
 
 class LoopMachine:
-    """One session's runtime machine. :meth:`apply` is the only way the loop state changes phase:
-    the step's trigger is fired on a plain synchronous ``transitions.Machine`` built from
-    :data:`EDGES`, so a move the graph does not declare raises :class:`UndeclaredMove` even if a rule
-    above were wrong. (Building one costs ~0.45 ms per session and firing ~12 µs per move — small
-    beside a turn; see ``bench/overhead.py``.)"""
+    """One running loop on :data:`MACHINE`. :meth:`fire` is the only way its state changes: the
+    machine picks the route for the event, the route's effect computes the next record, and a phase
+    that decides on its own (:data:`AUTOMATIC`) fires again on the same event. Call :meth:`close`
+    (or use it as a context manager) when the loop is done: the machine holds its models."""
 
     def __init__(self, state: LoopState) -> None:
-        self._cursor = _Cursor()
-        spec = machine_spec()
-        spec["initial"] = state.phase.value
-        Machine(model=self._cursor, **spec)  # type: ignore[arg-type]
-        self.state = state
+        self._model = LoopModel(state)
+        MACHINE.add_model(self._model, initial=state.phase.value)
+        self._open = True
+
+    @property
+    def state(self) -> LoopState:
+        return self._model.record
 
     @property
     def phase(self) -> Phase:
-        return Phase(self._cursor.state)
+        return self._model.record.phase
 
-    def apply(self, step: Step) -> LoopState:
-        edge = EDGES_BY_TRIGGER.get(step.trigger)
-        if edge is None:
-            raise UndeclaredMove(f"no edge is declared for trigger {step.trigger!r}")
-        if step.state.phase is not edge.dest:
-            raise UndeclaredMove(f"{step.trigger} must lead to {edge.dest}, not {step.state.phase}")
+    def fire(self, event: Event, limits: Limits) -> tuple[Step, ...]:
+        steps = [self._fire_one(event, limits, automatic=False)]
+        while self.phase in AUTOMATIC:
+            steps.append(self._fire_one(event, limits, automatic=True))
+        return tuple(steps)
+
+    def _fire_one(self, event: Event, limits: Limits, *, automatic: bool) -> Step:
+        model = self._model
+        phase = model.record.phase
+        name = type(event).__name__
+        model.step = None
         try:
-            getattr(self._cursor, step.trigger)()
-        except MachineError as exc:
-            raise UndeclaredMove(f"{step.trigger} is not declared from {self._cursor.state}: "
-                                 f"{exc.value}") from None
-        self.state = step.state
-        return step.state
+            fired = MACHINE.events[name].trigger(model, event=event, limits=limits, automatic=automatic)
+        except MachineError:
+            refusal = REFUSALS.get((phase, type(event)), "no route is declared")
+            raise UndeclaredMove(f"{name} in {phase.value}: {refusal}") from None
+        except KeyError:
+            raise UndeclaredMove(f"{name} is not an event of the graph") from None
+        if not fired or model.step is None:
+            guards = ", ".join(r.guard_name for r in ROUTES_BY_KEY.get((phase, type(event)), ()))
+            raise UndeclaredMove(f"{name} in {phase.value}: no route's guard holds ({guards})")
+        return model.step
 
-    def step(self, event: Event, limits) -> tuple[Step, LoopState]:
-        step = decide(self.state, event, limits)
-        return step, self.apply(step)
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            MACHINE.remove_model(self._model)
+
+    def __enter__(self) -> LoopMachine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def advance(state: LoopState, event: Event, limits: Limits) -> tuple[Step, ...]:
+    """Every move ``event`` causes from ``state`` (one, or two when the next phase decides at once).
+    Pure: the same machine as a running loop, on a model of its own."""
+    with LoopMachine(state) as machine:
+        return machine.fire(event, limits)
+
+
+def decide(state: LoopState, event: Event, limits: Limits) -> Step:
+    """The first move ``event`` causes from ``state`` (see :func:`advance`). Pure."""
+    return advance(state, event, limits)[0]
+
+
+def route_for(step: Step, source: Phase) -> Route:
+    """The route a step took from ``source`` (by edge and guard name)."""
+    for r in ROUTES:
+        if source in r.sources and r.edge == step.trigger and r.guard_name == step.route:
+            return r
+    raise KeyError(f"no route {step.route!r} to {step.trigger!r} from {source.value}")
+
+
+# --- pure decisions the driver asks before doing I/O ------------------------------------------
+
+
+def should_auto_compact(state: LoopState, tokens: int, limits: Limits) -> bool:
+    """Compact before the next request: over the threshold, and compaction has not failed too often."""
+    return (limits.auto_compact and tokens > limits.auto_compact_threshold
+            and state.compact_tracking.consecutive_failures < limits.max_consecutive_compact_failures)
+
+
+def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: Limits) -> Refused | None:
+    """Reasons not to send the next request at all, in order: moved to the background (the host's
+    answer; a string is the reason), the budget spent, the context over the blocking limit."""
+    if background:
+        return Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
+                       else "Moved to the background before the next request")
+    if limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd:
+        return Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${limits.max_budget_usd:g}); "
+                                           f"spent ${cost_usd:.4f}")
+    if tokens > limits.blocking_limit:
+        return Refused(T.BLOCKING_LIMIT, f"Prompt is too long: about {tokens} tokens, over the blocking limit "
+                                         f"of {limits.blocking_limit}. Compact the conversation or start a new one.")
+    return None
+
+
+def stop_hooks_are_due(state: LoopState) -> bool:
+    """The loop is at stop after a completed end of turn and its Stop hooks have not run yet."""
+    return state.phase is X and state.stop_hooks_due

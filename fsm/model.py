@@ -1,7 +1,7 @@
 """The model transport interface: a request record, stream event records, one error type.
 
-Both transports — :mod:`fsm.transport` (the ``anthropic`` SDK) and the scripted model of
-:mod:`fsm.testing` — yield the same :data:`StreamEvent` records, so the loop cannot tell them apart.
+Both transports — :mod:`agentfsm.transport` (the ``anthropic`` SDK) and the scripted model of
+:mod:`agentfsm.testing` — yield the same :data:`StreamEvent` records, so the loop cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from fsm.events import ModelError
+from agentfsm.events import ModelError
 
 
 @attrs.frozen

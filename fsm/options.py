@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from fsm.state import Limits
+from agentfsm.state import Limits
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
 PERMISSION_MODES = ("default", "manual", "acceptEdits", "plan", "bypassPermissions", "dontAsk")

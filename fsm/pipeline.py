@@ -35,9 +35,9 @@ import attrs
 import jsonschema
 from jsonschema.exceptions import SchemaError, ValidationError
 
-from fsm import log as fsm_log
-from fsm.gate import OpenGate, PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
-from tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm import log as fsm_log
+from agentfsm.ports import PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 
 log = fsm_log.get_logger("agentfsm.tools")
 
@@ -605,7 +605,7 @@ async def run_tool_call(
     block: Mapping[str, Any],
     *,
     lookup: Any,
-    gate: ToolGate | None = None,
+    gate: ToolGate,
     ctx_factory: Callable[[str], ToolContext] | None = None,
     invalid_json: str | None = None,
     abort: asyncio.Event | None = None,
@@ -622,7 +622,7 @@ async def run_tool_call(
     (the executor validates the input to judge concurrency safety) and the tool they were done for;
     reused when the lookup finds that same tool, so the schema runs once per call, not twice.
     """
-    call = _Call(block, ToolTable.of(lookup), gate or OpenGate(), ctx_factory or _default_ctx,
+    call = _Call(block, ToolTable.of(lookup), gate, ctx_factory or _default_ctx,
                  in_progress if in_progress is not None else set())
     try:
         return await call.run(invalid_json, abort, prepared)

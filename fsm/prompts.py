@@ -6,7 +6,7 @@ they reach the model but are not mistaken for something the user typed.
 
 from __future__ import annotations
 
-from fsm.state import Message
+from agentfsm.state import Message
 
 MAX_TOKENS_RESUME = (
     "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "

@@ -8,8 +8,9 @@ Every item carries a uuid and a command lifecycle (seed 004, ``command_lifecycle
 
 Each change is emitted as ``{"type": "system", "subtype": "command_lifecycle", "uuid", "state",
 "session_id"}``. An item leaves the queue only when it is absorbed into the conversation — as an
-attachment of the next request (:meth:`InputQueue.absorb`, called by the driver after a tool batch
-and when assembling a request) or as the prompt of a follow-up run (:meth:`InputQueue.take`). The
+attachment of a request the model accepted (the driver sends what is queued with every request and
+:meth:`InputQueue.take_items` it when the machine's ``open_stream`` step takes it into the
+conversation) or as the prompt of a follow-up run (:meth:`InputQueue.take`). The
 absorbed message is written to the session file at once, so nothing submitted is lost: items still
 queued when a run ends stay queued for the next run of the session, and only session teardown
 (:meth:`InputQueue.discard`) drops them — saying so with ``discarded``.
@@ -26,8 +27,8 @@ from typing import Any
 
 import attrs
 
-from fsm import prompts
-from fsm.state import Message
+from agentfsm import prompts
+from agentfsm.state import Message
 
 Emit = Callable[[dict[str, Any]], None]
 Content = str | Sequence[Mapping[str, Any]]
@@ -58,14 +59,14 @@ class QueueItem:
         return "".join(b.get("text", "") for b in self.content if b.get("type") == "text")
 
     def as_attachment(self) -> Message:
-        """The message that carries this item into a running turn. User input is wrapped the way
-        Claude Code marks mid-turn input; a task notification goes in as it is."""
+        """The message that carries this item into a running turn (its uuid is the item's). User
+        input is wrapped the way Claude Code marks mid-turn input; a task notification goes in as it is."""
         if self.kind == TASK_NOTIFICATION:
-            return Message("user", self.content, kind="task_notification")
+            return Message("user", self.content, kind="task_notification", uuid=self.uuid)
+        wrapped = attrs.evolve(prompts.queued_input(self.text()), uuid=self.uuid)
         if all(b.get("type") == "text" for b in self.content):
-            return prompts.queued_input(self.text())
+            return wrapped
         # images and other blocks cannot be wrapped in a reminder; they follow the wrapped text
-        wrapped = prompts.queued_input(self.text())
         extra = tuple(b for b in self.content if b.get("type") != "text")
         return attrs.evolve(wrapped, content=wrapped.content + extra)
 
@@ -132,12 +133,15 @@ class InputQueue:
             self._set(item, STARTED)
         return taken
 
-    def absorb(self) -> tuple[Message, ...]:
-        """Take every queued item as attachment messages for the next request (the driver's absorb
-        points). Empty when nothing is queued."""
-        if not self._queued:
-            return ()
-        return tuple(item.as_attachment() for item in self.take())
+    def take_items(self, items: Sequence[QueueItem]) -> None:
+        """These items joined the conversation (the request that carried them was accepted): they
+        are ``started`` by the caller's run, which must :meth:`settle`. Items no longer queued
+        (cancelled meanwhile) are left alone."""
+        for item in items:
+            if item in self._queued:
+                self._queued.remove(item)
+                self._started.append(item)
+                self._set(item, STARTED)
 
     def settle(self, controlled: bool) -> None:
         """The run that absorbed the started items ended: ``completed`` on a controlled terminal

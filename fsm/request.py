@@ -9,7 +9,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from fsm.state import Message
+from agentfsm.state import Message
 
 BASE_SYSTEM_PROMPT = (
     "You are an interactive agent that helps users with software engineering tasks, running in "

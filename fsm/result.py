@@ -1,4 +1,5 @@
-"""The result record of one run, and its headless-protocol JSON form (SPEC §7)."""
+"""The result of one run: the per-run account kept while it runs, the result record it ends with, and
+that record's headless-protocol JSON form."""
 
 from __future__ import annotations
 
@@ -7,7 +8,32 @@ from typing import Any
 
 import attrs
 
-from fsm.state import TERMINAL_INFO, LoopState, TerminalReason
+from agentfsm.cost import add_usage, cost_usd
+from agentfsm.state import TERMINAL_INFO, LoopState, TerminalReason
+
+
+@attrs.define
+class RunAccount:
+    """What one run spends and collects besides its state: usage and cost of every request (main,
+    compaction, a broken stream), API time, permission denials, warnings, the structured output.
+    ``last_usage``/``counted_upto`` anchor the next token estimate on the last reported usage."""
+
+    usage: dict[str, Any] = attrs.field(factory=dict)
+    cost_usd: float = 0.0
+    api_ms: float = 0.0
+    denials: list[Mapping[str, Any]] = attrs.field(factory=list)
+    warnings: list[str] = attrs.field(factory=list)
+    structured_output: Any = None
+    last_usage: Mapping[str, Any] | None = None
+    counted_upto: int = 0
+
+    def spend(self, model: str, usage: Mapping[str, Any]) -> None:
+        self.usage = add_usage(self.usage, usage)
+        self.cost_usd += cost_usd(model, usage)
+
+    def anchor(self, usage: Mapping[str, Any] | None, messages: int) -> None:
+        """The next estimate starts from this report and adds only what the request did not carry."""
+        self.last_usage, self.counted_upto = usage, messages
 
 
 @attrs.frozen

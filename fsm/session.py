@@ -26,17 +26,17 @@ from typing import Any
 
 import attrs
 
-from fsm import log, prompts
-from fsm.cost import add_usage
-from fsm.driver import Driver, Emit, LoopHooks
-from fsm.gate import OpenGate
-from fsm.model import ModelClient
-from fsm.options import PERMISSION_MODES, AgentDefinition, Options
-from fsm.queue import TASK_NOTIFICATION, InputQueue, QueueItem
-from fsm.request import system_blocks
-from fsm.result import RunResult
-from fsm.state import TERMINAL_INFO, LoopState, Message, TerminalReason
-from fsm.trace import TraceWriter, default_sessions_dir
+from agentfsm import log, prompts
+from agentfsm.cost import add_usage
+from agentfsm.driver import Driver, Emit, StepObserver
+from agentfsm.model import ModelClient
+from agentfsm.options import PERMISSION_MODES, AgentDefinition, Options
+from agentfsm.ports import PromptOutcome, StopOutcome
+from agentfsm.queue import TASK_NOTIFICATION, InputQueue, QueueItem
+from agentfsm.request import system_blocks
+from agentfsm.result import RunResult
+from agentfsm.state import TERMINAL_INFO, LoopState, Message, TerminalReason
+from agentfsm.trace import TraceWriter, default_sessions_dir
 
 Prompt = str | Sequence[Mapping[str, Any]]
 
@@ -48,7 +48,7 @@ SUBAGENT_STOP_GRACE_S = 5.0
 
 
 def build_registry(options: Options) -> Any:
-    from tools import AgentTool, ToolRegistry, builtin_tools
+    from agentfsm.tools import AgentTool, ToolRegistry, builtin_tools
 
     agent_types = {name: d.description for name, d in options.agents.items()}
     tools = [AgentTool(agent_types) if t.name == "Agent" else t for t in builtin_tools()]
@@ -57,7 +57,7 @@ def build_registry(options: Options) -> Any:
         registry = registry.subset([*options.tools, *(t.name for t in options.extra_tools)])
     # an invalid schema is left to the driver, which ends the turn `turn_setup_failed` saying why
     if options.json_schema is not None and _is_valid_schema(options.json_schema):
-        from tools.structured_output import StructuredOutputTool
+        from agentfsm.tools.structured_output import StructuredOutputTool
 
         registry = ToolRegistry([*registry.tools(), StructuredOutputTool(options.json_schema)])
     return registry
@@ -92,13 +92,13 @@ class _SubagentHooks:
         self._parent = parent
         self._identity = identity
 
-    async def user_prompt_submit(self, prompt: str) -> Any:
-        return None
+    async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
+        return PromptOutcome()
 
-    async def stop(self, last_assistant_message: str, stop_hook_active: bool) -> Any:
+    async def stop(self, last_assistant_message: str, stop_hook_active: bool) -> StopOutcome:
         subagent_stop = getattr(self._parent, "subagent_stop", None)
         if subagent_stop is None:
-            return None
+            return StopOutcome()
         ident = self._identity
         return await subagent_stop(agent_id=ident.agent_id, agent_type=ident.agent_type,
                                    agent_transcript_path=ident.transcript_path,
@@ -125,14 +125,15 @@ class Session:
     ``client`` is the model transport (shared between sessions if you like; ``owns_client`` says
     whether :meth:`aclose` closes it). ``emit`` receives every protocol message (the dicts the CLI
     prints in stream-json). ``history`` seeds the conversation (resume/fork, see
-    :func:`fsm.sessions.open_session`). ``registry`` overrides the tools built from ``options``;
+    :func:`agentfsm.sessions.open_session`). ``registry`` overrides the tools built from ``options``;
     ``depth``/``subagent`` are set for subagent sessions.
     """
 
     def __init__(self, options: Options, *, client: ModelClient | None = None, emit: Emit | None = None,
                  queue: InputQueue | None = None, history: Sequence[Message] = (),
                  registry: Any = None, owns_client: bool = True, depth: int = 0,
-                 subagent: SubagentIdentity | None = None, parent_hooks: Any = None) -> None:
+                 subagent: SubagentIdentity | None = None, parent_hooks: Any = None,
+                 observers: Sequence[StepObserver] = ()) -> None:
         log.ensure_configured()
         self.options = options
         self.session_id = options.session_id or str(uuid.uuid4())
@@ -144,6 +145,7 @@ class Session:
         self._owns_client = owns_client
         self.depth = depth
         self.subagent = subagent
+        self.observers = tuple(observers)
         self.sessions_dir: Path = options.sessions_dir or default_sessions_dir(options.cwd)
         self.trace_path: Path | None = (
             self.sessions_dir / f"{self.session_id}.jsonl") if options.write_trace else None
@@ -154,7 +156,7 @@ class Session:
             self.hooks = _SubagentHooks(self.hooks, parent_hooks, subagent)
         self.driver: Driver | None = None
         self.last_state: LoopState | None = None
-        self.resumed = False  # set by fsm.sessions when the file already holds header and history
+        self.resumed = False  # set by agentfsm.sessions when the file already holds header and history
         self._header_written = False
         self._running = False
         self._interrupted = False
@@ -170,10 +172,10 @@ class Session:
         self.log = log.get_logger("agentfsm", session_id=self.session_id, agent_depth=depth)
 
     def _build_gate(self) -> tuple[Any, Any]:
-        try:
-            from hooks import build_gate
-        except ImportError:
-            return OpenGate(), LoopHooks()
+        # Fails closed: a gate that cannot be built (bad settings, hooks that cannot load) stops the
+        # session here, never leaves it without its rules.
+        from agentfsm.hooks import build_gate
+
         gate = build_gate(self.options, session_id=self.session_id,
                           transcript_path=str(self.trace_path or ""), registry=self.registry)
         self.registry = gate.filter_registry(self.registry)
@@ -182,7 +184,7 @@ class Session:
     @property
     def client(self) -> ModelClient:
         if self._client is None:
-            from fsm.transport import AnthropicTransport
+            from agentfsm.transport import AnthropicTransport
 
             self._client = AnthropicTransport(max_retries=self.options.limits.api_max_retries)
             self._owns_client = True
@@ -276,10 +278,10 @@ class Session:
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
                              trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.run_subagent})
+                             services={"run_subagent": self.run_subagent}, observers=self.observers)
         self.driver.read_files = self._read_files
         if self._interrupted:
-            self.driver.abort()
+            self.driver.interrupt()
         try:
             result, state = await self.driver.run(prompt, self.history)
         except BaseException:
@@ -307,7 +309,7 @@ class Session:
     def _driver_emit(self, msg: dict[str, Any]) -> None:
         # Each assistant block is in the session file as soon as it is complete — before its tool
         # runs — so a crash mid-tool leaves the dangling tool_use that resume repairs
-        # (fsm.sessions.load_history). The driver records the whole message later, with its results.
+        # (agentfsm.sessions.load_history). The driver records the whole message later, with its results.
         if msg.get("type") == "assistant" and msg.get("parent_tool_use_id") is None:
             body = msg.get("message", {})
             for block in body.get("content", ()):
@@ -328,14 +330,21 @@ class Session:
         self._header_written = True
 
     def interrupt(self) -> None:
-        """Stop the current run (like Ctrl-C): the driver aborts, no follow-up runs start. Background
-        agents keep running; their notifications stay queued for the next run."""
+        """The user's interrupt (Ctrl-C, the SDK's ``interrupt``): a streaming response is cut, tools
+        whose ``interrupt_behavior()`` is ``cancel`` are cancelled and ``block`` tools finish, then the
+        run ends; no follow-up runs start. Background agents keep running; their notifications stay
+        queued for the next run."""
+        self._interrupted = True
+        if self.driver is not None:
+            self.driver.interrupt()
+        self.queue.poke()
+
+    def abort(self) -> None:
+        """Hard stop: like :meth:`interrupt`, but every running tool is cancelled at once."""
         self._interrupted = True
         if self.driver is not None:
             self.driver.abort()
         self.queue.poke()
-
-    abort = interrupt
 
     async def aclose(self) -> None:
         """Teardown: stop background agents, discard what is still queued, close the session file
@@ -362,7 +371,7 @@ class Session:
     # --- subagents -------------------------------------------------------------------------------
 
     def _agent_definitions(self) -> dict[str, AgentDefinition]:
-        from tools.agent import builtin_agents
+        from agentfsm.tools.agent import builtin_agents
 
         defs = {name: AgentDefinition(description=desc, prompt=prompt)
                 for name, (desc, prompt) in builtin_agents().items()}
@@ -370,9 +379,9 @@ class Session:
         return defs
 
     async def run_subagent(self, request: Any) -> Any:
-        """The ``run_subagent`` service of the Agent tool (see :mod:`tools.agent`)."""
-        from tools.agent import SubagentOutcome
-        from tools.base import ToolError
+        """The ``run_subagent`` service of the Agent tool (see :mod:`agentfsm.tools.agent`)."""
+        from agentfsm.tools.agent import SubagentOutcome
+        from agentfsm.tools.base import ToolError
 
         definition = self._agent_definitions().get(request.subagent_type)
         if definition is None:
@@ -453,7 +462,7 @@ class Session:
         return _outcome(child, result)
 
     async def _run_background(self, child: Session, request: Any) -> None:
-        from tools.agent import task_notification
+        from agentfsm.tools.agent import task_notification
 
         status, text = "failed", ""
         try:
@@ -503,7 +512,7 @@ async def _stop_run(child: Session, run: asyncio.Future[Any]) -> None:
 
 
 def _outcome(child: Session, result: RunResult) -> Any:
-    from tools.agent import SubagentOutcome
+    from agentfsm.tools.agent import SubagentOutcome
 
     uses = sum(len(m.tool_use_ids()) for m in child.history if m.role == "assistant")
     usage = result.usage
@@ -531,6 +540,6 @@ def _merge(results: Sequence[RunResult], *, duration_ms: int, extra_cost: float)
 
 
 def _version() -> str:
-    from fsm import __version__
+    from agentfsm import __version__
 
     return __version__

@@ -1,6 +1,6 @@
 """Finding, resuming, continuing and forking sessions from their session files (SPEC §6).
 
-Session files live in one directory per working directory (:func:`fsm.trace.default_sessions_dir`,
+Session files live in one directory per working directory (:func:`agentfsm.trace.default_sessions_dir`,
 like Claude Code's ``~/.claude/projects/<cwd>``); a subagent's file lives under its parent's, in
 ``<parent id>/subagents/``, so ``--continue`` never picks one.
 
@@ -27,12 +27,12 @@ from typing import Any
 
 import attrs
 
-from fsm.driver import Emit, InputQueue
-from fsm.model import ModelClient
-from fsm.options import Options
-from fsm.session import Session
-from fsm.state import Message
-from fsm.trace import default_sessions_dir, read_records
+from agentfsm.driver import Emit, InputQueue
+from agentfsm.model import ModelClient
+from agentfsm.options import Options
+from agentfsm.session import Session
+from agentfsm.state import Message
+from agentfsm.trace import default_sessions_dir, read_records
 
 DANGLING_RESULT = ("<tool_use_error>Tool use was interrupted: the session ended before its result was "
                    "recorded</tool_use_error>")

@@ -245,7 +245,8 @@ class LoopState:
     thinking_only_nudged: bool = False
     stop_hook_active: bool = False
     stop_hook_blocking_count: int = 0
-    pending_tool_use_summary: str | None = None
+    # set by end_turn: the loop is at stop and its Stop hooks have not run yet
+    stop_hooks_due: bool = False
     transition: str | None = None
     terminal_reason: TerminalReason | None = None
     # why the loop ended, in words (error text, hook stop reason); reported in the result
@@ -266,6 +267,21 @@ class LoopState:
             "stop_hook_blocking_count": self.stop_hook_blocking_count,
             "consecutive_compact_failures": self.compact_tracking.consecutive_failures,
             "rapid_refill_count": self.compact_tracking.rapid_refill_count,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every field the machine decides, as JSON (messages and the tool context aside): what a
+        trace records after each move and the auditor compares with its own replay."""
+        t = self.compact_tracking
+        return {
+            "phase": self.phase.value,
+            **self.counters(),
+            "stop_hooks_due": self.stop_hooks_due,
+            "transition": self.transition,
+            "terminal_reason": self.terminal_reason.value if self.terminal_reason else None,
+            "turns_since_compact": t.turns_since_compact,
+            "compactions": t.compactions,
+            "depth": self.query_tracking.depth,
         }
 
 

@@ -12,8 +12,12 @@ Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 ``assistant_block`` ``message_id``, ``block``: one streamed content block as soon as it is complete,
                  so a crash while its tools run still leaves the ``tool_use`` to repair on resume
 ``compact_boundary`` ``trigger``, ``pre_tokens``; the messages after it are the new history view
-``transition``   ``from``, ``to``, ``trigger``, ``kind`` (edge kind), ``turn``, ``counters``,
-                 ``terminal_reason`` (set on moves into stop), ``chain_id``, ``depth``
+``transition``   ``from``, ``to``, ``trigger``, ``kind`` (edge kind), ``route`` (the guard that
+                 chose the edge), ``event`` (the observed event in record form, see
+                 :func:`agentfsm.events.to_record`; absent on a move a phase made on its own, which
+                 decided on the previous record's event), ``turn``, ``counters``, ``state`` (every
+                 field the machine decides, :meth:`LoopState.snapshot`), ``terminal_reason`` (set on
+                 moves into stop), ``chain_id``, ``depth``
 ``request``      ``model``, ``depth``, ``messages``: the skeleton of what was sent —
                  ``[{"role", "blocks": [{"type": "text"} | {"type": "tool_use", "id", "name"} |
                  {"type": "tool_result", "tool_use_id", "is_error"} | {"type": "thinking"}]}]``
@@ -33,18 +37,21 @@ from typing import IO, Any
 
 import attrs
 
-from fsm.state import Limits, LoopState, Message
+from agentfsm.events import to_record
+from agentfsm.state import Limits, LoopState, Message
 
-TRACE_VERSION = 1
+# 1: transitions without events (audited structurally); 2: events and snapshots (audited by replay)
+TRACE_VERSION = 2
 
 
 @functools.cache
 def graph_digest() -> str:
-    """The declared graph's fingerprint; EDGES is a constant, so it is hashed once per process."""
-    from fsm.graph import EDGES
+    """The declaration's fingerprint (edges and routes, in order); hashed once per process."""
+    from agentfsm.graph import EDGES, ROUTES
 
-    text = json.dumps([[e.trigger, [s.value for s in e.sources], e.dest.value, e.kind,
-                        sorted(r.value for r in e.reasons)] for e in EDGES])
+    text = json.dumps([[[e.trigger, [s.value for s in e.sources], e.dest.value, e.kind,
+                         sorted(r.value for r in e.reasons)] for e in EDGES],
+                       [[[s.value for s in r.sources], r.label] for r in ROUTES]])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -108,14 +115,33 @@ class TraceWriter:
             return
         self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens})
 
-    def transition(self, trigger: str, kind: str, before: LoopState, after: LoopState) -> None:
+    def on_step(self, before: LoopState, step: Any, event: Any) -> None:
+        """A step of the loop (the driver's observer): its transition record, then the messages it
+        added — or, when it replaced the history (compaction), a boundary and the new view."""
         if self._fh is None:
             return
-        self.write({"type": "transition", "from": before.phase.value, "to": after.phase.value,
-                    "trigger": trigger, "kind": kind, "turn": after.turn_count,
-                    "counters": after.counters(),
+        after = step.state
+        rec: dict[str, Any] = {
+            "type": "transition", "from": before.phase.value, "to": after.phase.value,
+            "trigger": step.trigger, "kind": step.edge.kind, "route": step.route}
+        if not step.automatic:
+            rec["event"] = to_record(event)
+        rec.update({"turn": after.turn_count, "counters": after.counters(), "state": after.snapshot(),
                     "terminal_reason": after.terminal_reason.value if after.terminal_reason else None,
                     "chain_id": after.query_tracking.chain_id, "depth": after.query_tracking.depth})
+        self.write(rec)
+        old, new = before.messages, after.messages
+        if new is old:
+            return
+        if len(new) >= len(old) and all(a is b for a, b in zip(old, new, strict=False)):
+            for m in new[len(old):]:
+                self.message(m)
+            return
+        compaction = getattr(event, "compaction", None)
+        self.compact_boundary(compaction.trigger if compaction is not None else "swap",
+                              compaction.pre_tokens if compaction is not None else 0)
+        for m in new:
+            self.message(m)
 
     def request(self, model: str, depth: int, wire_messages: Any) -> None:
         if self._fh is None:

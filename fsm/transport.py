@@ -2,7 +2,7 @@
 
 Transient failures before the stream starts (429, 5xx, 529, connection resets) are retried by the
 SDK's own retry machinery (``max_retries``, exponential backoff, ``retry-after``); what still fails is
-classified once into a :class:`fsm.events.ModelError` for the graph.
+classified once into a :class:`agentfsm.events.ModelError` for the graph.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fsm.events import ModelError
-from fsm.model import (
+from agentfsm.events import ModelError
+from agentfsm.model import (
     BlockDelta,
     BlockStart,
     BlockStop,
@@ -92,7 +92,7 @@ def _status_error(exc: Any) -> ModelError:
 
 
 def _stream_error(a: Any, exc: Any) -> ModelError:
-    """A failure after the stream started, classified as :func:`fsm.testing.scripted.stream_error`
+    """A failure after the stream started, classified as :func:`agentfsm.testing.scripted.stream_error`
     does for the in-process model: an SSE ``overloaded_error`` is an overload (as a 529), an SSE
     ``api_error`` (the server failed part-way) or a dropped connection is a retryable connection
     error — the whole response is requested again — and any other SSE error type is classified like

@@ -1,15 +1,15 @@
 """Hooks and permissions, Claude Code compatible (SPEC §5, §10).
 
-- :mod:`hooks.events`: event names, typed input records (serialised to Claude Code's stdin JSON)
+- :mod:`agentfsm.hooks.events`: event names, typed input records (serialised to Claude Code's stdin JSON)
   and the typed hook output;
-- :mod:`hooks.config`: settings files and ``--settings``, merged with Claude Code's precedence;
-- :mod:`hooks.runner`: runs the matching hooks of one event (Python callables and commands);
-- :mod:`hooks.permissions`: rules (``Bash(npm run test:*)``, ``Edit(src/**)``), modes, ``can_use_tool``;
-- :mod:`hooks.gate`: :class:`HookGate`, the :class:`fsm.gate.ToolGate` the engine uses.
+- :mod:`agentfsm.hooks.config`: settings files and ``--settings``, merged with Claude Code's precedence;
+- :mod:`agentfsm.hooks.runner`: runs the matching hooks of one event (Python callables and commands);
+- :mod:`agentfsm.hooks.permissions`: rules (``Bash(npm run test:*)``, ``Edit(src/**)``), modes, ``can_use_tool``;
+- :mod:`agentfsm.hooks.gate`: :class:`HookGate`, the :class:`agentfsm.ports.ToolGate` the engine uses.
 """
 
-from hooks.config import PermissionSettings, Settings, SettingsError, load_settings, parse_settings
-from hooks.events import (
+from agentfsm.hooks.config import PermissionSettings, Settings, SettingsError, load_settings, parse_settings
+from agentfsm.hooks.events import (
     HOOK_EVENTS,
     HookEvent,
     HookInput,
@@ -26,8 +26,15 @@ from hooks.events import (
     ToolCallRecord,
     UserPromptSubmitInput,
 )
-from hooks.gate import EventOutcome, HookGate, PostToolBatchOutcome, PromptOutcome, StopOutcome, build_gate
-from hooks.permissions import (
+from agentfsm.hooks.gate import (
+    EventOutcome,
+    HookGate,
+    PostToolBatchOutcome,
+    PromptOutcome,
+    StopOutcome,
+    build_gate,
+)
+from agentfsm.hooks.permissions import (
     PERMISSION_MODES,
     PermissionAllow,
     PermissionDecision,
@@ -38,7 +45,14 @@ from hooks.permissions import (
     normalize_mode,
     split_tool_list,
 )
-from hooks.runner import CommandHook, HookBlockingError, HookMatcher, HookResult, HookRunner, HookRunResult
+from agentfsm.hooks.runner import (
+    CommandHook,
+    HookBlockingError,
+    HookMatcher,
+    HookResult,
+    HookRunner,
+    HookRunResult,
+)
 
 __all__ = [
     "HOOK_EVENTS",

@@ -19,10 +19,10 @@ from typing import Any
 
 import attrs
 
-from fsm import log as fsm_log
-from hooks.events import FOREIGN_EVENTS, HOOK_EVENTS
-from hooks.permissions import PermissionRule, RuleBehavior, normalize_mode
-from hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
+from agentfsm import log as fsm_log
+from agentfsm.hooks.events import FOREIGN_EVENTS, HOOK_EVENTS
+from agentfsm.hooks.permissions import PermissionRule, RuleBehavior, normalize_mode
+from agentfsm.hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
 
 log = fsm_log.get_logger("agentfsm.hooks.config")
 

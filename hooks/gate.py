@@ -1,4 +1,5 @@
-"""``HookGate``: the real :class:`fsm.gate.ToolGate` — hooks plus permission rules and modes.
+"""``HookGate``: the real :class:`agentfsm.ports.ToolGate` and :class:`agentfsm.ports.SessionHooks` —
+hooks plus permission rules and modes.
 
 The tool pipeline calls :meth:`HookGate.pre_tool_use`, :meth:`HookGate.permission` and
 :meth:`HookGate.post_tool_use` / :meth:`HookGate.post_tool_use_failure` for every call; the driver
@@ -9,17 +10,15 @@ submission, compaction, session start and end).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from fsm import log as fsm_log
-from fsm.events import StopHookVerdict
-from fsm.gate import PermissionOutcome, PostToolOutcome, PreToolOutcome
-from hooks.config import Settings, load_settings
-from hooks.events import (
+from agentfsm import log as fsm_log
+from agentfsm.hooks.config import Settings, load_settings
+from agentfsm.hooks.events import (
     HOOK_EVENTS,
     HookEvent,
     HookInput,
@@ -35,76 +34,20 @@ from hooks.events import (
     ToolCallRecord,
     UserPromptSubmitInput,
 )
-from hooks.permissions import CanUseTool, PermissionPolicy, normalize_mode
-from hooks.runner import HookMatcher, HookRunner, HookRunResult
-from tools.base import Tool
+from agentfsm.hooks.permissions import CanUseTool, PermissionPolicy, normalize_mode
+from agentfsm.hooks.runner import HookMatcher, HookRunner, HookRunResult
+from agentfsm.ports import (
+    EventOutcome,
+    PermissionOutcome,
+    PostToolBatchOutcome,
+    PostToolOutcome,
+    PreToolOutcome,
+    PromptOutcome,
+    StopOutcome,
+)
+from agentfsm.tools.base import Tool
 
 log = fsm_log.get_logger("agentfsm.permissions")
-
-
-@attrs.frozen
-class StopOutcome:
-    """Stop/SubagentStop hooks' combined answer. ``blocked``: the agent keeps going with ``reason``
-    as feedback; ``prevented`` (``continue: false``) ends the run with ``stop_reason`` and overrides
-    a block."""
-
-    blocked: bool = False
-    reason: str = ""
-    prevented: bool = False
-    stop_reason: str = ""
-    additional_context: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-    hook_ms: float = 0.0
-
-    def to_verdict(self) -> StopHookVerdict:
-        return StopHookVerdict(blocked=self.blocked, reason=self.reason, prevented=self.prevented,
-                               stop_reason=self.stop_reason)
-
-
-@attrs.frozen
-class PostToolBatchOutcome:
-    """Unpacks as ``(blocked, reason, stop, stop_reason, additional_context)``."""
-
-    blocked: bool = False
-    reason: str = ""
-    stop: bool = False
-    stop_reason: str = ""
-    additional_context: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-    hook_ms: float = 0.0
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.blocked, self.reason, self.stop, self.stop_reason, self.additional_context))
-
-
-@attrs.frozen
-class PromptOutcome:
-    """UserPromptSubmit's answer; unpacks as ``(blocked, reason, additional_context)``. A blocked
-    prompt is erased (never sent to the model); ``stop`` ends the session."""
-
-    blocked: bool = False
-    reason: str = ""
-    additional_context: tuple[str, ...] = ()
-    stop: bool = False
-    stop_reason: str = ""
-    errors: tuple[str, ...] = ()
-    hook_ms: float = 0.0
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.blocked, self.reason, self.additional_context))
-
-
-@attrs.frozen
-class EventOutcome:
-    """PreCompact / SessionStart / SessionEnd: nothing to block; context (SessionStart) and
-    messages for the user (exit-2 stderr, ``systemMessage``)."""
-
-    additional_context: tuple[str, ...] = ()
-    stop: bool = False
-    stop_reason: str = ""
-    user_messages: tuple[str, ...] = ()
-    errors: tuple[str, ...] = ()
-    hook_ms: float = 0.0
 
 
 def _validate_python_hooks(python_hooks: Mapping[str, Sequence[HookMatcher]]) -> None:
@@ -120,7 +63,7 @@ def _validate_python_hooks(python_hooks: Mapping[str, Sequence[HookMatcher]]) ->
 class HookGate:
     """Hooks and permissions for one session.
 
-    ``settings`` supplies command hooks and permission rules (see :func:`hooks.config.load_settings`);
+    ``settings`` supplies command hooks and permission rules (see :func:`agentfsm.hooks.config.load_settings`);
     ``policy`` replaces the rules/mode built from settings; ``python_hooks`` adds Python callables
     per event; ``can_use_tool`` answers what the rules leave open (without it, an open question is a
     denial, as in any non-interactive run).
@@ -155,7 +98,7 @@ class HookGate:
                  disallowed_tools: str | Sequence[str] = (),
                  home: str | Path | None = None, **kwargs: Any) -> HookGate:
         """Load every settings source (plus ``--settings``) and build the gate; raises
-        :class:`hooks.config.SettingsError` for a bad settings file."""
+        :class:`agentfsm.hooks.config.SettingsError` for a bad settings file."""
         loaded = load_settings(cwd, settings, home=home)
         return cls(cwd, settings=loaded, permission_mode=permission_mode, allowed_tools=allowed_tools,
                    disallowed_tools=disallowed_tools, **kwargs)
@@ -172,7 +115,7 @@ class HookGate:
         return self.policy.visible_tools(names)
 
     def filter_registry(self, registry: Any) -> Any:
-        """``registry`` (a :class:`tools.registry.ToolRegistry`) without the tools a bare deny rule
+        """``registry`` (a :class:`agentfsm.tools.registry.ToolRegistry`) without the tools a bare deny rule
         forbids, so the model is never offered them."""
         names = list(registry.names())
         visible = set(self.visible_tools(names))
@@ -310,9 +253,9 @@ def _event_outcome(res: HookRunResult) -> EventOutcome:
 
 def build_gate(options: Any, *, session_id: str = "", transcript_path: str = "",
                registry: Any = None) -> HookGate:
-    """The gate of a session configured by an :class:`fsm.options.Options`: settings from
+    """The gate of a session configured by an :class:`agentfsm.options.Options`: settings from
     ``options.setting_sources`` plus ``--settings``, the CLI rule lists and mode, Python hooks and
-    ``can_use_tool``. Raises :class:`hooks.config.SettingsError` for a bad settings source.
+    ``can_use_tool``. Raises :class:`agentfsm.hooks.config.SettingsError` for a bad settings source.
 
     ``Options.permission_mode`` cannot tell "not given" from an explicit ``default``, so
     ``default`` (or ``manual``) lets the settings' ``defaultMode`` apply.

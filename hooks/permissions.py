@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from tools.base import Tool
+from agentfsm.tools.base import Tool
 
 PermissionMode = Literal["default", "acceptEdits", "plan", "bypassPermissions", "dontAsk"]
 PERMISSION_MODES: tuple[str, ...] = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
@@ -757,7 +757,7 @@ class PermissionPolicy:
     def from_settings(cls, settings: Any, cwd: str | Path, *, mode: str | None = None,
                       allowed_tools: str | Iterable[str] = (),
                       disallowed_tools: str | Iterable[str] = ()) -> PermissionPolicy:
-        """From a :class:`hooks.config.Settings`; an explicit ``mode`` beats ``defaultMode``."""
+        """From a :class:`agentfsm.hooks.config.Settings`; an explicit ``mode`` beats ``defaultMode``."""
         perms = settings.permissions
         effective = normalize_mode(mode if mode is not None else perms.default_mode)
         if effective == "bypassPermissions" and perms.disable_bypass_mode:

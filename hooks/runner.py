@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import attrs
 
-from fsm import log as fsm_log
-from hooks.events import (
+from agentfsm import log as fsm_log
+from agentfsm.hooks.events import (
     BLOCKING_EVENTS,
     DECISION_BLOCK_EVENTS,
     PLAIN_STDOUT_CONTEXT_EVENTS,

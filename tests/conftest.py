@@ -21,6 +21,9 @@ import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 
+# the testing kit's fixtures are opt-in: a project asks for them by name, as this suite does
+pytest_plugins = ("agentfsm.testing.plugin",)
+
 settings.register_profile("ci", max_examples=100, print_blob=True)
 settings.register_profile("nightly", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
@@ -69,10 +72,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog process-wide (``fsm.log``: ``off`` for library use, a JSON file for
+    """Sessions configure structlog process-wide (``agentfsm.log``: ``off`` for library use, a JSON file for
     the CLI). After every test, close any log file a run opened and put back what the process had,
     so a later test that captures logs sees structlog as it was."""
-    from fsm import log
+    from agentfsm import log
 
     was_configured, saved = structlog.is_configured(), structlog.get_config()
     yield

@@ -1,4 +1,4 @@
-"""The Python API: ``fsm.query`` and ``fsm.AgentClient`` yield the messages the CLI prints."""
+"""The Python API: ``agentfsm.query`` and ``agentfsm.AgentClient`` yield the messages the CLI prints."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 import attrs
 import pytest
 
-import fsm
-from fsm.api import InputError, parse_input
-from fsm.options import Options
-from fsm.testing.scripted import ScriptedModel
-from tools.base import ToolContext, tool
+import agentfsm
+from agentfsm.api import InputError, parse_input
+from agentfsm.options import Options
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext, tool
 
 READ = {"blocks": [{"type": "tool_use", "id": "toolu_r", "name": "Read",
                     "input": {"file_path": "$WS/probe-fixture.txt"}}]}
@@ -40,9 +40,9 @@ def user(content: Any, uid: str | None = None) -> dict[str, Any]:
     return msg
 
 
-async def test_query_yields_the_stream_json_messages(scripted_workspace: Path) -> None:
-    model = ScriptedModel([READ, text("TOOL_EXECUTION_OK")], ws=scripted_workspace)
-    msgs = [m async for m in fsm.query("read it", options=options(scripted_workspace), client=model)]
+async def test_query_yields_the_stream_json_messages(agentfsm_workspace: Path) -> None:
+    model = ScriptedModel([READ, text("TOOL_EXECUTION_OK")], ws=agentfsm_workspace)
+    msgs = [m async for m in agentfsm.query("read it", options=options(agentfsm_workspace), client=model)]
     assert [m["type"] for m in msgs] == ["system", "assistant", "user", "assistant", "result"]
     init, result = msgs[0], msgs[-1]
     assert init["subtype"] == "init" and init["tools"] == ["Read"]
@@ -53,18 +53,18 @@ async def test_query_yields_the_stream_json_messages(scripted_workspace: Path) -
     json.dumps(msgs)
 
 
-async def test_query_resumes_a_session(scripted_workspace: Path) -> None:
+async def test_query_resumes_a_session(agentfsm_workspace: Path) -> None:
     model = ScriptedModel([text("FIRST"), text("SECOND")])
-    opts = options(scripted_workspace)
-    first = [m async for m in fsm.query("ONE", options=opts, client=model)]
+    opts = options(agentfsm_workspace)
+    first = [m async for m in agentfsm.query("ONE", options=opts, client=model)]
     sid = first[-1]["session_id"]
-    resumed = [m async for m in fsm.query("TWO", options=attrs.evolve(opts, resume=sid), client=model)]
+    resumed = [m async for m in agentfsm.query("TWO", options=attrs.evolve(opts, resume=sid), client=model)]
     assert resumed[-1]["session_id"] == sid and resumed[-1]["result"] == "SECOND"
     texts = [b["text"] for m in model.bodies[1]["messages"] for b in m["content"]]
     assert texts == ["ONE", "FIRST", "TWO"]
 
 
-async def test_query_with_streamed_input_queues_later_messages(scripted_workspace: Path) -> None:
+async def test_query_with_streamed_input_queues_later_messages(agentfsm_workspace: Path) -> None:
     started, release = asyncio.Event(), asyncio.Event()
     schema = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -82,8 +82,8 @@ async def test_query_with_streamed_input_queues_later_messages(scripted_workspac
 
     slow_call = {"blocks": [{"type": "tool_use", "id": "toolu_s", "name": "Slow", "input": {}}]}
     model = ScriptedModel([slow_call, text("ALL_DONE")])
-    opts = options(scripted_workspace, tools=(), extra_tools=(slow,))
-    msgs = [m async for m in fsm.query(inputs(), options=opts, client=model)]
+    opts = options(agentfsm_workspace, tools=(), extra_tools=(slow,))
+    msgs = [m async for m in agentfsm.query(inputs(), options=opts, client=model)]
     assert msgs[-1]["type"] == "result" and msgs[-1]["result"] == "ALL_DONE"
     assert [m["type"] for m in msgs].count("result") == 1
     life = [(m["uuid"], m["state"]) for m in msgs if m.get("subtype") == "command_lifecycle"]
@@ -92,7 +92,7 @@ async def test_query_with_streamed_input_queues_later_messages(scripted_workspac
     assert "SECOND_MESSAGE" in json.dumps(model.bodies[1]["messages"][-1])
 
 
-async def test_agent_client_multi_turn_interrupt_and_queue(scripted_workspace: Path) -> None:
+async def test_agent_client_multi_turn_interrupt_and_queue(agentfsm_workspace: Path) -> None:
     started = asyncio.Event()
     schema = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -104,8 +104,8 @@ async def test_agent_client_multi_turn_interrupt_and_queue(scripted_workspace: P
 
     hang_call = {"blocks": [{"type": "tool_use", "id": "toolu_h", "name": "Hang", "input": {}}]}
     model = ScriptedModel([text("HELLO_BACK"), text("SECOND_ANSWER"), hang_call, text("AFTER_INTERRUPT")])
-    opts = options(scripted_workspace, tools=(), extra_tools=(hang,))
-    async with fsm.AgentClient(opts, client=model) as agent:
+    opts = options(agentfsm_workspace, tools=(), extra_tools=(hang,))
+    async with agentfsm.AgentClient(opts, client=model) as agent:
         first_uuid = await agent.send("HELLO")
         msgs = [m async for m in agent.receive()]
         assert msgs[-1]["result"] == "HELLO_BACK"
@@ -132,7 +132,7 @@ async def test_agent_client_multi_turn_interrupt_and_queue(scripted_workspace: P
     assert all(m.get("session_id", sid) == sid for m in msgs)
 
 
-async def test_agent_client_teardown_discards_unrun_input(scripted_workspace: Path) -> None:
+async def test_agent_client_teardown_discards_unrun_input(agentfsm_workspace: Path) -> None:
     started = asyncio.Event()
     schema = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -144,7 +144,7 @@ async def test_agent_client_teardown_discards_unrun_input(scripted_workspace: Pa
 
     hang_call = {"blocks": [{"type": "tool_use", "id": "toolu_h", "name": "Hang", "input": {}}]}
     model = ScriptedModel([hang_call])
-    agent = fsm.AgentClient(options(scripted_workspace, tools=(), extra_tools=(hang,)), client=model)
+    agent = agentfsm.AgentClient(options(agentfsm_workspace, tools=(), extra_tools=(hang,)), client=model)
     await agent.connect()
     await agent.send("ONE")
     await asyncio.wait_for(started.wait(), 5)
@@ -175,8 +175,8 @@ def test_parse_input() -> None:
 
 
 def test_import_fsm_stays_cheap() -> None:
-    code = ("import sys, fsm; heavy = [m for m in ('fsm.api', 'fsm.session', 'anthropic', 'fsm.driver') "
+    code = ("import sys, fsm; heavy = [m for m in ('agentfsm.api', 'agentfsm.session', 'anthropic', 'agentfsm.driver') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    assert fsm.query.__module__ == "fsm.api" and fsm.AgentClient.__module__ == "fsm.api"
+    assert agentfsm.query.__module__ == "agentfsm.api" and agentfsm.AgentClient.__module__ == "agentfsm.api"

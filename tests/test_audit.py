@@ -1,7 +1,7 @@
 """The trace auditor against genuine traces and hand-tampered copies of them.
 
-Traces are written by :class:`fsm.trace.TraceWriter` while :class:`Sim` walks the real
-:class:`fsm.graph.LoopMachine` (so :func:`fsm.graph.decide` picks every edge, exactly as in the
+Traces are written by :class:`agentfsm.trace.TraceWriter` while :class:`Sim` walks the real
+:class:`agentfsm.graph.LoopMachine` (so :func:`agentfsm.graph.decide` picks every edge, exactly as in the
 driver) and records each request through the driver's own wire normalisation.
 """
 
@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm.audit import (
+from agentfsm import graph
+from agentfsm.audit import (
     CODES,
     WARNING_CODES,
     Finding,
@@ -29,7 +30,7 @@ from fsm.audit import (
     declared_moves,
     main,
 )
-from fsm.events import (
+from agentfsm.events import (
     Aborted,
     Assembled,
     CallFailed,
@@ -43,10 +44,10 @@ from fsm.events import (
     StreamOpened,
     ToolsDrained,
 )
-from fsm.graph import LoopMachine, may_reactive_compact
-from fsm.request import normalize
-from fsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
-from fsm.trace import TraceWriter
+from agentfsm.graph import LoopMachine, may_reactive_compact
+from agentfsm.request import normalize
+from agentfsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.trace import TraceWriter
 
 Trace = tuple[Path, list[dict[str, Any]]]  # a session file and its records
 SESSION = "0b9c1d7e-0000-4000-8000-000000000001"
@@ -98,9 +99,11 @@ class Sim:
         return self.machine.state
 
     def feed(self, event: Event) -> str:
+        """Fire ``event``; the trigger of the last move it caused."""
         before = self.machine.state
-        step, after = self.machine.step(event, self.limits)
-        self.trace.transition(step.trigger, step.edge.kind, before, after)
+        for step in self.machine.fire(event, self.limits):
+            self.trace.on_step(before, step, event)
+            before = step.state
         return step.trigger
 
     def request(self) -> None:
@@ -116,11 +119,11 @@ class Sim:
         return self.feed(StreamEnded(resp))
 
     def tools(self, resp: ModelResponse, **flags: Any) -> str:
-        drained = ToolsDrained(resp.as_message(), results_for(resp), **flags)
-        assert self.feed(drained) == "collect"
-        return self.feed(drained)
+        return self.feed(ToolsDrained(resp.as_message(), results_for(resp), **flags))
 
     def finish(self) -> None:
+        if graph.stop_hooks_are_due(self.state):
+            self.feed(StopHookVerdict())
         reason = self.state.terminal_reason
         assert reason is not None
         info = TERMINAL_INFO[reason]
@@ -436,9 +439,9 @@ def test_result_disagrees_with_last_move(tool_trace: Trace) -> None:
     rewrite(path, recs)
     findings = audit_file(path)
     f = the(findings, "result_mismatch")
-    stop_line = line_of(recs, is_move("end_turn"))
+    stop_line = line_of(recs, is_move("settle"))
     assert f.line == line
-    assert f.message == (f"result terminal_reason 'max_turns' but the last move into stop ('end_turn', "
+    assert f.message == (f"result terminal_reason 'max_turns' but the last move into stop ('settle', "
                          f"line {stop_line}) carried 'completed'")
     assert "TERMINAL_INFO says subtype='error_max_turns', is_error=True" in \
         the(findings, "result_subtype").message
@@ -456,12 +459,14 @@ def test_bad_terminal_reason_on_move_into_stop(tool_trace: Trace) -> None:
     path, recs = tool_trace
     line = line_of(recs, is_move("end_turn"))
     recs[line - 1]["terminal_reason"] = "max_turns"
-    recs[-1].update(terminal_reason="max_turns", subtype="error_max_turns", is_error=True)
     rewrite(path, recs)
     findings = audit_file(path)
     f = the(findings, "bad_terminal_reason")
     assert f.line == line and "allows completed" in f.message
-    assert errors(findings) == [f]
+    # the replay of the same move disagrees too, naming the field
+    r = the(findings, "replay_mismatch")
+    assert r.line == line and "terminal_reason 'max_turns' (replay: 'completed')" in r.message
+    assert errors(findings) == [f, r]
 
 
 def test_transition_after_result_and_result_before_stop(tool_trace: Trace) -> None:
@@ -473,8 +478,9 @@ def test_transition_after_result_and_result_before_stop(tool_trace: Trace) -> No
     findings = audit_file(path)
     assert the(findings, "result_before_stop").line == stop_line
     assert "while the loop is at 'stream'" in the(findings, "result_before_stop").message
-    f = the(findings, "transition_after_result")
-    assert f.line == stop_line + 1 and f"after the result record at line {stop_line}" in f.message
+    after = [f for f in findings if f.code == "transition_after_result"]
+    assert [f.line for f in after] == [line_of(recs, is_move("end_turn")), line_of(recs, is_move("settle"))]
+    assert all(f"after the result record at line {stop_line}" in f.message for f in after)
 
 
 def test_discontinuous_first_move(tool_trace: Trace) -> None:
@@ -513,7 +519,8 @@ def test_broken_middle_line_and_seq_gap(tool_trace: Trace) -> None:
     path.write_text("".join(lines))
     findings = audit_file(path)
     assert the(findings, "unreadable_line").line == 4
-    assert the(findings, "seq_order").line == 5 and not the(findings, "seq_order").is_error
+    # records missing or reordered are an error: nothing the writer does skips a number
+    assert the(findings, "seq_order").line == 5 and the(findings, "seq_order").is_error
 
 
 def test_crashed_run_then_resumed_run(tmp_path: Path) -> None:
@@ -548,42 +555,41 @@ def walk(sim: Sim, picks: Iterable[str]) -> None:
     """Drive the machine like the driver would, taking model/tool/hook behaviour from ``picks``."""
     it = iter(picks)
     ids = itertools.count(1)
-    last = ""
     response = text()
     drained: ToolsDrained | None = None
     while True:
         phase = sim.machine.phase
         if phase is Phase.STOP:
-            pick = next(it, "end") if last == "end_turn" else "end"
+            pick = next(it, "end") if graph.stop_hooks_are_due(sim.state) else "end"
             if pick == "block":
-                last = sim.feed(StopHookVerdict(blocked=True, reason="again"))
+                sim.feed(StopHookVerdict(blocked=True, reason="again"))
             elif pick == "prevent":
-                last = sim.feed(StopHookVerdict(prevented=True, stop_reason="halt"))
+                sim.feed(StopHookVerdict(prevented=True, stop_reason="halt"))
             else:
                 return
         elif phase is Phase.ASSEMBLE:
-            last = sim.feed(Assembled())
+            sim.feed(Assembled())
         elif phase is Phase.CALL_MODEL:
             pick = next(it, "text")
             if pick == "refuse":
-                last = sim.feed(Refused(TerminalReason.BLOCKING_LIMIT, "too long"))
+                sim.feed(Refused(TerminalReason.BLOCKING_LIMIT, "too long"))
                 continue
             if pick == "abort_call":
-                last = sim.feed(Aborted())
+                sim.feed(Aborted())
                 continue
             sim.request()
             if pick == "fallback":
-                last = sim.feed(CallFailed(ModelError("overloaded", "Overloaded", 529, retryable=True),
+                sim.feed(CallFailed(ModelError("overloaded", "Overloaded", 529, retryable=True),
                                            fallback_available=True))
             elif pick == "api_error":
-                last = sim.feed(CallFailed(ModelError("api", "boom", 500)))
+                sim.feed(CallFailed(ModelError("api", "boom", 500)))
             elif pick == "ptl":
                 compaction = (Compaction((Message("user", "summary", kind="compact_summary"),), "reactive")
                               if may_reactive_compact(sim.state) else None)
-                last = sim.feed(CallFailed(ModelError("prompt_too_long", "prompt is too long", 400),
+                sim.feed(CallFailed(ModelError("prompt_too_long", "prompt is too long", 400),
                                            compaction=compaction))
             else:
-                last = sim.feed(StreamOpened())
+                sim.feed(StreamOpened())
                 response = {
                     "tool": tool_call(f"toolu_{next(ids)}"),
                     "tools2": tool_call(f"toolu_{next(ids)}", f"toolu_{next(ids)}"),
@@ -592,25 +598,23 @@ def walk(sim: Sim, picks: Iterable[str]) -> None:
                     "thinking": THINKING_ONLY,
                 }.get(pick, text())
                 if pick == "stream_retry":
-                    last = sim.feed(CallFailed(ModelError("connection", "reset", retryable=True)))
+                    sim.feed(CallFailed(ModelError("connection", "reset", retryable=True)))
                 elif pick == "stream_error":
-                    last = sim.feed(CallFailed(ModelError("model", "malformed stream")))
+                    sim.feed(CallFailed(ModelError("model", "malformed stream")))
                 elif pick == "abort":
-                    last = sim.feed(Aborted())
+                    sim.feed(Aborted())
                 else:
-                    last = sim.feed(StreamEnded(response))
+                    sim.feed(StreamEnded(response))
         elif phase is Phase.DISPATCH_TOOLS:
             pick = next(it, "ok")
             if pick == "abort":
-                last = sim.feed(Aborted(response.as_message(), results_for(response)))
+                sim.feed(Aborted(response.as_message(), results_for(response)))
                 continue
             drained = ToolsDrained(response.as_message(), results_for(response),
                                    ends_turn=pick == "ends_turn", hook_stopped=pick == "hook_stop",
-                                   deferred=pick == "defer")
-            last = sim.feed(drained)
-        else:
-            assert drained is not None
-            last = sim.feed(drained)
+                                   deferred_ids=tuple(response.as_message().tool_use_ids()) if pick == "defer"
+                                   else ())
+            sim.feed(drained)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -653,7 +657,7 @@ def test_main_exit_codes_and_json(tool_trace: Trace,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     path, recs = tool_trace
     assert main([str(path)]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"{path}: ok")
+    assert capsys.readouterr().out.strip().endswith(f"{path}: agentfsm trace, ok")
     recs[line_of(recs, is_move("dispatch")) - 1]["to"] = "feedback"
     rewrite(path, recs)
     assert main([str(path)]) == 1
@@ -679,3 +683,186 @@ def test_main_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     doc = json.loads(capsys.readouterr().out)
     assert {"trigger": "next_turn", "from": "feedback", "to": "assemble", "count": 1} in doc["edges"]
     assert "image_error" in doc["missing_reasons"]
+
+
+# --- replay: tampering a genuine trace is caught, naming the line and the field ---------------
+
+
+def _set_counter(rec: dict[str, Any], name: str, value: Any) -> None:
+    """Tamper consistently: every place the record states the counter."""
+    rec["counters"][name] = value
+    rec["state"][name] = value
+    if name == "turn_count":
+        rec["turn"] = value
+
+
+def test_counter_jump_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("next_turn"))
+    _set_counter(recs[line - 1], "turn_count", 5)
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert "turn_count went 1 → 5 in one move" in the(findings, "counter_jump").message
+    r = [f for f in findings if f.code == "replay_mismatch" and f.line == line]
+    assert r and "turn_count 5 (replay: 2)" in r[0].message
+
+
+def test_counter_going_backwards_or_negative_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
+    recs = records(path)
+    second = line_of(recs, is_move("max_output_tokens_recovery"), nth=1)
+    call = line_of(recs, lambda r: r["type"] == "transition" and r["trigger"] == "call" and
+                   r["counters"]["max_output_tokens_recovery_count"] == 2)
+    _set_counter(recs[call - 1], "max_output_tokens_recovery_count", 1)
+    _set_counter(recs[second - 1], "stream_retry_count", -1)
+    rewrite(path, recs)
+    findings = audit_file(path)
+    [back] = [f for f in findings if f.code == "counter_backwards" and f.line == call]
+    assert "max_output_tokens_recovery_count went back 2 → 1" in back.message
+    neg = the(findings, "counter_negative")
+    assert neg.line == second and "stream_retry_count=-1 is negative" in neg.message
+    assert {f.line for f in findings if f.code == "replay_mismatch"} >= {call, second}
+
+
+def test_recovery_counter_without_its_edge_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("dispatch"))
+    _set_counter(recs[line - 1], "malformed_tool_use_retry_count", 1)
+    rewrite(path, recs)
+    findings = audit_file(path)
+    f = the(findings, "counter_without_edge")
+    assert f.line == line
+    assert "malformed_tool_use_retry_count rose 0 → 1 on transition 'dispatch'" in f.message
+    assert "only malformed_tool_use_retry raise it" in f.message
+
+
+def test_label_not_matching_the_move_is_caught(tmp_path: Path) -> None:
+    """Both are declared stream → assemble re-entries: only replaying the event tells them apart."""
+    path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
+    recs = records(path)
+    line = line_of(recs, is_move("max_output_tokens_recovery"))
+    recs[line - 1]["trigger"] = "thinking_only_nudge"
+    rewrite(path, recs)
+    findings = audit_file(path)
+    f = next(x for x in findings if x.code == "replay_mismatch" and x.line == line)
+    assert "trigger 'thinking_only_nudge' (replay: 'max_output_tokens_recovery')" in f.message
+    assert not any(x.code == "undeclared_move" for x in findings)
+
+
+def test_reentry_past_its_cap_is_caught(tmp_path: Path) -> None:
+    """A fourth max-tokens recovery where the cap is three."""
+    path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
+    recs = records(path)
+    recs[0]["limits"]["max_output_tokens_recoveries"] = 1
+    rewrite(path, recs)
+    findings = audit_file(path)
+    second = line_of(recs, is_move("max_output_tokens_recovery"), nth=1)
+    over = the(findings, "counter_over_cap")
+    assert over.line == second and "exceeds its cap max_output_tokens_recoveries=1" in over.message
+    r = next(x for x in findings if x.code == "replay_mismatch" and x.line == second)
+    assert "trigger 'max_output_tokens_recovery' (replay: 'recovery_exhausted')" in r.message
+
+
+def test_wrong_terminal_reason_for_the_edge_is_caught(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_move("settle"))
+    recs[line - 1]["terminal_reason"] = "aborted_tools"
+    recs[-1].update(terminal_reason="aborted_tools", subtype="error_during_execution", is_error=True)
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert the(findings, "bad_terminal_reason").line == line
+    assert "terminal_reason 'aborted_tools' (replay: 'completed')" in the(findings, "replay_mismatch").message
+
+
+@pytest.mark.parametrize("change", ["drop", "duplicate"])
+def test_missing_or_duplicated_tool_result_is_caught(tmp_path: Path, change: str) -> None:
+    """The final batch's result message, tampered where no later request would show it."""
+    path = write_scenario(tmp_path / "t.jsonl", "max_turns")
+    recs = records(path)
+    line = line_of(recs, lambda r: r["type"] == "message" and r["kind"] == "tool_results")
+    blocks = recs[line - 1]["content"]
+    if change == "drop":
+        blocks.clear()
+    else:
+        blocks.append(dict(blocks[0]))
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert the(findings, "message_mismatch").line == line
+    code = "unpaired_tool_use" if change == "drop" else "duplicate_tool_result"
+    assert the(findings, code).line == line_of(recs, lambda r: r["type"] == "result")
+
+
+def test_a_missing_message_record_is_caught(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, lambda r: r["type"] == "message" and r["kind"] == "tool_results")
+    del recs[line - 1]
+    rewrite(path, recs)
+    assert "added 1 message(s) the file does not record" in the(audit_file(path), "message_missing").message
+
+
+def test_reordered_records_are_caught(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    a, b = line_of(recs, is_move("open_stream")), line_of(recs, is_move("dispatch", ), nth=0)
+    recs[a - 1], recs[b - 1] = recs[b - 1], recs[a - 1]
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert {"seq_order", "discontinuous"} <= {f.code for f in errors(findings)}
+    assert a in {f.line for f in findings if f.code == "discontinuous"}
+
+
+def test_a_truncated_last_line_is_reported_not_a_crash(tool_trace: Trace,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path, _recs = tool_trace
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 20])  # cut mid-record
+    findings = audit_file(path)
+    assert the(findings, "torn_last_line").line == len(data[: len(data) - 20].splitlines())
+    assert main([str(path)]) in (0, 1)
+    assert "torn_last_line" in capsys.readouterr().out
+
+
+def test_an_undecodable_byte_is_reported_and_the_rest_read(tool_trace: Trace) -> None:
+    path, _recs = tool_trace
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"go"', b'"g\xff"')
+    path.write_bytes(b"".join(lines))
+    findings = audit_file(path)
+    assert the(findings, "undecodable_line").line == 2
+    assert not errors([f for f in findings if f.code != "undecodable_line"])
+
+
+# --- inputs that are not traces are refused, never answered "ok" --------------------------------
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"\x00\x01\x02binary", b'{"type": "user", "sessionId": "x"}\n',
+                                     b"plain text\n"])
+def test_not_a_trace_exits_2_with_one_line(tmp_path: Path, content: bytes,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(content)
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and "agentfsm trace" in err
+
+
+def test_an_empty_directory_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "d").mkdir()
+    assert main([str(tmp_path / "d")]) == 2
+    assert "no .jsonl session files" in capsys.readouterr().err
+
+
+def test_format_1_is_checked_without_replay_and_a_newer_format_is_refused(
+        tool_trace: Trace, capsys: pytest.CaptureFixture[str]) -> None:
+    path, recs = tool_trace
+    recs[0]["version"] = 1
+    for r in recs:
+        r.pop("event", None)
+    rewrite(path, recs)
+    findings = audit_file(path)
+    assert [(f.code, f.severity) for f in findings] == [("no_replay", "warning")]
+    recs[0]["version"] = 99
+    rewrite(path, recs)
+    assert main([str(path)]) == 2
+    assert "trace format 99" in capsys.readouterr().err

@@ -15,8 +15,8 @@ import anthropic
 import attrs
 import pytest
 
-from fsm.model import ModelRequest
-from fsm.testing import (
+from agentfsm.model import ModelRequest
+from agentfsm.testing import (
     Scenario,
     ScriptedServer,
     StreamedResponse,
@@ -214,14 +214,14 @@ REFERENCE_RUNS: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
 
 @pytest.mark.parametrize("name", sorted(REFERENCE_RUNS))
 def test_reference_client_bodies_give_the_observed_form(
-    name: str, reference_observed: Callable[[str], dict[str, Any]]
+    name: str, agentfsm_reference_observed: Callable[[str], dict[str, Any]]
 ) -> None:
     bodies, line = REFERENCE_RUNS[name]
-    assert canonical_run(bodies, line) == reference_observed(name)
+    assert canonical_run(bodies, line) == agentfsm_reference_observed(name)
 
 
-def test_every_observation_is_covered(reference_dir: Path) -> None:
-    assert {p.stem for p in (reference_dir / "observed").glob("*.json")} <= set(REFERENCE_RUNS)
+def test_every_observation_is_covered(agentfsm_reference_dir: Path) -> None:
+    assert {p.stem for p in (agentfsm_reference_dir / "observed").glob("*.json")} <= set(REFERENCE_RUNS)
 
 
 # --- edge cases --------------------------------------------------------------------------------
@@ -392,23 +392,23 @@ async def _minimal_client(base_url: str, prompt: str) -> str:
 @pytest.mark.parametrize("name", ["read_probe", "parallel_reads", "unknown_tool"])
 async def test_minimal_client_through_the_server_matches_the_reference(
     name: str,
-    reference_scenario: Callable[[str], Scenario],
-    reference_observed: Callable[[str], dict[str, Any]],
-    scripted_server: Callable[..., ScriptedServer],
-    scripted_workspace: Path,
+    agentfsm_reference_scenario: Callable[[str], Scenario],
+    agentfsm_reference_observed: Callable[[str], dict[str, Any]],
+    agentfsm_server: Callable[..., ScriptedServer],
+    agentfsm_workspace: Path,
 ) -> None:
-    scenario = reference_scenario(name)
+    scenario = agentfsm_reference_scenario(name)
     first = scenario.responses[0]
     assert isinstance(first, StreamedResponse)
     assert all(
-        str(b.input["file_path"]).startswith(str(scripted_workspace))
+        str(b.input["file_path"]).startswith(str(agentfsm_workspace))
         for b in first.blocks
         if isinstance(b, ToolUseBlock)
     )
-    server = scripted_server(scenario)
+    server = agentfsm_server(scenario)
     text = await _minimal_client(server.base_url, scenario.prompt)
     line = {"subtype": "success", "terminal_reason": "completed", "is_error": False, "result": text}
-    assert canonical_run(server.requests, line) == reference_observed(name)
+    assert canonical_run(server.requests, line) == agentfsm_reference_observed(name)
 
 
 # --- the real client, when one is at hand --------------------------------------------------------
@@ -432,10 +432,10 @@ def _claude_binary() -> str | None:
 @pytest.mark.parametrize("name", sorted(LIVE_RUNS))
 def test_claude_code_against_the_scripted_server_matches_the_reference(
     name: str,
-    reference_dir: Path,
-    reference_scenario: Callable[[str], Scenario],
-    reference_observed: Callable[[str], dict[str, Any]],
-    scripted_workspace: Path,
+    agentfsm_reference_dir: Path,
+    agentfsm_reference_scenario: Callable[[str], Scenario],
+    agentfsm_reference_observed: Callable[[str], dict[str, Any]],
+    agentfsm_workspace: Path,
     tmp_path: Path,
 ) -> None:
     """Claude Code itself (``$AGENTFSM_CLAUDE`` or ``claude`` on PATH), run as the reference was, sends
@@ -443,10 +443,10 @@ def test_claude_code_against_the_scripted_server_matches_the_reference(
     claude = _claude_binary()
     if claude is None:
         pytest.skip("no Claude Code binary: set $AGENTFSM_CLAUDE or put `claude` on PATH")
-    scenario = reference_scenario(name)
+    scenario = agentfsm_reference_scenario(name)
     hook = {
         "hooks": {
-            "Stop": [{"hooks": [{"type": "command", "command": str(reference_dir / "stop_block_once.sh")}]}]
+            "Stop": [{"hooks": [{"type": "command", "command": str(agentfsm_reference_dir / "stop_block_once.sh")}]}]
         }
     }
     extra = [json.dumps(hook) if a == "HOOK" else a for a in LIVE_RUNS[name]]
@@ -476,7 +476,7 @@ def test_claude_code_against_the_scripted_server_matches_the_reference(
                 "bypassPermissions",
                 *extra,
             ],
-            cwd=scripted_workspace,
+            cwd=agentfsm_workspace,
             env=env,
             capture_output=True,
             text=True,
@@ -486,4 +486,4 @@ def test_claude_code_against_the_scripted_server_matches_the_reference(
     lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     results = [line for line in lines if line.get("type") == "result"]
     assert results, done.stderr[-2000:]
-    assert canonical_run(server.requests, results[-1]) == reference_observed(name)
+    assert canonical_run(server.requests, results[-1]) == agentfsm_reference_observed(name)

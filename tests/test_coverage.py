@@ -1,9 +1,9 @@
 """Coverage of the declared graph: the union of the property suite's traces and a few deterministic
 runs of rare paths exercises every declared edge (trigger × source) and every terminal reason
 (SPEC §2: "every terminal reason must be reachable, and a test must reach each one"), as
-``fsm.audit.coverage`` counts them. Every trace of the union also passes the auditor.
+``agentfsm.audit.coverage`` counts them. Every trace of the union also passes the auditor.
 
-The deterministic runs use the real driver through ``fsm.testing.stateful.LoopHarness``; what no
+The deterministic runs use the real driver through ``agentfsm.testing.stateful.LoopHarness``; what no
 scenario record can express (a prompt-too-long error mid-stream, a protocol violation, an empty
 stream, a client crashing during compaction) is injected by wrapping the scripted model.
 
@@ -13,6 +13,7 @@ they first run the property workloads that did not run in this session.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,14 +23,15 @@ import attrs
 import pytest
 import test_properties as suite
 
-from fsm import prompts
-from fsm.audit import Coverage, Move, audit_file, coverage, declared_moves, trace_files
-from fsm.events import ModelError
-from fsm.graph import EDGES_BY_TRIGGER
-from fsm.model import BlockStop, ModelCallError, ModelRequest, StreamEvent
-from fsm.options import Options
-from fsm.state import Limits, Message, TerminalReason
-from fsm.testing import (
+from agentfsm import prompts
+from agentfsm.audit import Coverage, Move, audit_file, coverage, declared_moves, trace_files
+from agentfsm.events import ModelError
+from agentfsm.graph import EDGES_BY_TRIGGER
+from agentfsm.hooks import HookBlockingError, HookMatcher
+from agentfsm.model import BlockStop, ModelCallError, ModelRequest, StreamEvent
+from agentfsm.options import Options
+from agentfsm.state import Limits, Message, TerminalReason
+from agentfsm.testing import (
     HttpErrorResponse,
     Response,
     ScriptedModel,
@@ -40,9 +42,8 @@ from fsm.testing import (
     text_response,
     tool_response,
 )
-from fsm.testing.stateful import LoopHarness, LoopRun, RequestContext, assert_invariants
-from hooks import HookBlockingError, HookMatcher
-from tools.base import Tool
+from agentfsm.testing.stateful import LoopHarness, LoopRun, RequestContext, assert_invariants
+from agentfsm.tools.base import Tool, tool
 
 pytestmark = pytest.mark.after_property_suite
 
@@ -59,7 +60,7 @@ UNREACHABLE_REASONS: Mapping[str, str] = {}
 @attrs.frozen
 class HostOptions(Options):
     """Options carrying the host's ``should_stop_before_next_call``, which the driver reads from its
-    options (``fsm.driver``) but ``fsm.options.Options`` does not declare."""
+    options (``agentfsm.driver``) but ``agentfsm.options.Options`` does not declare."""
 
     should_stop_before_next_call: Callable[[Any], Any] | None = None
 
@@ -127,6 +128,10 @@ class Interrupter:
     def fire(self) -> None:
         assert self.harness is not None
         self.harness.abort()
+
+    def interrupt(self) -> None:
+        assert self.harness is not None
+        self.harness.interrupt()
 
 
 def _hook(event: str, fn: Callable[[Any], Any]) -> dict[str, list[HookMatcher]]:
@@ -255,11 +260,34 @@ def _abort_in_dispatch(d: Path) -> LoopRun:
     return run_path(d, [_tool("toolu_h", "Hold", ms=1, interrupt=True), DONE])
 
 
-@rare("abort in feedback", T.ABORTED_TOOLS, "abort:feedback")
-def _abort_in_feedback(d: Path) -> LoopRun:
-    # the tools have run; the interrupt lands before the results are fed back
+@rare("abort after the batch, before the next request", T.ABORTED_STREAMING, "abort:assemble")
+def _abort_after_the_batch(d: Path) -> LoopRun:
+    # the tools have run; the abort lands while PostToolBatch hooks run: the results are kept, and
+    # the loop stops before the next request
     return run_path(d, [_tool("toolu_a"), DONE],
                     hooks=lambda box: _hook("PostToolBatch", lambda _i: box.fire()))
+
+
+@rare("interrupt while a block tool runs", T.ABORTED_TOOLS, "finish_batch:feedback")
+def _interrupt_while_tools_run(d: Path) -> LoopRun:
+    # the user interrupts while a `block` tool runs: it finishes, its real result pairs its call, and
+    # the batch ends the run
+    box_holder: list[Interrupter] = []
+
+    @tool("Steady", "Runs to its end even when interrupted.", {"type": "object"}, interrupt="block")
+    async def steady(_inp: Any, _ctx: Any) -> str:
+        await asyncio.sleep(0.01)  # the scripted stream ends first: the interrupt lands in dispatch
+        box_holder[0].interrupt()
+        await asyncio.sleep(0.02)
+        return "finished anyway"
+
+    def hooks(box: Interrupter) -> Mapping[str, Any]:
+        box_holder.append(box)
+        return {}
+
+    run = run_path(d, [tool_response("toolu_s", "Steady", {}), DONE], tools=[*TOOLS, steady], hooks=hooks)
+    assert run.state.messages[-1].content[0]["content"] == "finished anyway"
+    return run
 
 
 @rare("reactive compaction after a failed request", T.COMPLETED, "reactive_compact_retry:call_model")

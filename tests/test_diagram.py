@@ -1,4 +1,4 @@
-"""Diagrams are derived from fsm.graph.EDGES: complete, styled by edge kind, stable, and checked."""
+"""Diagrams are derived from agentfsm.graph.EDGES: complete, styled by edge kind, stable, and checked."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from fsm import diagram
-from fsm.graph import EDGES, REENTRY_LABELS, STATES
-from fsm.state import TerminalReason
+from agentfsm import diagram
+from agentfsm.graph import EDGES, REENTRY_LABELS, STATES
+from agentfsm.state import TerminalReason
 
 # a run: one tool turn, three more, then the answer; the moves as a trace records them
 RUN: list[tuple[str, str, str, str | None]] = [
@@ -107,7 +107,7 @@ def test_terminal_reasons_sit_in_a_note_at_stop() -> None:
 
 def test_output_is_stable_across_hash_seeds() -> None:
     # reasons are frozensets of str: their iteration order follows PYTHONHASHSEED
-    code = "from fsm import diagram; print(diagram.render_mermaid() + diagram.render_dot())"
+    code = "from agentfsm import diagram; print(diagram.render_mermaid() + diagram.render_dot())"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
     assert outs == {diagram.render_mermaid() + diagram.render_dot() + "\n"}
@@ -256,7 +256,7 @@ def test_the_dot_program_is_preferred_when_on_path(tmp_path: Path, monkeypatch: 
 def test_first_render_in_a_fresh_process_labels_every_node() -> None:
     # pygraphviz 2.0.4 drops default node labels on a process's first render; the SVG in diagrams/
     # is usually exactly that render
-    code = ("import sys, re; from fsm import diagram; "
+    code = ("import sys, re; from agentfsm import diagram; "
             "sys.stdout.write(diagram.render_svg(diagram.render_dot()).decode())")
     svg = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     for state in STATES:

@@ -1,4 +1,4 @@
-"""The streaming tool executor (fsm.executor): one deterministic test per scheduling/delivery rule."""
+"""The streaming tool executor (agentfsm.executor): one deterministic test per scheduling/delivery rule."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from fsm.executor import StreamingToolExecutor
-from fsm.pipeline import REJECT_MESSAGE, CallResult
-from tools.base import InterruptBehavior, Tool, ToolContext, ToolOutput
+from agentfsm.executor import StreamingToolExecutor
+from agentfsm.pipeline import REJECT_MESSAGE, CallResult
+from agentfsm.ports import AllowAllGate
+from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolOutput
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "additionalProperties": False}
 
@@ -102,6 +103,7 @@ def make(lab: Lab, *tools: Tool, **kw: Any) -> StreamingToolExecutor:
     defaults: list[Tool] = [Probe(lab, "Safe"), Probe(lab, "Unsafe", safe=False),
                             Probe(lab, "Quick", hold=False),
                             Probe(lab, "QuickUnsafe", safe=False, hold=False)]
+    kw.setdefault("gate", AllowAllGate())
     return StreamingToolExecutor(lookup=[*tools, *defaults], **kw)
 
 
@@ -202,7 +204,7 @@ async def test_concurrency_cap(lab: Lab) -> None:
 
 def test_cap_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_concurrency"):
-        StreamingToolExecutor(lookup=[], max_concurrency=0)
+        StreamingToolExecutor(lookup=[], gate=AllowAllGate(), max_concurrency=0)
 
 
 async def test_raising_is_concurrency_safe_counts_as_unsafe(lab: Lab) -> None:

@@ -22,9 +22,10 @@ import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm.executor import StreamingToolExecutor
-from fsm.pipeline import CallResult
-from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.executor import StreamingToolExecutor
+from agentfsm.pipeline import CallResult
+from agentfsm.ports import AllowAllGate
+from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
 
 KINDS = ("safe", "unsafe", "raising_check", "unknown", "invalid_input", "invalid_json")
 OUTCOMES = ("ok", "tool_error", "exception", "error_output")
@@ -132,7 +133,8 @@ class Run:
     def __init__(self, batch: list[Spec], cap: int) -> None:
         self.batch = batch
         self.world = World(cap)
-        self.ex = StreamingToolExecutor(lookup=[P(self.world), PCancel(self.world)], max_concurrency=cap)
+        self.ex = StreamingToolExecutor(lookup=[P(self.world), PCancel(self.world)], gate=AllowAllGate(),
+                                        max_concurrency=cap)
         self.delivered: list[str] = []
         self.problems: list[str] = []
 

@@ -18,19 +18,19 @@ from typing import Any
 import attrs
 import pytest
 
-from fsm.audit import audit_file
-from fsm.events import ModelError
-from fsm.model import ModelCallError, ModelRequest
-from fsm.options import Options
-from fsm.result import RunResult
-from fsm.session import Session
-from fsm.state import Limits, Message, TerminalReason
-from fsm.testing.canonical import canonical_requests
-from fsm.testing.scenario import load_scenario, parse_response
-from fsm.testing.scripted import ScriptedModel, stream_error
-from fsm.testing.server import ScriptedServer
-from fsm.transport import AnthropicTransport
-from tools.base import Tool, ToolContext, ToolOutput
+from agentfsm.audit import audit_file
+from agentfsm.events import ModelError
+from agentfsm.model import ModelCallError, ModelRequest
+from agentfsm.options import Options
+from agentfsm.result import RunResult
+from agentfsm.session import Session
+from agentfsm.state import Limits, Message, TerminalReason
+from agentfsm.testing.canonical import canonical_requests
+from agentfsm.testing.scenario import load_scenario, parse_response
+from agentfsm.testing.scripted import ScriptedModel, stream_error
+from agentfsm.testing.server import ScriptedServer
+from agentfsm.tools.base import Tool, ToolContext, ToolOutput
+from agentfsm.transport import AnthropicTransport
 
 pytestmark = pytest.mark.server
 T = TerminalReason
@@ -130,28 +130,28 @@ def pairs_ok(history: Sequence[Message]) -> bool:
 @pytest.mark.parametrize("status,etype", [(429, "rate_limit_error"), (500, "api_error"),
                                           (503, "api_error"), (529, "overloaded_error")])
 async def test_transient_http_errors_are_retried_by_the_sdk(status: int, etype: str, tmp_path: Path,
-                                                           scripted_workspace: Path) -> None:
+                                                           agentfsm_workspace: Path) -> None:
     err = {"status": status, "error_type": etype, "message": f"HTTP {status}", "retry_after_s": 0.01}
-    run = await over_the_wire(tmp_path, scripted_workspace, [err, err, text("after two retries")])
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [err, err, text("after two retries")])
     assert len(run.bodies) == 3 and run.requests == [["U:go"]] * 3
     assert run.result.terminal_reason is T.COMPLETED and run.result.result == "after two retries"
     assert audit_file(run.trace) == []
 
 
 async def test_retries_exhausted_without_fallback_is_api_error(tmp_path: Path,
-                                                                scripted_workspace: Path) -> None:
+                                                                agentfsm_workspace: Path) -> None:
     err = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01}
-    run = await over_the_wire(tmp_path, scripted_workspace, [err] * 3, limits=Limits(api_max_retries=2))
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [err] * 3, limits=Limits(api_max_retries=2))
     assert len(run.bodies) == 3
     res = run.result
     assert (res.terminal_reason, res.is_error, res.result) == (T.API_ERROR, True, "Overloaded")
 
 
 async def test_non_retryable_4xx_is_api_error_with_the_apis_message(tmp_path: Path,
-                                                                    scripted_workspace: Path) -> None:
+                                                                    agentfsm_workspace: Path) -> None:
     err = {"status": 403, "error_type": "permission_error",
            "message": "Your API key does not have permission to use the specified resource."}
-    run = await over_the_wire(tmp_path, scripted_workspace, [err, text("never sent")])
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [err, text("never sent")])
     assert len(run.bodies) == 1  # a 403 is never retried
     res = run.result
     assert (res.terminal_reason, res.subtype, res.is_error) == (T.API_ERROR, "success", True)
@@ -159,18 +159,18 @@ async def test_non_retryable_4xx_is_api_error_with_the_apis_message(tmp_path: Pa
     assert audit_file(run.trace) == []
 
 
-async def test_connection_refused_is_api_error(tmp_path: Path, scripted_workspace: Path) -> None:
+async def test_connection_refused_is_api_error(tmp_path: Path, agentfsm_workspace: Path) -> None:
     # a port nobody listens on: the SDK's connection error, after its (here: no) retries
-    run = await over_the_wire(tmp_path, scripted_workspace, [], limits=Limits(api_max_retries=0),
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [], limits=Limits(api_max_retries=0),
                               base_url="http://127.0.0.1:9")
     assert run.result.terminal_reason is T.API_ERROR and "Connection error" in (run.result.result or "")
     assert audit_file(run.trace) == []
 
 
 async def test_fallback_model_takes_over_when_the_primary_is_overloaded(tmp_path: Path,
-                                                                       scripted_workspace: Path) -> None:
+                                                                       agentfsm_workspace: Path) -> None:
     err = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01}
-    run = await over_the_wire(tmp_path, scripted_workspace, [err, err, err, text("haiku here")],
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [err, err, err, text("haiku here")],
                               limits=Limits(api_max_retries=2), fallback=("claude-haiku-4-5",))
     assert [b["model"] for b in run.bodies] == ["claude-sonnet-4-5"] * 3 + ["claude-haiku-4-5"]
     assert run.result.terminal_reason is T.COMPLETED and run.result.result == "haiku here"
@@ -182,12 +182,12 @@ async def test_fallback_model_takes_over_when_the_primary_is_overloaded(tmp_path
 # --- streams that break part-way: the loop retries the whole response --------------------------
 
 
-async def test_broken_stream_is_retried_as_a_whole(tmp_path: Path, scripted_workspace: Path) -> None:
+async def test_broken_stream_is_retried_as_a_whole(tmp_path: Path, agentfsm_workspace: Path) -> None:
     slow = SlowTool()
     broken = {"blocks": [use("s1", "Slow", {}), {"type": "text", "text": "and then"}],
               "stop_reason": "tool_use", "break_after": 1, "block_delay_s": 0.2}
     again = {"blocks": [use("s2", "Slow", {"quick": True})], "stop_reason": "tool_use"}
-    run = await over_the_wire(tmp_path, scripted_workspace, [broken, again, text("done")],
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [broken, again, text("done")],
                               extra_tools=(slow,))
     # nothing of the broken response was kept: the retry carries the prompt only
     assert run.requests == [["U:go"], ["U:go"], ["U:go", "use:s2:Slow", "res:s2:ok"]]
@@ -203,12 +203,12 @@ async def test_broken_stream_is_retried_as_a_whole(tmp_path: Path, scripted_work
 
 
 async def test_broken_stream_with_no_retry_left_pairs_every_started_tool(tmp_path: Path,
-                                                                         scripted_workspace: Path) -> None:
+                                                                         agentfsm_workspace: Path) -> None:
     slow = SlowTool()
-    broken = {"blocks": [use("r1", "Read", {"file_path": f"{scripted_workspace}/a.txt"}),
+    broken = {"blocks": [use("r1", "Read", {"file_path": f"{agentfsm_workspace}/a.txt"}),
                          use("s1", "Slow", {}), {"type": "text", "text": "never shown"}],
               "stop_reason": "tool_use", "break_after": 2, "block_delay_s": 0.2}
-    run = await over_the_wire(tmp_path, scripted_workspace, [broken, text("never sent")],
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [broken, text("never sent")],
                               limits=Limits(stream_retries=0), extra_tools=(slow,))
     assert len(run.bodies) == 1
     res = run.result
@@ -229,9 +229,9 @@ async def test_broken_stream_with_no_retry_left_pairs_every_started_tool(tmp_pat
 @pytest.mark.parametrize("sse,retried", [("overloaded_error", True), ("api_error", True),
                                          ("invalid_request_error", False)])
 async def test_sse_error_event_mid_stream(sse: str, retried: bool, tmp_path: Path,
-                                          scripted_workspace: Path) -> None:
+                                          agentfsm_workspace: Path) -> None:
     failing = text("half an answ", sse_error=sse)
-    run = await over_the_wire(tmp_path, scripted_workspace, [failing, text("whole answer")])
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [failing, text("whole answer")])
     if retried:
         assert len(run.bodies) == 2 and run.result.terminal_reason is T.COMPLETED
         assert len(run.system("tombstone")) == 1
@@ -242,9 +242,9 @@ async def test_sse_error_event_mid_stream(sse: str, retried: bool, tmp_path: Pat
     assert audit_file(run.trace) == []
 
 
-async def test_stream_retries_exhausted_then_fallback(tmp_path: Path, scripted_workspace: Path) -> None:
+async def test_stream_retries_exhausted_then_fallback(tmp_path: Path, agentfsm_workspace: Path) -> None:
     broken = {"blocks": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}], "break_after": 1}
-    run = await over_the_wire(tmp_path, scripted_workspace, [broken, broken, text("fallback answer")],
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [broken, broken, text("fallback answer")],
                               limits=Limits(stream_retries=1), fallback=("claude-haiku-4-5",))
     assert [b["model"] for b in run.bodies] == ["claude-sonnet-4-5", "claude-sonnet-4-5", "claude-haiku-4-5"]
     assert run.result.terminal_reason is T.COMPLETED and run.result.result == "fallback answer"
@@ -254,8 +254,8 @@ async def test_stream_retries_exhausted_then_fallback(tmp_path: Path, scripted_w
 # --- malformed streams: model_error -------------------------------------------------------------
 
 
-async def test_stream_without_stop_reason_is_model_error(tmp_path: Path, scripted_workspace: Path) -> None:
-    run = await over_the_wire(tmp_path, scripted_workspace,
+async def test_stream_without_stop_reason_is_model_error(tmp_path: Path, agentfsm_workspace: Path) -> None:
+    run = await over_the_wire(tmp_path, agentfsm_workspace,
                               [{"blocks": [{"type": "text", "text": "hi"}], "stop_reason": None}])
     res = run.result
     assert (res.terminal_reason, res.subtype, res.is_error) == (T.MODEL_ERROR, "error_during_execution", True)
@@ -285,10 +285,10 @@ async def _undecodable_sse_server() -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
-async def test_undecodable_sse_is_model_error(tmp_path: Path, scripted_workspace: Path) -> None:
+async def test_undecodable_sse_is_model_error(tmp_path: Path, agentfsm_workspace: Path) -> None:
     server, url = await _undecodable_sse_server()
     try:
-        run = await over_the_wire(tmp_path, scripted_workspace, [], base_url=url,
+        run = await over_the_wire(tmp_path, agentfsm_workspace, [], base_url=url,
                                   limits=Limits(api_max_retries=0))
     finally:
         server.close()

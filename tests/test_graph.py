@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsm import graph, prompts
-from fsm.events import (
+from agentfsm import graph, prompts
+from agentfsm.events import (
     Aborted,
     Assembled,
     CallFailed,
@@ -22,8 +22,8 @@ from fsm.events import (
     StreamOpened,
     ToolsDrained,
 )
-from fsm.graph import EDGES, LoopMachine, Step, UndeclaredMove, decide
-from fsm.state import COUNTER_CAPS, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.graph import EDGES, LoopMachine, Step, UndeclaredMove, decide
+from agentfsm.state import COUNTER_CAPS, Limits, LoopState, Message, Phase, TerminalReason
 
 LIM = Limits()
 TEXT = ({"type": "text", "text": "done"},)
@@ -31,12 +31,16 @@ USE = ({"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_pat
 
 
 def run(state: LoopState, *events, limits: Limits = LIM) -> tuple[LoopState, list[str]]:
-    m = LoopMachine(state)
     labels = []
-    for ev in events:
-        step, state = m.step(ev, limits)
-        labels.append(step.trigger)
-    return state, labels
+    with LoopMachine(state) as m:
+        for ev in events:
+            labels += [step.trigger for step in m.fire(ev, limits)]
+        return m.state, labels
+
+
+def fire(m: LoopMachine, event, limits: Limits = LIM) -> tuple[Step, LoopState]:
+    """The last step ``event`` caused, and the state after it."""
+    return m.fire(event, limits)[-1], m.state
 
 
 def start() -> LoopState:
@@ -51,18 +55,66 @@ def drained() -> ToolsDrained:
 
 def to_stream(state: LoopState | None = None) -> tuple[LoopState, LoopMachine]:
     m = LoopMachine(state or start())
-    m.step(Assembled(), LIM)
-    m.step(StreamOpened(), LIM)
+    m.fire(Assembled(), LIM)
+    m.fire(StreamOpened(), LIM)
     return m.state, m
 
 
-def test_machine_declares_exactly_the_edges() -> None:
-    spec = graph.machine_spec()
-    declared = {(t["trigger"], s, t["dest"]) for t in spec["transitions"] for s in t["source"]}
-    expected = {(e.trigger, s.value, e.dest.value) for e in EDGES for s in e.sources}
-    assert declared == expected
+def test_machine_runs_exactly_the_routes() -> None:
+    """Every route is one transitions transition per source, triggered by its event's name, in
+    declared order; its destination is its edge's."""
+    declared = [(r.event.__name__, s.value, graph.EDGES_BY_TRIGGER[r.edge].dest.value)
+                for r in graph.ROUTES for s in r.sources]
+    built = []
+    for name, event in graph.MACHINE.events.items():
+        for src, transitions in event.transitions.items():
+            built += [(name, src, t.dest) for t in transitions]
+    assert sorted(built) == sorted(declared)
+    for (phase, ev), routes in graph.ROUTES_BY_KEY.items():
+        transitions = graph.MACHINE.events[ev.__name__].transitions[phase.value]
+        assert [len(t.conditions) for t in transitions] == [int(r.guard is not None) for r in routes]
     assert {"next_turn", "reactive_compact_retry", "max_output_tokens_recovery", "malformed_tool_use_retry",
             "thinking_only_nudge", "stop_hook_blocking"} <= graph.REENTRY_LABELS
+
+
+def test_the_declaration_is_sound() -> None:
+    assert graph.validate() == []
+
+
+def test_validation_catches_every_kind_of_unsound_table() -> None:
+    r0 = graph.ROUTES
+    bad_edge = (*r0, graph.Route((Phase.ASSEMBLE,), Assembled, None, "teleport", graph.no_change))
+    assert any("'teleport' is not declared" in p for p in graph.validate(routes=bad_edge))
+    wrong_source = (*r0[:-1], graph.Route((Phase.STOP,), Aborted, None, "abort", graph.no_change))
+    assert any("not declared from stop" in p for p in graph.validate(routes=wrong_source))
+    no_next_turn = tuple(r for r in r0 if r.edge != "next_turn")
+    problems = graph.validate(routes=no_next_turn)
+    assert "edge 'next_turn' is taken by no route" in problems
+    assert any("feedback decides on its own" in p for p in problems)
+    no_refusal = {k: v for k, v in graph.REFUSALS.items() if k != (Phase.STOP, Aborted)}
+    assert "stop/Aborted is neither routed nor refused" in graph.validate(refusals=no_refusal)
+    both = {**graph.REFUSALS, (Phase.STREAM, StreamEnded): "no"}
+    assert "stream/StreamEnded is both routed and refused" in graph.validate(refusals=both)
+    shadowed = (graph.Route((Phase.STREAM,), StreamEnded, None, "end_turn", graph.answered), *r0)
+    assert any("can never fire" in p for p in graph.validate(routes=shadowed))
+    dead_end = tuple(e for e in EDGES if Phase.FEEDBACK not in e.sources)
+    assert "stop cannot be reached from feedback" in graph.validate(edges=dead_end, routes=())
+
+
+def test_loop_machines_leave_the_shared_machine_as_they_found_it() -> None:
+    before = len(graph.MACHINE.models)
+    for _ in range(50):
+        run(start(), Assembled(), StreamOpened(), StreamEnded(ModelResponse(TEXT, "end_turn")))
+    assert len(graph.MACHINE.models) == before
+
+
+def test_feedback_decides_on_its_own() -> None:
+    """One ToolsDrained: collect into feedback, and feedback's move on the same event."""
+    _s, m = to_stream()
+    m.fire(StreamEnded(ModelResponse(USE, "tool_use")), LIM)
+    steps = m.fire(drained(), LIM)
+    assert [(s.trigger, s.automatic) for s in steps] == [("collect", False), ("next_turn", True)]
+    assert steps[1].route == "else"
 
 
 def test_every_terminal_reason_has_an_edge() -> None:
@@ -72,13 +124,24 @@ def test_every_terminal_reason_has_an_edge() -> None:
 
 def test_undeclared_move_raises() -> None:
     m = LoopMachine(start())
-    with pytest.raises(UndeclaredMove):
-        m.apply(Step("dispatch", attrs.evolve(m.state, phase=Phase.DISPATCH_TOOLS)))
-    with pytest.raises(UndeclaredMove):
-        m.apply(Step("teleport", m.state))  # type: ignore[arg-type]
-    with pytest.raises(UndeclaredMove):
-        decide(m.state, StreamOpened(), LIM)  # not an event of assemble
+    with pytest.raises(UndeclaredMove, match="reports the work of call_model"):
+        m.fire(StreamOpened(), LIM)  # not an event of assemble
+    with pytest.raises(UndeclaredMove, match="not an event of the graph"):
+        m.fire(object(), LIM)  # type: ignore[arg-type]
     assert m.phase is Phase.ASSEMBLE
+    _s, m2 = to_stream()
+    m2.fire(StreamEnded(ModelResponse(TEXT, "end_turn")), LIM)
+    m2.fire(StopHookVerdict(), LIM)
+    with pytest.raises(UndeclaredMove, match="no route's guard holds"):
+        m2.fire(StopHookVerdict(blocked=True), LIM)  # Stop hooks ran already: nothing is due
+    with pytest.raises(UndeclaredMove, match="nothing left to abort"):
+        m2.fire(Aborted(), LIM)
+
+
+def test_the_machine_checks_the_phase_against_the_edge() -> None:
+    model = graph.LoopModel(start())
+    with pytest.raises(UndeclaredMove):
+        model.phase = "stream"  # the record is at assemble: the machine cannot move it elsewhere
 
 
 def test_text_answer_completes() -> None:
@@ -93,7 +156,7 @@ def test_tool_turn_pairs_and_resets_counters() -> None:
     s0 = attrs.evolve(start(), max_output_tokens_recovery_count=2, thinking_only_nudged=True,
                       has_attempted_reactive_compact=True, stop_hook_blocking_count=3)
     s, labels = run(s0, Assembled(), StreamOpened(), StreamEnded(ModelResponse(USE, "tool_use")),
-                    drained(), drained())
+                    drained())
     assert labels == ["call", "open_stream", "dispatch", "collect", "next_turn"]
     assert s.turn_count == 2 and s.transition == "next_turn"
     assert (s.max_output_tokens_recovery_count, s.thinking_only_nudged, s.has_attempted_reactive_compact,
@@ -105,7 +168,7 @@ def test_tool_turn_pairs_and_resets_counters() -> None:
 def test_max_turns_ends_after_the_tools_ran() -> None:
     lim = Limits(max_turns=1)
     s, labels = run(start(), Assembled(), StreamOpened(), StreamEnded(ModelResponse(USE, "tool_use")),
-                    drained(), drained(), limits=lim)
+                    drained(), limits=lim)
     assert labels[-1] == "finish_batch"
     assert s.terminal_reason is TerminalReason.MAX_TURNS
     assert s.messages[-1].tool_result_ids() == ["toolu_1"]
@@ -117,7 +180,7 @@ def test_invalid_structured_output_call_counts_towards_its_cap() -> None:
               "content": "InputValidationError"}
     bad = ToolsDrained(assistant=Message("assistant", call, kind="assistant"),
                        results=Message("user", (failed,), kind="tool_results"))
-    turn = (Assembled(), StreamOpened(), StreamEnded(ModelResponse(call, "tool_use")), bad, bad)
+    turn = (Assembled(), StreamOpened(), StreamEnded(ModelResponse(call, "tool_use")), bad)
     lim = Limits(structured_output_retries=1)
     s, labels = run(start(), *turn, limits=lim)
     assert labels[-1] == "next_turn" and s.structured_output_retry_count == 1
@@ -126,7 +189,7 @@ def test_invalid_structured_output_call_counts_towards_its_cap() -> None:
     assert s.terminal_reason is TerminalReason.STRUCTURED_OUTPUT_RETRY_EXHAUSTED
     # a normal tool turn still resets the count
     s, _ = run(attrs.evolve(start(), structured_output_retry_count=1), Assembled(), StreamOpened(),
-               StreamEnded(ModelResponse(USE, "tool_use")), drained(), drained(), limits=lim)
+               StreamEnded(ModelResponse(USE, "tool_use")), drained(), limits=lim)
     assert s.structured_output_retry_count == 0
 
 
@@ -134,13 +197,13 @@ def test_max_tokens_recovers_up_to_cap_then_api_error() -> None:
     cut = StreamEnded(ModelResponse(({"type": "text", "text": "part"},), "max_tokens"))
     s, m = to_stream()
     for i in range(3):
-        step, s = m.step(cut, LIM)
+        step, s = fire(m, cut, LIM)
         assert step.trigger == "max_output_tokens_recovery"
         assert s.max_output_tokens_recovery_count == i + 1
         assert prompts.MAX_TOKENS_RESUME in s.messages[-1].content[0]["text"]
-        m.step(Assembled(), LIM)
-        m.step(StreamOpened(), LIM)
-    step, s = m.step(cut, LIM)
+        fire(m, Assembled(), LIM)
+        fire(m, StreamOpened(), LIM)
+    step, s = fire(m, cut, LIM)
     assert step.trigger == "recovery_exhausted" and s.terminal_reason is TerminalReason.API_ERROR
     assert [x.text() for x in s.messages if x.role == "assistant"] == ["part"] * 4
 
@@ -151,12 +214,12 @@ def test_malformed_tool_use_clean_retry(cap: int) -> None:
     lim = Limits(malformed_tool_use_retries=cap)
     s, m = to_stream()
     for _ in range(cap):
-        step, s = m.step(bad, lim)
+        step, s = fire(m, bad, lim)
         assert step.trigger == "malformed_tool_use_retry"
         assert not any(x.role == "assistant" for x in s.messages)  # the failed message is dropped
-        m.step(Assembled(), lim)
-        m.step(StreamOpened(), lim)
-    step, s = m.step(bad, lim)
+        fire(m, Assembled(), lim)
+        fire(m, StreamOpened(), lim)
+    step, s = fire(m, bad, lim)
     assert s.terminal_reason is TerminalReason.MALFORMED_TOOL_USE_EXHAUSTED
 
 
@@ -164,7 +227,7 @@ def test_unparsable_sibling_still_dispatches() -> None:
     resp = ModelResponse((*USE, {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {}}),
                          "tool_use", invalid_tool_inputs={"toolu_2": '{"file_'})
     _s, m = to_stream()
-    step, _ = m.step(StreamEnded(resp), LIM)
+    step, _ = fire(m, StreamEnded(resp), LIM)
     assert step.trigger == "dispatch"
 
 
@@ -172,12 +235,12 @@ def test_thinking_only_nudged_once() -> None:
     think = StreamEnded(ModelResponse(({"type": "thinking", "thinking": "hm", "signature": "s"},),
                                       "end_turn"))
     s, m = to_stream()
-    step, s = m.step(think, LIM)
+    step, s = fire(m, think, LIM)
     assert step.trigger == "thinking_only_nudge" and s.thinking_only_nudged
     assert [x.role for x in s.messages] == ["user", "user"]  # thinking dropped, nudge added
-    m.step(Assembled(), LIM)
-    m.step(StreamOpened(), LIM)
-    step, s = m.step(think, LIM)
+    fire(m, Assembled(), LIM)
+    fire(m, StreamOpened(), LIM)
+    step, s = fire(m, think, LIM)
     assert step.trigger == "end_turn" and s.terminal_reason is TerminalReason.COMPLETED
 
 
@@ -186,13 +249,13 @@ def test_stop_hook_blocks_until_cap_then_completes() -> None:
     s, m = to_stream()
     labels = []
     for _ in range(3):
-        m.step(StreamEnded(ModelResponse(TEXT, "end_turn")), lim)
-        step, s = m.step(StopHookVerdict(blocked=True, reason="run tests"), lim)
+        fire(m, StreamEnded(ModelResponse(TEXT, "end_turn")), lim)
+        step, s = fire(m, StopHookVerdict(blocked=True, reason="run tests"), lim)
         labels.append(step.trigger)
         if s.phase is Phase.STOP:
             break
-        m.step(Assembled(), lim)
-        m.step(StreamOpened(), lim)
+        fire(m, Assembled(), lim)
+        fire(m, StreamOpened(), lim)
     assert labels == ["stop_hook_blocking", "stop_hook_blocking", "settle"]
     assert s.terminal_reason is TerminalReason.COMPLETED and s.stop_hook_blocking_count == 2
     assert s.turn_count == 3 and s.stop_hook_active
@@ -201,15 +264,15 @@ def test_stop_hook_blocks_until_cap_then_completes() -> None:
 def test_stop_hook_max_turns_wins() -> None:
     lim = Limits(max_turns=1)
     s, m = to_stream()
-    m.step(StreamEnded(ModelResponse(TEXT, "end_turn")), lim)
-    step, s = m.step(StopHookVerdict(blocked=True, reason="again"), lim)
+    fire(m, StreamEnded(ModelResponse(TEXT, "end_turn")), lim)
+    step, s = fire(m, StopHookVerdict(blocked=True, reason="again"), lim)
     assert step.trigger == "settle" and s.terminal_reason is TerminalReason.MAX_TURNS
 
 
 def test_stop_hook_prevented() -> None:
     s, m = to_stream()
-    m.step(StreamEnded(ModelResponse(TEXT, "end_turn")), LIM)
-    _, s = m.step(StopHookVerdict(prevented=True, stop_reason="enough"), LIM)
+    fire(m, StreamEnded(ModelResponse(TEXT, "end_turn")), LIM)
+    _, s = fire(m, StopHookVerdict(prevented=True, stop_reason="enough"), LIM)
     assert s.terminal_reason is TerminalReason.STOP_HOOK_PREVENTED and s.terminal_detail == "enough"
 
 
@@ -223,14 +286,14 @@ def test_reactive_compact_only_with_history_and_once() -> None:
                                                        "content": "x"},))))
     assert graph.may_reactive_compact(long)
     m = LoopMachine(long)
-    m.step(Assembled(), LIM)
+    fire(m, Assembled(), LIM)
     comp = Compaction(messages=(Message("user", "summary"), *long.messages[3:]), trigger="reactive")
-    step, s2 = m.step(CallFailed(ptl, compaction=comp), LIM)
+    step, s2 = fire(m, CallFailed(ptl, compaction=comp), LIM)
     assert step.trigger == "reactive_compact_retry" and s2.has_attempted_reactive_compact
     assert s2.messages[0].text() == "summary"
-    m.step(Assembled(), LIM)
+    fire(m, Assembled(), LIM)
     assert not graph.may_reactive_compact(m.state)
-    step, s3 = m.step(CallFailed(ptl), LIM)
+    step, s3 = fire(m, CallFailed(ptl), LIM)
     assert s3.terminal_reason is TerminalReason.PROMPT_TOO_LONG
 
 
@@ -238,12 +301,12 @@ def test_stream_retry_capped_then_fallback_then_error() -> None:
     broke = ModelError("connection", "reset", None, True)
     lim = Limits(stream_retries=1)
     s, m = to_stream()
-    step, s = m.step(CallFailed(broke, fallback_available=True), lim)
+    step, s = fire(m, CallFailed(broke, fallback_available=True), lim)
     assert step.trigger == "stream_retry" and s.phase is Phase.CALL_MODEL
-    m.step(StreamOpened(), lim)
-    step, s = m.step(CallFailed(broke, fallback_available=True), lim)
+    fire(m, StreamOpened(), lim)
+    step, s = fire(m, CallFailed(broke, fallback_available=True), lim)
     assert step.trigger == "fallback_retry" and s.model_index == 1 and s.stream_retry_count == 0
-    step, s = m.step(CallFailed(ModelError("overloaded", "busy", 529, True)), lim)
+    step, s = fire(m, CallFailed(ModelError("overloaded", "busy", 529, True)), lim)
     assert s.terminal_reason is TerminalReason.API_ERROR
 
 
@@ -251,11 +314,11 @@ def test_refusals_and_setup_failures() -> None:
     for reason in (TerminalReason.BLOCKING_LIMIT, TerminalReason.BUDGET_EXHAUSTED,
                    TerminalReason.BACKGROUND_REQUESTED):
         m = LoopMachine(start())
-        m.step(Assembled(), LIM)
-        step, s = m.step(Refused(reason, "no"), LIM)
+        fire(m, Assembled(), LIM)
+        step, s = fire(m, Refused(reason, "no"), LIM)
         assert step.trigger == "refuse" and s.terminal_reason is reason
     m = LoopMachine(start())
-    step, s = m.step(SetupFailed(TerminalReason.HOOK_STOPPED, "blocked"), LIM)
+    step, s = fire(m, SetupFailed(TerminalReason.HOOK_STOPPED, "blocked"), LIM)
     assert step.trigger == "prompt_blocked"
     with pytest.raises(UndeclaredMove):
         decide(start(), SetupFailed(TerminalReason.COMPLETED, "x"), LIM)
@@ -267,16 +330,25 @@ def test_abort_requires_pairing() -> None:
         decide(s, Aborted(partial=Message("assistant", USE, kind="assistant")), LIM)
     res = Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
                             "content": "interrupted"},))
-    _, s = m.step(Aborted(partial=Message("assistant", USE, kind="assistant"), partial_results=res), LIM)
+    _, s = fire(m, Aborted(partial=Message("assistant", USE, kind="assistant"), partial_results=res), LIM)
     assert s.terminal_reason is TerminalReason.ABORTED_STREAMING
     assert s.messages[-2].tool_use_ids() == s.messages[-1].tool_result_ids()
 
 
-def test_rapid_refill_breaker() -> None:
-    lim = Limits(rapid_refill_max=1)
+@pytest.mark.parametrize(("turns_since", "rapid"), [(0, True), (1, True), (2, False)])
+def test_rapid_refill_breaker(turns_since: int, rapid: bool) -> None:
+    """A compaction within rapid_refill_turns (2) of the previous one is a rapid refill; with
+    rapid_refill_max=2 the second one in a row trips the breaker."""
+    lim = Limits(rapid_refill_max=2)
     comp = Compaction(messages=(Message("user", "summary"),), trigger="auto")
-    s, _ = run(start(), Assembled(compaction=comp, rapid_refill=True), limits=lim)
-    assert s.terminal_reason is TerminalReason.RAPID_REFILL_BREAKER
+    tracking = graph.CompactTracking(compactions=1, turns_since_compact=turns_since)
+    s, labels = run(attrs.evolve(start(), compact_tracking=tracking), Assembled(compaction=comp), limits=lim)
+    assert labels == ["call"] and s.compact_tracking.rapid_refill_count == int(rapid)
+    s2, labels = run(attrs.evolve(s, phase=Phase.ASSEMBLE), Assembled(compaction=comp), limits=lim)
+    if rapid:
+        assert labels == ["setup_failed"] and s2.terminal_reason is TerminalReason.RAPID_REFILL_BREAKER
+    else:
+        assert labels == ["call"] and s2.compact_tracking.rapid_refill_count == 1
 
 
 # --- properties ------------------------------------------------------------------------------
@@ -318,26 +390,34 @@ def test_random_runs_respect_caps_and_declared_moves(limits: Limits, data: st.Da
         elif phase is Phase.STREAM:
             ev = data.draw(st.one_of(responses.map(StreamEnded),
                                      call_errors.map(lambda e: CallFailed(e, fallback_available=False))))
-        elif phase in (Phase.DISPATCH_TOOLS, Phase.FEEDBACK):
+        elif phase is Phase.DISPATCH_TOOLS:
             ev = drained()
         else:
-            if m.state.terminal_reason is not TerminalReason.COMPLETED or not data.draw(st.booleans()):
+            if not graph.stop_hooks_are_due(s):
                 break
-            ev = StopHookVerdict(blocked=True, reason="more")
-        before = m.phase
-        step, after = m.step(ev, limits)
-        assert before in step.edge.sources and after.phase is step.edge.dest
-        for counter, cap_name in COUNTER_CAPS.items():
-            value = after.counters().get(counter)
-            cap = getattr(limits, cap_name)
-            if value is not None and cap is not None:
-                assert value <= cap, (counter, value, cap)
-        if limits.max_turns is not None:
-            assert after.turn_count <= limits.max_turns
-        if after.phase is Phase.STOP:
-            assert after.terminal_reason in step.edge.reasons
-        roles = [x.role for x in after.messages]
-        for a, b in zip(after.messages, after.messages[1:], strict=False):
-            if a.role == "assistant" and a.tool_use_ids():
-                assert b.role == "user" and sorted(b.tool_result_ids()) == sorted(a.tool_use_ids())
-        assert roles[0] == "user"
+            ev = data.draw(st.sampled_from([StopHookVerdict(blocked=True, reason="more"), StopHookVerdict(),
+                                            StopHookVerdict(prevented=True, stop_reason="no")]))
+        before = m.state
+        # the machine is pure: the same state and event give the same steps, and the state is untouched
+        expected = graph.advance(before, ev, limits)
+        steps = m.fire(ev, limits)
+        assert [(x.trigger, x.route, x.state.snapshot()) for x in steps] == \
+            [(x.trigger, x.route, x.state.snapshot()) for x in expected]
+        for step in steps:
+            after = step.state
+            assert before.phase in step.edge.sources and after.phase is step.edge.dest
+            for counter, cap_name in COUNTER_CAPS.items():
+                value = after.counters().get(counter)
+                cap = getattr(limits, cap_name)
+                if value is not None and cap is not None:
+                    assert value <= cap, (counter, value, cap)
+            if limits.max_turns is not None:
+                assert after.turn_count <= limits.max_turns
+            if after.phase is Phase.STOP:
+                assert after.terminal_reason in step.edge.reasons
+            for a, b in zip(after.messages, after.messages[1:], strict=False):
+                if a.role == "assistant" and a.tool_use_ids():
+                    assert b.role == "user" and sorted(b.tool_result_ids()) == sorted(a.tool_use_ids())
+            assert after.messages[0].role == "user"
+            before = after
+    m.close()

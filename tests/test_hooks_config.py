@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from hooks.config import SettingsError, load_settings, parse_settings, settings_files
-from hooks.permissions import PermissionPolicy
-from hooks.runner import CommandHook
+from agentfsm.hooks.config import SettingsError, load_settings, parse_settings, settings_files
+from agentfsm.hooks.permissions import PermissionPolicy
+from agentfsm.hooks.runner import CommandHook
 
 
 def write(path: Path, data: Any) -> Path:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooks.events import (
+from agentfsm.hooks.events import (
     HOOK_EVENTS,
     INPUT_TYPES,
     HookEvent,

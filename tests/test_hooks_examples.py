@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from fsm.gate import PreToolOutcome
-from hooks.events import PostToolUseFailureInput, PostToolUseInput, PreToolUseInput, StopInput
-from hooks.examples import EXAMPLES, example_command, example_path
-from hooks.gate import HookGate
-from hooks.runner import CommandHook, HookMatcher, HookRunner
-from tools.base import Tool
+from agentfsm.hooks.events import PostToolUseFailureInput, PostToolUseInput, PreToolUseInput, StopInput
+from agentfsm.hooks.examples import EXAMPLES, example_command, example_path
+from agentfsm.hooks.gate import HookGate
+from agentfsm.hooks.runner import CommandHook, HookMatcher, HookRunner
+from agentfsm.ports import PreToolOutcome
+from agentfsm.tools.base import Tool
 
 
 def runner(event: str, name: str, tmp_path: Path, matcher: str | None = None,

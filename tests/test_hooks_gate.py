@@ -10,17 +10,16 @@ from typing import Any
 import attrs
 import pytest
 
-from fsm.events import StopHookVerdict
-from fsm.gate import PreToolOutcome, ToolGate
-from fsm.options import Options
-from hooks import build_gate
-from hooks.config import load_settings
-from hooks.events import HookOutput, PreToolUseInput, StopInput, ToolCallRecord
-from hooks.gate import HookGate
-from hooks.permissions import PermissionAllow, PermissionPolicy, ToolPermissionContext
-from hooks.runner import HookMatcher
-from tools.base import Tool
-from tools.registry import ToolRegistry
+from agentfsm.hooks import build_gate
+from agentfsm.hooks.config import load_settings
+from agentfsm.hooks.events import HookOutput, PreToolUseInput, StopInput, ToolCallRecord
+from agentfsm.hooks.gate import HookGate
+from agentfsm.hooks.permissions import PermissionAllow, PermissionPolicy, ToolPermissionContext
+from agentfsm.hooks.runner import HookMatcher
+from agentfsm.options import Options
+from agentfsm.ports import PreToolOutcome, ToolGate
+from agentfsm.tools.base import Tool
+from agentfsm.tools.registry import ToolRegistry
 
 REFERENCE_STOP_HOOK = Path("/work/shared/reference/stop_block_once.sh")
 
@@ -163,7 +162,6 @@ async def test_stop_with_the_reference_hook(tmp_path: Path) -> None:
     gate = gate_with(tmp_path, "Stop", f"bash {REFERENCE_STOP_HOOK}")
     first = await gate.stop("FIRST_DONE", stop_hook_active=False)
     assert first.blocked and "STOP_HOOK_REENTER_MARKER" in first.reason and not first.prevented
-    assert first.to_verdict() == StopHookVerdict(blocked=True, reason=first.reason)
     second = await gate.stop("STOP_REENTRY_OK", stop_hook_active=True)
     assert not second.blocked and not second.prevented
 

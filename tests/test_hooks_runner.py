@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hooks.events import (
+from agentfsm.hooks.events import (
     HookEvent,
     HookOutput,
     PostToolUseInput,
@@ -24,7 +24,7 @@ from hooks.events import (
     SubagentStopInput,
     UserPromptSubmitInput,
 )
-from hooks.runner import (
+from agentfsm.hooks.runner import (
     CommandHook,
     HookBlockingError,
     HookMatcher,

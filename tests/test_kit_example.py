@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from fsm.testing.scenario import tool_response
-from fsm.testing.stateful import assert_invariants, run_loop
-from tools.base import tool
+from agentfsm.testing.scenario import tool_response
+from agentfsm.testing.stateful import assert_invariants, run_loop
+from agentfsm.tools.base import tool
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 _BLOCK = re.compile(

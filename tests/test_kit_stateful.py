@@ -1,4 +1,4 @@
-"""The kit's loop harness and invariant checks (``fsm.testing.stateful``): they pass sound runs and
+"""The kit's loop harness and invariant checks (``agentfsm.testing.stateful``): they pass sound runs and
 name every kind of broken one."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
-from fsm.audit import audit_file
-from fsm.model import ModelRequest
-from fsm.options import Options
-from fsm.state import Limits, Message
-from fsm.testing import HttpErrorResponse, StreamedResponse, TextBlock, text_response, tool_response
-from fsm.testing.stateful import (
+from agentfsm.audit import audit_file
+from agentfsm.hooks import HookMatcher
+from agentfsm.model import ModelRequest
+from agentfsm.options import Options
+from agentfsm.state import Limits, Message
+from agentfsm.testing import HttpErrorResponse, StreamedResponse, TextBlock, text_response, tool_response
+from agentfsm.testing.stateful import (
     AgentLoopStateMachine,
     LoopHarness,
     LoopRun,
@@ -30,8 +31,7 @@ from fsm.testing.stateful import (
     run_loop,
     wire_problems,
 )
-from hooks import HookMatcher
-from tools.base import tool
+from agentfsm.tools.base import tool
 
 ECHO_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
                "additionalProperties": False}
@@ -135,7 +135,7 @@ def sound_run() -> LoopRun:
 def test_a_sound_run_has_no_violations(sound_run: LoopRun) -> None:
     assert invariant_violations(sound_run) == []
     assert sound_run.path() == ["call", "open_stream", "dispatch", "collect", "next_turn", "call",
-                                "open_stream", "end_turn"]
+                                "open_stream", "end_turn", "settle"]
     [ex] = sound_run.tool_exchanges()
     assert (ex.name, ex.text, ex.is_error) == ("Echo", "toolu_1", False)
 

@@ -1,4 +1,4 @@
-"""The kit's hypothesis strategies (``fsm.testing.strategies``): what each draws is what it says."""
+"""The kit's hypothesis strategies (``agentfsm.testing.strategies``): what each draws is what it says."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm.model import classify_error
-from fsm.pipeline import coerce_input
-from fsm.state import Limits
-from fsm.testing import (
+from agentfsm.model import classify_error
+from agentfsm.pipeline import coerce_input
+from agentfsm.state import Limits
+from agentfsm.testing import (
     HttpErrorResponse,
     RawToolJsonBlock,
     StreamedResponse,
@@ -24,7 +24,7 @@ from fsm.testing import (
     load_scenario,
     parse_response,
 )
-from fsm.testing.strategies import (
+from agentfsm.testing.strategies import (
     api_errors,
     inputs_from_schema,
     loop_limits,
@@ -40,8 +40,8 @@ from fsm.testing.strategies import (
     tool_inputs,
     unique_tool_ids,
 )
-from tools import builtin_tools
-from tools.base import Tool, tool
+from agentfsm.tools import builtin_tools
+from agentfsm.tools.base import Tool, tool
 
 KIT = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BUILTINS = [t for t in builtin_tools() if t.name != "Agent"]
@@ -79,7 +79,7 @@ SCHEMAS: dict[str, Mapping[str, Any]] = {
 
 
 def _valid(schema: Mapping[str, Any], value: Any) -> bool:
-    # the format checker the tool pipeline validates with (fsm.pipeline)
+    # the format checker the tool pipeline validates with (agentfsm.pipeline)
     cls = jsonschema.Draft202012Validator
     return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(value))
 

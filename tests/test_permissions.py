@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hooks.permissions import (
+from agentfsm.hooks.permissions import (
     PermissionAllow,
     PermissionDeny,
     PermissionPolicy,
@@ -21,7 +21,7 @@ from hooks.permissions import (
     split_compound_command,
     split_tool_list,
 )
-from tools.base import Tool
+from agentfsm.tools.base import Tool
 
 
 class FakeTool(Tool):

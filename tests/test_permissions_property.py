@@ -14,9 +14,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm.gate import PreToolOutcome
-from hooks.gate import HookGate
-from hooks.permissions import (
+from agentfsm.hooks.gate import HookGate
+from agentfsm.hooks.permissions import (
     PERMISSION_MODES,
     PermissionAllow,
     PermissionDeny,
@@ -24,7 +23,8 @@ from hooks.permissions import (
     PermissionRule,
     ToolPermissionContext,
 )
-from tools.base import Tool
+from agentfsm.ports import PreToolOutcome
+from agentfsm.tools.base import Tool
 
 CWD = Path("/nonexistent-agentfsm/proj")
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1,4 +1,4 @@
-"""The 15-step pipeline of one tool call (fsm.pipeline): every failure path and its exact text."""
+"""The 15-step pipeline of one tool call (agentfsm.pipeline): every failure path and its exact text."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 import structlog
 
-from fsm.gate import OpenGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
-from fsm.pipeline import (
+from agentfsm.pipeline import (
     REJECT_MESSAGE,
     CallResult,
     ToolTable,
@@ -19,7 +18,8 @@ from fsm.pipeline import (
     run_tool_call,
     schema_issues,
 )
-from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
+from agentfsm.ports import AllowAllGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
 
 READ_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -52,8 +52,8 @@ class FakeRead(Tool):
         return ToolOutput(f"1\tcontents of {input['file_path']}")
 
 
-class Recorder(OpenGate):
-    """An OpenGate that records every call and answers with configured outcomes."""
+class Recorder(AllowAllGate):
+    """An AllowAllGate that records every call and answers with configured outcomes."""
 
     def __init__(self, pre: PreToolOutcome | None = None, perm: PermissionOutcome | None = None,
                  post: PostToolOutcome | None = None, failure: PostToolOutcome | None = None,
@@ -97,7 +97,7 @@ def use(name: str = "Read", input: Any = None, id: str = "toolu_1") -> dict[str,
 
 
 async def run(block: Mapping[str, Any], *tools: Tool, gate: Any = None, **kw: Any) -> CallResult:
-    return await run_tool_call(block, lookup=list(tools) or [FakeRead()], gate=gate, **kw)
+    return await run_tool_call(block, lookup=list(tools) or [FakeRead()], gate=gate or AllowAllGate(), **kw)
 
 
 def content(result: CallResult) -> Any:
@@ -283,7 +283,7 @@ async def test_validator_compiled_once_per_tool() -> None:
     read = FakeRead()
     table = ToolTable([read])
     first = table.input_validator(read)
-    await run_tool_call(use(), lookup=table)
+    await run_tool_call(use(), lookup=table, gate=AllowAllGate())
     assert table.input_validator(read) is first
     assert ToolTable([read]).input_validator(read) is first  # shared across tables (one per response)
 

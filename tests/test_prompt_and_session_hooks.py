@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fsm.audit import audit_file
-from fsm.options import Options
-from fsm.session import Session
-from fsm.sessions import load_history
-from fsm.state import TerminalReason
-from fsm.testing.scripted import ScriptedModel
-from hooks import HookMatcher, HookOutput
+from agentfsm.audit import audit_file
+from agentfsm.hooks import HookMatcher, HookOutput
+from agentfsm.options import Options
+from agentfsm.session import Session
+from agentfsm.sessions import load_history
+from agentfsm.state import TerminalReason
+from agentfsm.testing.scripted import ScriptedModel
 
 ANSWER = {"blocks": [{"type": "text", "text": "ANSWER"}], "stop_reason": "end_turn"}
 

@@ -1,5 +1,5 @@
 """The project's own property suite: thousands of generated runs of the real loop, every one checked
-against every SPEC §3 invariant and audited (``fsm.testing.stateful.assert_invariants``).
+against every SPEC §3 invariant and audited (``agentfsm.testing.stateful.assert_invariants``).
 
 Workloads (each a pytest test; their session files feed ``tests/test_coverage.py``):
 
@@ -9,7 +9,7 @@ Workloads (each a pytest test; their session files feed ``tests/test_coverage.py
 * ``tool_calls`` — one response of valid and invalid calls: each call gets the result its
   validity dictates (schema-invalid input and unknown tools never reach a tool);
 * ``structured_output`` — ``--json-schema`` runs: a completed run always carries a valid answer;
-* ``machine`` — :class:`fsm.testing.stateful.AgentLoopStateMachine` subclassed with this suite's
+* ``machine`` — :class:`agentfsm.testing.stateful.AgentLoopStateMachine` subclassed with this suite's
   tools and hook rules: several prompts on one session, input typed mid-run, interrupts.
 
 Example counts scale with the hypothesis profile (``HYPOTHESIS_PROFILE=nightly`` runs ten times as
@@ -30,21 +30,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, run_state_machine_as_test
 
-from fsm.options import Options
-from fsm.pipeline import coerce_input
-from fsm.state import Limits, TerminalReason
-from fsm.testing import RawToolJsonBlock, Response, StreamedResponse, TextBlock, ToolUseBlock
-from fsm.testing.stateful import AgentLoopStateMachine, LoopRun, assert_invariants, run_loop
-from fsm.testing.strategies import (
+from agentfsm.hooks import HookBlockingError, HookMatcher
+from agentfsm.options import Options
+from agentfsm.pipeline import coerce_input
+from agentfsm.state import Limits, TerminalReason
+from agentfsm.testing import RawToolJsonBlock, Response, StreamedResponse, TextBlock, ToolUseBlock
+from agentfsm.testing.stateful import AgentLoopStateMachine, LoopRun, assert_invariants, run_loop
+from agentfsm.testing.strategies import (
     loop_limits,
     model_behaviours,
     text_responses,
     tool_call_responses,
     unique_tool_ids,
 )
-from hooks import HookBlockingError, HookMatcher
-from tools.base import Tool, ToolError, ToolOutput, tool
-from tools.structured_output import StructuredOutputTool
+from agentfsm.tools.base import Tool, ToolError, ToolOutput, tool
+from agentfsm.tools.structured_output import StructuredOutputTool
 
 # --- the suite's tools: small, in-process, no filesystem -----------------------------------------
 

@@ -9,14 +9,13 @@ from typing import Any
 
 import pytest
 
-from fsm.driver import InputQueue as DriverInputQueue
-from fsm.options import Options
-from fsm.queue import InputQueue
-from fsm.session import Session
-from fsm.state import Limits
-from fsm.testing.scripted import ScriptedModel
-from fsm.trace import read_records
-from tools.base import ToolContext, tool
+from agentfsm.options import Options
+from agentfsm.queue import InputQueue
+from agentfsm.session import Session
+from agentfsm.state import Limits
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext, tool
+from agentfsm.trace import read_records
 
 
 def lifecycle(messages: list[dict[str, Any]], uid: str | None = None) -> list[str]:
@@ -74,7 +73,9 @@ def test_lifecycle_states_and_messages() -> None:
     a = q.submit("first", uuid="u-a")
     b = q.submit([{"type": "text", "text": "second"}])
     assert [i.uuid for i in q.pending] == ["u-a", b.uuid]
-    messages = q.absorb()
+    messages = [item.as_attachment() for item in q.pending]
+    assert [m.uuid for m in messages] == ["u-a", b.uuid]  # an attachment carries its item's uuid
+    q.take_items(q.pending)
     assert [m.kind for m in messages] == ["attachment", "attachment"]
     assert "first" in messages[0].text() and "while you were working" in messages[0].text()
     assert q.pending == () and [i.state for i in q.in_flight] == ["started", "started"]
@@ -98,7 +99,9 @@ def test_cancel_a_queued_item_and_empty_input() -> None:
     q = InputQueue()
     item = q.submit("x")
     assert q.cancel(item.uuid) and item.state == "cancelled" and not q.cancel(item.uuid)
-    assert q.absorb() == ()
+    assert q.pending == ()
+    q.take_items([item])  # a cancelled item is no longer taken
+    assert item.state == "cancelled" and q.in_flight == ()
     with pytest.raises(ValueError):
         q.submit([])
 
@@ -106,12 +109,11 @@ def test_cancel_a_queued_item_and_empty_input() -> None:
 def test_task_notifications_are_attached_as_they_are() -> None:
     q = InputQueue()
     q.submit("<task-notification>done</task-notification>", kind="task_notification")
-    (msg,) = q.absorb()
+    (msg,) = (item.as_attachment() for item in q.pending)
     assert msg.kind == "task_notification" and msg.text() == "<task-notification>done</task-notification>"
 
 
-def test_driver_reexports_the_queue_and_an_empty_queue_is_kept() -> None:
-    assert DriverInputQueue is InputQueue
+def test_an_empty_queue_is_kept() -> None:
     assert bool(InputQueue())  # `queue or InputQueue()` must not replace an empty queue
 
 
@@ -226,11 +228,31 @@ async def test_an_aborted_run_cancels_what_it_absorbed(tmp_path: Path) -> None:
     gate.started.clear()
     gate.release = asyncio.Event()
     await asyncio.wait_for(gate.started.wait(), 5)
-    session.interrupt()
+    session.abort()
     result = await asyncio.wait_for(run, 10)
     await session.aclose()
     assert result.terminal_reason.value in ("aborted_tools", "aborted_streaming")
     assert lifecycle(seen, item.uuid) == ["queued", "started", "cancelled"]
+
+
+async def test_an_interrupt_lets_a_block_tool_finish(tmp_path: Path) -> None:
+    """Ctrl-C while a `block` tool runs: the tool finishes, its real result pairs its call, the run
+    ends aborted_tools; a hard abort would have cancelled it."""
+    gate = Gate()
+    model = ScriptedModel([SLOW_CALL, {"blocks": [{"type": "text", "text": "never"}]}])
+    session = Session(options(tmp_path, gate.tool), client=model)
+    run = asyncio.ensure_future(session.run("start"))
+    await asyncio.wait_for(gate.started.wait(), 5)
+    await asyncio.sleep(0.05)  # the (instant) scripted stream ends: the loop waits in dispatch_tools
+    session.interrupt()
+    await asyncio.sleep(0.05)
+    assert not run.done()  # still waiting for the block tool
+    gate.release.set()
+    result = await asyncio.wait_for(run, 10)
+    await session.aclose()
+    assert result.terminal_reason.value == "aborted_tools" and model.count == 1
+    results = session.history[-1]
+    assert results.tool_result_ids() == ["toolu_slow"] and not results.content[0].get("is_error")
 
 
 async def test_no_absorption_into_a_batch_that_ends_the_run(tmp_path: Path) -> None:
@@ -267,13 +289,13 @@ async def test_a_second_concurrent_run_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.server
-def test_cli_stream_json_input_is_read_during_the_run(scripted_workspace: Path, tmp_path: Path) -> None:
+def test_cli_stream_json_input_is_read_during_the_run(agentfsm_workspace: Path, tmp_path: Path) -> None:
     import json
     import os
     import subprocess
     import sys
 
-    from fsm.testing.server import ScriptedServer
+    from agentfsm.testing.server import ScriptedServer
 
     slow = {"blocks": [{"type": "tool_use", "id": "toolu_sleep", "name": "Bash",
                         "input": {"command": "sleep 1", "description": "wait"}}]}
@@ -283,9 +305,9 @@ def test_cli_stream_json_input_is_read_during_the_run(scripted_workspace: Path, 
         env = {**os.environ, "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "sk-test",
                "AGENTFSM_HOME": str(home), "HOME": str(home)}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fsm", "-p", "--input-format", "stream-json", "--output-format",
+            [sys.executable, "-m", "agentfsm", "-p", "--input-format", "stream-json", "--output-format",
              "stream-json", "--verbose", "--tools", "Bash", "--permission-mode", "bypassPermissions"],
-            cwd=scripted_workspace, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            cwd=agentfsm_workspace, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
         assert proc.stdin is not None and proc.stdout is not None
         lines: list[dict[str, Any]] = []
@@ -328,7 +350,7 @@ def test_cli_stream_json_input_errors(tmp_path: Path) -> None:
 
     def run(stdin: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "fsm", "-p", "--input-format", "stream-json", "--output-format", "json",
+            [sys.executable, "-m", "agentfsm", "-p", "--input-format", "stream-json", "--output-format", "json",
              "--scripted", str(Path(__file__).parents[1] / "fsm" / "scenarios" / "read_probe.json")],
             input=stdin, capture_output=True, text=True, cwd=tmp_path, timeout=60,
             env={**__import__("os").environ, "AGENTFSM_HOME": str(tmp_path / "home")})

@@ -21,16 +21,16 @@ from typing import Any
 import attrs
 import pytest
 
-from fsm import log, prompts
-from fsm.audit import audit_file
-from fsm.cli import main as agentfsm_main
-from fsm.options import Options
-from fsm.session import Session
-from fsm.state import Limits, TerminalReason
-from fsm.testing.canonical import canonical_requests
-from fsm.testing.scenario import load_scenario, populate_workspace
-from fsm.testing.scripted import ScriptedModel
-from fsm.testing.server import ScriptedServer
+from agentfsm import log, prompts
+from agentfsm.audit import audit_file
+from agentfsm.cli import main as agentfsm_main
+from agentfsm.options import Options
+from agentfsm.session import Session
+from agentfsm.state import Limits, TerminalReason
+from agentfsm.testing.canonical import canonical_requests
+from agentfsm.testing.scenario import load_scenario, populate_workspace
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.testing.server import ScriptedServer
 
 REFERENCE_ARGS = ["--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5",
                   "--tools", "Read", "--permission-mode", "bypassPermissions"]
@@ -88,16 +88,16 @@ class CliRun:
 
 
 @pytest.fixture
-def cli(scripted_workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def cli(agentfsm_workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> Iterator[Any]:
     home = tmp_path / "home"
     monkeypatch.setenv("AGENTFSM_HOME", str(home))
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
-    monkeypatch.chdir(scripted_workspace)
+    monkeypatch.chdir(agentfsm_workspace)
 
     def run(responses: Sequence[Any], *extra: str, prompt: str = "do the task") -> CliRun:
-        scenario = load_scenario({"prompt": prompt, "responses": list(responses)}, ws=str(scripted_workspace))
+        scenario = load_scenario({"prompt": prompt, "responses": list(responses)}, ws=str(agentfsm_workspace))
         before = set(home.rglob("*.jsonl"))
         with ScriptedServer(scenario) as server:
             monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
@@ -208,15 +208,15 @@ def test_overloaded_once_is_retried_by_the_sdk(cli: Any) -> None:
     run.audit_clean()
 
 
-def test_overloaded_once_in_a_real_subprocess(scripted_workspace: Path, tmp_path: Path) -> None:
+def test_overloaded_once_in_a_real_subprocess(agentfsm_workspace: Path, tmp_path: Path) -> None:
     """The same SDK retry through the installed entry point, for the exit status and stdout."""
     scenario = load_scenario({"prompt": "p", "responses": [OVERLOADED, text("fine now")]},
-                             ws=str(scripted_workspace))
+                             ws=str(agentfsm_workspace))
     with ScriptedServer(scenario) as server:
         env = {**os.environ, "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "sk-test",
                "AGENTFSM_HOME": str(tmp_path / "home"), "HOME": str(tmp_path / "home")}
-        proc = subprocess.run([sys.executable, "-m", "fsm", "--print", "p", *REFERENCE_ARGS],
-                              cwd=scripted_workspace, env=env, capture_output=True, text=True, timeout=90)
+        proc = subprocess.run([sys.executable, "-m", "agentfsm", "--print", "p", *REFERENCE_ARGS],
+                              cwd=agentfsm_workspace, env=env, capture_output=True, text=True, timeout=90)
         assert len(server.requests) == 2
     result = json.loads(proc.stdout.splitlines()[-1])
     assert (result["terminal_reason"], result["result"], proc.returncode) == ("completed", "fine now", 0)
@@ -225,11 +225,11 @@ def test_overloaded_once_in_a_real_subprocess(scripted_workspace: Path, tmp_path
 # --- context governance, faults and budget from the command line -------------------------------
 
 
-def test_auto_compaction_when_the_estimate_passes_the_threshold(cli: Any, scripted_workspace: Path) -> None:
+def test_auto_compaction_when_the_estimate_passes_the_threshold(cli: Any, agentfsm_workspace: Path) -> None:
     # The threshold is 1500 tokens. The second request is ~450 (the scripted server reports chars/4
     # of the body); it then reads a ~3500-token file, so the third assemble — the reported context
     # plus the new tool result — is over the threshold and compacts before calling the model.
-    (scripted_workspace / "big.txt").write_text("a line of the big file\n" * 600)
+    (agentfsm_workspace / "big.txt").write_text("a line of the big file\n" * 600)
     limits = ["--limit", "context_window=60000", "--limit", "auto_compact_buffer=58500",
               "--limit", "blocking_buffer=0"]
     run = cli([read("r1"), read("r2", "big.txt"), text("SUMMARY of reads"), text("done after compaction")],
@@ -375,8 +375,8 @@ def _records(path: Path | None, kind: str) -> list[dict[str, Any]]:
 
 async def test_summary_requests_count_towards_usage_and_cost(tmp_path: Path) -> None:
     """A compaction is a request like any other: its usage is in the result, and so its cost."""
-    from fsm.cost import cost_usd
-    from fsm.testing.scripted import estimate_input_tokens
+    from agentfsm.cost import cost_usd
+    from agentfsm.testing.scripted import estimate_input_tokens
 
     responses = [read("r1"), read("r2"), PTL, text("SUMMARY"), text("done")]
     result, model, _ = await run_session(tmp_path, responses, Limits())

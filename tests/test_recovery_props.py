@@ -20,18 +20,18 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsm.audit import audit_file
-from fsm.model import ModelRequest
-from fsm.options import Options
-from fsm.request import normalize
-from fsm.session import Session
-from fsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, TerminalReason
-from fsm.testing.scenario import Response, exhausted_response
-from fsm.testing.scripted import ScriptedModel
-from fsm.testing.strategies import loop_limits, model_behaviours, tool_call_responses, unique_tool_ids
-from hooks import HookMatcher
-from hooks.events import HookOutput
-from tools.base import Tool, ToolContext, ToolOutput
+from agentfsm.audit import audit_file
+from agentfsm.hooks import HookMatcher
+from agentfsm.hooks.events import HookOutput
+from agentfsm.model import ModelRequest
+from agentfsm.options import Options
+from agentfsm.request import normalize
+from agentfsm.session import Session
+from agentfsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, TerminalReason
+from agentfsm.testing.scenario import Response, exhausted_response
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.testing.strategies import loop_limits, model_behaviours, tool_call_responses, unique_tool_ids
+from agentfsm.tools.base import Tool, ToolContext, ToolOutput
 
 
 class Echo(Tool):

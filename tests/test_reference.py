@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fsm.testing.canonical import canonical_requests
-from fsm.testing.scenario import load_scenario
-from fsm.testing.server import ScriptedServer
+from agentfsm.testing.canonical import canonical_requests
+from agentfsm.testing.scenario import load_scenario
+from agentfsm.testing.server import ScriptedServer
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = Path(os.environ.get("AGENTFSM_REFERENCE_DIR", REPO.parent / "shared" / "reference"))
@@ -44,7 +44,7 @@ def run_cli(name: str, extra: list[str], workspace: Path,
         env = {**os.environ, "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "sk-test",
                "AGENTFSM_HOME": str(home), "HOME": str(home)}
         proc = subprocess.run(
-            [sys.executable, "-m", "fsm", "--print", scenario.prompt, "--output-format", "stream-json",
+            [sys.executable, "-m", "agentfsm", "--print", scenario.prompt, "--output-format", "stream-json",
              "--verbose", "--model", "claude-sonnet-4-5", "--tools", "Read",
              "--permission-mode", "bypassPermissions", *extra],
             cwd=workspace, env=env, capture_output=True, text=True, timeout=90)
@@ -53,9 +53,9 @@ def run_cli(name: str, extra: list[str], workspace: Path,
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_reference_scenario(name: str, scripted_workspace: Path, tmp_path: Path) -> None:
+def test_reference_scenario(name: str, agentfsm_workspace: Path, tmp_path: Path) -> None:
     observed = json.loads((REFERENCE / "observed" / f"{name}.json").read_text())
-    proc, bodies = run_cli(name, CASES[name], scripted_workspace, tmp_path / "home")
+    proc, bodies = run_cli(name, CASES[name], agentfsm_workspace, tmp_path / "home")
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert lines, proc.stderr
     result = lines[-1]

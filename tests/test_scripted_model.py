@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fsm.model import (
+from agentfsm.model import (
     BlockDelta,
     BlockStart,
     BlockStop,
@@ -23,7 +23,7 @@ from fsm.model import (
     ModelRequest,
     StreamEvent,
 )
-from fsm.testing import (
+from agentfsm.testing import (
     EXHAUSTED_TEXT,
     HttpErrorResponse,
     ScriptedModel,
@@ -71,8 +71,8 @@ def test_is_a_model_client() -> None:
     assert hasattr(model, "stream")
 
 
-async def test_answers_in_order_then_exhausted(scripted_model: Callable[..., ScriptedModel]) -> None:
-    model = scripted_model(_read_probe_path())
+async def test_answers_in_order_then_exhausted(agentfsm_model: Callable[..., ScriptedModel]) -> None:
+    model = agentfsm_model(_read_probe_path())
     first = await collect(model)
     assert isinstance(first[0], MessageStart) and first[0].model == "claude-test"
     starts = [e for e in first if isinstance(e, BlockStart)]
@@ -87,23 +87,23 @@ async def test_answers_in_order_then_exhausted(scripted_model: Callable[..., Scr
 
 
 def _read_probe_path() -> Path:
-    from fsm.testing import embedded_scenario_path
+    from agentfsm.testing import embedded_scenario_path
 
     return embedded_scenario_path("read_probe")
 
 
 async def test_ws_substituted_in_tool_input(
-    scripted_model: Callable[..., ScriptedModel], scripted_workspace: Path
+    agentfsm_model: Callable[..., ScriptedModel], agentfsm_workspace: Path
 ) -> None:
-    model = scripted_model(_read_probe_path())
+    model = agentfsm_model(_read_probe_path())
     events = await collect(model)
     raw = "".join(
         e.delta["partial_json"]
         for e in events
         if isinstance(e, BlockDelta) and e.delta["type"] == "input_json_delta"
     )
-    assert raw == f'{{"file_path":"{scripted_workspace}/probe-fixture.txt"}}'
-    assert (scripted_workspace / "probe-fixture.txt").read_text().strip() == "AGENT_LOOP_FILE_MARKER"
+    assert raw == f'{{"file_path":"{agentfsm_workspace}/probe-fixture.txt"}}'
+    assert (agentfsm_workspace / "probe-fixture.txt").read_text().strip() == "AGENT_LOOP_FILE_MARKER"
 
 
 async def test_records_are_the_wire_events() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fsm.testing import (
+from agentfsm.testing import (
     EXHAUSTED_TEXT,
     Scenario,
     ScriptedModel,
@@ -22,12 +22,12 @@ from fsm.testing import (
     find_reference_dir,
     text_response,
 )
-from fsm.testing.plugin import REFERENCE_ENV
+from agentfsm.testing.plugin import REFERENCE_ENV
 
 
-def test_workspace_files(scripted_workspace: Path) -> None:
-    assert scripted_workspace.is_absolute()
-    assert {p.name: p.read_text().strip() for p in scripted_workspace.iterdir()} == {
+def test_workspace_files(agentfsm_workspace: Path) -> None:
+    assert agentfsm_workspace.is_absolute()
+    assert {p.name: p.read_text().strip() for p in agentfsm_workspace.iterdir()} == {
         "probe-fixture.txt": "AGENT_LOOP_FILE_MARKER",
         "a.txt": "ALPHA",
         "b.txt": "BETA",
@@ -35,7 +35,7 @@ def test_workspace_files(scripted_workspace: Path) -> None:
 
 
 def test_scripted_model_from_every_source(
-    scripted_model: Callable[..., ScriptedModel], scripted_workspace: Path, tmp_path: Path
+    agentfsm_model: Callable[..., ScriptedModel], agentfsm_workspace: Path, tmp_path: Path
 ) -> None:
     raw = {
         "prompt": "p",
@@ -45,21 +45,21 @@ def test_scripted_model_from_every_source(
     }
     path = tmp_path / "s.json"
     path.write_text(json.dumps(raw))
-    expected = {"file_path": f"{scripted_workspace}/a.txt"}
+    expected = {"file_path": f"{agentfsm_workspace}/a.txt"}
     for source in (raw, path, str(path), Scenario("p", ()), raw["responses"]):
-        model = scripted_model(source)
+        model = agentfsm_model(source)
         assert isinstance(model, ScriptedModel)
         if model.scenario is not None and model.scenario.responses:
             block = model.scenario.responses[0].blocks[0]  # type: ignore[union-attr]
             assert isinstance(block, ToolUseBlock) and block.input == expected
-    model = scripted_model(lambda req, n: text_response("x"), per_session=True)
+    model = agentfsm_model(lambda req, n: text_response("x"), per_session=True)
     assert model.scenario is None and model.per_session
 
 
-async def test_scripted_server_fixture(scripted_server: Callable[..., ScriptedServer]) -> None:
+async def test_scripted_server_fixture(agentfsm_server: Callable[..., ScriptedServer]) -> None:
     import anthropic
 
-    server = scripted_server([{"blocks": [{"type": "text", "text": "$WS"}]}])
+    server = agentfsm_server([{"blocks": [{"type": "text", "text": "$WS"}]}])
     async with anthropic.AsyncAnthropic(base_url=server.base_url, api_key="sk-test", max_retries=0) as c:
         first = await c.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
         second = await c.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
@@ -67,14 +67,14 @@ async def test_scripted_server_fixture(scripted_server: Callable[..., ScriptedSe
 
 
 def test_reference_fixtures(
-    reference_scenario: Callable[[str], Scenario],
-    reference_observed: Callable[[str], dict[str, Any]],
-    scripted_workspace: Path,
+    agentfsm_reference_scenario: Callable[[str], Scenario],
+    agentfsm_reference_observed: Callable[[str], dict[str, Any]],
+    agentfsm_workspace: Path,
 ) -> None:
-    scenario = reference_scenario("parallel_reads")
+    scenario = agentfsm_reference_scenario("parallel_reads")
     assert scenario.prompt == "PARALLEL"
-    assert str(scripted_workspace) in json.dumps(scenario.to_dict())
-    assert reference_observed("parallel_reads")["result"]["text"] == "DONE"
+    assert str(agentfsm_workspace) in json.dumps(scenario.to_dict())
+    assert agentfsm_reference_observed("parallel_reads")["result"]["text"] == "DONE"
 
 
 def test_find_reference_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,8 +103,8 @@ def _run(
 
 def test_plugin_import_is_light(tmp_path: Path) -> None:
     probe = (
-        "import sys, fsm.testing.plugin; "
-        "heavy = ('hypothesis', 'anthropic', 'jsonschema', 'fsm.model', 'fsm.testing.scenario'); "
+        "import sys, agentfsm.testing.plugin; "
+        "heavy = ('hypothesis', 'anthropic', 'jsonschema', 'agentfsm.model', 'agentfsm.testing.scenario'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     done = _run(["-c", probe], tmp_path)
@@ -112,22 +112,35 @@ def test_plugin_import_is_light(tmp_path: Path) -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_plugin_is_registered_for_any_project(tmp_path: Path) -> None:
-    """A project outside this repository gets the fixtures from the entry point alone."""
-    (tmp_path / "test_user.py").write_text(
-        textwrap.dedent("""
-        def test_fixtures(scripted_workspace, scripted_model):
-            model = scripted_model([{"blocks": [{"type": "text", "text": "hi"}]}])
-            assert (scripted_workspace / "a.txt").exists() and model.count == 0
+USER_TESTS = textwrap.dedent("""
+    def test_fixtures(agentfsm_workspace, agentfsm_model):
+        model = agentfsm_model([{"blocks": [{"type": "text", "text": "hi"}]}])
+        assert (agentfsm_workspace / "a.txt").exists() and model.count == 0
 
-        def test_reference(reference_scenario):
-            reference_scenario("read_probe")
-    """)
-    )
-    done = _run(
-        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "test_user.py"],
-        tmp_path,
-        {REFERENCE_ENV: str(tmp_path / "no-such-dir")},
-    )
+    def test_reference(agentfsm_reference_scenario):
+        agentfsm_reference_scenario("read_probe")
+""")
+
+
+def test_plugin_is_opt_in(tmp_path: Path) -> None:
+    """Installing agentfsm adds nothing to someone else's pytest run: no fixtures, no markers."""
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    done = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_user.py"], tmp_path)
+    assert "fixture 'agentfsm_workspace' not found" in done.stdout, done.stdout + done.stderr
+    markers = _run(["-m", "pytest", "--markers", "-p", "no:cacheprovider"], tmp_path)
+    assert "agentfsm" not in markers.stdout and "@pytest.mark.server" not in markers.stdout
+
+
+@pytest.mark.parametrize("how", ["-p", "conftest"])
+def test_plugin_fixtures_when_asked(tmp_path: Path, how: str) -> None:
+    """A project outside this repository gets the namespaced fixtures with `-p agentfsm.testing.plugin`
+    or `pytest_plugins` in its conftest."""
+    (tmp_path / "test_user.py").write_text(USER_TESTS)
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "test_user.py"]
+    if how == "-p":
+        args[2:2] = ["-p", "agentfsm.testing.plugin"]
+    else:
+        (tmp_path / "conftest.py").write_text('pytest_plugins = ("agentfsm.testing.plugin",)\n')
+    done = _run(args, tmp_path, {REFERENCE_ENV: str(tmp_path / "no-such-dir")})
     assert "1 passed, 1 skipped" in done.stdout, done.stdout + done.stderr
     assert "no reference observations" in done.stdout

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, MessageStop
-from fsm.testing import (
+from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, MessageStop
+from agentfsm.testing import (
     EXHAUSTED_TEXT,
     HttpErrorResponse,
     RawToolJsonBlock,
@@ -33,9 +33,9 @@ from fsm.testing import (
 REFERENCE_NAMES = ["max_turns", "parallel_reads", "read_probe", "stop_hook", "thinking_only", "unknown_tool"]
 
 
-def test_reference_scenarios_load(reference_dir: Path) -> None:
+def test_reference_scenarios_load(agentfsm_reference_dir: Path) -> None:
     for name in REFERENCE_NAMES:
-        scenario = load_scenario(reference_dir / "scenarios" / f"{name}.json", "/ws")
+        scenario = load_scenario(agentfsm_reference_dir / "scenarios" / f"{name}.json", "/ws")
         assert scenario.prompt
         assert scenario.responses
         assert "$WS" not in json.dumps(scenario.to_dict())
@@ -53,9 +53,9 @@ def test_read_probe_structure_and_ws(tmp_path: Path) -> None:
     assert second == text_response("TOOL_EXECUTION_OK")
 
 
-def test_embedded_read_probe_is_the_reference_copy(reference_dir: Path) -> None:
+def test_embedded_read_probe_is_the_reference_copy(agentfsm_reference_dir: Path) -> None:
     embedded = json.loads(embedded_scenario_path("read_probe").read_text())
-    reference = json.loads((reference_dir / "scenarios" / "read_probe.json").read_text())
+    reference = json.loads((agentfsm_reference_dir / "scenarios" / "read_probe.json").read_text())
     assert embedded == reference
 
 

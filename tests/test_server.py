@@ -18,8 +18,8 @@ from typing import Any
 import anthropic
 import pytest
 
-from fsm.model import ModelRequest
-from fsm.testing import (
+from agentfsm.model import ModelRequest
+from agentfsm.testing import (
     EXHAUSTED_TEXT,
     ScriptedServer,
     StreamedResponse,
@@ -111,8 +111,8 @@ MIXED = StreamedResponse(
 )
 
 
-async def test_sdk_parses_every_event(scripted_server: ServerFactory) -> None:
-    server = scripted_server([MIXED])
+async def test_sdk_parses_every_event(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([MIXED])
     async with client(server) as c:
         events = await sdk_events(c)
     types = [e.type for e in events]
@@ -126,8 +126,8 @@ async def test_sdk_parses_every_event(scripted_server: ServerFactory) -> None:
     assert events[-2].delta.stop_reason == "tool_use"
 
 
-async def test_sdk_stream_helper_accumulates_the_message(scripted_server: ServerFactory) -> None:
-    server = scripted_server([MIXED, text_response("done", usage={"input_tokens": 3, "output_tokens": 4})])
+async def test_sdk_stream_helper_accumulates_the_message(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([MIXED, text_response("done", usage={"input_tokens": 3, "output_tokens": 4})])
     async with client(server) as c:
         async with c.messages.stream(model="claude-test", max_tokens=100, messages=USER) as stream:
             message = await stream.get_final_message()
@@ -147,16 +147,16 @@ async def test_sdk_stream_helper_accumulates_the_message(scripted_server: Server
     assert (second.usage.input_tokens, second.usage.output_tokens) == (3, 4)
 
 
-async def test_non_streamed_request_gets_a_message(scripted_server: ServerFactory) -> None:
-    server = scripted_server([MIXED])
+async def test_non_streamed_request_gets_a_message(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([MIXED])
     async with client(server) as c:
         message = await c.messages.create(model="claude-test", max_tokens=100, messages=USER)
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
     assert message.stop_reason == "tool_use"
 
 
-async def test_wire_is_exactly_response_events(scripted_server: ServerFactory) -> None:
-    server = scripted_server([MIXED])
+async def test_wire_is_exactly_response_events(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([MIXED])
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     payload = body_of()
     writer.write(post("/v1/messages", payload))
@@ -174,14 +174,14 @@ async def test_wire_is_exactly_response_events(scripted_server: ServerFactory) -
     assert sse_frames(body) == [(e.type, e.data) for e in expected]
 
 
-async def test_sdk_sees_scripted_pauses(scripted_server: ServerFactory) -> None:
+async def test_sdk_sees_scripted_pauses(agentfsm_server: ServerFactory) -> None:
     resp = StreamedResponse(
         (ToolUseBlock("t", "Read", {"file_path": "/a"}), TextBlock("after")),
         "tool_use",
         delay_s=0.2,
         block_delay_s=0.4,
     )
-    server = scripted_server([resp])
+    server = agentfsm_server([resp])
     async with client(server) as c:
         t0 = time.monotonic()
         stream = await c.messages.create(model="claude-test", max_tokens=10, messages=USER, stream=True)
@@ -196,8 +196,8 @@ async def test_sdk_sees_scripted_pauses(scripted_server: ServerFactory) -> None:
 # --- errors ------------------------------------------------------------------------------------
 
 
-async def test_http_errors_reach_the_sdk_as_status_errors(scripted_server: ServerFactory) -> None:
-    server = scripted_server(
+async def test_http_errors_reach_the_sdk_as_status_errors(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server(
         [
             {
                 "status": 400,
@@ -225,8 +225,8 @@ async def test_http_errors_reach_the_sdk_as_status_errors(scripted_server: Serve
     assert overloaded.value.body["error"]["type"] == "overloaded_error"
 
 
-async def test_sdk_retries_consume_the_next_responses(scripted_server: ServerFactory) -> None:
-    server = scripted_server(
+async def test_sdk_retries_consume_the_next_responses(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server(
         [
             {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01},
             {"status": 500, "error_type": "api_error", "message": "oops", "retry_after_s": 0.01},
@@ -239,8 +239,8 @@ async def test_sdk_retries_consume_the_next_responses(scripted_server: ServerFac
     assert len(server.requests) == 3
 
 
-async def test_break_closes_the_stream_mid_way(scripted_server: ServerFactory) -> None:
-    server = scripted_server(
+async def test_break_closes_the_stream_mid_way(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server(
         [
             {
                 "blocks": [{"type": "text", "text": "partial"}, {"type": "text", "text": "never"}],
@@ -262,8 +262,8 @@ async def test_break_closes_the_stream_mid_way(scripted_server: ServerFactory) -
     assert events[-1].type == "message_stop"
 
 
-async def test_sse_error_mid_stream(scripted_server: ServerFactory) -> None:
-    server = scripted_server(
+async def test_sse_error_mid_stream(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server(
         [{"blocks": [{"type": "text", "text": "a"}], "sse_error": "overloaded_error"}, {"blocks": []}]
     )
     async with client(server) as c:
@@ -282,16 +282,16 @@ async def test_sse_error_mid_stream(scripted_server: ServerFactory) -> None:
     assert events[-1].type == "message_stop"
 
 
-async def test_count_tokens(scripted_server: ServerFactory) -> None:
-    server = scripted_server([])
+async def test_count_tokens(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([])
     async with client(server) as c:
         counted = await c.messages.count_tokens(model="claude-test", messages=USER)
     assert counted.input_tokens > 0
     assert server.requests == []  # only Messages requests are recorded and counted
 
 
-async def test_unknown_paths_and_bad_requests(scripted_server: ServerFactory) -> None:
-    server = scripted_server([])
+async def test_unknown_paths_and_bad_requests(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([])
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
     status, _, body = await read_response(reader)
@@ -313,8 +313,8 @@ async def test_unknown_paths_and_bad_requests(scripted_server: ServerFactory) ->
 # --- HTTP/1.1 ----------------------------------------------------------------------------------
 
 
-async def test_keep_alive_on_one_connection(scripted_server: ServerFactory) -> None:
-    server = scripted_server([text_response("one"), text_response("two")])
+async def test_keep_alive_on_one_connection(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([text_response("one"), text_response("two")])
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     texts = []
     for _ in range(2):
@@ -333,16 +333,16 @@ async def test_keep_alive_on_one_connection(scripted_server: ServerFactory) -> N
     assert texts == ["one", "two"] and server.connections == 1
 
 
-async def test_sdk_reuses_connections(scripted_server: ServerFactory) -> None:
-    server = scripted_server([text_response(str(i)) for i in range(5)])
+async def test_sdk_reuses_connections(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([text_response(str(i)) for i in range(5)])
     async with client(server) as c:
         for _ in range(5):
             await sdk_events(c)
     assert server.connections == 1 and len(server.requests) == 5
 
 
-async def test_chunked_request_body(scripted_server: ServerFactory) -> None:
-    server = scripted_server([text_response("ok")])
+async def test_chunked_request_body(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([text_response("ok")])
     payload = body_of()
     chunked = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (payload[:10], payload[10:])) + b"0\r\n\r\n"
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -386,8 +386,8 @@ async def _read_probe_session(c: anthropic.AsyncAnthropic, user_id: str) -> list
     return texts
 
 
-async def test_per_session_runs_the_scenario_per_user_id(scripted_server: ServerFactory) -> None:
-    server = scripted_server(embedded_scenario_path("read_probe"), per_session=True)
+async def test_per_session_runs_the_scenario_per_user_id(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server(embedded_scenario_path("read_probe"), per_session=True)
     async with client(server) as c:
         results = await asyncio.gather(*(_read_probe_session(c, f"user_{i}") for i in range(50)))
     assert results == [["TOOL_EXECUTION_OK"]] * 50
@@ -395,8 +395,8 @@ async def test_per_session_runs_the_scenario_per_user_id(scripted_server: Server
     assert len(server.requests_for("user_7")) == 2
 
 
-async def test_global_count_without_per_session(scripted_server: ServerFactory) -> None:
-    server = scripted_server([text_response("a"), text_response("b")])
+async def test_global_count_without_per_session(agentfsm_server: ServerFactory) -> None:
+    server = agentfsm_server([text_response("a"), text_response("b")])
     async with client(server) as c:
         first = await sdk_events(c, metadata={"user_id": "x"})
         second = await sdk_events(c, metadata={"user_id": "y"})
@@ -407,9 +407,9 @@ async def test_global_count_without_per_session(scripted_server: ServerFactory) 
     assert texts == ["a", "b", EXHAUSTED_TEXT]
 
 
-async def test_a_thousand_concurrent_connections(scripted_server: ServerFactory) -> None:
+async def test_a_thousand_concurrent_connections(agentfsm_server: ServerFactory) -> None:
     # Each answer waits, so every connection is open at the same time.
-    server = scripted_server([text_response("hello", delay_s=0.5, block_delay_s=0.1)], per_session=True)
+    server = agentfsm_server([text_response("hello", delay_s=0.5, block_delay_s=0.1)], per_session=True)
 
     async def session(i: int) -> str:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -426,14 +426,14 @@ async def test_a_thousand_concurrent_connections(scripted_server: ServerFactory)
     assert elapsed < 30  # served side by side: one after another would take 600 s
 
 
-async def test_callable_source_behind_the_server(scripted_server: ServerFactory) -> None:
+async def test_callable_source_behind_the_server(agentfsm_server: ServerFactory) -> None:
     seen: list[ModelRequest] = []
 
     def script(req: ModelRequest, n: int) -> Any:
         seen.append(req)
         return tool_response(f"t{n}", "Read", {"file_path": "/x"}) if n == 0 else text_response("bye")
 
-    server = scripted_server(script)
+    server = agentfsm_server(script)
     async with client(server) as c:
         await sdk_events(c, system="be brief", metadata={"user_id": "u"})
         await sdk_events(c)
@@ -450,8 +450,8 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_thread_mode_start_stop_and_context_manager(scripted_workspace: Path) -> None:
-    scenario = load_scenario(embedded_scenario_path("read_probe"), scripted_workspace)
+def test_thread_mode_start_stop_and_context_manager(agentfsm_workspace: Path) -> None:
+    scenario = load_scenario(embedded_scenario_path("read_probe"), agentfsm_workspace)
     with ScriptedServer(scenario) as server:
         assert server.base_url == f"http://127.0.0.1:{server.port}"
         sync = anthropic.Anthropic(base_url=server.base_url, api_key="sk-test", max_retries=0)
@@ -460,7 +460,7 @@ def test_thread_mode_start_stop_and_context_manager(scripted_workspace: Path) ->
         sync.close()
         port = server.port
         assert _port_open(port)
-    assert message.content[0].input == {"file_path": f"{scripted_workspace}/probe-fixture.txt"}
+    assert message.content[0].input == {"file_path": f"{agentfsm_workspace}/probe-fixture.txt"}
     assert not _port_open(port)
     server.stop()  # idempotent
     with pytest.raises(RuntimeError, match="not running"):
@@ -492,9 +492,9 @@ async def test_async_mode_and_stop_with_open_streams() -> None:
     await hang_up(writer)
 
 
-async def test_log_file_holds_each_body(scripted_server: ServerFactory, tmp_path: Path) -> None:
+async def test_log_file_holds_each_body(agentfsm_server: ServerFactory, tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
-    server = scripted_server([text_response("a")], log=log)
+    server = agentfsm_server([text_response("a")], log=log)
     async with client(server) as c:
         await sdk_events(c)
         await sdk_events(c, messages=[{"role": "user", "content": "é second"}])
@@ -506,7 +506,7 @@ async def test_log_file_holds_each_body(scripted_server: ServerFactory, tmp_path
 @contextlib.contextmanager
 def serve_cli(*args: str, cwd: Path) -> Iterator[subprocess.Popen[str]]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "fsm.testing.server", *args]
+    command = [sys.executable, "-m", "agentfsm.testing.server", *args]
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as p:
@@ -518,10 +518,10 @@ def serve_cli(*args: str, cwd: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_cli_serves_until_signalled(scripted_workspace: Path, tmp_path: Path, sig: signal.Signals) -> None:
+def test_cli_serves_until_signalled(agentfsm_workspace: Path, tmp_path: Path, sig: signal.Signals) -> None:
     log = tmp_path / "log.jsonl"
     scenario = str(embedded_scenario_path("read_probe"))
-    args = ["--port", "0", "--ws", str(scripted_workspace), "--log", str(log), "--per-session"]
+    args = ["--port", "0", "--ws", str(agentfsm_workspace), "--log", str(log), "--per-session"]
     with serve_cli(scenario, *args, cwd=tmp_path) as proc:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()
@@ -532,7 +532,7 @@ def test_cli_serves_until_signalled(scripted_workspace: Path, tmp_path: Path, si
                 model="claude-test", max_tokens=10, messages=USER, metadata=metadata
             ) as stream:
                 message = stream.get_final_message()
-        assert message.content[0].input == {"file_path": f"{scripted_workspace}/probe-fixture.txt"}
+        assert message.content[0].input == {"file_path": f"{agentfsm_workspace}/probe-fixture.txt"}
         proc.send_signal(sig)
         assert proc.wait(timeout=10) == 0
         assert proc.stdout.read() == ""  # one line, the URL, and nothing else
@@ -560,7 +560,7 @@ def test_cli_rejects_a_bad_scenario(tmp_path: Path) -> None:
 
 
 def test_main_in_process_rejects_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from fsm.testing.server import main
+    from agentfsm.testing.server import main
 
     with pytest.raises(SystemExit) as exc:
         main([str(tmp_path / "missing.json")])

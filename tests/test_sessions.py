@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from fsm.audit import check_request
-from fsm.options import Options
-from fsm.sessions import DANGLING_RESULT, heal_tail, latest_session, load_history, open_session, repair
-from fsm.state import Limits, Message
-from fsm.testing.server import ScriptedServer
-from fsm.trace import TraceWriter, read_records
+from agentfsm.audit import check_request
+from agentfsm.options import Options
+from agentfsm.sessions import DANGLING_RESULT, heal_tail, latest_session, load_history, open_session, repair
+from agentfsm.state import Limits, Message
+from agentfsm.testing.server import ScriptedServer
+from agentfsm.trace import TraceWriter, read_records
 
 pytestmark = pytest.mark.server
 
@@ -40,7 +40,7 @@ def env_for(server: ScriptedServer, home: Path) -> dict[str, str]:
 
 def cli(server: ScriptedServer, ws: Path, home: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "fsm", "--output-format", "stream-json", "--verbose",
+        [sys.executable, "-m", "agentfsm", "--output-format", "stream-json", "--verbose",
          "--tools", "Read", "Bash", "--permission-mode", "bypassPermissions", *args],
         cwd=ws, env=env_for(server, home), capture_output=True, text=True, timeout=90)
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
@@ -79,14 +79,14 @@ def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
-def test_session_id_then_resume_restores_the_history(scripted_workspace: Path, home: Path) -> None:
+def test_session_id_then_resume_restores_the_history(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
     script = [READ, text("TOOL_EXECUTION_OK"), text("RESUME_OK")]
-    with ScriptedServer(script, ws=scripted_workspace) as server:
-        rc, lines, err = cli(server, scripted_workspace, home, "-p", "INITIAL_MARKER", "--session-id", sid)
+    with ScriptedServer(script, ws=agentfsm_workspace) as server:
+        rc, lines, err = cli(server, agentfsm_workspace, home, "-p", "INITIAL_MARKER", "--session-id", sid)
         assert rc == 0, err
         assert lines[0]["session_id"] == sid == result_of(lines)["session_id"]
-        rc, lines, err = cli(server, scripted_workspace, home, "--resume", sid, "-p", "RESUME_MARKER")
+        rc, lines, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "RESUME_MARKER")
         assert rc == 0, err
         bodies = server.requests
     res = result_of(lines)
@@ -99,28 +99,28 @@ def test_session_id_then_resume_restores_the_history(scripted_workspace: Path, h
     assert "AGENT_LOOP_FILE_MARKER" in json.dumps(bodies[2]["messages"][2])
     assert list(check_request(bodies[2]["messages"])) == []
     # one file, both runs; the auditor finds nothing wrong with it
-    path = session_file(home, scripted_workspace, sid)
+    path = session_file(home, agentfsm_workspace, sid)
     records = list(read_records(path))
     assert [r["type"] for r in records].count("session") == 1
     assert [r["type"] for r in records].count("result") == 2
-    audit = subprocess.run([sys.executable, "-m", "fsm", "audit", str(path)], capture_output=True, text=True)
+    audit = subprocess.run([sys.executable, "-m", "agentfsm", "audit", str(path)], capture_output=True, text=True)
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
 
-def test_fork_gives_a_new_id_with_the_same_history(scripted_workspace: Path, home: Path) -> None:
+def test_fork_gives_a_new_id_with_the_same_history(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
-    with ScriptedServer([READ, text("FIRST_ANSWER"), text("FORK_OK")], ws=scripted_workspace) as server:
-        assert cli(server, scripted_workspace, home, "-p", "ORIGINAL", "--session-id", sid)[0] == 0
-        parent = session_file(home, scripted_workspace, sid)
+    with ScriptedServer([READ, text("FIRST_ANSWER"), text("FORK_OK")], ws=agentfsm_workspace) as server:
+        assert cli(server, agentfsm_workspace, home, "-p", "ORIGINAL", "--session-id", sid)[0] == 0
+        parent = session_file(home, agentfsm_workspace, sid)
         before = parent.read_bytes()
-        rc, lines, err = cli(server, scripted_workspace, home, "--resume", sid, "--fork-session",
+        rc, lines, err = cli(server, agentfsm_workspace, home, "--resume", sid, "--fork-session",
                              "-p", "FORKED")
         bodies = server.requests
     assert rc == 0, err
     new_id = lines[0]["session_id"]
     assert new_id != sid and result_of(lines)["session_id"] == new_id
     assert parent.read_bytes() == before  # the parent's file is untouched
-    child = session_file(home, scripted_workspace, new_id)
+    child = session_file(home, agentfsm_workspace, new_id)
     records = list(read_records(child))
     assert records[0]["type"] == "session" and records[0]["parent_session_id"] == sid
     assert records[0]["session_id"] == new_id
@@ -130,49 +130,49 @@ def test_fork_gives_a_new_id_with_the_same_history(scripted_workspace: Path, hom
     assert [m.text() for m in load_history(child) if m.role == "assistant"][-1] == "FORK_OK"
 
 
-def test_continue_picks_the_latest_session_of_the_directory(scripted_workspace: Path, home: Path) -> None:
+def test_continue_picks_the_latest_session_of_the_directory(agentfsm_workspace: Path, home: Path) -> None:
     older, newer = str(uuid.uuid4()), str(uuid.uuid4())
-    with ScriptedServer([text("A"), text("B"), text("C")], ws=scripted_workspace) as server:
-        assert cli(server, scripted_workspace, home, "-p", "OLDER", "--session-id", older)[0] == 0
+    with ScriptedServer([text("A"), text("B"), text("C")], ws=agentfsm_workspace) as server:
+        assert cli(server, agentfsm_workspace, home, "-p", "OLDER", "--session-id", older)[0] == 0
         time.sleep(0.02)
-        assert cli(server, scripted_workspace, home, "-p", "NEWER", "--session-id", newer)[0] == 0
-        rc, lines, err = cli(server, scripted_workspace, home, "--continue", "-p", "CONTINUED")
+        assert cli(server, agentfsm_workspace, home, "-p", "NEWER", "--session-id", newer)[0] == 0
+        rc, lines, err = cli(server, agentfsm_workspace, home, "--continue", "-p", "CONTINUED")
         bodies = server.requests
     assert rc == 0, err
     assert lines[0]["session_id"] == newer == result_of(lines)["session_id"]
     assert wire_texts(bodies[2]) == [("user", "NEWER"), ("assistant", "B"), ("user", "CONTINUED")]
 
 
-def test_usage_errors(scripted_workspace: Path, home: Path) -> None:
+def test_usage_errors(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
-    with ScriptedServer([text("A")], ws=scripted_workspace) as server:
-        rc, _, err = cli(server, scripted_workspace, home, "--resume", sid, "-p", "x")
+    with ScriptedServer([text("A")], ws=agentfsm_workspace) as server:
+        rc, _, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "x")
         assert rc == 2 and "No conversation found with session ID" in err
-        rc, _, err = cli(server, scripted_workspace, home, "--fork-session", "-p", "x")
+        rc, _, err = cli(server, agentfsm_workspace, home, "--fork-session", "-p", "x")
         assert rc == 2 and "--fork-session" in err
-        rc, _, err = cli(server, scripted_workspace, home, "--continue", "-p", "x")
+        rc, _, err = cli(server, agentfsm_workspace, home, "--continue", "-p", "x")
         assert rc == 2 and "No conversation found" in err
-        assert cli(server, scripted_workspace, home, "-p", "x", "--session-id", sid)[0] == 0
-        rc, _, err = cli(server, scripted_workspace, home, "-p", "x", "--session-id", sid)
+        assert cli(server, agentfsm_workspace, home, "-p", "x", "--session-id", sid)[0] == 0
+        rc, _, err = cli(server, agentfsm_workspace, home, "-p", "x", "--session-id", sid)
         assert rc == 2 and "already in use" in err
         other = str(uuid.uuid4())
-        rc, _, err = cli(server, scripted_workspace, home, "--resume", sid, "--session-id", other, "-p", "x")
+        rc, _, err = cli(server, agentfsm_workspace, home, "--resume", sid, "--session-id", other, "-p", "x")
         assert rc == 2 and "--fork-session" in err
         assert len(server.requests) == 1
 
 
 def test_a_transcript_cut_mid_record_resumes_with_the_dangling_call_repaired(
-        scripted_workspace: Path, home: Path) -> None:
+        agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
-    with ScriptedServer([READ, text("LOST"), text("AFTER_CRASH_OK")], ws=scripted_workspace) as server:
-        assert cli(server, scripted_workspace, home, "-p", "BEFORE_CRASH", "--session-id", sid)[0] == 0
-        path = session_file(home, scripted_workspace, sid)
+    with ScriptedServer([READ, text("LOST"), text("AFTER_CRASH_OK")], ws=agentfsm_workspace) as server:
+        assert cli(server, agentfsm_workspace, home, "-p", "BEFORE_CRASH", "--session-id", sid)[0] == 0
+        path = session_file(home, agentfsm_workspace, sid)
         raw = path.read_bytes()
         # simulate a crash while the tool results were being written: cut that record in half
         start = raw.index(b'"kind": "tool_results"')
         line_start = raw.rindex(b"\n", 0, start) + 1
         path.write_bytes(raw[:line_start + (start - line_start) // 2])
-        rc, lines, err = cli(server, scripted_workspace, home, "--resume", sid, "-p", "RESUMED")
+        rc, lines, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "RESUMED")
         bodies = server.requests
     assert rc == 0, err
     assert result_of(lines)["result"] == "AFTER_CRASH_OK"
@@ -185,16 +185,16 @@ def test_a_transcript_cut_mid_record_resumes_with_the_dangling_call_repaired(
     assert history[-1].text() == "AFTER_CRASH_OK" and history[-2].text() == "RESUMED"
 
 
-def test_kill_9_mid_tool_then_resume(scripted_workspace: Path, home: Path) -> None:
+def test_kill_9_mid_tool_then_resume(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
     sleep = {"blocks": [{"type": "text", "text": "Sleeping."},
                         {"type": "tool_use", "id": "toolu_sleep", "name": "Bash",
                          "input": {"command": "sleep 30", "description": "wait"}}]}
-    with ScriptedServer([sleep, text("AFTER_KILL_OK")], ws=scripted_workspace) as server:
+    with ScriptedServer([sleep, text("AFTER_KILL_OK")], ws=agentfsm_workspace) as server:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fsm", "--output-format", "stream-json", "--verbose", "--tools", "Bash",
+            [sys.executable, "-m", "agentfsm", "--output-format", "stream-json", "--verbose", "--tools", "Bash",
              "--permission-mode", "bypassPermissions", "-p", "RUN_A_SLOW_TOOL", "--session-id", sid],
-            cwd=scripted_workspace, env=env_for(server, home), stdout=subprocess.PIPE,
+            cwd=agentfsm_workspace, env=env_for(server, home), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             assert proc.stdout is not None
@@ -209,7 +209,7 @@ def test_kill_9_mid_tool_then_resume(scripted_workspace: Path, home: Path) -> No
             proc.stdout.close()  # type: ignore[union-attr]
             proc.stderr.close()  # type: ignore[union-attr]
         assert proc.returncode == -signal.SIGKILL
-        rc, lines, err = cli(server, scripted_workspace, home, "--resume", sid, "-p", "AFTER_KILL")
+        rc, lines, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "AFTER_KILL")
         bodies = server.requests
     assert rc == 0, err
     assert result_of(lines)["result"] == "AFTER_KILL_OK"
@@ -219,10 +219,10 @@ def test_kill_9_mid_tool_then_resume(scripted_workspace: Path, home: Path) -> No
     assert list(check_request(bodies[1]["messages"])) == []
 
 
-def test_a_compact_boundary_restores_the_summary_view(scripted_workspace: Path, home: Path) -> None:
+def test_a_compact_boundary_restores_the_summary_view(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
-    trace = TraceWriter(session_file(home, scripted_workspace, sid))
-    trace.session(sid, Limits(), str(scripted_workspace), "claude-sonnet-4-5")
+    trace = TraceWriter(session_file(home, agentfsm_workspace, sid))
+    trace.session(sid, Limits(), str(agentfsm_workspace), "claude-sonnet-4-5")
     for m in (Message("user", "OLD_PROMPT"),
               Message("assistant", ({"type": "tool_use", "id": "toolu_old", "name": "Read", "input": {}},),
                       kind="assistant"),
@@ -233,8 +233,8 @@ def test_a_compact_boundary_restores_the_summary_view(scripted_workspace: Path, 
     trace.compact_boundary("manual", 104)
     trace.message(Message("user", "SUMMARY_OF_EARLIER_WORK", kind="compact_summary"))
     trace.close()
-    with ScriptedServer([text("FROM_SUMMARY")], ws=scripted_workspace) as server:
-        rc, _, err = cli(server, scripted_workspace, home, "--resume", sid, "-p", "CURRENT")
+    with ScriptedServer([text("FROM_SUMMARY")], ws=agentfsm_workspace) as server:
+        rc, _, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "CURRENT")
         bodies = server.requests
     assert rc == 0, err
     assert wire_texts(bodies[0]) == [("user", "SUMMARY_OF_EARLIER_WORK"), ("user", "CURRENT")]

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-import fsm
-from fsm.options import Options
-from fsm.testing.server import ScriptedServer
-from fsm.trace import read_records
-from fsm.transport import AnthropicTransport
+import agentfsm
+from agentfsm.options import Options
+from agentfsm.testing.server import ScriptedServer
+from agentfsm.trace import read_records
+from agentfsm.transport import AnthropicTransport
 
 pytestmark = pytest.mark.server
 
@@ -25,15 +25,15 @@ READ = {"blocks": [{"type": "tool_use", "id": "toolu_read", "name": "Read",
 DONE = {"blocks": [{"type": "text", "text": "TOOL_EXECUTION_OK"}]}
 
 
-async def test_fifty_concurrent_sessions_each_with_its_own_history(scripted_workspace: Path,
+async def test_fifty_concurrent_sessions_each_with_its_own_history(agentfsm_workspace: Path,
                                                                    tmp_path: Path) -> None:
-    with ScriptedServer([READ, DONE], ws=scripted_workspace, per_session=True) as server:
+    with ScriptedServer([READ, DONE], ws=agentfsm_workspace, per_session=True) as server:
         transport = AnthropicTransport(api_key="sk-test", base_url=server.base_url, max_retries=0)
-        options = Options(tools=("Read",), cwd=scripted_workspace, sessions_dir=tmp_path / "sessions",
+        options = Options(tools=("Read",), cwd=agentfsm_workspace, sessions_dir=tmp_path / "sessions",
                           setting_sources=())
 
         async def one(i: int) -> list[dict[str, Any]]:
-            return [m async for m in fsm.query(f"PROMPT_{i}", options=options, client=transport)]
+            return [m async for m in agentfsm.query(f"PROMPT_{i}", options=options, client=transport)]
 
         try:
             runs = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(N))), 120)

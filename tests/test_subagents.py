@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from fsm.model import ModelRequest
-from fsm.options import AgentDefinition, Options
-from fsm.session import Session
-from fsm.state import Limits
-from fsm.testing.scripted import ScriptedModel
-from fsm.testing.server import ScriptedServer
-from fsm.trace import read_records
-from hooks.runner import HookMatcher
-from tools import AgentTool
-from tools.agent import task_notification
+from agentfsm.hooks.runner import HookMatcher
+from agentfsm.model import ModelRequest
+from agentfsm.options import AgentDefinition, Options
+from agentfsm.session import Session
+from agentfsm.state import Limits
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.testing.server import ScriptedServer
+from agentfsm.tools import AgentTool
+from agentfsm.tools.agent import task_notification
+from agentfsm.trace import read_records
 
 
 def agent_call(prompt: str, *, background: bool = False, kind: str = "general-purpose",
@@ -264,7 +264,7 @@ def test_agent_tool_schema_and_notification_text() -> None:
 
 
 @pytest.mark.server
-def test_background_agent_through_the_cli(scripted_workspace: Path, tmp_path: Path) -> None:
+def test_background_agent_through_the_cli(agentfsm_workspace: Path, tmp_path: Path) -> None:
     rec = Recorder([agent_call("CLI_CHILD_TASK", background=True), text("WAITING"),
                     text("SUBAGENT_PARENT_OK")], [text("SUBAGENT_CHILD_RESULT_MARKER", delay_s=0.2)])
 
@@ -276,9 +276,9 @@ def test_background_agent_through_the_cli(scripted_workspace: Path, tmp_path: Pa
         env = {**os.environ, "ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "sk-test",
                "AGENTFSM_HOME": str(home), "HOME": str(home)}
         proc = subprocess.run(
-            [sys.executable, "-m", "fsm", "-p", "CLI_PARENT", "--output-format", "stream-json", "--verbose",
+            [sys.executable, "-m", "agentfsm", "-p", "CLI_PARENT", "--output-format", "stream-json", "--verbose",
              "--tools", "Agent", "Read", "--permission-mode", "bypassPermissions"],
-            cwd=scripted_workspace, env=env, capture_output=True, text=True, timeout=90)
+            cwd=agentfsm_workspace, env=env, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert lines[-1]["type"] == "result" and lines[-1]["result"] == "SUBAGENT_PARENT_OK"

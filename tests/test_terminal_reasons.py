@@ -1,9 +1,9 @@
 """Every terminal reason of SPEC §2, reached through the real driver.
 
-Each case drives :class:`fsm.driver.Driver` with the in-process scripted model and a real trigger —
+Each case drives :class:`agentfsm.driver.Driver` with the in-process scripted model and a real trigger —
 scripted responses, limits, Python hooks, a ``can_use_tool`` callback, a tool that ends the turn, a
 cancellation, a host callback — then checks the result's subtype and ``is_error`` against
-:data:`fsm.state.TERMINAL_INFO` and audits the session file the run wrote (it must be clean).
+:data:`agentfsm.state.TERMINAL_INFO` and audits the session file the run wrote (it must be clean).
 """
 
 from __future__ import annotations
@@ -17,20 +17,21 @@ from typing import Any
 import attrs
 import pytest
 
-from fsm.audit import audit_file
-from fsm.driver import Driver, LoopHooks
-from fsm.options import Options
-from fsm.request import system_blocks
-from fsm.result import RunResult
-from fsm.session import build_registry
-from fsm.sessions import load_history
-from fsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
-from fsm.testing.scenario import populate_workspace
-from fsm.testing.scripted import ScriptedModel
-from fsm.trace import TraceWriter
-from hooks import HookMatcher, build_gate
-from hooks.events import HookOutput
-from tools.base import ToolOutput, tool
+from agentfsm.audit import audit_file
+from agentfsm.driver import Driver
+from agentfsm.hooks import HookMatcher, build_gate
+from agentfsm.hooks.events import HookOutput
+from agentfsm.options import Options
+from agentfsm.ports import NoHooks
+from agentfsm.request import system_blocks
+from agentfsm.result import RunResult
+from agentfsm.session import build_registry
+from agentfsm.sessions import load_history
+from agentfsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.testing.scenario import populate_workspace
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolOutput, tool
+from agentfsm.trace import TraceWriter
 
 T = TerminalReason
 
@@ -43,9 +44,9 @@ class PhaseTrace(TraceWriter):
         super().__init__(path)
         self.entered: defaultdict[Phase, asyncio.Event] = defaultdict(asyncio.Event)
 
-    def transition(self, trigger: str, kind: str, before: LoopState, after: LoopState) -> None:
-        super().transition(trigger, kind, before, after)
-        self.entered[after.phase].set()
+    def on_step(self, before: LoopState, step: Any, event: Any) -> None:
+        super().on_step(before, step, event)
+        self.entered[step.state.phase].set()
 
 
 @attrs.define
@@ -310,7 +311,7 @@ async def tool_deferred_unavailable(loop: Loop) -> Run:
 
 
 async def turn_setup_failed(loop: Loop) -> Run:
-    class BrokenPreCompact(LoopHooks):
+    class BrokenPreCompact(NoHooks):
         async def pre_compact(self, trigger: str, custom_instructions: str | None) -> Any:
             raise OSError("hook host unreachable")
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tools.base import ToolContext, ToolOutput
-from tools.bash import (
+from agentfsm.tools.base import ToolContext, ToolOutput
+from agentfsm.tools.bash import (
     ABORTED,
     BACKGROUND_JOBS,
     MAX_OUTPUT_CHARS,

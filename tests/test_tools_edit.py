@@ -13,9 +13,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tools.base import ToolContext, ToolError
-from tools.edit import EditTool, apply_edit
-from tools.read import ReadTool
+from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.edit import EditTool, apply_edit
+from agentfsm.tools.read import ReadTool
 
 NOT_READ = "File has not been read yet. Read it first before writing to it."
 MODIFIED = ("File has been modified since read, either by the user or by a linter. "

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tools.base import ToolContext, ToolError
-from tools.glob import MAX_RESULTS, GlobTool, compile_glob, expand_braces, run_stoppable
+from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.glob import MAX_RESULTS, GlobTool, compile_glob, expand_braces, run_stoppable
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tools.grep as grep_mod
-from tools.base import ToolContext, ToolError
-from tools.grep import GrepTool, Query, may_match_newline, names_a_newline, rg_args, split_globs
+import agentfsm.tools.grep as grep_mod
+from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.grep import GrepTool, Query, may_match_newline, names_a_newline, rg_args, split_globs
 
 HAVE_RG = shutil.which("rg") is not None
 needs_rg = pytest.mark.skipif(not HAVE_RG, reason="ripgrep (rg) is not installed")

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.base import ToolContext, ToolError
-from tools.read import DEFAULT_LIMIT, EMPTY_FILE_WARNING, MAX_LINE_CHARS, ReadTool, render
+from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.read import DEFAULT_LIMIT, EMPTY_FILE_WARNING, MAX_LINE_CHARS, ReadTool, render
 
 
 @pytest.fixture

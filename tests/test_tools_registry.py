@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from tools import ToolRegistry, builtin_tools, tool
-from tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools import ToolRegistry, builtin_tools, tool
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 
 BUILTIN = ["Agent", "Bash", "Glob", "Grep", "Read", "Edit", "Write"]
 

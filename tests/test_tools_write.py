@@ -8,9 +8,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from tools.base import ToolContext, ToolError
-from tools.read import ReadTool
-from tools.write import WriteTool
+from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.read import ReadTool
+from agentfsm.tools.write import WriteTool
 
 NOT_READ = "File has not been read yet. Read it first before writing to it."
 MODIFIED = ("File has been modified since read, either by the user or by a linter. "

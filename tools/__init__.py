@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from tools.agent import AgentTool
-from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
-from tools.bash import BashTool, is_read_only_command
-from tools.edit import EditTool
-from tools.glob import GlobTool
-from tools.grep import GrepTool
-from tools.read import ReadTool
-from tools.registry import ToolRegistry
-from tools.structured_output import StructuredOutputTool
-from tools.write import WriteTool
+from agentfsm.tools.agent import AgentTool
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
+from agentfsm.tools.bash import BashTool, is_read_only_command
+from agentfsm.tools.edit import EditTool
+from agentfsm.tools.glob import GlobTool
+from agentfsm.tools.grep import GrepTool
+from agentfsm.tools.read import ReadTool
+from agentfsm.tools.registry import ToolRegistry
+from agentfsm.tools.structured_output import StructuredOutputTool
+from agentfsm.tools.write import WriteTool
 
 
 def builtin_tools() -> list[Tool]:

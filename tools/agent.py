@@ -3,7 +3,7 @@ controller, session file and query depth (Claude Code's Agent tool, formerly Tas
 
 The tool itself only validates and formats; the host runs the subagent. It finds the runner in
 ``ctx.services["run_subagent"]``: an ``async (SubagentRequest) -> SubagentOutcome`` callable that
-:class:`fsm.session.Session` provides to every tool of its loop. Two modes:
+:class:`agentfsm.session.Session` provides to every tool of its loop. Two modes:
 
 - foreground (default): the parent's tool call lasts as long as the subagent's run; its result is
   the subagent's final text (plus a short ``agentId``/usage trailer, as Claude Code writes it);
@@ -21,7 +21,7 @@ from xml.sax.saxutils import escape
 
 import attrs
 
-from tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput, ValidationResult
 
 GENERAL_PURPOSE = "general-purpose"
 GENERAL_PURPOSE_DESCRIPTION = (

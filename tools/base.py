@@ -1,7 +1,7 @@
 """The Tool protocol (SPEC §4) and the records a tool call produces.
 
 A tool is a subclass of :class:`Tool` (or a coroutine wrapped with :func:`tool`). The executor
-(``fsm.executor``) runs every call through the 15-step pipeline (``fsm.pipeline``); a tool only
+(``agentfsm.executor``) runs every call through the 15-step pipeline (``agentfsm.pipeline``); a tool only
 describes itself and does its work in :meth:`Tool.call`.
 """
 

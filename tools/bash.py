@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000

@@ -9,8 +9,15 @@ from typing import Any
 
 import attrs
 
-from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
-from tools.read import absolute, check_fresh, not_found_message, number_lines, record_read, split_lines
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.read import (
+    absolute,
+    check_fresh,
+    not_found_message,
+    number_lines,
+    record_read,
+    split_lines,
+)
 
 SNIPPET_CONTEXT = 4
 SAME_STRINGS = "No changes to make: old_string and new_string are exactly the same."

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
-from tools.read import CWD_NOTE
+from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.read import CWD_NOTE
 
 T = TypeVar("T")
 

@@ -27,9 +27,9 @@ from typing import Any, Literal, cast
 
 import attrs
 
-from tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
-from tools.glob import VCS_DIRS, display_path, expand_braces, glob_char, run_stoppable
-from tools.read import CWD_NOTE, decode_text
+from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.glob import VCS_DIRS, display_path, expand_braces, glob_char, run_stoppable
+from agentfsm.tools.read import CWD_NOTE, decode_text
 
 Backend = Literal["auto", "rg", "python"]
 OutputMode = Literal["content", "files_with_matches", "count"]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
 
 DEFAULT_LIMIT = 2000
 MAX_LINE_CHARS = 2000

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from tools.base import Tool
+from agentfsm.tools.base import Tool
 
 
 class ToolRegistry:

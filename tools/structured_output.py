@@ -17,7 +17,7 @@ from typing import Any
 
 import jsonschema
 
-from tools.base import Tool, ToolContext, ToolOutput
+from agentfsm.tools.base import Tool, ToolContext, ToolOutput
 
 NAME = "StructuredOutput"
 WRAP_KEY = "output"

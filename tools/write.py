@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
-from tools.read import absolute, check_fresh, record_read
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.read import absolute, check_fresh, record_read
 
 
 class WriteTool(Tool):

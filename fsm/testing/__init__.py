@@ -1,7 +1,7 @@
 """agentfsm's public testing kit: a scripted model (in-process and as a loopback Messages server
 speaking real SSE), the scenario format, the reference's canonical form, and pytest fixtures.
 
-Names are imported on first use: the pytest plugin (``fsm.testing.plugin``) is loaded in every pytest
+Names are imported on first use: the pytest plugin (``agentfsm.testing.plugin``) is loaded in every pytest
 run, and importing this package must not pull in the engine for it.
 """
 
@@ -108,8 +108,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'fsm.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"fsm.testing.{module}"), name)
+        raise AttributeError(f"module 'agentfsm.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"agentfsm.testing.{module}"), name)
     globals()[name] = value
     return value
 
@@ -119,15 +119,15 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from fsm.testing.canonical import (
+    from agentfsm.testing.canonical import (
         canonical_request,
         canonical_requests,
         canonical_result,
         canonical_run,
         load_bodies,
     )
-    from fsm.testing.plugin import find_reference_dir
-    from fsm.testing.scenario import (
+    from agentfsm.testing.plugin import find_reference_dir
+    from agentfsm.testing.scenario import (
         EXHAUSTED_TEXT,
         WORKSPACE_FILES,
         Block,
@@ -153,5 +153,5 @@ if TYPE_CHECKING:
         text_response,
         tool_response,
     )
-    from fsm.testing.scripted import ResponseFactory, ResponseSource, ScriptedModel, stream_error
-    from fsm.testing.server import ScriptedServer, request_from_body
+    from agentfsm.testing.scripted import ResponseFactory, ResponseSource, ScriptedModel, stream_error
+    from agentfsm.testing.server import ScriptedServer, request_from_body

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fsm.model import ModelRequest
+from agentfsm.model import ModelRequest
 
 REMINDER_PREFIX = "<system-reminder>"
 TEXT_LIMIT = 40

@@ -1,16 +1,18 @@
-"""Pytest plugin: fixtures of the agentfsm testing kit (registered as the ``agentfsm`` entry point).
+"""Pytest plugin: fixtures of the agentfsm testing kit. Opt-in: nothing is registered until a project
+asks, with ``pytest -p agentfsm.testing.plugin`` or ``pytest_plugins = ("agentfsm.testing.plugin",)``
+in its ``conftest.py``. Every fixture name starts with ``agentfsm_``; no marker is added.
 
-- ``scripted_workspace``: a temporary directory holding the reference workspace files
+- ``agentfsm_workspace``: a temporary directory holding the reference workspace files
   (``probe-fixture.txt``, ``a.txt``, ``b.txt``); scenarios' ``$WS`` stands for it.
-- ``scripted_model(source, **kw)``: a :class:`~fsm.testing.ScriptedModel` for a scenario (path, dict,
-  :class:`~fsm.testing.Scenario`), a list of responses or a ``(request, n)`` callable.
-- ``scripted_server(source, **kw)``: a started :class:`~fsm.testing.ScriptedServer` on a free loopback
+- ``agentfsm_model(source, **kw)``: a :class:`~agentfsm.testing.ScriptedModel` for a scenario (path, dict,
+  :class:`~agentfsm.testing.Scenario`), a list of responses or a ``(request, n)`` callable.
+- ``agentfsm_server(source, **kw)``: a started :class:`~agentfsm.testing.ScriptedServer` on a free loopback
   port (``.base_url``), stopped at teardown.
-- ``reference_dir`` / ``reference_scenario(name)`` / ``reference_observed(name)``: the reference
-  observations (``$AGENTFSM_REFERENCE_DIR``, else ``../shared/reference`` beside the repository);
-  tests using them are skipped when there is none.
+- ``agentfsm_reference_dir`` / ``agentfsm_reference_scenario(name)`` /
+  ``agentfsm_reference_observed(name)``: the reference observations (``$AGENTFSM_REFERENCE_DIR``,
+  else ``../shared/reference`` beside the repository); tests using them are skipped when there is none.
 
-This module is imported in every pytest run, so it imports the kit only inside fixtures.
+Loading the plugin imports nothing of the kit: fixtures import what they need when used.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from fsm.testing.scenario import Scenario
-    from fsm.testing.scripted import ScriptedModel
-    from fsm.testing.server import ScriptedServer
+    from agentfsm.testing.scenario import Scenario
+    from agentfsm.testing.scripted import ScriptedModel
+    from agentfsm.testing.server import ScriptedServer
 
 REFERENCE_ENV = "AGENTFSM_REFERENCE_DIR"
 
@@ -51,22 +53,16 @@ def find_reference_dir(root: str | os.PathLike[str] | None = None) -> Path | Non
     return None
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "server: talks to a loopback HTTP server the test starts itself (real anthropic SDK path)"
-    )
-
-
 @pytest.fixture
-def scripted_workspace(tmp_path: Path) -> Path:
-    from fsm.testing.scenario import populate_workspace
+def agentfsm_workspace(tmp_path: Path) -> Path:
+    from agentfsm.testing.scenario import populate_workspace
 
     return populate_workspace(tmp_path / "ws").resolve()
 
 
 def _load(source: Any, ws: Path) -> Any:
     """What ScriptedModel/ScriptedServer accept, with $WS substituted wherever it can appear."""
-    from fsm.testing.scenario import Scenario, load_scenario
+    from agentfsm.testing.scenario import Scenario, load_scenario
 
     if isinstance(source, str | os.PathLike | dict | Scenario):
         return load_scenario(source, ws)
@@ -74,28 +70,28 @@ def _load(source: Any, ws: Path) -> Any:
 
 
 @pytest.fixture
-def scripted_model(scripted_workspace: Path) -> Callable[..., ScriptedModel]:
-    from fsm.testing.scripted import ScriptedModel
+def agentfsm_model(agentfsm_workspace: Path) -> Callable[..., ScriptedModel]:
+    from agentfsm.testing.scripted import ScriptedModel
 
     def make(source: Any, **kwargs: Any) -> ScriptedModel:
-        loaded = _load(source, scripted_workspace)
+        loaded = _load(source, agentfsm_workspace)
         if isinstance(loaded, list | tuple):
-            kwargs.setdefault("ws", scripted_workspace)
+            kwargs.setdefault("ws", agentfsm_workspace)
         return ScriptedModel(loaded, **kwargs)
 
     return make
 
 
 @pytest.fixture
-def scripted_server(scripted_workspace: Path) -> Iterator[Callable[..., ScriptedServer]]:
-    from fsm.testing.server import ScriptedServer
+def agentfsm_server(agentfsm_workspace: Path) -> Iterator[Callable[..., ScriptedServer]]:
+    from agentfsm.testing.server import ScriptedServer
 
     started: list[ScriptedServer] = []
 
     def make(source: Any, **kwargs: Any) -> ScriptedServer:
-        loaded = _load(source, scripted_workspace)
+        loaded = _load(source, agentfsm_workspace)
         if isinstance(loaded, list | tuple):
-            kwargs.setdefault("ws", scripted_workspace)
+            kwargs.setdefault("ws", agentfsm_workspace)
         kwargs.setdefault("host", "127.0.0.1")
         kwargs.setdefault("port", 0)
         server = ScriptedServer(loaded, **kwargs)
@@ -109,7 +105,7 @@ def scripted_server(scripted_workspace: Path) -> Iterator[Callable[..., Scripted
 
 
 @pytest.fixture
-def reference_dir(request: pytest.FixtureRequest) -> Path:
+def agentfsm_reference_dir(request: pytest.FixtureRequest) -> Path:
     found = find_reference_dir(request.config.rootpath)
     if found is None:
         pytest.skip(
@@ -119,24 +115,24 @@ def reference_dir(request: pytest.FixtureRequest) -> Path:
 
 
 @pytest.fixture
-def reference_scenario(reference_dir: Path, scripted_workspace: Path) -> Callable[[str], Scenario]:
-    from fsm.testing.scenario import load_scenario
+def agentfsm_reference_scenario(agentfsm_reference_dir: Path, agentfsm_workspace: Path) -> Callable[[str], Scenario]:
+    from agentfsm.testing.scenario import load_scenario
 
     def load(name: str) -> Scenario:
-        path = reference_dir / "scenarios" / f"{name}.json"
+        path = agentfsm_reference_dir / "scenarios" / f"{name}.json"
         if not path.exists():
-            pytest.skip(f"reference scenario {name!r} not found in {reference_dir}")
-        return load_scenario(path, scripted_workspace)
+            pytest.skip(f"reference scenario {name!r} not found in {agentfsm_reference_dir}")
+        return load_scenario(path, agentfsm_workspace)
 
     return load
 
 
 @pytest.fixture
-def reference_observed(reference_dir: Path) -> Callable[[str], dict[str, Any]]:
+def agentfsm_reference_observed(agentfsm_reference_dir: Path) -> Callable[[str], dict[str, Any]]:
     def load(name: str) -> dict[str, Any]:
-        path = reference_dir / "observed" / f"{name}.json"
+        path = agentfsm_reference_dir / "observed" / f"{name}.json"
         if not path.exists():
-            pytest.skip(f"reference observation {name!r} not found in {reference_dir}")
+            pytest.skip(f"reference observation {name!r} not found in {agentfsm_reference_dir}")
         observed: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         return observed
 

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import jsonschema
 
-from fsm.model import (
+from agentfsm.model import (
     BlockDelta,
     BlockStart,
     BlockStop,

@@ -1,7 +1,7 @@
-"""The scripted model in-process: a :class:`fsm.model.ModelClient` that answers from a scenario.
+"""The scripted model in-process: a :class:`agentfsm.model.ModelClient` that answers from a scenario.
 
 It yields exactly the records the SDK transport would assemble from :class:`ScriptedServer`'s SSE
-(both come from :func:`fsm.testing.scenario.response_events`), so a loop test on the in-process
+(both come from :func:`agentfsm.testing.scenario.response_events`), so a loop test on the in-process
 model says something about the loop on the wire too.
 """
 
@@ -14,9 +14,9 @@ import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from fsm.events import ModelError
-from fsm.model import ModelCallError, ModelRequest, StreamEvent, classify_error
-from fsm.testing.scenario import (
+from agentfsm.events import ModelError
+from agentfsm.model import ModelCallError, ModelRequest, StreamEvent, classify_error
+from agentfsm.testing.scenario import (
     HttpErrorResponse,
     Response,
     Scenario,
@@ -87,7 +87,7 @@ def estimate_input_tokens(body: Mapping[str, Any]) -> int:
 
 
 def stream_error(resp: StreamedResponse) -> ModelError:
-    """What the SDK transport makes of a cut stream (kept in step with :mod:`fsm.transport`): an SSE
+    """What the SDK transport makes of a cut stream (kept in step with :mod:`agentfsm.transport`): an SSE
     ``overloaded_error`` is an overload (as a 529), an SSE ``api_error`` or a dropped connection is a
     retryable ``connection`` error, any other SSE error is classified like an API error."""
     if resp.sse_error is not None:
@@ -99,7 +99,7 @@ def stream_error(resp: StreamedResponse) -> ModelError:
 
 
 class ScriptedModel:
-    """A :class:`fsm.model.ModelClient` answering the Nth ``stream`` call with the scenario's R[N].
+    """A :class:`agentfsm.model.ModelClient` answering the Nth ``stream`` call with the scenario's R[N].
 
     ``source``: a :class:`Scenario`, a list of responses (records or their JSON dicts), or a callable
     ``(request, n) -> response`` for property tests. ``ws`` replaces ``$WS`` in a scenario or list.

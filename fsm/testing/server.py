@@ -24,8 +24,8 @@ from typing import IO, Any
 
 import attrs
 
-from fsm.model import ModelRequest
-from fsm.testing.scenario import (
+from agentfsm.model import ModelRequest
+from agentfsm.testing.scenario import (
     HttpErrorResponse,
     Scenario,
     ScenarioError,
@@ -35,7 +35,7 @@ from fsm.testing.scenario import (
     load_scenario,
     response_events,
 )
-from fsm.testing.scripted import ResponseSource, ScriptSource, estimate_input_tokens, session_key
+from agentfsm.testing.scripted import ResponseSource, ScriptSource, estimate_input_tokens, session_key
 
 _MAX_HEADER_BYTES = 1 << 20
 # SSE error types mapped to the status a non-streamed request would have had.

@@ -2,29 +2,29 @@
 
 Three layers, each usable on its own:
 
-* :class:`LoopHarness` — one :class:`~fsm.session.Session` (the real :class:`~fsm.driver.Driver`)
-  talking to an in-process :class:`~fsm.testing.ScriptedModel` that answers from a queue of
+* :class:`LoopHarness` — one :class:`~agentfsm.session.Session` (the real :class:`~agentfsm.driver.Driver`)
+  talking to an in-process :class:`~agentfsm.testing.ScriptedModel` that answers from a queue of
   responses. The model is reactive: at every request it reads the session's trace (flushed record
   by record) to learn where the loop is, so the checks run *during* the run, step by step, not only
   on its outcome. Each run returns a :class:`LoopRun`.
 * :func:`run_loop` — one run of a script in a fresh harness, for ``@given`` tests with
-  :func:`fsm.testing.strategies.model_behaviours`; :func:`invariant_violations` /
+  :func:`agentfsm.testing.strategies.model_behaviours`; :func:`invariant_violations` /
   :func:`assert_invariants` check a :class:`LoopRun`.
 * :class:`AgentLoopStateMachine` — a hypothesis ``RuleBasedStateMachine`` whose rules queue model
   responses, type user input mid-run and run prompts (sometimes interrupted) on one session; users
   subclass it with their own ``tools``, ``hooks``, ``limits`` and invariants.
 
-The invariants (SPEC §3), each checked twice — by :func:`fsm.audit.audit` on the run's trace, and
+The invariants (SPEC §3), each checked twice — by :func:`agentfsm.audit.audit` on the run's trace, and
 directly on what the scripted model received and what the trace recorded:
 
 1. every ``tool_use`` sent to the model has exactly one ``tool_result`` with its id in the next
    (user) message, and no ``tool_result`` lacks its call;
 2. messages alternate user/assistant from a user message (and a turn's request ends with one);
 3. no request is sent after the loop reached ``stop`` (unless a Stop hook re-entered);
-4. no counter exceeds its cap (:data:`fsm.state.COUNTER_CAPS`), nor the turn ``max_turns``;
-5. every state change is a declared edge of :data:`fsm.graph.EDGES`, continuing where the last
+4. no counter exceeds its cap (:data:`agentfsm.state.COUNTER_CAPS`), nor the turn ``max_turns``;
+5. every state change is a declared edge of :data:`agentfsm.graph.EDGES`, continuing where the last
    one ended;
-6. the result's ``subtype``/``is_error`` are those :data:`fsm.state.TERMINAL_INFO` gives its
+6. the result's ``subtype``/``is_error`` are those :data:`agentfsm.state.TERMINAL_INFO` gives its
    terminal reason, which is the reason of the last move into ``stop``.
 """
 
@@ -44,16 +44,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from hypothesis.strategies import SearchStrategy
 
-from fsm import prompts
-from fsm.audit import audit
-from fsm.graph import EDGES_BY_TRIGGER
-from fsm.model import ModelClient, ModelRequest
-from fsm.options import Options
-from fsm.request import normalize
-from fsm.result import RunResult
-from fsm.session import Session
-from fsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, LoopState, Message, Phase
-from fsm.testing.scenario import (
+from agentfsm import prompts
+from agentfsm.audit import audit
+from agentfsm.graph import EDGES_BY_TRIGGER
+from agentfsm.model import ModelClient, ModelRequest
+from agentfsm.options import Options
+from agentfsm.request import normalize
+from agentfsm.result import RunResult
+from agentfsm.session import Session
+from agentfsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, LoopState, Message, Phase
+from agentfsm.testing.scenario import (
     Response,
     Scenario,
     StreamedResponse,
@@ -62,9 +62,10 @@ from fsm.testing.scenario import (
     load_scenario,
     parse_response,
 )
-from fsm.testing.scripted import ScriptedModel
-from fsm.testing.strategies import model_responses, unique_tool_ids
-from tools.base import Tool
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.testing.strategies import model_responses, unique_tool_ids
+from agentfsm.tools.base import Tool
+from agentfsm.trace import read_records
 
 __all__ = [
     "DEFAULT_SUMMARY",
@@ -230,7 +231,7 @@ class RequestContext:
     kind: str
 
 
-# --- direct checks (independent of fsm.audit, so the two cross-check each other) ---------------
+# --- direct checks (independent of agentfsm.audit, so the two cross-check each other) ---------------
 
 
 def _blocks(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -295,10 +296,10 @@ def _is_compaction(request: ModelRequest) -> bool:
 
 
 class _StepChecker:
-    """Follows the trace records of one :meth:`Session.run` as they are written and checks each
-    move when it appears. A session run may hold several driver runs ("legs": a follow-up for input
-    queued after the last absorb point, a background agent's notification); each starts at its
-    ``prompt`` message at ``assemble`` — messages rewritten after a compact boundary are not one."""
+    """Follows the moves of one :meth:`Session.run` as they happen (a step observer of the session)
+    and checks each one. A session run may hold several driver runs ("legs": a follow-up for input
+    queued after the last absorb point, a background agent's notification); each starts at
+    ``assemble``. :meth:`feed` takes trace records instead, for checking a recorded run."""
 
     def __init__(self, limits: Limits) -> None:
         self.caps = attrs.asdict(limits)
@@ -325,6 +326,18 @@ class _StepChecker:
             self._transition(rec)
         elif kind == "request" and self.stopped:
             self.violations.append(f"a request was recorded after the loop reached stop (move {self.moves})")
+
+    def on_step(self, before: LoopState, step: Any, event: Any) -> None:
+        after = step.state
+        if self.stopped and before.phase is Phase.ASSEMBLE and self.at == _STOP:
+            # a new leg: a loop leaves stop only through stop_hook_blocking, which starts at stop
+            self.legs += 1
+            self.at, self.stopped = _START, False
+        elif self.moves == 0:
+            self.legs += 1
+        self._transition({"type": "transition", "from": before.phase.value, "to": after.phase.value,
+                          "trigger": step.trigger, "turn": after.turn_count, "counters": after.counters(),
+                          "terminal_reason": after.terminal_reason.value if after.terminal_reason else None})
 
     def _transition(self, rec: Mapping[str, Any]) -> None:
         self.moves += 1
@@ -373,31 +386,6 @@ def _split_legs(records: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str,
     return [tuple(leg) for leg in legs if any(r.get("type") in ("transition", "result") for r in leg)]
 
 
-class _TraceTail:
-    """Reads a session file incrementally; the trace writer flushes every record, so what is in the
-    file is exactly what the loop has done so far."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: list[dict[str, Any]] = []
-        self._offset = 0
-        self._partial = ""
-
-    def poll(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, encoding="utf-8") as fh:
-            fh.seek(self._offset)
-            chunk = fh.read()
-            self._offset = fh.tell()
-        text = self._partial + chunk
-        lines = text.split("\n")
-        self._partial = lines.pop()  # a record is whole only once its newline is written
-        new = [json.loads(line) for line in lines if line.strip()]
-        self.records.extend(new)
-        return new
-
-
 # --- the harness -------------------------------------------------------------------------------
 
 
@@ -425,7 +413,7 @@ class LoopHarness:
     ``compaction_answer`` (None: they take the next scripted response, as a plain ScriptedModel
     would). ``on_request(ctx)`` runs at every request, before it is answered — to abort, type user
     input, or record something. ``wrap_model`` wraps the scripted model in your own
-    :class:`~fsm.model.ModelClient` — to inject transport faults no scenario record expresses.
+    :class:`~agentfsm.model.ModelClient` — to inject transport faults no scenario record expresses.
     ``history`` seeds the conversation (as a forked or resumed session would start).
     """
 
@@ -443,12 +431,11 @@ class LoopHarness:
         self.compaction_answer = compaction_answer
         self.on_request = on_request
         self.model = ScriptedModel(self._answer)
+        self._checker: _StepChecker | None = None
         self.session = Session(options, client=wrap_model(self.model) if wrap_model else self.model,
-                               history=history)
+                               history=history, observers=(self,))
         assert self.session.trace_path is not None
         self.trace_path: Path = self.session.trace_path
-        self._tail = _TraceTail(self.trace_path)
-        self._checker: _StepChecker | None = None
         self._observed: list[ObservedRequest] = []
         self._main = 0
         self._factory_n = 0
@@ -466,8 +453,12 @@ class LoopHarness:
         return len(self._queue)
 
     def abort(self) -> None:
-        """Interrupt the running loop (as Ctrl-C would)."""
+        """Stop the running loop at once (every running tool cancelled)."""
         self.session.abort()
+
+    def interrupt(self) -> None:
+        """Interrupt the running loop as Ctrl-C would (``cancel`` tools cancelled, ``block`` tools finish)."""
+        self.session.interrupt()
 
     def _next_main(self, request: ModelRequest) -> Response:
         if self._queue:
@@ -483,8 +474,12 @@ class LoopHarness:
             return "subagent"  # a subagent's own loop (the Agent tool) asks the same model
         return "compaction" if _is_compaction(request) else "main"
 
+    def on_step(self, before: LoopState, step: Any, event: Any) -> None:
+        """The session's step observer: the checker follows the loop move by move."""
+        if self._checker is not None:
+            self._checker.on_step(before, step, event)
+
     def _answer(self, request: ModelRequest, _n: int) -> Response:
-        self._catch_up()
         kind = self._kind(request)
         checker = self._checker
         if checker is None:
@@ -513,18 +508,12 @@ class LoopHarness:
             self._main += 1
         return response
 
-    def _catch_up(self) -> None:
-        for rec in self._tail.poll():
-            if self._checker is not None:
-                self._checker.feed(rec)
-
     # running
 
     async def arun(self, prompt: str, *, abort_at: int | None = None, timeout: float = 60.0) -> LoopRun:
         """Run ``prompt`` to its end; ``abort_at=k`` interrupts when the k-th main request (from 0)
         arrives. A loop that does not end within ``timeout`` seconds is a failure."""
-        self._catch_up()
-        start = len(self._tail.records)
+        start = len(list(read_records(self.trace_path)))
         self._checker = _StepChecker(self.options.limits)
         self._observed, self._main, self._abort_at = [], 0, abort_at
         try:
@@ -532,9 +521,8 @@ class LoopHarness:
         except TimeoutError:
             raise AssertionError(f"the loop did not end within {timeout:g}s (prompt {prompt!r}); trace: "
                                  f"{self.trace_path}") from None
-        self._catch_up()
         checker, self._checker = self._checker, None
-        records = self._tail.records
+        records = list(read_records(self.trace_path))
         # the session header belongs to the first run's file, not to the run itself
         run_records = tuple(r for r in records[start:] if r.get("type") != "session")
         assert self.session.last_state is not None
@@ -738,7 +726,7 @@ class AgentLoopStateMachine(RuleBasedStateMachine):
         return list(self.tools)
 
     def response_strategy(self) -> SearchStrategy[Response]:
-        """One model response; by default any kind of :func:`~fsm.testing.strategies.model_responses`."""
+        """One model response; by default any kind of :func:`~agentfsm.testing.strategies.model_responses`."""
         return model_responses(self.all_tools())
 
     def limits_strategy(self) -> SearchStrategy[Limits]:

@@ -1,8 +1,8 @@
 """Hypothesis strategies for model behaviour and tool inputs (public testing kit, SPEC §8).
 
-Every strategy yields the scenario records of :mod:`fsm.testing.scenario` (``StreamedResponse`` /
-``HttpErrorResponse``), so what it draws can be fed to :class:`~fsm.testing.ScriptedModel` (or the
-loopback :class:`~fsm.testing.ScriptedServer`) as is, and printed by hypothesis as a readable script.
+Every strategy yields the scenario records of :mod:`agentfsm.testing.scenario` (``StreamedResponse`` /
+``HttpErrorResponse``), so what it draws can be fed to :class:`~agentfsm.testing.ScriptedModel` (or the
+loopback :class:`~agentfsm.testing.ScriptedServer`) as is, and printed by hypothesis as a readable script.
 
 * one response: :func:`text_responses`, :func:`tool_call_responses` (valid or invalid calls),
   :func:`malformed_responses`, :func:`max_tokens_responses`, :func:`thinking_only_responses`,
@@ -31,10 +31,10 @@ import jsonschema
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from fsm.model import PROMPT_TOO_LONG_MARKERS
-from fsm.pipeline import coerce_input
-from fsm.state import Limits
-from fsm.testing.scenario import (
+from agentfsm.model import PROMPT_TOO_LONG_MARKERS
+from agentfsm.pipeline import coerce_input
+from agentfsm.state import Limits
+from agentfsm.testing.scenario import (
     HttpErrorResponse,
     RawToolJsonBlock,
     Response,
@@ -44,7 +44,7 @@ from fsm.testing.scenario import (
     ThinkingBlock,
     ToolUseBlock,
 )
-from tools.base import Tool
+from agentfsm.tools.base import Tool
 
 __all__ = [
     "api_errors",
@@ -310,7 +310,7 @@ def _wrong_values(prop: Mapping[str, Any]) -> SearchStrategy[Any] | None:
 
 
 def tool_inputs(tool: Tool | Mapping[str, Any], *, valid: bool = True) -> SearchStrategy[dict[str, Any]]:
-    """Inputs for ``tool`` (a :class:`tools.base.Tool` or its input schema).
+    """Inputs for ``tool`` (a :class:`agentfsm.tools.base.Tool` or its input schema).
 
     ``valid=False`` draws the mistakes models make, each invalid after the pipeline's coercion: a
     required parameter missing, a parameter of the wrong type, an unexpected parameter (only when
@@ -512,7 +512,7 @@ def thinking_only_responses() -> SearchStrategy[StreamedResponse]:
 
 
 # status -> (error type, messages); none of the messages is a prompt-too-long marker, one of the
-# 400s is an image error (classified as such by fsm.model.classify_error)
+# 400s is an image error (classified as such by agentfsm.model.classify_error)
 _API_ERRORS: Mapping[int, tuple[str, tuple[str, ...]]] = {
     400: (
         "invalid_request_error",

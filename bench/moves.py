@@ -1,0 +1,123 @@
+"""The machine's own cost: one move, and one loop's machine, against a plain walk of the same table.
+
+A conversation of two model turns is fired as events (assemble, open, a tool call, the batch — which
+is two moves, collect and the automatic next_turn — then assemble, open, an answer, the Stop-hook
+verdict): nine moves. Three ways, in alternating rounds, median reported:
+
+* ``machine``: :class:`agentfsm.graph.LoopMachine` as the driver uses it — a model added to the
+  module-level ``transitions.Machine``, every event fired through it (it evaluates the guards in
+  declared order and runs the route's effect), the model removed at the end;
+* ``table walk``: the same routes walked by hand (``ROUTES_BY_KEY``, first guard that holds, the same
+  effect) — what the machine costs without ``transitions``;
+* ``evolve``: one ``attrs.evolve`` of the state per move — the floor of any design that keeps frozen
+  snapshots.
+
+Printed: µs per move for each, the machine's set-up and tear-down per loop, and the ratios.
+
+    python bench/moves.py [--n 3000] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine, median, ratio
+
+from agentfsm import graph
+from agentfsm.events import (
+    Assembled,
+    ModelResponse,
+    StopHookVerdict,
+    StreamEnded,
+    StreamOpened,
+    ToolsDrained,
+)
+from agentfsm.state import Limits, LoopState, Message
+
+LIMITS = Limits()
+USE = ({"type": "tool_use", "id": "t1", "name": "Echo", "input": {"text": "x"}},)
+EVENTS = (
+    Assembled(), StreamOpened(), StreamEnded(ModelResponse(USE, "tool_use")),
+    ToolsDrained(Message("assistant", USE, kind="assistant"),
+                 Message("user", ({"type": "tool_result", "tool_use_id": "t1", "content": "x"},), kind="tool_results")),
+    Assembled(), StreamOpened(), StreamEnded(ModelResponse(({"type": "text", "text": "done"},), "end_turn")),
+    StopHookVerdict(),
+)
+MOVES = 9
+
+
+def start() -> LoopState:
+    return LoopState(messages=(Message("user", "go"),))
+
+
+def by_machine() -> None:
+    with graph.LoopMachine(start()) as m:
+        for ev in EVENTS:
+            m.fire(ev, LIMITS)
+
+
+def by_table() -> None:
+    state = start()
+    for ev in EVENTS:
+        while True:
+            for route in graph.ROUTES_BY_KEY[(state.phase, type(ev))]:
+                if route.guard is None or route.guard(state, ev, LIMITS):
+                    state = graph._next_state(state, route, ev, LIMITS)
+                    break
+            if state.phase not in graph.AUTOMATIC:
+                break
+
+
+def by_evolve() -> None:
+    state = start()
+    for i in range(MOVES):
+        state = attrs.evolve(state, turn_count=i)
+
+
+def set_up_only() -> None:
+    graph.LoopMachine(start()).close()
+
+
+def _round(fn: Callable[[], None], n: int) -> float:
+    t0 = time.process_time()
+    for _ in range(n):
+        fn()
+    return (time.process_time() - t0) / n * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=3000, help="loops per round (default 3000)")
+    ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
+    args = ap.parse_args(argv)
+    fns = {"machine": by_machine, "table walk": by_table, "evolve": by_evolve, "set-up": set_up_only}
+    for fn in fns.values():  # warm-up
+        _round(fn, 50)
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(args.rounds):
+        order = list(fns.items()) if r % 2 == 0 else list(reversed(fns.items()))
+        for name, fn in order:
+            got[name].append(_round(fn, args.n))
+    per = {k: median(v) for k, v in got.items()}
+    move_machine = (per["machine"] - per["set-up"]) / MOVES
+    print(f"machine: {machine()}")
+    print(f"moves: {args.n} loops x {MOVES} moves per round, {args.rounds} rounds, median round, CPU")
+    print(f"  transitions machine:  {move_machine:7.1f} us/move  (+ {per['set-up']:.1f} us set-up and tear-down "
+          "per loop)")
+    print(f"  plain table walk:     {per['table walk'] / MOVES:7.1f} us/move")
+    print(f"  attrs.evolve alone:   {per['evolve'] / MOVES:7.1f} us/move")
+    print(f"  ratio machine/walk:   {ratio(move_machine, per['table walk'] / MOVES)}")
+    print(f"  ratio machine/evolve: {ratio(move_machine, per['evolve'] / MOVES)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
