@@ -1,5 +1,5 @@
 """Shared pieces of the benchmarks: the scripted conversation, the custom tool, the bare loop of
-seed 001, the machine description and small statistics helpers.
+the 30-line teaching loop, the machine description and small statistics helpers.
 
 Every bench measures its baseline in the same process and the same run as the engine, so a ratio
 compares like with like even on a busy machine (CPU time is reported next to wall time because

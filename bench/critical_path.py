@@ -13,7 +13,7 @@ Printed per repeat and as the median:
   that block), plus the tool's duration; nothing can finish earlier, since that tool cannot start
   before its block is complete. (The schedule's own figure is printed alongside.)
 * naive  — what a loop that waits for ``message_stop`` and runs the tools one after another takes:
-  the measured stream time plus 3 × tool time (seed 001's loop).
+  the measured stream time plus 3 × tool time (the 30-line teaching loop).
 
 Target: wall / ideal ≤ 1.05. No assertion: the figures are printed for the reader.
 

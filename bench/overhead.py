@@ -1,4 +1,4 @@
-"""Engine overhead against the bare loop of seed 001.
+"""Engine overhead against the 30-line teaching loop (``bench/_common.bare_loop``).
 
 Both loops talk to the same in-process ScriptedModel and call the same custom tool (no delay), for
 N conversations of K tool turns plus a final answer each. What differs is everything the engine adds:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()}")
     print(f"overhead: {args.n} conversations x ({args.k} tool turns + 1 answer) = {iterations} iterations "
           f"per round, {args.rounds} rounds, median round")
-    print(f"  bare loop (seed 001): {b_cpu:8.1f} us/iter CPU  {b_wall:8.1f} us/iter wall")
+    print(f"  bare loop (30 lines): {b_cpu:8.1f} us/iter CPU  {b_wall:8.1f} us/iter wall")
     print(f"  engine (Session):     {e_cpu:8.1f} us/iter CPU  {e_wall:8.1f} us/iter wall")
     print(f"  ratio engine/bare:    {ratio(e_cpu, b_cpu)} CPU  {ratio(e_wall, b_wall)} wall   (target <= 2x)")
     print(f"  engine extra per iteration: {e_cpu - b_cpu:.1f} us CPU")

@@ -3,7 +3,8 @@
 One run = a new Session on a new ScriptedModel, one tool turn (the Echo tool) and a final answer,
 each in its own ``asyncio.run`` (a property test starts a fresh event loop per example). Measured:
 
-* the bare loop of seed 001 on the same script and tool (the baseline, same process, same run);
+* the 30-line teaching loop (``bench/_common.bare_loop``) on the same script and tool (the baseline,
+  same process, same run);
 * the engine without a trace (``Options(write_trace=False)``);
 * the engine writing its session file (one JSONL record per message/move/request, flushed);
 * the engine under ``hypothesis.given`` (no trace): examples per second including hypothesis's own
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[tuple[str, float, float, str]] = []
     b = rate(bare, args.runs)
-    rows.append(("bare loop (seed 001)", *b, "baseline"))
+    rows.append(("bare loop (30 lines)", *b, "baseline"))
     e = rate(engine, args.runs)
     rows.append(("engine, no trace", *e, f"{e[0] / b[0]:.2f}x of bare"))
     t = rate(traced, args.runs)

@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "AgentDefinition": "agentfsm.options",
     "Limits": "agentfsm.state",
     "Session": "agentfsm.session",
-    "open_session": "agentfsm.sessions",
+    "open_session": "agentfsm.resume",
 }
 
 __all__ = ["AgentClient", "AgentDefinition", "Limits", "Options", "Session", "__version__", "open_session",
@@ -44,6 +44,6 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from agentfsm.api import AgentClient, query
     from agentfsm.options import AgentDefinition, Options
+    from agentfsm.resume import open_session
     from agentfsm.session import Session
-    from agentfsm.sessions import open_session
     from agentfsm.state import Limits

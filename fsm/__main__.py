@@ -1,3 +1,5 @@
+"""``python -m agentfsm``: the command line (:mod:`agentfsm.cli`)."""
+
 import sys
 
 from agentfsm.cli import main

@@ -40,8 +40,7 @@ import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import structlog
-
+from agentfsm import log as fsm_log
 from agentfsm.model import ModelClient
 from agentfsm.options import Options
 from agentfsm.result import RunResult
@@ -92,7 +91,7 @@ async def drive(session: Session, inputs: AsyncIterable[Any] | None = None, *,
     the result of every run. An invalid message before the first valid one raises
     :class:`InputError`; later ones are reported (``system``/``warning``) and skipped.
     """
-    log = structlog.get_logger("agentfsm").bind(session_id=session.session_id)
+    log = fsm_log.get_logger("agentfsm", session_id=session.session_id)
     done = inputs is None
     accepted = 0
 
@@ -159,7 +158,7 @@ async def query(prompt: Prompt | AsyncIterable[Mapping[str, Any]], *, options: O
 
     Leaving the loop early interrupts the run and closes the session.
     """
-    from agentfsm.sessions import open_session
+    from agentfsm.resume import open_session
 
     out: asyncio.Queue[Any] = asyncio.Queue()
     session = open_session(options or Options(), client=client, emit=out.put_nowait,
@@ -194,7 +193,7 @@ async def _finish(task: asyncio.Future[Any]) -> None:
         task.cancel()
         await asyncio.wait({task})
     if not task.cancelled() and task.exception() is not None:
-        structlog.get_logger("agentfsm").warning("api.run_failed_on_close", error=repr(task.exception()))
+        fsm_log.get_logger("agentfsm").warning("api.run_failed_on_close", error=repr(task.exception()))
 
 
 class AgentClient:
@@ -227,7 +226,7 @@ class AgentClient:
         return self.session.session_id
 
     async def connect(self) -> AgentClient:
-        from agentfsm.sessions import open_session
+        from agentfsm.resume import open_session
 
         if self._session is None:
             self._session = open_session(self.options, client=self._client, emit=self._messages.put_nowait,

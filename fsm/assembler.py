@@ -1,8 +1,8 @@
 """Assembles streamed events into content blocks.
 
 A block is complete at its ``content_block_stop``; that is the moment a ``tool_use`` is handed to the
-executor — before ``message_stop`` (SPEC §3 step 3). ``stop_reason`` is recorded but never trusted
-alone to decide whether tools exist (seed 001): the blocks themselves decide.
+executor — before ``message_stop`` (docs/behaviour.md §3 step 3). ``stop_reason`` is recorded but never trusted
+alone to decide whether tools exist (docs/behaviour.md §3): the blocks themselves decide.
 
 A sequence the Messages protocol does not allow (a delta for a block that is not open, a second
 ``message_start``, ``message_stop`` with blocks still open or without any ``stop_reason``, anything

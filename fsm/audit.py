@@ -46,7 +46,7 @@ from agentfsm.state import (
     TerminalReason,
     ToolUseContext,
 )
-from agentfsm.trace import TRACE_VERSION, graph_digest
+from agentfsm.trace import PROMPT_KINDS, TRACE_VERSION, RunStarts, graph_digest
 
 __all__ = ["CODES", "Coverage", "Finding", "Move", "NotATrace", "audit", "audit_file", "check_request",
            "coverage", "declared_moves", "main", "read_numbered", "trace_files"]
@@ -282,8 +282,10 @@ class _Auditor:
         self.findings.append(Finding(line, code, message))
 
     def run(self, records: Iterable[tuple[int, Mapping[str, Any]]]) -> list[Finding]:
-        saw_session = rewriting = replacing = False
+        saw_session = replacing = False
+        starts = RunStarts()
         for line, rec in records:
+            new_run = starts.starts_run(rec)
             self._seq(line, rec)
             kind = rec.get("type")
             if kind == "session":
@@ -297,17 +299,16 @@ class _Auditor:
                          "records before any session record: the caps of the default Limits are used")
             if kind == "compact_boundary":
                 # the messages that follow, up to the next other record, are the new view
-                rewriting = replacing = True
+                replacing = True
                 continue
             if kind == "message":
-                if rec.get("kind") in ("prompt", "erased_prompt") and not rewriting:
+                if new_run:
                     self._end_run()
-                if not rewriting:
+                if not starts.rewriting:
                     self._check_appended(line, rec)
                 self._message(rec, replace=replacing)
                 replacing = False
                 continue
-            rewriting = False
             if kind in ("transition", "request", "result") and not self.active:
                 self.active, self.run_start = True, line
             if kind == "transition":
@@ -331,7 +332,7 @@ class _Auditor:
 
     def _check_appended(self, line: int, rec: Mapping[str, Any]) -> None:
         """A message record after a replayed move: it must be the next message that move added."""
-        if not self.appended or rec.get("kind") in ("prompt", "erased_prompt"):
+        if not self.appended or rec.get("kind") in PROMPT_KINDS:
             return
         move_line, want = self.appended.pop(0)
         got = message_skeleton(Message(str(rec.get("role")), tuple(

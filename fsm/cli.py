@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--session-id", default=None)
     p.add_argument("--sessions-dir", default=None, help="where session files go")
     p.add_argument("--scripted", default=None, metavar="SCENARIO.json",
-                   help="answer with the in-process scripted model instead of an API")
+                   help="answer with the in-process scripted model instead of an API (a scenario file, or the "
+                        "name of an embedded one: read_probe)")
     p.add_argument("--cwd", default=None, help="working directory of the session")
     return p
 
@@ -212,7 +213,7 @@ async def run_print(args: argparse.Namespace) -> int:
     from agentfsm import log
     from agentfsm.api import InputError, drive
     from agentfsm.options import Options
-    from agentfsm.sessions import open_session, plan_session
+    from agentfsm.resume import open_session, plan_session
 
     options: Options = options_from_args(args)
     try:
@@ -222,11 +223,11 @@ async def run_print(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     client = None
     if args.scripted:
-        from agentfsm.testing.scenario import load_scenario
+        from agentfsm.testing.scenario import load_scenario, scenario_path
         from agentfsm.testing.scripted import ScriptedModel
 
         try:
-            client = ScriptedModel(load_scenario(Path(args.scripted), ws=str(options.cwd)))
+            client = ScriptedModel(load_scenario(scenario_path(args.scripted), ws=str(options.cwd)))
         except (OSError, ValueError) as exc:
             raise UsageError(f"--scripted: {exc}") from None
     else:

@@ -14,8 +14,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import structlog
-
+from agentfsm import log as fsm_log
 from agentfsm import prompts
 from agentfsm.assembler import ResponseAssembler, StreamProtocolError
 from agentfsm.events import Compaction
@@ -23,10 +22,10 @@ from agentfsm.model import ModelCallError, ModelClient, ModelRequest
 from agentfsm.request import normalize
 from agentfsm.state import Message
 
-log = structlog.get_logger("agentfsm.compact")
+log = fsm_log.get_logger("agentfsm.compact")
 
-# Tokens are estimated as characters / 4 wherever the API has not reported a count: the ratio the
-# reference tooling uses, and the one the scripted model reports, so estimates and reports agree.
+# Tokens are estimated as characters / 4 wherever the API has not reported a count: the usual rough
+# ratio for English text and code, and the one the scripted model reports, so estimates and reports agree.
 CHARS_PER_TOKEN = 4
 
 UsageSink = Callable[[str, Mapping[str, Any]], None]

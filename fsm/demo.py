@@ -1,6 +1,6 @@
-"""``agentfsm demo``: the seeds' read probe, end to end, with no API key.
+"""``agentfsm demo``: the read probe, end to end, with no API key.
 
-A scripted Messages server on loopback answers like the seed's controlled model (first a Read
+A scripted Messages server on loopback answers like a controlled model (first a Read
 tool_use, then a text answer); the loop talks to it through the real ``anthropic`` SDK in a temporary
 workspace, and the demo prints the conversation, the path through the graph and the trace file.
 """

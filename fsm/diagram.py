@@ -1,7 +1,7 @@
 """Diagrams of the agent loop, derived from :data:`agentfsm.graph.EDGES` and nothing else.
 
 ``agentfsm diagram`` writes ``diagrams/agent_loop.{mmd,dot,svg}`` (+ a README); ``--check`` fails
-when any of them no longer matches the declaration, which is how CI keeps them honest (SPEC §8).
+when any of them no longer matches the declaration, which is how CI keeps them honest (docs/behaviour.md §8).
 
 Mermaid output is a ``flowchart``, not a ``stateDiagram-v2``: only flowcharts have dotted arrows
 (``-.->``) and per-edge ``linkStyle`` colours, which is what tells a re-entry from a forward edge at a

@@ -62,6 +62,7 @@ from agentfsm.request import normalize
 from agentfsm.result import RunAccount, RunResult, build_result
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
 from agentfsm.tools.base import ToolContext
+from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 from agentfsm.trace import TraceWriter
 
 Emit = Callable[[dict[str, Any]], None]
@@ -199,8 +200,8 @@ class Driver:
                 setup_failure = SetupFailed(TerminalReason.HOOK_STOPPED, reason)
                 erased = True
             elif submitted.additional_context:
-                first = attrs.evolve(first, content=first.content + tuple(
-                    {"type": "text", "text": prompts.reminder(c)} for c in submitted.additional_context))
+                first = attrs.evolve(first, content=first.content + prompts.reminder_blocks(
+                    submitted.additional_context))
         # the prompt record marks where this run starts in the file (before anything the run
         # writes); an erased one is recorded as such, and resume leaves it out of the history
         self.trace.message(attrs.evolve(first, kind="erased_prompt") if erased else first)
@@ -476,7 +477,8 @@ class Driver:
         self._account(response)
         self.log.info("model.stream_end", stop_reason=response.stop_reason, blocks=len(response.blocks),
                       tool_uses=len(response.tool_uses()))
-        return StreamEnded(response, json_schema=self.options.json_schema is not None)
+        return StreamEnded(response, json_schema=self.options.json_schema is not None,
+                           structured_output_ids=_calls_of(response.tool_uses(), STRUCTURED_OUTPUT))
 
     async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
         """The stream was cut by a stop. On the user's interrupt, ``block`` tools the response already
@@ -584,7 +586,7 @@ class Driver:
         for r in ordered:
             if r.permission_denial is not None:
                 self.account.denials.append(r.permission_denial)
-            if r.tool_name == graph.STRUCTURED_OUTPUT_TOOL and not r.is_error:
+            if r.tool_name == STRUCTURED_OUTPUT and not r.is_error:
                 self.account.structured_output = r.output_data
         user = Message("user", tuple(r.block for r in ordered), kind="tool_results")
         stop = next((r for r in ordered if r.stop), None)
@@ -594,13 +596,13 @@ class Driver:
             [{"tool_name": r.tool_name, "tool_input": dict(_input_of(assistant, r.tool_use_id)),
               "tool_use_id": r.tool_use_id, "tool_response": r.block.get("content")} for r in ordered])
         if post.additional_context:
-            user = attrs.evolve(user, content=user.content + tuple(
-                {"type": "text", "text": prompts.reminder(c)} for c in post.additional_context))
+            user = attrs.evolve(user, content=user.content + prompts.reminder_blocks(post.additional_context))
         return ToolsDrained(
             assistant=assistant, results=user, deferred_ids=tuple(r.tool_use_id for r in ordered if r.deferred),
             hook_stopped=stop is not None, hook_stop_reason=stop.stop_reason if stop else "",
             ends_turn=any(r.ends_turn for r in ordered), post_batch_blocked=post.blocked or post.stop,
-            post_batch_reason=post.reason or post.stop_reason, context_layers=executor.context_layers())
+            post_batch_reason=post.reason or post.stop_reason, context_layers=executor.context_layers(),
+            structured_output_ids=_calls_of(assistant.content, STRUCTURED_OUTPUT))
 
     async def _drain(self, executor: StreamingToolExecutor) -> tuple[list[CallResult], bool]:
         """Every result of the batch, emitting each as soon as it may be shown; and whether the user
@@ -699,7 +701,7 @@ class Driver:
         for r in results:
             self._emit_result(r.block)
         messages = (*history[:-1], replaced)
-        # The session file's history view is rewritten from here on (agentfsm.sessions.load_history
+        # The session file's history view is rewritten from here on (agentfsm.resume.load_history
         # reads what follows the last boundary); the run's prompt, already recorded, closes the new view.
         self.trace.compact_boundary("deferred_resume", 0)
         for m in (*messages, first):
@@ -746,12 +748,16 @@ def _rewritten(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
 def _with_structured_output(registry: ToolLookup, schema: Mapping[str, Any] | None) -> ToolLookup:
     """The registry plus the ``StructuredOutput`` tool when a JSON schema asks for it (unless the
     session already registered one)."""
-    if schema is None or registry.get(graph.STRUCTURED_OUTPUT_TOOL) is not None:
+    if schema is None or registry.get(STRUCTURED_OUTPUT) is not None:
         return registry
     from agentfsm.tools.registry import ToolRegistry
     from agentfsm.tools.structured_output import StructuredOutputTool
 
     return ToolRegistry([*registry.tools(), StructuredOutputTool(schema)])
+
+
+def _calls_of(blocks: Sequence[Mapping[str, Any]], name: str) -> tuple[str, ...]:
+    return tuple(b["id"] for b in blocks if b.get("type") == "tool_use" and b.get("name") == name)
 
 
 def _interrupted(tool_use_id: str) -> dict[str, Any]:

@@ -123,11 +123,12 @@ class CallFailed:
 
 @attrs.frozen
 class StreamEnded:
-    """The response ended (``message_stop``). ``json_schema``: the run must end with a
-    StructuredOutput call (``--json-schema``)."""
+    """The response ended (``message_stop``). ``json_schema``: the run must end with a call of the
+    structured-output tool (``--json-schema``); ``structured_output_ids``: this response's calls of it."""
 
     response: ModelResponse
     json_schema: bool = False
+    structured_output_ids: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -158,6 +159,8 @@ class ToolsDrained:
     post_batch_blocked: bool = False
     post_batch_reason: str = ""
     context_layers: Mapping[str, Any] = attrs.field(factory=dict)
+    # the batch's calls of the structured-output tool (--json-schema)
+    structured_output_ids: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -260,7 +263,7 @@ def _decode_field(name: str, kind: Any, value: Any) -> Any:
         return ModelError(**value)
     if kind in (TerminalReason, "TerminalReason"):
         return TerminalReason(value)
-    if name == "deferred_ids":
+    if name in ("deferred_ids", "structured_output_ids"):
         return tuple(value)
     if name == "context_layers":
         return {k: None for k in value}

@@ -1,4 +1,4 @@
-"""The streaming tool executor (SPEC §4; seed 004 "工具并发不是“全部 Promise.all”").
+"""The streaming tool executor (docs/behaviour.md §4).
 
 One executor per model response. The driver calls :meth:`StreamingToolExecutor.add_tool` at each
 ``tool_use`` block's ``content_block_stop`` — while the model is still streaming — and the call
@@ -147,7 +147,7 @@ class StreamingToolExecutor:
                 return False, prepared
             # a copy: is_concurrency_safe must not be able to change what the tool will run with
             return bool(tool.is_concurrency_safe(dict(prepared.input))), prepared
-        except Exception as exc:  # the seed: a verdict that cannot be reached is "unsafe"
+        except Exception as exc:  # as Claude Code does: a verdict that cannot be reached is "unsafe"
             log.warning("tool.concurrency_check_failed", tool_use_id=block.get("id"), tool_name=tool.name,
                         error=repr(exc))
             return False, prepared
@@ -346,10 +346,6 @@ class StreamingToolExecutor:
     def aborted(self) -> bool:
         return self._discarded is not None
 
-    @property
-    def interrupted_by_user(self) -> bool:
-        return self._interrupted
-
     # --- interrupt and abort ---------------------------------------------------------------------
 
     def interrupt(self) -> list[str]:
@@ -405,7 +401,7 @@ def _interrupt_behavior(tool: Tool | None) -> InterruptBehavior:
         return "block"
     try:
         behavior = tool.interrupt_behavior()
-    except Exception as exc:  # the seed: undeclared, raising or unreadable means "block"
+    except Exception as exc:  # as Claude Code does: undeclared, raising or unreadable means "block"
         log.warning("tool.interrupt_behavior_failed", tool_name=tool.name, error=repr(exc))
         return "block"
     return "cancel" if behavior == "cancel" else "block"

@@ -66,8 +66,6 @@ STATES: tuple[Phase, ...] = (A, C, S, D, F, X)
 # the phases that perform work an abort can interrupt (feedback decides at once: nothing arrives there)
 RUNNING: tuple[Phase, ...] = (A, C, S, D)
 T = TerminalReason
-# The tool a --json-schema run must end with (agentfsm.tools.structured_output).
-STRUCTURED_OUTPUT_TOOL = "StructuredOutput"
 # The kind of the tool_result message of a call a PreToolUse hook deferred: a resumed run finds it
 # there (it survives in the session file) and runs the call again before the next request.
 DEFERRED_RESULTS = "deferred_tool_results"
@@ -297,7 +295,7 @@ def thinking_only(s: LoopState, e: StreamEnded, lim: Limits) -> bool:
 
 @_named("structured_output_missing")
 def structured_output_missing(_s: LoopState, e: StreamEnded, _lim: Limits) -> bool:
-    return e.json_schema and not any(b.get("name") == STRUCTURED_OUTPUT_TOOL for b in e.response.tool_uses())
+    return e.json_schema and not e.structured_output_ids
 
 
 @_named("aborted")
@@ -333,9 +331,8 @@ def post_batch_blocked(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
 
 
 def structured_output_failed(event: ToolsDrained) -> bool:
-    """A StructuredOutput call of this batch got an error result (its input failed the schema)."""
-    calls = {b["id"] for b in event.assistant.content
-             if b.get("type") == "tool_use" and b.get("name") == STRUCTURED_OUTPUT_TOOL}
+    """A structured-output call of this batch got an error result (its input failed the schema)."""
+    calls = set(event.structured_output_ids)
     return any(b.get("is_error") for b in event.results.content
                if b.get("type") == "tool_result" and b.get("tool_use_id") in calls)
 
@@ -366,10 +363,6 @@ def verdict_blocked(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> bool:
 # sets): pure, from (state, event, limits). Terminal routes return ``terminal_reason``.
 Effect = Callable[[LoopState, Any, Limits], Mapping[str, Any]]
 Notices = Callable[[LoopState, Any, Limits], tuple[str, ...]]
-
-
-def no_change(_s: LoopState, _e: Any, _lim: Limits) -> Mapping[str, Any]:
-    return {}
 
 
 def _stop(reason: TerminalReason, detail: str | None = None) -> Effect:
@@ -915,14 +908,6 @@ def advance(state: LoopState, event: Event, limits: Limits) -> tuple[Step, ...]:
 def decide(state: LoopState, event: Event, limits: Limits) -> Step:
     """The first move ``event`` causes from ``state`` (see :func:`advance`). Pure."""
     return advance(state, event, limits)[0]
-
-
-def route_for(step: Step, source: Phase) -> Route:
-    """The route a step took from ``source`` (by edge and guard name)."""
-    for r in ROUTES:
-        if source in r.sources and r.edge == step.trigger and r.guard_name == step.route:
-            return r
-    raise KeyError(f"no route {step.route!r} to {step.trigger!r} from {source.value}")
 
 
 # --- pure decisions the driver asks before doing I/O ------------------------------------------

@@ -1,6 +1,10 @@
-"""structlog set-up. stdout belongs to the headless protocol, so logs go to a file (JSON lines) or to
-stderr (console rendering); when nobody listens, the filtering logger drops events before any
-formatting happens."""
+"""Logging for the loop: loggers that follow the host's structlog configuration, and the CLI's set-up.
+
+Library code only *gets* loggers (:func:`get_logger`); it never configures structlog. When the host
+application configured structlog, agentfsm's events go through the host's processors like its own;
+when nobody did, they are dropped (structlog's default would print them to stdout, which belongs
+to the headless protocol). Only the CLI calls :func:`configure`: JSON lines to the session's log
+file, or a console rendering to stderr with ``--debug``."""
 
 from __future__ import annotations
 
@@ -52,12 +56,6 @@ def configure(mode: str = "off", *, file: Path | None = None, level: str = "info
     )
 
 
-def ensure_configured() -> None:
-    """Library use: never let structlog's default (printing to stdout) through."""
-    if not structlog.is_configured():
-        configure("off")
-
-
 def _config_key() -> tuple[Any, ...] | None:
     cfg = _STRUCTLOG_CONFIG
     if cfg is None:
@@ -85,6 +83,8 @@ class ModuleLogger:
         self._logger: Any = None
 
     def _current(self) -> Any:
+        if not structlog.is_configured():
+            return _DROP  # nobody configured logging: drop, without configuring anything globally
         key = _config_key()
         if key is None or key != self._key or self._logger is None:
             self._logger = structlog.get_logger(self._name).bind(**self._context)
@@ -123,9 +123,20 @@ def get_logger(name: str, **context: Any) -> ModuleLogger:
     return ModuleLogger(name, **context)
 
 
-def enabled(level: int = logging.INFO) -> bool:
-    """Whether the current configuration processes events at ``level`` (False under ``off``)."""
-    return _PROBE.is_enabled_for(level)
+class _Drop:
+    """What a logger is while nobody configured logging: every event dropped, nothing formatted."""
+
+    def bind(self, **_values: Any) -> _Drop:
+        return self
+
+    def is_enabled_for(self, _level: int) -> bool:
+        return False
+
+    def _drop(self, _event: str, **_kw: Any) -> None:
+        return None
+
+    debug = info = warning = error = exception = critical = _drop
 
 
+_DROP = _Drop()
 _PROBE = ModuleLogger("agentfsm")

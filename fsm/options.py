@@ -62,7 +62,6 @@ class Options:
     hooks: Mapping[str, Any] = attrs.field(factory=dict)  # Python hooks: event -> [HookMatcher]
     extra_tools: tuple[Any, ...] = ()  # user Tool instances
     write_trace: bool = True
-    include_partial: bool = False
     # subagent types for the Agent tool, besides the built-in "general-purpose"
     agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
     # asked before every model request; a true answer ends the run `background_requested`

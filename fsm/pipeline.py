@@ -1,4 +1,4 @@
-"""The pipeline one ``tool_use`` block goes through (SPEC §4; seed 004 "单个工具调用的执行管线").
+"""The pipeline one ``tool_use`` block goes through (docs/behaviour.md §4).
 
 :func:`run_tool_call` runs the fifteen steps in order, each under its own timer:
 
@@ -11,33 +11,30 @@
 Nothing raised on the way escapes: an unknown tool, bad JSON, a schema violation, a denial, a hook
 error, an exception in the tool, even a cancellation all become a :class:`CallResult` whose
 ``block`` is a ``tool_result`` with the call's id (``is_error: true`` for failures), so the
-conversation never holds an unpaired ``tool_use``. Error texts follow the reference client's.
+conversation never holds an unpaired ``tool_use``. Error texts follow Claude Code's.
 
 :class:`ToolTable` wraps whatever registry the host has (a ``tools.ToolRegistry``, a mapping, a
-list of tools) and owns the compiled JSON Schema validators, built once per tool.
+list of tools) and keeps each tool's validators (compiled by :mod:`agentfsm.tools.schema`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import difflib
-import functools
 import inspect
 import json
-import math
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-import jsonschema
-from jsonschema.exceptions import SchemaError, ValidationError
+from jsonschema.exceptions import SchemaError
 
 from agentfsm import log as fsm_log
 from agentfsm.ports import PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.schema import coerce_input, compile_validator, schema_issues
 
 log = fsm_log.get_logger("agentfsm.tools")
 
@@ -225,11 +222,6 @@ class ToolTable:
         """Compiled once per tool; raises :class:`jsonschema.SchemaError` for a broken schema."""
         return self._compiled(self._validators, tool, tool.input_schema)[0]
 
-    def output_validator(self, tool: Tool) -> Any | None:
-        if tool.output_schema is None:
-            return None
-        return self._compiled(self._out_validators, tool, tool.output_schema)[0]
-
     @staticmethod
     def _compiled(cache: dict[int, tuple[Tool, Any, Any]], tool: Tool,
                   schema: Mapping[str, Any]) -> tuple[Any, Callable[[Any], bool] | None]:
@@ -237,9 +229,7 @@ class ToolTable:
         hit = cache.get(id(tool))
         if hit is not None and hit[0] is tool:
             return hit[1], hit[2]
-        text = json.dumps(schema, default=str)
-        validator = _compile_schema(text)
-        fast = _compile_fast(text)
+        validator, fast = compile_validator(schema)
         cache[id(tool)] = (tool, validator, fast)
         return validator, fast
 
@@ -269,279 +259,6 @@ class ToolTable:
         if fast is not None and fast(data):
             return []
         return schema_issues(validator, data)
-
-
-@functools.lru_cache(maxsize=512)
-def _compile_schema(schema_json: str) -> Any:
-    """Validators are shared by every table (the executor builds one per response), keyed by the
-    schema's JSON (key order kept: issue lines follow the schema's property order); raises
-    :class:`jsonschema.SchemaError` for a broken schema."""
-    cls = jsonschema.Draft202012Validator
-    schema = json.loads(schema_json)
-    cls.check_schema(schema)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
-
-
-# --- fast acceptance of plainly valid input ----------------------------------------------------
-#
-# jsonschema walks a valid instance through generic keyword dispatch (~15-20 µs for a tool input of
-# three fields, paid by every call). Tool schemas are nearly always the plain subset below, so a
-# checker compiled from that subset answers "valid" in a few µs. It only ever *accepts*: anything it
-# is unsure of (a keyword outside the subset, a float where an integer is wanted, an enum of
-# objects) answers False, and the jsonschema validator then decides and words the issues. So it can
-# never let through an input jsonschema would reject, nor change an error message.
-
-_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "$schema", "$id",
-                          "deprecated", "readOnly", "writeOnly"})
-_FAST_KEYWORDS = _ANNOTATIONS | {"type", "properties", "required", "additionalProperties", "items", "enum",
-                                 "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-                                 "minLength", "maxLength", "minItems", "maxItems"}
-_Check = Callable[[Any], bool]
-
-
-def _is_number(v: Any) -> bool:
-    return (type(v) is int or type(v) is float) and v == v  # NaN compares with nothing: let jsonschema say
-
-
-_TYPE_CHECKS: dict[str, _Check] = {
-    "string": lambda v: type(v) is str,
-    "integer": lambda v: type(v) is int,  # an integral float is valid too, but jsonschema decides that
-    "number": _is_number,
-    "boolean": lambda v: type(v) is bool,
-    "object": lambda v: type(v) is dict,
-    "array": lambda v: type(v) is list,
-    "null": lambda v: v is None,
-}
-
-
-@functools.lru_cache(maxsize=512)
-def _compile_fast(schema_json: str) -> _Check | None:
-    """A check that returns True only for instances ``schema_json`` certainly accepts; None when the
-    schema uses anything outside the plain subset (or is not valid JSON Schema)."""
-    try:
-        return _fast(json.loads(schema_json))
-    except (TypeError, ValueError, KeyError):
-        return None
-
-
-def _fast(schema: Any) -> _Check | None:
-    if schema is True or schema == {}:
-        return lambda _v: True
-    if not isinstance(schema, dict) or not set(schema) <= _FAST_KEYWORDS:
-        return None
-    checks: list[_Check] = []
-    t = schema.get("type")
-    if t is not None:
-        names = [t] if isinstance(t, str) else t
-        if not isinstance(names, list) or not names or any(n not in _TYPE_CHECKS for n in names):
-            return None
-        type_checks = [_TYPE_CHECKS[n] for n in names]
-        checks.append(type_checks[0] if len(type_checks) == 1 else
-                      (lambda v, cs=tuple(type_checks): any(c(v) for c in cs)))
-    for key in ("enum", "const"):
-        if key in schema:
-            values = schema[key] if key == "enum" else [schema[key]]
-            # scalars only, matched with their exact JSON type (1 is not true, 1.0 is not 1 here)
-            if not isinstance(values, list) or any(type(x) not in (str, int, float, bool, type(None))
-                                                   for x in values):
-                return None
-            allowed = frozenset((type(x), x) for x in values)
-            checks.append(lambda v, a=allowed: type(v) in (str, int, float, bool, type(None))
-                          and (type(v), v) in a)
-    bounds = [(k, schema[k]) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-              if k in schema]
-    if bounds:
-        if any(not _is_number(b) for _, b in bounds):
-            return None
-        checks.append(lambda v, bs=tuple(bounds): not _is_number(v) or all(_within(k, b, v) for k, b in bs))
-    lengths = [(k, schema[k]) for k in ("minLength", "maxLength") if k in schema]
-    if lengths:
-        if any(type(n) is not int for _, n in lengths):
-            return None
-        checks.append(lambda v, ls=tuple(lengths): type(v) is not str or all(
-            (len(v) >= n) if k == "minLength" else (len(v) <= n) for k, n in ls))
-    sizes = [(k, schema[k]) for k in ("minItems", "maxItems") if k in schema]
-    if sizes:
-        if any(type(n) is not int for _, n in sizes):
-            return None
-        checks.append(lambda v, ss=tuple(sizes): type(v) is not list or all(
-            (len(v) >= n) if k == "minItems" else (len(v) <= n) for k, n in ss))
-    if "items" in schema:
-        item = _fast(schema["items"])
-        if item is None:
-            return None
-        checks.append(lambda v, c=item: type(v) is not list or all(c(x) for x in v))
-    obj = _fast_object(schema)
-    if obj is False:
-        return None
-    if obj is not None:
-        checks.append(obj)
-    if not checks:
-        return lambda _v: True
-    if len(checks) == 1:
-        return checks[0]
-    return lambda v, cs=tuple(checks): all(c(v) for c in cs)
-
-
-def _within(keyword: str, bound: float, v: float) -> bool:
-    if keyword == "minimum":
-        return v >= bound
-    if keyword == "maximum":
-        return v <= bound
-    if keyword == "exclusiveMinimum":
-        return v > bound
-    return v < bound
-
-
-def _fast_object(schema: dict[str, Any]) -> _Check | bool | None:
-    """The object keywords' check; None when there are none, False when they are outside the subset."""
-    props = schema.get("properties", {})
-    required = schema.get("required", [])
-    extra = schema.get("additionalProperties", True)
-    if not isinstance(props, dict) or not isinstance(required, list) or extra not in (True, False) \
-            or any(not isinstance(r, str) for r in required):
-        return False
-    if not props and not required and extra is True:
-        return None
-    compiled: dict[str, _Check] = {}
-    for name, sub in props.items():
-        c = _fast(sub)
-        if c is None:
-            return False
-        compiled[name] = c
-    req = tuple(required)
-    closed = extra is False
-
-    def check(v: Any) -> bool:
-        if type(v) is not dict:
-            return True  # the object keywords apply to objects only
-        for r in req:
-            if r not in v:
-                return False
-        for k, x in v.items():
-            c = compiled.get(k)
-            if c is None:
-                if closed:
-                    return False
-            elif not c(x):
-                return False
-        return True
-
-    return check
-
-
-# --- coercion and schema messages ------------------------------------------------------------
-
-_INT_TEXT = re.compile(r"^[+-]?\d+$")
-
-
-def _schema_types(schema: Mapping[str, Any]) -> set[str]:
-    t = schema.get("type")
-    if isinstance(t, str):
-        return {t}
-    if isinstance(t, list):
-        return {x for x in t if isinstance(x, str)}
-    return set()
-
-
-def coerce_input(value: Any, schema: Any) -> Any:
-    """Models often send ``"true"`` or ``"5"`` where the schema wants a boolean or a number; turn
-    such strings into the schema's type (top level, nested ``properties`` and array ``items``).
-    Mappings are copied, never mutated."""
-    if not isinstance(schema, Mapping):
-        return dict(value) if isinstance(value, Mapping) else value
-    if isinstance(value, str):
-        return _coerce_text(value, _schema_types(schema))
-    if isinstance(value, Mapping):
-        props = schema.get("properties")
-        props = props if isinstance(props, Mapping) else {}
-        return {k: coerce_input(v, props[k]) if k in props else v for k, v in value.items()}
-    if isinstance(value, list):
-        items = schema.get("items")
-        if isinstance(items, Mapping):
-            return [coerce_input(v, items) for v in value]
-    return value
-
-
-def _coerce_text(text: str, types: set[str]) -> Any:
-    if not types or "string" in types:
-        return text
-    s = text.strip()
-    if "boolean" in types and s in ("true", "false"):
-        return s == "true"
-    if ("integer" in types or "number" in types) and _INT_TEXT.match(s):
-        return int(s)
-    if "number" in types:
-        try:
-            number = float(s)
-        except ValueError:
-            return text
-        if math.isfinite(number):
-            return number
-    return text
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, list | tuple):
-        return "array"
-    return type(value).__name__
-
-
-def _param(path: Sequence[Any], leaf: str | None = None) -> str:
-    parts = [str(p) for p in path] + ([leaf] if leaf is not None else [])
-    return ".".join(parts)
-
-
-def _unexpected(instance: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
-    props = schema.get("properties", {})
-    patterns = schema.get("patternProperties", {})
-    return [k for k in instance if k not in props and not any(re.search(p, k) for p in patterns)]
-
-
-def schema_issues(validator: Any, value: Any) -> list[str]:
-    """One line per problem, in Claude Code's words; missing and mistyped parameters first (in the
-    schema's property order), unexpected ones last — the order a Zod parse would report them."""
-    order = {k: i for i, k in enumerate(validator.schema.get("properties", {}) or {})}
-    lines: list[tuple[int, int, str]] = []
-    err: ValidationError
-    for err in validator.iter_errors(value):
-        path = list(err.absolute_path)
-        rank = order.get(str(path[0]), len(order)) if path else len(order)
-        if err.validator == "required" and isinstance(err.instance, Mapping):
-            for prop in err.validator_value:
-                if prop not in err.instance:
-                    r = rank if path else order.get(prop, len(order))
-                    lines.append((0, r, f"The required parameter `{_param(path, prop)}` is missing"))
-        elif err.validator == "additionalProperties" and isinstance(err.instance, Mapping):
-            for extra in _unexpected(err.instance, err.schema):
-                lines.append((1, rank, f"An unexpected parameter `{_param(path, extra)}` was provided"))
-        elif err.validator == "type":
-            want = err.validator_value
-            expected = want if isinstance(want, str) else " | ".join(want)
-            subject = f"The parameter `{_param(path)}`" if path else "The tool input"
-            lines.append((0, rank, f"{subject} type is expected as `{expected}` but provided as "
-                                   f"`{json_type(err.instance)}`"))
-        elif path:
-            lines.append((0, rank, f"The parameter `{_param(path)}` is invalid: {err.message}"))
-        else:
-            lines.append((0, rank, err.message))
-    seen: set[str] = set()
-    out = []
-    for _, _, line in sorted(lines, key=lambda x: (x[0], x[1])):
-        if line not in seen:
-            seen.add(line)
-            out.append(line)
-    return out
 
 
 def input_validation_error(tool_name: str, issues: Iterable[str]) -> str:
@@ -717,7 +434,7 @@ class _Call:
             ctx = self.ctx_factory(self.tool_use_id)
             ctx.tool_use_id = self.tool_use_id
             if (abort is not None and abort.is_set()) or ctx.abort.is_set():
-                # the seed: an aborted call is answered before its input is even parsed, no hooks run
+                # as Claude Code does: an aborted call is answered before its input is even parsed, no hooks run
                 self.log.info("tool.aborted_before_start")
                 return self.cancelled(USER_INTERRUPTED)
 
@@ -791,7 +508,7 @@ class _Call:
             finally:
                 self.permission_ms += (time.perf_counter() - t) * 1000
             if perm.behavior != "allow":
-                # "ask" reaching the pipeline means nobody could answer: a denial (SPEC §5)
+                # "ask" reaching the pipeline means nobody could answer: a denial (docs/behaviour.md §5)
                 reason = perm.reason or f"Permission to use {self.name} has been denied."
                 denial = {"tool_name": self.name, "tool_use_id": self.tool_use_id,
                           "tool_input": dict(self.input)}

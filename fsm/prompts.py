@@ -6,6 +6,8 @@ they reach the model but are not mistaken for something the user typed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from agentfsm.state import Message
 
 MAX_TOKENS_RESUME = (
@@ -40,6 +42,11 @@ STOP_HOOK_CAP_WARNING = "Stop hook blocked {n} times in a row; overriding the bl
 
 def reminder(text: str) -> str:
     return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
+def reminder_blocks(texts: Iterable[str]) -> tuple[dict[str, str], ...]:
+    """Text blocks carrying ``texts`` as reminders (hook context riding along with a message)."""
+    return tuple({"type": "text", "text": reminder(t)} for t in texts)
 
 
 def meta_message(text: str, kind: str = "meta") -> Message:

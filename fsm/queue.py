@@ -1,6 +1,6 @@
 """The input queue of one session: user input submitted while a run goes on, and task notifications.
 
-Every item carries a uuid and a command lifecycle (seed 004, ``command_lifecycle``)::
+Every item carries a uuid and a command lifecycle (Claude Code's ``command_lifecycle``)::
 
     queued ──absorb──▶ started ──run ends──▶ completed   (the run ended on a controlled terminal reason)
                                          └─▶ cancelled   (abort, hard failure, exception)
@@ -34,7 +34,6 @@ Emit = Callable[[dict[str, Any]], None]
 Content = str | Sequence[Mapping[str, Any]]
 
 QUEUED, STARTED, COMPLETED, CANCELLED, DISCARDED = "queued", "started", "completed", "cancelled", "discarded"
-TERMINAL_STATES = frozenset({COMPLETED, CANCELLED, DISCARDED})
 
 USER, TASK_NOTIFICATION = "user", "task_notification"
 

@@ -67,7 +67,7 @@ class RunResult:
             "usage": dict(self.usage),
             "permission_denials": [dict(d) for d in self.permission_denials],
         }
-        # error subtypes carry `errors` instead of `result` (SPEC §10)
+        # error subtypes carry `errors` instead of `result` (docs/behaviour.md §10)
         if self.subtype == "success":
             out["result"] = self.result or ""
         else:

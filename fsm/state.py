@@ -16,7 +16,7 @@ import attrs
 
 
 class Phase(enum.StrEnum):
-    """The six states of the declared graph (SPEC §2)."""
+    """The six states of the declared graph (docs/behaviour.md §2)."""
 
     ASSEMBLE = "assemble"
     CALL_MODEL = "call_model"
@@ -50,9 +50,9 @@ class TerminalReason(enum.StrEnum):
 
 @attrs.frozen
 class TerminalInfo:
-    """How a terminal reason is classified (seed 004 terminal table) and reported (SPEC §10)."""
+    """How a terminal reason is classified (docs/behaviour.md §2) and reported (docs/behaviour.md §10)."""
 
-    controlled: bool  # the seed's "not counted as a runtime error"
+    controlled: bool  # not counted as a runtime error
     subtype: str  # result subtype of the headless protocol
     is_error: bool
 
@@ -67,8 +67,8 @@ TERMINAL_INFO: Mapping[TerminalReason, TerminalInfo] = {
     _T.STOP_HOOK_PREVENTED: TerminalInfo(True, "success", False),
     _T.ABORTED_STREAMING: TerminalInfo(False, "error_during_execution", True),
     _T.ABORTED_TOOLS: TerminalInfo(False, "error_during_execution", True),
-    # Errors surfaced as an assistant API-error message: the reference client reports these as
-    # subtype "success" with is_error true (SPEC §10).
+    # Errors surfaced as an assistant API-error message: Claude Code 2.1.332 reports these as
+    # subtype "success" with is_error true (docs/behaviour.md §10).
     _T.BLOCKING_LIMIT: TerminalInfo(False, "success", True),
     _T.RAPID_REFILL_BREAKER: TerminalInfo(False, "success", True),
     _T.PROMPT_TOO_LONG: TerminalInfo(False, "success", True),
@@ -96,11 +96,12 @@ def _non_negative(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
 
 @attrs.frozen
 class Limits:
-    """Every cap of the loop, each a setting (``--limit NAME=VALUE``). Defaults follow the seed."""
+    """Every cap of the loop, each a setting (``--limit NAME=VALUE``). Defaults follow Claude Code
+    (docs/behaviour.md §2)."""
 
     max_turns: int | None = attrs.field(default=None, validator=_positive_or_none)
     max_output_tokens_recoveries: int = attrs.field(default=3, validator=_non_negative)
-    # seed (2.1.235) retries once; the reference client 2.1.332 retries twice
+    # an earlier Claude Code (2.1.235) retried once; 2.1.332 retries twice
     malformed_tool_use_retries: int = attrs.field(default=1, validator=_non_negative)
     thinking_only_nudges: int = attrs.field(default=1, validator=_non_negative)
     stop_hook_block_cap: int = attrs.field(default=8, validator=_non_negative)
@@ -182,9 +183,6 @@ class Message:
     kind: str = "prompt"
     uuid: str = attrs.field(factory=lambda: str(uuid.uuid4()))
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"role": self.role, "content": [dict(b) for b in self.content]}
-
     def tool_use_ids(self) -> list[str]:
         return [b["id"] for b in self.content if b.get("type") == "tool_use"]
 
@@ -227,7 +225,7 @@ class ToolUseContext:
 
 @attrs.frozen
 class LoopState:
-    """What survives between iterations (seed 004 'loop-owned state', pythonised)."""
+    """What survives between iterations (docs/behaviour.md §2, pythonised)."""
 
     messages: tuple[Message, ...] = ()
     phase: Phase = Phase.ASSEMBLE

@@ -1,6 +1,6 @@
 """The session file: one JSONL record per message, state transition, request and result.
 
-One file serves both jobs of SPEC §6 and §8: resume reads the ``message`` (and ``compact_boundary``)
+One file serves both jobs of docs/behaviour.md §6 and §8: resume reads the ``message`` (and ``compact_boundary``)
 records, the auditor reads ``transition``, ``request`` and ``result`` records. Every record is
 flushed when written, so a crash leaves at most one torn last line, which readers skip.
 
@@ -157,6 +157,34 @@ class TraceWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+PROMPT_KINDS = frozenset({"prompt", "erased_prompt"})
+
+
+class RunStarts:
+    """Where each run of the loop starts in a session file: at the prompt message the driver records
+    before its first move (``erased_prompt`` when a hook erased it) — unless that message is part of
+    a history rewritten after a compact boundary. Feed it every record in order."""
+
+    def __init__(self) -> None:
+        self.rewriting = False  # inside the messages that follow a compact boundary
+
+    def starts_run(self, rec: Mapping[str, Any]) -> bool:
+        kind = rec.get("type")
+        if kind == "compact_boundary":
+            self.rewriting = True
+            return False
+        if kind == "message":
+            return rec.get("kind") in PROMPT_KINDS and not self.rewriting
+        self.rewriting = False
+        return False
+
+
+def sessions_dir(options: Any) -> Path:
+    """Where a session configured by ``options`` keeps its file: ``Options.sessions_dir``, else the
+    per-project default."""
+    return options.sessions_dir or default_sessions_dir(options.cwd)
 
 
 def _next_seq(path: Path) -> int:

@@ -1,6 +1,6 @@
-"""Hooks and permissions, Claude Code compatible (SPEC §5, §10).
+"""Hooks and permissions, Claude Code compatible (docs/behaviour.md §5, §10).
 
-- :mod:`agentfsm.hooks.events`: event names, typed input records (serialised to Claude Code's stdin JSON)
+- :mod:`agentfsm.hooks.inputs`: event names, typed input records (serialised to Claude Code's stdin JSON)
   and the typed hook output;
 - :mod:`agentfsm.hooks.config`: settings files and ``--settings``, merged with Claude Code's precedence;
 - :mod:`agentfsm.hooks.runner`: runs the matching hooks of one event (Python callables and commands);
@@ -9,7 +9,15 @@
 """
 
 from agentfsm.hooks.config import PermissionSettings, Settings, SettingsError, load_settings, parse_settings
-from agentfsm.hooks.events import (
+from agentfsm.hooks.gate import (
+    EventOutcome,
+    HookGate,
+    PostToolBatchOutcome,
+    PromptOutcome,
+    StopOutcome,
+    build_gate,
+)
+from agentfsm.hooks.inputs import (
     HOOK_EVENTS,
     HookEvent,
     HookInput,
@@ -25,14 +33,6 @@ from agentfsm.hooks.events import (
     SubagentStopInput,
     ToolCallRecord,
     UserPromptSubmitInput,
-)
-from agentfsm.hooks.gate import (
-    EventOutcome,
-    HookGate,
-    PostToolBatchOutcome,
-    PromptOutcome,
-    StopOutcome,
-    build_gate,
 )
 from agentfsm.hooks.permissions import (
     PERMISSION_MODES,

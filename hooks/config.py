@@ -1,4 +1,4 @@
-"""Settings loading, Claude Code compatible (SPEC §5, §10).
+"""Settings loading, Claude Code compatible (docs/behaviour.md §5, §10).
 
 Sources, low to high precedence: ``~/.claude/settings.json`` (userSettings) <
 ``<cwd>/.claude/settings.json`` (projectSettings) < ``<cwd>/.claude/settings.local.json``
@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from agentfsm import log as fsm_log
-from agentfsm.hooks.events import FOREIGN_EVENTS, HOOK_EVENTS
+from agentfsm.hooks.inputs import FOREIGN_EVENTS, HOOK_EVENTS
 from agentfsm.hooks.permissions import PermissionRule, RuleBehavior, normalize_mode
 from agentfsm.hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
 

@@ -18,7 +18,7 @@ import attrs
 
 from agentfsm import log as fsm_log
 from agentfsm.hooks.config import Settings, load_settings
-from agentfsm.hooks.events import (
+from agentfsm.hooks.inputs import (
     HOOK_EVENTS,
     HookEvent,
     HookInput,

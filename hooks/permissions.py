@@ -1,4 +1,4 @@
-"""Permission rules and modes, in Claude Code's syntax and with its precedence (SPEC §5, §10).
+"""Permission rules and modes, in Claude Code's syntax and with its precedence (docs/behaviour.md §5, §10).
 
 A call is judged in this order; the first step that decides wins:
 
@@ -37,7 +37,7 @@ _MODE_ALIASES = {"manual": "default"}
 RuleBehavior = Literal["allow", "ask", "deny"]
 
 # Path rules name a tool family: `Edit(...)` covers every file-editing tool, `Read(...)` every tool
-# that reads files (SPEC §10). A rule naming a member directly covers only that member.
+# that reads files (docs/behaviour.md §10). A rule naming a member directly covers only that member.
 EDIT_TOOLS: frozenset[str] = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 READ_TOOLS: frozenset[str] = frozenset({"Read", "Grep", "Glob", "NotebookRead", "LS"})
 _PATH_FAMILIES: Mapping[str, frozenset[str]] = {

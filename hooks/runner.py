@@ -4,7 +4,7 @@ Every matching hook of an event runs concurrently; their answers are combined in
 :class:`HookRunResult`. A command hook gets the event JSON on stdin and nowhere else: the command
 line comes from settings, never from the model, so model-written text cannot reach a shell parser.
 No failure of a hook (crash, bad output, timeout, missing program) escapes this module: each
-becomes a non-blocking error note and the run goes on (SPEC §5, §10).
+becomes a non-blocking error note and the run goes on (docs/behaviour.md §5, §10).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Literal
 import attrs
 
 from agentfsm import log as fsm_log
-from agentfsm.hooks.events import (
+from agentfsm.hooks.inputs import (
     BLOCKING_EVENTS,
     DECISION_BLOCK_EVENTS,
     PLAIN_STDOUT_CONTEXT_EVENTS,

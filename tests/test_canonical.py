@@ -114,7 +114,7 @@ NUDGE = reminder(
     cache_control=EPHEMERAL,
 )
 
-# Per scenario: the bodies the reference client sent, and its result line.
+# Per scenario: the bodies Claude Code 2.1.332 sent, and its result line.
 REFERENCE_RUNS: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
     "read_probe": (
         [

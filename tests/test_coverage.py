@@ -1,6 +1,6 @@
 """Coverage of the declared graph: the union of the property suite's traces and a few deterministic
 runs of rare paths exercises every declared edge (trigger × source) and every terminal reason
-(SPEC §2: "every terminal reason must be reachable, and a test must reach each one"), as
+(docs/behaviour.md §2: "every terminal reason must be reachable, and a test must reach each one"), as
 ``agentfsm.audit.coverage`` counts them. Every trace of the union also passes the auditor.
 
 The deterministic runs use the real driver through ``agentfsm.testing.stateful.LoopHarness``; what no

@@ -204,7 +204,7 @@ def test_main_renders_a_trace(tmp_path: Path) -> None:
 
 
 def test_committed_diagrams_are_current() -> None:
-    """CI's staleness gate (SPEC §8): regenerate with `agentfsm diagram` after changing fsm/graph.py."""
+    """CI's staleness gate (docs/behaviour.md §8): regenerate with `agentfsm diagram` after changing fsm/graph.py."""
     root = diagram.repo_root()
     if root is None:
         pytest.skip("not running from a checkout")

@@ -38,6 +38,10 @@ def run(state: LoopState, *events, limits: Limits = LIM) -> tuple[LoopState, lis
         return m.state, labels
 
 
+def no_change(_s: LoopState, _e: object, _lim: Limits) -> dict[str, object]:
+    return {}
+
+
 def fire(m: LoopMachine, event, limits: Limits = LIM) -> tuple[Step, LoopState]:
     """The last step ``event`` caused, and the state after it."""
     return m.fire(event, limits)[-1], m.state
@@ -83,9 +87,9 @@ def test_the_declaration_is_sound() -> None:
 
 def test_validation_catches_every_kind_of_unsound_table() -> None:
     r0 = graph.ROUTES
-    bad_edge = (*r0, graph.Route((Phase.ASSEMBLE,), Assembled, None, "teleport", graph.no_change))
+    bad_edge = (*r0, graph.Route((Phase.ASSEMBLE,), Assembled, None, "teleport", no_change))
     assert any("'teleport' is not declared" in p for p in graph.validate(routes=bad_edge))
-    wrong_source = (*r0[:-1], graph.Route((Phase.STOP,), Aborted, None, "abort", graph.no_change))
+    wrong_source = (*r0[:-1], graph.Route((Phase.STOP,), Aborted, None, "abort", no_change))
     assert any("not declared from stop" in p for p in graph.validate(routes=wrong_source))
     no_next_turn = tuple(r for r in r0 if r.edge != "next_turn")
     problems = graph.validate(routes=no_next_turn)
@@ -179,8 +183,9 @@ def test_invalid_structured_output_call_counts_towards_its_cap() -> None:
     failed = {"type": "tool_result", "tool_use_id": "so_1", "is_error": True,
               "content": "InputValidationError"}
     bad = ToolsDrained(assistant=Message("assistant", call, kind="assistant"),
-                       results=Message("user", (failed,), kind="tool_results"))
-    turn = (Assembled(), StreamOpened(), StreamEnded(ModelResponse(call, "tool_use")), bad)
+                       results=Message("user", (failed,), kind="tool_results"), structured_output_ids=("so_1",))
+    turn = (Assembled(), StreamOpened(),
+            StreamEnded(ModelResponse(call, "tool_use"), json_schema=True, structured_output_ids=("so_1",)), bad)
     lim = Limits(structured_output_retries=1)
     s, labels = run(start(), *turn, limits=lim)
     assert labels[-1] == "next_turn" and s.structured_output_retry_count == 1

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.hooks.events import (
+from agentfsm.hooks.inputs import (
     HOOK_EVENTS,
     INPUT_TYPES,
     HookEvent,
@@ -30,7 +30,7 @@ from agentfsm.hooks.events import (
 
 COMMON = ["session_id", "transcript_path", "cwd", "permission_mode", "hook_event_name"]
 
-# SPEC §10, field for field.
+# docs/behaviour.md §10, field for field.
 EXPECTED_FIELDS = {
     "PreToolUse": ["tool_name", "tool_input", "tool_use_id"],
     "PostToolUse": ["tool_name", "tool_input", "tool_use_id", "tool_response", "duration_ms"],

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from agentfsm.hooks.events import PostToolUseFailureInput, PostToolUseInput, PreToolUseInput, StopInput
 from agentfsm.hooks.examples import EXAMPLES, example_command, example_path
 from agentfsm.hooks.gate import HookGate
+from agentfsm.hooks.inputs import PostToolUseFailureInput, PostToolUseInput, PreToolUseInput, StopInput
 from agentfsm.hooks.runner import CommandHook, HookMatcher, HookRunner
 from agentfsm.ports import PreToolOutcome
 from agentfsm.tools.base import Tool

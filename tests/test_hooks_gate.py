@@ -12,8 +12,8 @@ import pytest
 
 from agentfsm.hooks import build_gate
 from agentfsm.hooks.config import load_settings
-from agentfsm.hooks.events import HookOutput, PreToolUseInput, StopInput, ToolCallRecord
 from agentfsm.hooks.gate import HookGate
+from agentfsm.hooks.inputs import HookOutput, PreToolUseInput, StopInput, ToolCallRecord
 from agentfsm.hooks.permissions import PermissionAllow, PermissionPolicy, ToolPermissionContext
 from agentfsm.hooks.runner import HookMatcher
 from agentfsm.options import Options

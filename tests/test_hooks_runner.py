@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.hooks.events import (
+from agentfsm.hooks.inputs import (
     HookEvent,
     HookOutput,
     PostToolUseInput,
@@ -77,7 +77,7 @@ def _stdout_of(answer: Any) -> str:
 
 
 def expected_decision(event: str, code: int, answer: Any) -> dict[str, Any]:
-    """The documented mapping (SPEC §10), written independently of the implementation."""
+    """The documented mapping (docs/behaviour.md §10), written independently of the implementation."""
     exp: dict[str, Any] = {"blocked": False, "stop": False, "permission": None, "error": False, "context": []}
     if code == 2:
         exp["blocked"] = event != HookEvent.SESSION_START  # SessionStart: stderr to the user only

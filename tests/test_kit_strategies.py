@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentfsm.model import classify_error
-from agentfsm.pipeline import coerce_input
 from agentfsm.state import Limits
 from agentfsm.testing import (
     HttpErrorResponse,
@@ -42,6 +41,7 @@ from agentfsm.testing.strategies import (
 )
 from agentfsm.tools import builtin_tools
 from agentfsm.tools.base import Tool, tool
+from agentfsm.tools.schema import coerce_input
 
 KIT = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BUILTINS = [t for t in builtin_tools() if t.name != "Agent"]
@@ -94,11 +94,6 @@ def test_inputs_from_schema_are_valid(name: str) -> None:
         assert _valid(schema, value), value
 
     check()
-
-
-def test_inputs_from_schema_refuses_refs() -> None:
-    with pytest.raises(ValueError, match=r"\$ref"):
-        inputs_from_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}}).example()
 
 
 @pytest.mark.parametrize("t", TOOLS, ids=lambda t: t.name)
@@ -251,3 +246,34 @@ def test_response_kinds_all_occur() -> None:
     collect()
     assert seen == {"prompt_too_long", "api_error", "break", "max_tokens", "tool_use", "malformed", "text",
                     "thinking_only"}
+
+
+# what pydantic's `model_json_schema()` writes for a model with a nested model, a list of them and
+# an optional field: local $refs into $defs, anyOf with null
+PYDANTIC_ORDER = {
+    "$defs": {"Item": {"properties": {"name": {"title": "Name", "type": "string"},
+                                      "qty": {"minimum": 1, "title": "Qty", "type": "integer"}},
+                       "required": ["name", "qty"], "title": "Item", "type": "object"}},
+    "properties": {"items": {"items": {"$ref": "#/$defs/Item"}, "title": "Items", "type": "array"},
+                   "main": {"$ref": "#/$defs/Item"},
+                   "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Note"}},
+    "required": ["items", "main"], "title": "Order", "type": "object",
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=inputs_from_schema(PYDANTIC_ORDER))
+def test_local_refs_are_resolved_like_pydantic_writes_them(value: Any) -> None:
+    jsonschema.validate(value, PYDANTIC_ORDER)
+    assert {"name", "qty"} <= set(value["main"])
+
+
+def test_unresolvable_and_recursive_refs_are_refused() -> None:
+    with pytest.raises(ValueError, match="does not resolve"):
+        inputs_from_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/Missing"}}})
+    recursive = {"$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}},
+                 "$ref": "#/$defs/Node"}
+    with pytest.raises(ValueError, match="recursive"):
+        inputs_from_schema(recursive)
+    with pytest.raises(ValueError, match="remote"):
+        inputs_from_schema({"$ref": "https://example.com/schema.json"})

@@ -1,6 +1,6 @@
 """Properties of the permission system over random rules, modes, hook answers, callbacks and inputs.
 
-The central one (SPEC §5): a call that matches a deny rule is never allowed — in any mode,
+The central one (docs/behaviour.md §5): a call that matches a deny rule is never allowed — in any mode,
 ``bypassPermissions`` included, whatever a hook or the ``can_use_tool`` callback says.
 """
 

@@ -10,16 +10,10 @@ from typing import Any
 import pytest
 import structlog
 
-from agentfsm.pipeline import (
-    REJECT_MESSAGE,
-    CallResult,
-    ToolTable,
-    coerce_input,
-    run_tool_call,
-    schema_issues,
-)
+from agentfsm.pipeline import REJECT_MESSAGE, CallResult, ToolTable, run_tool_call
 from agentfsm.ports import AllowAllGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
+from agentfsm.tools.schema import coerce_input, schema_issues
 
 READ_SCHEMA: Mapping[str, Any] = {
     "type": "object",

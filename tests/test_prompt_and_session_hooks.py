@@ -8,8 +8,8 @@ from typing import Any
 from agentfsm.audit import audit_file
 from agentfsm.hooks import HookMatcher, HookOutput
 from agentfsm.options import Options
+from agentfsm.resume import load_history
 from agentfsm.session import Session
-from agentfsm.sessions import load_history
 from agentfsm.state import TerminalReason
 from agentfsm.testing.scripted import ScriptedModel
 

@@ -1,5 +1,5 @@
 """The project's own property suite: thousands of generated runs of the real loop, every one checked
-against every SPEC §3 invariant and audited (``agentfsm.testing.stateful.assert_invariants``).
+against every docs/behaviour.md §3 invariant and audited (``agentfsm.testing.stateful.assert_invariants``).
 
 Workloads (each a pytest test; their session files feed ``tests/test_coverage.py``):
 
@@ -32,7 +32,6 @@ from hypothesis.stateful import initialize, rule, run_state_machine_as_test
 
 from agentfsm.hooks import HookBlockingError, HookMatcher
 from agentfsm.options import Options
-from agentfsm.pipeline import coerce_input
 from agentfsm.state import Limits, TerminalReason
 from agentfsm.testing import RawToolJsonBlock, Response, StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.stateful import AgentLoopStateMachine, LoopRun, assert_invariants, run_loop
@@ -44,6 +43,7 @@ from agentfsm.testing.strategies import (
     unique_tool_ids,
 )
 from agentfsm.tools.base import Tool, ToolError, ToolOutput, tool
+from agentfsm.tools.schema import coerce_input
 from agentfsm.tools.structured_output import StructuredOutputTool
 
 # --- the suite's tools: small, in-process, no filesystem -----------------------------------------
@@ -201,7 +201,7 @@ def _options(trace_dir: Path, *, tools: Sequence[Tool] = TOOLS, hooks: Mapping[s
                    setting_sources=(), fallback_models=FALLBACK if fallback else (), json_schema=json_schema)
 
 
-# --- the suite's own properties, on top of the SPEC invariants ---------------------------------
+# --- the suite's own properties, on top of the invariants of docs/behaviour.md §3 ---------------------------------
 
 
 def _calls_by_id(run: LoopRun) -> dict[str, ToolUseBlock | RawToolJsonBlock]:

@@ -1,6 +1,6 @@
 """Recovery branches and context governance, end to end.
 
-The first group runs the reference client's command line (``agentfsm --print P --output-format
+The first group runs Claude Code's command line (``agentfsm --print P --output-format
 stream-json --verbose --model claude-sonnet-4-5 --tools Read --permission-mode bypassPermissions``)
 against the loopback scripted server, so the real ``anthropic`` SDK streams every response. The CLI's
 ``main`` runs in this process (the flags, printer, session and SDK transport are the same code a

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from agentfsm.audit import audit_file
 from agentfsm.hooks import HookMatcher
-from agentfsm.hooks.events import HookOutput
+from agentfsm.hooks.inputs import HookOutput
 from agentfsm.model import ModelRequest
 from agentfsm.options import Options
 from agentfsm.request import normalize

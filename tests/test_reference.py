@@ -1,6 +1,6 @@
 """Replays the reference scenarios (../shared/reference) through the CLI against the scripted server.
 
-The command line is the reference client's; the canonical form of what agentfsm sent must equal what
+The command line is Claude Code's; the canonical form of what agentfsm sent must equal what
 Claude Code 2.1.332 sent, and the result must carry the same subtype, terminal reason and error flag.
 """
 

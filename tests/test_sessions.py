@@ -18,7 +18,7 @@ import pytest
 
 from agentfsm.audit import check_request
 from agentfsm.options import Options
-from agentfsm.sessions import DANGLING_RESULT, heal_tail, latest_session, load_history, open_session, repair
+from agentfsm.resume import DANGLING_RESULT, heal_tail, latest_session, load_history, open_session, repair
 from agentfsm.state import Limits, Message
 from agentfsm.testing.server import ScriptedServer
 from agentfsm.trace import TraceWriter, read_records

@@ -1,4 +1,4 @@
-"""Every terminal reason of SPEC §2, reached through the real driver.
+"""Every terminal reason of docs/behaviour.md §2, reached through the real driver.
 
 Each case drives :class:`agentfsm.driver.Driver` with the in-process scripted model and a real trigger —
 scripted responses, limits, Python hooks, a ``can_use_tool`` callback, a tool that ends the turn, a
@@ -18,15 +18,15 @@ import attrs
 import pytest
 
 from agentfsm.audit import audit_file
+from agentfsm.compose import build_registry
 from agentfsm.driver import Driver
 from agentfsm.hooks import HookMatcher, build_gate
-from agentfsm.hooks.events import HookOutput
+from agentfsm.hooks.inputs import HookOutput
 from agentfsm.options import Options
 from agentfsm.ports import NoHooks
 from agentfsm.request import system_blocks
 from agentfsm.result import RunResult
-from agentfsm.session import build_registry
-from agentfsm.sessions import load_history
+from agentfsm.resume import load_history
 from agentfsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
 from agentfsm.testing.scenario import populate_workspace
 from agentfsm.testing.scripted import ScriptedModel

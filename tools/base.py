@@ -1,4 +1,4 @@
-"""The Tool protocol (SPEC §4) and the records a tool call produces.
+"""The Tool protocol (docs/behaviour.md §4) and the records a tool call produces.
 
 A tool is a subclass of :class:`Tool` (or a coroutine wrapped with :func:`tool`). The executor
 (``agentfsm.executor``) runs every call through the 15-step pipeline (``agentfsm.pipeline``); a tool only

@@ -1,4 +1,4 @@
-"""Glob: files whose path matches a glob pattern, most recently modified first.
+"""Glob: files whose path matches a glob pattern, least recently modified first (as Claude Code lists them).
 
 Pattern semantics are pathlib's (``*`` and ``?`` stay within one path segment, ``**`` spans any
 number of directories, dotfiles match), plus ``{a,b}`` alternatives as in Claude Code. The walk is

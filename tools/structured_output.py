@@ -2,7 +2,7 @@
 
 Claude Code offers this tool whenever a JSON schema is set: the model ends the run by calling it
 with the answer as the tool input. The tool's input schema *is* the user's schema, so the pipeline's
-JSON Schema validation (``jsonschema``, SPEC §4 step 4) checks the answer before :meth:`call` runs;
+JSON Schema validation (``jsonschema``, docs/behaviour.md §4 step 4) checks the answer before :meth:`call` runs;
 an invalid answer becomes an ``InputValidationError`` result the model can correct. A valid one ends
 the turn without another model call (``ends_turn``) and becomes the result's ``structured_output``.
 
@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
-
 from agentfsm.tools.base import Tool, ToolContext, ToolOutput
+from agentfsm.tools.schema import check_schema
 
 NAME = "StructuredOutput"
 WRAP_KEY = "output"
@@ -37,7 +36,7 @@ class StructuredOutputTool(Tool):
     ends_turn = True
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
+        check_schema(schema)
         self.schema = dict(schema)
         self.wrapped = not _is_object_schema(schema)
         self.input_schema = (

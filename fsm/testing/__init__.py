@@ -1,7 +1,7 @@
 """agentfsm's public testing kit: a scripted model (in-process and as a loopback Messages server
-speaking real SSE), the scenario format, the reference's canonical form, and pytest fixtures.
+speaking real SSE), the scenario format, the canonical form requests are compared in, and pytest fixtures.
 
-Names are imported on first use: the pytest plugin (``agentfsm.testing.plugin``) is loaded in every pytest
+Names are imported on first use: the pytest plugin (``agentfsm.testing.plugin``) may be loaded in a pytest
 run, and importing this package must not pull in the engine for it.
 """
 

@@ -1,10 +1,10 @@
-"""The reference's canonical form of what a client sent (``reference/README.md``).
+"""The canonical form of what a client sent: how agentfsm's requests are compared with Claude Code's.
 
 Two clients are compared by the skeleton of their requests, not their bytes: per request, one entry
 per visible event —
 
 - ``U:<text>`` / ``A:<text>``: a user / assistant text block, stripped, its first 40 characters
-  (Claude Code sends the prompt as ``"THINK_ONLY\n"`` in a nudge request and the reference shows
+  (Claude Code sends the prompt as ``"THINK_ONLY\n"`` in a nudge request; its canonical entry is
   ``U:THINK_ONLY``). A message with several text blocks gives one entry per block; a string
   ``content`` is one block.
   Texts that are empty (after stripping) or start with ``<system-reminder>`` (after stripping) are

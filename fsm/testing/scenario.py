@@ -1,8 +1,8 @@
 """Scenario records: what a scripted model answers, request by request.
 
-A scenario is ``{"prompt": ..., "responses": [R0, R1, ...]}`` (the format of the reference
-``scenarios/*.json``); the Nth model request of a run is answered with ``R[N]`` and, once the list
-runs out, with the text ``SCENARIO_EXHAUSTED`` (``end_turn``). :func:`response_events` turns a
+A scenario is ``{"prompt": ..., "responses": [R0, R1, ...]}`` (the format Claude Code was driven
+with in the recorded comparisons); the Nth model request of a run is answered with ``R[N]`` and, once
+the list runs out, with the text ``SCENARIO_EXHAUSTED`` (``end_turn``). :func:`response_events` turns a
 streamed response into the exact event sequence both the in-process model and the HTTP server send,
 so the two transports cannot drift apart.
 """
@@ -40,7 +40,7 @@ STOP_REASONS = (
     "model_context_window_exceeded",
 )
 
-# The reference workspace every scenario's $WS points at (reference/README.md).
+# The workspace every scenario's $WS points at: the files the recorded comparisons used.
 WORKSPACE_FILES: Mapping[str, str] = {
     "probe-fixture.txt": "AGENT_LOOP_FILE_MARKER\n",
     "a.txt": "ALPHA\n",
@@ -480,6 +480,15 @@ def load_scenario(
         description=raw.get("description", ""),
         meta=meta,
     )
+
+
+def scenario_path(arg: str) -> Path:
+    """A scenario argument: a file, or the name of an embedded scenario when no such file exists."""
+    path = Path(arg)
+    if path.exists() or path.suffix:
+        return path
+    embedded = embedded_scenario_path(arg)
+    return embedded if embedded.exists() else path
 
 
 def embedded_scenario_path(name: str = "read_probe") -> Path:

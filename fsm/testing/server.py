@@ -19,7 +19,6 @@ import signal
 import sys
 import threading
 from collections.abc import Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import IO, Any
 
 import attrs
@@ -30,10 +29,10 @@ from agentfsm.testing.scenario import (
     Scenario,
     ScenarioError,
     StreamedResponse,
-    embedded_scenario_path,
     final_message,
     load_scenario,
     response_events,
+    scenario_path,
 )
 from agentfsm.testing.scripted import ResponseSource, ScriptSource, estimate_input_tokens, session_key
 
@@ -492,14 +491,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resolve_scenario(arg: str) -> Path:
-    path = Path(arg)
-    if path.exists() or path.suffix:
-        return path
-    embedded = embedded_scenario_path(arg)
-    return embedded if embedded.exists() else path
-
-
 async def _serve(server: ScriptedServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -516,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ws = os.path.abspath(args.ws) if args.ws else os.getcwd()
     try:
-        scenario = load_scenario(_resolve_scenario(args.scenario), ws)
+        scenario = load_scenario(scenario_path(args.scenario), ws)
     except ScenarioError as e:
         parser.error(str(e))
     try:

@@ -1,4 +1,4 @@
-"""Drive the real loop with scripted model behaviour and check every SPEC §3 invariant (public kit).
+"""Drive the real loop with scripted model behaviour and check every docs/behaviour.md §3 invariant (public kit).
 
 Three layers, each usable on its own:
 
@@ -14,7 +14,7 @@ Three layers, each usable on its own:
   responses, type user input mid-run and run prompts (sometimes interrupted) on one session; users
   subclass it with their own ``tools``, ``hooks``, ``limits`` and invariants.
 
-The invariants (SPEC §3), each checked twice — by :func:`agentfsm.audit.audit` on the run's trace, and
+The invariants (docs/behaviour.md §3), each checked twice — by :func:`agentfsm.audit.audit` on the run's trace, and
 directly on what the scripted model received and what the trace recorded:
 
 1. every ``tool_use`` sent to the model has exactly one ``tool_result`` with its id in the next
@@ -65,7 +65,7 @@ from agentfsm.testing.scenario import (
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.strategies import model_responses, unique_tool_ids
 from agentfsm.tools.base import Tool
-from agentfsm.trace import read_records
+from agentfsm.trace import RunStarts, read_records
 
 __all__ = [
     "DEFAULT_SUMMARY",
@@ -309,19 +309,15 @@ class _StepChecker:
         self.violations: list[str] = []
         self.moves = 0
         self.legs = 0
-        self._rewriting = False
+        self._starts = RunStarts()
 
     def feed(self, rec: Mapping[str, Any]) -> None:
         kind = rec.get("type")
-        if kind == "compact_boundary":
-            self._rewriting = True
+        if self._starts.starts_run(rec):
+            self.legs += 1
+            self.at, self.stopped = _START, False
+        if kind in ("compact_boundary", "message"):
             return
-        if kind == "message":
-            if rec.get("kind") in ("prompt", "erased_prompt") and not self._rewriting:
-                self.legs += 1
-                self.at, self.stopped = _START, False
-            return
-        self._rewriting = False
         if kind == "transition":
             self._transition(rec)
         elif kind == "request" and self.stopped:
@@ -370,16 +366,10 @@ class _StepChecker:
 
 def _split_legs(records: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], ...]]:
     legs: list[list[Mapping[str, Any]]] = []
-    rewriting = False
+    starts = RunStarts()
     for rec in records:
-        kind = rec.get("type")
-        if kind == "compact_boundary":
-            rewriting = True
-        elif kind == "message":
-            if rec.get("kind") in ("prompt", "erased_prompt") and not rewriting:
-                legs.append([])
-        else:
-            rewriting = False
+        if starts.starts_run(rec):
+            legs.append([])
         if legs:
             legs[-1].append(rec)
     # a seeded history is written before the run's own prompt: its messages are no driver run
@@ -597,7 +587,7 @@ def run_loop(script: ScriptSource, *, prompt: str = "Please do the task.", tools
 
 
 def invariant_violations(run: LoopRun) -> list[str]:
-    """Every SPEC §3 invariant the run broke, in words (empty when it kept them all)."""
+    """Every docs/behaviour.md §3 invariant the run broke, in words (empty when it kept them all)."""
     out = [f"during the run: {v}" for v in run.step_violations]
     # the auditor, on the whole session file (a session's earlier runs must stay valid too)
     out += [f"audit: {f}" for f in audit(run.file_records, limits=run.limits) if f.is_error]
@@ -751,7 +741,7 @@ class AgentLoopStateMachine(RuleBasedStateMachine):
             ctx.harness.session.submit(self.typed.pop(0))
 
     def check_run(self, run: LoopRun) -> None:
-        """Your extra assertions about a finished run (the SPEC invariants are already checked)."""
+        """Your extra assertions about a finished run (the invariants of docs/behaviour.md §3 are already checked)."""
 
     # --- plumbing --------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for model behaviour and tool inputs (public testing kit, SPEC §8).
+"""Hypothesis strategies for model behaviour and tool inputs (public testing kit, docs/behaviour.md §8).
 
 Every strategy yields the scenario records of :mod:`agentfsm.testing.scenario` (``StreamedResponse`` /
 ``HttpErrorResponse``), so what it draws can be fed to :class:`~agentfsm.testing.ScriptedModel` (or the
@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from agentfsm.model import PROMPT_TOO_LONG_MARKERS
-from agentfsm.pipeline import coerce_input
 from agentfsm.state import Limits
 from agentfsm.testing.scenario import (
     HttpErrorResponse,
@@ -45,6 +44,7 @@ from agentfsm.testing.scenario import (
     ToolUseBlock,
 )
 from agentfsm.tools.base import Tool
+from agentfsm.tools.schema import coerce_input
 
 __all__ = [
     "api_errors",
@@ -198,8 +198,8 @@ def _from_schema(schema: Any) -> SearchStrategy[Any]:
         return _SCALAR_JSON
     if not isinstance(schema, Mapping):
         raise ValueError(f"not a JSON Schema: {schema!r}")
-    if "$ref" in schema:
-        raise ValueError("inputs_from_schema does not resolve $ref; inline the referenced schema")
+    if "$ref" in schema:  # inline_local_refs ran first: only an unresolved one can be left
+        raise ValueError(f"inputs_from_schema: $ref {schema['$ref']!r} was not inlined")
     if "const" in schema:
         return st.just(schema["const"])
     if "enum" in schema:
@@ -223,6 +223,41 @@ def _from_schema(schema: Any) -> SearchStrategy[Any]:
     return st.one_of([makers[t](schema) for t in types])
 
 
+def inline_local_refs(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` with every local ``$ref`` replaced by the subschema it points at, resolved with
+    ``referencing`` (jsonschema's own resolver). hypothesis-jsonschema would do this too, but its
+    current release fails against the hypothesis this project uses, so refs are inlined here and the
+    strategies above draw from the result."""
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+    from referencing.jsonschema import DRAFT202012
+
+    resource = DRAFT202012.create_resource(dict(schema))
+    resolver = Registry().with_resource("urn:agentfsm:schema", resource).resolver("urn:agentfsm:schema")
+
+    def walk(node: Any, seen: tuple[str, ...]) -> Any:
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                if not ref.startswith("#"):
+                    raise ValueError(f"inputs_from_schema: remote $ref {ref!r} is not supported")
+                if ref in seen:
+                    raise ValueError(f"inputs_from_schema: recursive $ref {ref!r} is not supported")
+                try:
+                    target = resolver.lookup(ref).contents
+                except Unresolvable as exc:
+                    raise ValueError(f"inputs_from_schema: $ref {ref!r} does not resolve: {exc}") from None
+                rest = {k: v for k, v in node.items() if k != "$ref"}
+                merged = {**walk(target, (*seen, ref)), **{k: walk(v, seen) for k, v in rest.items()}}
+                return merged
+            return {k: walk(v, seen) for k, v in node.items() if k not in ("$defs", "definitions")}
+        if isinstance(node, list):
+            return [walk(v, seen) for v in node]
+        return node
+
+    return walk(schema, ())
+
+
 def _validator(schema: Mapping[str, Any]) -> Any:
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
@@ -238,10 +273,12 @@ def inputs_from_schema(schema: Mapping[str, Any]) -> SearchStrategy[Any]:
     ``minLength``/``maxLength``, ``pattern``, ``format`` (email, uuid, date, date-time, time,
     ipv4, ipv6, uri), ``minItems``/``maxItems``/``uniqueItems``, ``anyOf``/``oneOf``, ``multipleOf``
     (integers). Anything else (``allOf``, ``not``, ...) is honoured by filtering: every
-    value drawn is checked with ``jsonschema``, so what comes out is always valid. ``$ref`` is
-    refused with a ValueError.
+    value drawn is checked with ``jsonschema``, so what comes out is always valid. Local ``$ref``s
+    (``#/$defs/...``, ``#/definitions/...``: what pydantic's ``model_json_schema()`` writes) are
+    inlined first; a recursive or remote ``$ref`` is refused with a ValueError.
     """
     validator = _validator(schema)
+    schema = inline_local_refs(schema)
     strategy = _from_schema(schema)
     # the generators above honour every keyword of the subset exactly; only schemas using more
     # (formats, oneOf overlaps, patterns with length bounds...) need each value checked
@@ -472,7 +509,7 @@ def tool_call_responses(
 
 def malformed_responses() -> SearchStrategy[StreamedResponse]:
     """``stop_reason: tool_use`` without a complete, usable tool_use block: nothing at all, only
-    text/thinking, or only tool_use blocks whose JSON does not parse (SPEC §3 step 4)."""
+    text/thinking, or only tool_use blocks whose JSON does not parse (docs/behaviour.md §3 step 4)."""
     empty = st.just(StreamedResponse(blocks=(), stop_reason="tool_use"))
     talk = _with_preamble(st.just([])).map(lambda b: StreamedResponse(blocks=b, stop_reason="tool_use"))
     raw = st.lists(_unparsable_json([]), min_size=1, max_size=2).map(

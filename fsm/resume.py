@@ -1,4 +1,4 @@
-"""Finding, resuming, continuing and forking sessions from their session files (SPEC §6).
+"""Finding, resuming, continuing and forking sessions from their session files (docs/behaviour.md §6).
 
 Session files live in one directory per working directory (:func:`agentfsm.trace.default_sessions_dir`,
 like Claude Code's ``~/.claude/projects/<cwd>``); a subagent's file lives under its parent's, in
@@ -32,14 +32,10 @@ from agentfsm.model import ModelClient
 from agentfsm.options import Options
 from agentfsm.session import Session
 from agentfsm.state import Message
-from agentfsm.trace import default_sessions_dir, read_records
+from agentfsm.trace import read_records, sessions_dir
 
 DANGLING_RESULT = ("<tool_use_error>Tool use was interrupted: the session ended before its result was "
                    "recorded</tool_use_error>")
-
-
-def sessions_dir(options: Options) -> Path:
-    return options.sessions_dir or default_sessions_dir(options.cwd)
 
 
 def latest_session(directory: Path) -> str | None:
@@ -207,6 +203,3 @@ def open_session(options: Options, *, client: ModelClient | None = None, emit: E
     session.resumed = True  # the file already holds the header and these messages
     return session
 
-
-def session_records(path: Path) -> list[dict[str, Any]]:
-    return list(read_records(path))

@@ -1,6 +1,6 @@
 """Hook event names, the typed input record of each event and the typed hook output.
 
-Input records serialise to exactly the JSON Claude Code writes on a command hook's stdin (SPEC §10),
+Input records serialise to exactly the JSON Claude Code writes on a command hook's stdin (docs/behaviour.md §10),
 so a hook written for Claude Code runs unchanged. Python-callable hooks receive the same records,
 typed, and answer with a :class:`HookOutput` (or a dict in Claude Code's JSON shape, or None).
 """
@@ -53,7 +53,7 @@ MATCHER_FIELD: Mapping[str, str | None] = {
     HookEvent.SESSION_END: "reason",
 }
 
-# Events whose exit code 2 blocks something; for the others stderr only reaches the user (SPEC §10).
+# Events whose exit code 2 blocks something; for the others stderr only reaches the user (docs/behaviour.md §10).
 BLOCKING_EVENTS: frozenset[str] = frozenset({
     HookEvent.PRE_TOOL_USE, HookEvent.POST_TOOL_USE, HookEvent.POST_TOOL_USE_FAILURE,
     HookEvent.POST_TOOL_BATCH, HookEvent.STOP, HookEvent.SUBAGENT_STOP, HookEvent.USER_PROMPT_SUBMIT,
@@ -127,7 +127,7 @@ class HookInput:
 
     def to_json(self) -> str:
         # Compact separators on purpose: shell hooks in the wild grep for '"stop_hook_active":true'
-        # (the reference hook does), so the bytes must look like Claude Code's.
+        # (the Stop hook example of docs/behaviour.md §9 does), so the bytes must look like Claude Code's.
         return json.dumps(self.to_json_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
