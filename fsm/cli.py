@@ -248,9 +248,16 @@ async def run_print(args: argparse.Namespace) -> int:
     elif session.trace_path is not None:
         log.configure("json", file=session.trace_path.with_suffix(".log"))
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    interrupts = [0]
+
+    def on_sigint() -> None:
+        # Ctrl-C is the user's interrupt (block tools finish); pressed again, it stops everything
+        interrupts[0] += 1
+        (session.interrupt if interrupts[0] == 1 else session.abort)()
+
+    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, session.abort)):
         try:
-            loop.add_signal_handler(sig, session.interrupt)
+            loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError):
             break
     inputs = _stdin_messages() if args.input_format == "stream-json" else None
