@@ -46,7 +46,7 @@ from agentfsm.state import (
     TerminalReason,
     ToolUseContext,
 )
-from agentfsm.trace import PROMPT_KINDS, TRACE_VERSION, RunStarts, graph_digest
+from agentfsm.trace import PROMPT_KINDS, TRACE_VERSION, RunStarts, SnapshotReader, graph_digest
 
 __all__ = ["CODES", "Coverage", "Finding", "Move", "NotATrace", "audit", "audit_file", "check_request",
            "coverage", "declared_moves", "main", "read_numbered", "trace_files"]
@@ -274,6 +274,8 @@ class _Auditor:
         self.result_line: int | None = None
         self.over: set[str] = set()  # counters (and "turn") now over their caps
         self.counters: dict[str, Any] | None = None  # the last transition's counters
+        self.reader = SnapshotReader()  # each transition's full snapshot, whatever the format
+        self.reported: set[tuple[str, str]] = set()  # request problems already reported in this run
         self.replay: LoopState | None = None  # the replayed state after the last move
         self.expected: list[Step] = []  # moves the machine makes on its own, still to be recorded
         self.appended: list[tuple[int, dict[str, Any]]] = []  # (move line, skeleton) still to be recorded
@@ -397,16 +399,17 @@ class _Auditor:
                      if self.last_transition is not None else f"a run starts at {_START!r}")
             self.add(line, "discontinuous", f"{what} starts at {frm!r} but {where}")
         edge = self._check_declared(line, what, frm, to, trig, rec.get("kind"))
+        snap = self.reader.read(rec)
         reason = rec.get("terminal_reason")
         if to == _STOP and edge is not None and edge.dest is Phase.STOP:
             allowed = sorted(r.value for r in edge.reasons)
             if reason not in allowed:
                 self.add(line, "bad_terminal_reason",
                          f"{what} ends the loop with terminal_reason {reason!r}; {trig!r} allows {', '.join(allowed)}")
-        self._check_counters(line, what, str(trig), rec)
-        self._check_caps(line, what, rec)
+        self._check_counters(line, what, str(trig), snap)
+        self._check_caps(line, what, snap)
         if self.replayable:
-            self._replay(line, what, rec)
+            self._replay(line, what, rec, snap)
         if to == _STOP:
             self.stopped = (line, str(trig), reason)
             self.last_reason = reason
@@ -437,15 +440,13 @@ class _Auditor:
             self.add(line, "kind_mismatch", f"{what} is recorded as kind {kind!r}; the edge is {edge.kind!r}")
         return edge
 
-    def _check_counters(self, line: int, what: str, trigger: str, rec: Mapping[str, Any]) -> None:
-        counters = rec.get("counters")
-        counters = dict(counters) if isinstance(counters, Mapping) else {}
-        if "turn" in rec:
-            counters.setdefault("turn_count", rec.get("turn"))
-        for name, value in counters.items():
-            if _is_number(value) and value < 0:
-                self.add(line, "counter_negative", f"counter {name}={value} is negative after {what}")
+    def _check_counters(self, line: int, what: str, trigger: str, snap: Mapping[str, Any]) -> None:
+        counters = {k: v for k, v in snap.items() if k in RAISED_BY or k in COUNTER_CAPS}
         prev = self.counters
+        for name, value in counters.items():
+            # reported where it went negative, not on every move it stays there
+            if _is_number(value) and value < 0 and (prev is None or prev.get(name) != value):
+                self.add(line, "counter_negative", f"counter {name}={value} is negative after {what}")
         self.counters = counters
         if prev is None:
             return
@@ -462,18 +463,16 @@ class _Auditor:
                 self.add(line, "counter_backwards", f"counter {name} went back {old} → {new} on {what} "
                                                     "(counters only reset to 0)")
 
-    def _check_caps(self, line: int, what: str, rec: Mapping[str, Any]) -> None:
+    def _check_caps(self, line: int, what: str, counters: Mapping[str, Any]) -> None:
         # a counter stays over its cap on every move until it resets: report the move that took it
         # over, not each one after
-        counters = rec.get("counters")
-        counters = counters if isinstance(counters, Mapping) else {}
         for name, field in COUNTER_CAPS.items():
             value, cap = counters.get(name), self.limits.get(field)
             over = _is_number(value) and _is_number(cap) and value > cap
             if over and name not in self.over:
                 self.add(line, "counter_over_cap", f"counter {name}={value} exceeds its cap {field}={cap} after {what}")
             (self.over.add if over else self.over.discard)(name)
-        turn, max_turns = rec.get("turn"), self.limits.get("max_turns")
+        turn, max_turns = counters.get("turn_count"), self.limits.get("max_turns")
         over = _is_number(turn) and _is_number(max_turns) and turn > max_turns
         if over and "turn" not in self.over:
             self.add(line, "turn_over_cap", f"turn {turn} exceeds max_turns={max_turns} after {what}")
@@ -481,7 +480,7 @@ class _Auditor:
 
     # replay
 
-    def _replay(self, line: int, what: str, rec: Mapping[str, Any]) -> None:
+    def _replay(self, line: int, what: str, rec: Mapping[str, Any], snap: Mapping[str, Any]) -> None:
         """Re-decide the recorded event and compare; the replayed state carries on."""
         event_rec = rec.get("event")
         if event_rec is None:
@@ -517,7 +516,7 @@ class _Auditor:
                 self.replay = None
                 return
             step, self.expected = steps[0], list(steps[1:])
-        self._compare(line, what, rec, step)
+        self._compare(line, what, rec, snap, step)
         self.replay = step.state
         old, new = (before.messages if before is not None else ()), step.state.messages
         if before is not None and len(new) >= len(old) and all(a is b for a, b in zip(old, new, strict=False)):
@@ -537,17 +536,16 @@ class _Auditor:
 
     _last_snapshot: Mapping[str, Any] = {}
 
-    def _compare(self, line: int, what: str, rec: Mapping[str, Any], step: Step) -> None:
-        recorded_state = rec.get("state")
-        self._last_snapshot = recorded_state if isinstance(recorded_state, Mapping) else {}
+    def _compare(self, line: int, what: str, rec: Mapping[str, Any], snap: Mapping[str, Any], step: Step) -> None:
+        self._last_snapshot = snap
         got = step.state.snapshot()
         diffs = []
         for field, want in (("trigger", step.trigger), ("route", step.route), ("to", got["phase"])):
             if rec.get(field) != want:
                 diffs.append(f"{field} {rec.get(field)!r} (replay: {want!r})")
         # every place the record states a field must agree with the replay
-        stated: list[tuple[str, Any]] = []
-        for part in (rec.get("counters"), recorded_state):
+        stated: list[tuple[str, Any]] = list(snap.items())
+        for part in (rec.get("counters"), rec.get("state"), rec.get("changed")):
             if isinstance(part, Mapping):
                 stated += list(part.items())
         stated += [("terminal_reason", rec.get("terminal_reason"))]
@@ -567,7 +565,8 @@ class _Auditor:
     def _result(self, line: int, rec: Mapping[str, Any]) -> None:
         self._flush_appended(line)
         for code, message in check_pairs(self.view):
-            self.add(line, code, f"at the end of the run, the conversation: {message}")
+            if (code, message) not in self.reported:  # a request of the run already showed it
+                self.add(line, code, f"at the end of the run, the conversation: {message}")
         if self.result_line is not None:
             self.add(line, "duplicate_result", f"a second result record (the first is at line {self.result_line})")
         if self.expected:
@@ -603,11 +602,38 @@ class _Auditor:
         elif self.result_line is not None:
             self.add(line, "request_after_stop", f"request sent after the result record at line {self.result_line}")
         messages = rec.get("messages")
+        if isinstance(messages, int) and not isinstance(messages, bool):
+            self._request_by_reference(line, rec, messages)
+            return
         if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
-            self.add(line, "bad_request", "a request record needs 'messages': a list of {role, blocks}")
+            self.add(line, "bad_request", "a request record needs 'messages': how many messages it carried "
+                                          "(or, format 2, a list of {role, blocks})")
             return
         for code, message in check_request(messages):
             self.add(line, code, message)
+
+    def _request_by_reference(self, line: int, rec: Mapping[str, Any], count: int) -> None:
+        """Format 3: the request carried the first ``count`` messages of the conversation as the message
+        records rebuild it, the last of them ``last``; their pairing is checked on the records."""
+        if not 0 < count <= len(self.view):
+            self.add(line, "bad_request", f"the request says it carried {count} messages; the conversation recorded "
+                                          f"before it has {len(self.view)}")
+            return
+        if self.view[count - 1].uuid != rec.get("last"):
+            self.add(line, "bad_request", f"the request's last message is {rec.get('last')!r}; the conversation's "
+                                          f"message {count} is {self.view[count - 1].uuid!r}")
+        for i in range(1, count):
+            if self.view[i].role == self.view[i - 1].role == "assistant":
+                problem = ("role_order", f"conversation message {i} ({self.view[i].uuid}) is an assistant message "
+                                         "right after another: two answers would travel as one")
+                if problem not in self.reported:
+                    self.reported.add(problem)
+                    self.add(line, *problem)
+        wire = [{"role": m.role, "blocks": list(m.content)} for m in _merged(self.view[:count])]
+        for code, message in check_request(wire):
+            if (code, message) not in self.reported:  # a problem carried on by later requests is one problem
+                self.reported.add((code, message))
+                self.add(line, code, message)
 
 
 def _brief(skel: Mapping[str, Any]) -> str:
@@ -616,15 +642,20 @@ def _brief(skel: Mapping[str, Any]) -> str:
     return f"{skel.get('role')} {skel.get('kind')} [{blocks}]"
 
 
+def _merged(messages: Sequence[Message]) -> list[Message]:
+    """Consecutive messages of one role travel as one (queued input after the tool results)."""
+    out: list[Message] = []
+    for m in messages:
+        if out and out[-1].role == m.role:
+            out[-1] = Message(m.role, (*out[-1].content, *m.content), kind=out[-1].kind, uuid=out[-1].uuid)
+        else:
+            out.append(m)
+    return out
+
+
 def check_pairs(messages: Sequence[Message]) -> Iterator[tuple[str, str]]:
     """Pairing problems of a conversation (every tool_use answered once in the next message)."""
-    wire = [{"role": m.role, "blocks": list(m.content)} for m in messages]
-    merged: list[dict[str, Any]] = []
-    for m in wire:  # consecutive user messages travel as one (attachments after results)
-        if merged and merged[-1]["role"] == m["role"]:
-            merged[-1]["blocks"] = merged[-1]["blocks"] + m["blocks"]
-        else:
-            merged.append(dict(m))
+    merged = [{"role": m.role, "blocks": list(m.content)} for m in _merged(messages)]
     for code, message in check_request(merged):
         if code in ("unpaired_tool_use", "duplicate_tool_result", "orphan_tool_result", "duplicate_tool_use"):
             yield code, message

@@ -388,7 +388,7 @@ class Driver:
         request = ModelRequest(model=model, system=self.system, messages=tuple(wire),
                                tools=tuple(self.registry.api_schemas()),
                                max_tokens=self.limits.max_output_tokens, metadata=self._metadata())
-        self.trace.request(model, state.query_tracking.depth, wire)
+        self.trace.request(model, state.query_tracking.depth, state.messages, sent)
         self.log.info("model.request", model=model, messages=len(wire),
                       chain_id=state.query_tracking.chain_id, depth=state.query_tracking.depth)
         self._request_messages = len(outgoing)

@@ -233,11 +233,21 @@ def _encode(value: Any) -> Any:
     return value
 
 
+def _is_default(field: Any, value: Any) -> bool:
+    default = field.default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+        default = default.factory()
+    return default is not attrs.NOTHING and value == default
+
+
 def to_record(event: Event) -> dict[str, Any]:
-    """The session-file form of an event: ``{"type": <event name>, <field>: <value>…}``."""
+    """The session-file form of an event: ``{"type": <event name>, <field>: <value>…}``; fields at
+    their default are left out (a reader gets the default back)."""
     rec: dict[str, Any] = {"type": type(event).__name__}
     for field in attrs.fields(type(event)):
-        rec[field.name] = _encode(getattr(event, field.name))
+        value = getattr(event, field.name)
+        if not _is_default(field, value):
+            rec[field.name] = _encode(value)
     return rec
 
 

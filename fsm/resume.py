@@ -49,6 +49,12 @@ def latest_session(directory: Path) -> str | None:
 
 def load_history(path: Path) -> tuple[Message, ...]:
     """The history view of a session file, repaired (see the module docstring)."""
+    return load_view(path)[0]
+
+
+def load_view(path: Path) -> tuple[tuple[Message, ...], bool]:
+    """The history view of a session file, repaired, and whether repairs changed it (then the view
+    the file's message records give differs from the history a resumed run starts from)."""
     messages: list[Message] = []
     streamed: list[Mapping[str, Any]] = []  # blocks of the response being streamed
     streamed_id: str | None = None
@@ -83,8 +89,10 @@ def load_history(path: Path) -> tuple[Message, ...]:
                                     uuid=rec.get("uuid") or str(uuid.uuid4())))
         elif kind == "result":
             streamed, streamed_id = [], None
+    recovered = len(messages)
     recover()
-    return repair(messages)
+    repaired = repair(messages)
+    return repaired, len(messages) != recovered or repaired != tuple(messages)
 
 
 def repair(messages: Sequence[Message]) -> tuple[Message, ...]:
@@ -199,7 +207,11 @@ def open_session(options: Options, *, client: ModelClient | None = None, emit: E
         return Session(forked, history=load_history(plan.source), **kwargs)
     heal_tail(plan.source)
     resumed = attrs.evolve(options, session_id=source_id, resume=source_id, continue_session=False)
-    session = Session(resumed, history=load_history(plan.source), **kwargs)
+    history, repaired = load_view(plan.source)
+    session = Session(resumed, history=history, **kwargs)
     session.resumed = True  # the file already holds the header and these messages
+    # a crash left the file's view incomplete: the first run records the repaired view (appended,
+    # after a boundary), so the file again holds what the next request carries
+    session.repaired = repaired
     return session
 

@@ -82,6 +82,7 @@ class Session:
         self.driver: Driver | None = None
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history
+        self.repaired = False  # set by agentfsm.resume when resuming repaired the file's history
         self._header_written = False
         self._running = False
         self._interrupted = False
@@ -233,9 +234,14 @@ class Session:
             return
         if not self.resumed:
             # a new or forked session: its file starts with the header and the inherited history.
-            # A resumed file already holds both; its repairs are recomputed on every load.
             self.trace.session(self.session_id, self.options.limits, str(self.options.cwd),
                                self.options.model, self.options.parent_session_id)
+            for m in self.history:
+                self.trace.message(m)
+        elif self.repaired:
+            # the resumed history differs from the file's records (a crash's repairs): record it as
+            # the new view, so the file holds what the next request carries
+            self.trace.compact_boundary("resume_repair", 0)
             for m in self.history:
                 self.trace.message(m)
         self._header_written = True

@@ -15,12 +15,19 @@ Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 ``transition``   ``from``, ``to``, ``trigger``, ``kind`` (edge kind), ``route`` (the guard that
                  chose the edge), ``event`` (the observed event in record form, see
                  :func:`agentfsm.events.to_record`; absent on a move a phase made on its own, which
-                 decided on the previous record's event), ``turn``, ``counters``, ``state`` (every
-                 field the machine decides, :meth:`LoopState.snapshot`), ``terminal_reason`` (set on
-                 moves into stop), ``chain_id``, ``depth``
-``request``      ``model``, ``depth``, ``messages``: the skeleton of what was sent —
-                 ``[{"role", "blocks": [{"type": "text"} | {"type": "tool_use", "id", "name"} |
-                 {"type": "tool_result", "tool_use_id", "is_error"} | {"type": "thinking"}]}]``
+                 decided on the previous record's event), ``turn``, ``changed`` (the fields of the
+                 state snapshot, :meth:`LoopState.snapshot`, that this move changed — a reader
+                 rebuilds each snapshot with :class:`SnapshotReader`), ``terminal_reason`` (on moves
+                 into stop), ``chain_id`` (when a run's chain starts)
+``request``      ``model``, ``depth``, ``messages`` (how many messages of the conversation — the
+                 message records since the last boundary — the request carried), ``last`` (the uuid
+                 of the last of them), ``queued`` (uuids of queued user input it also carried; their
+                 message records follow when the request was accepted)
+
+Every record holds what is new since the record before it, so a session file grows linearly with
+the run. Format 2 repeated every counter in each transition and a skeleton of the whole
+conversation in each request; format 1 recorded no events. Readers here and in the auditor read all
+three.
 ``result``       the result object printed by the CLI (``subtype``, ``is_error``, ``terminal_reason``…)
 """
 
@@ -31,7 +38,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,8 +47,9 @@ import attrs
 from agentfsm.events import to_record
 from agentfsm.state import Limits, LoopState, Message
 
-# 1: transitions without events (audited structurally); 2: events and snapshots (audited by replay)
-TRACE_VERSION = 2
+# 1: transitions without events (audited structurally); 2: events and full snapshots (replayed);
+# 3: what changed since the previous record (replayed; linear in the run's length)
+TRACE_VERSION = 3
 
 
 @functools.cache
@@ -55,24 +63,6 @@ def graph_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def skeleton(messages: Any) -> list[dict[str, Any]]:
-    """The auditable shape of wire messages: roles, tool ids, error flags — no text."""
-    out = []
-    for m in messages:
-        blocks = []
-        for b in m["content"] if not isinstance(m["content"], str) else [{"type": "text"}]:
-            t = b.get("type")
-            if t == "tool_use":
-                blocks.append({"type": t, "id": b.get("id"), "name": b.get("name")})
-            elif t == "tool_result":
-                blocks.append({"type": t, "tool_use_id": b.get("tool_use_id"),
-                               "is_error": bool(b.get("is_error", False))})
-            else:
-                blocks.append({"type": t})
-        out.append({"role": m["role"], "blocks": blocks})
-    return out
-
-
 class TraceWriter:
     """Appends records to one session file; ``path=None`` keeps nothing (a pure in-memory run).
 
@@ -82,6 +72,7 @@ class TraceWriter:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._seq = 0
+        self._chain: str | None = None
         self._fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,14 +117,19 @@ class TraceWriter:
             "trigger": step.trigger, "kind": step.edge.kind, "route": step.route}
         if not step.automatic:
             rec["event"] = to_record(event)
-        rec.update({"turn": after.turn_count, "counters": after.counters(), "state": after.snapshot(),
-                    "terminal_reason": after.terminal_reason.value if after.terminal_reason else None,
-                    "chain_id": after.query_tracking.chain_id, "depth": after.query_tracking.depth})
+        was, now = before.snapshot(), after.snapshot()
+        rec["turn"] = after.turn_count
+        rec["changed"] = {k: v for k, v in now.items() if was.get(k) != v}
+        if after.terminal_reason is not None:
+            rec["terminal_reason"] = after.terminal_reason.value
+        chain = after.query_tracking.chain_id
+        if chain != self._chain:
+            rec["chain_id"] = self._chain = chain
         self.write(rec)
         old, new = before.messages, after.messages
         if new is old:
             return
-        if len(new) >= len(old) and all(a is b for a, b in zip(old, new, strict=False)):
+        if appended(old, new):
             for m in new[len(old):]:
                 self.message(m)
             return
@@ -143,10 +139,13 @@ class TraceWriter:
         for m in new:
             self.message(m)
 
-    def request(self, model: str, depth: int, wire_messages: Any) -> None:
+    def request(self, model: str, depth: int, messages: Any, queued: Any = ()) -> None:
+        """A request was sent: it carried ``messages`` (the conversation: every message record since
+        the last boundary) and ``queued`` input. Referenced, not copied."""
         if self._fh is None:
             return
-        self.write({"type": "request", "model": model, "depth": depth, "messages": skeleton(wire_messages)})
+        self.write({"type": "request", "model": model, "depth": depth, "messages": len(messages),
+                    "last": messages[-1].uuid if messages else None, "queued": [m.uuid for m in queued]})
 
     def result(self, result: Mapping[str, Any]) -> None:
         if self._fh is None:
@@ -157,6 +156,56 @@ class TraceWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
+    """``new`` is ``old`` with messages added at the end (not a rewritten history)."""
+    return len(new) >= len(old) and new[:len(old)] == old
+
+
+# The snapshot of a loop that has not moved yet: what format 3 records are differences from.
+FRESH_SNAPSHOT: Mapping[str, Any] = LoopState().snapshot()
+
+
+class SnapshotReader:
+    """Rebuilds the full state snapshot after each transition record, whatever the format: format 3
+    records hold only what changed (from :data:`FRESH_SNAPSHOT` at a run's first move), format 2 the
+    whole snapshot, format 1 only the counters."""
+
+    def __init__(self) -> None:
+        self.snapshot: dict[str, Any] = dict(FRESH_SNAPSHOT)
+
+    def start_run(self) -> None:
+        self.snapshot = dict(FRESH_SNAPSHOT)
+
+    def read(self, rec: Mapping[str, Any]) -> dict[str, Any]:
+        changed = rec.get("changed")
+        if isinstance(changed, Mapping):
+            snap = {**self.snapshot, **changed}
+        else:
+            snap = {**FRESH_SNAPSHOT}
+            for part in (rec.get("counters"), rec.get("state")):
+                if isinstance(part, Mapping):
+                    snap.update(part)
+        if "turn" in rec:
+            snap["turn_count"] = rec["turn"]
+        if "terminal_reason" in rec:
+            snap["terminal_reason"] = rec["terminal_reason"]
+        if isinstance(rec.get("to"), str):
+            snap["phase"] = rec["to"]
+        self.snapshot = snap
+        return snap
+
+
+def transition_snapshots(records: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], dict[str, Any]]]:
+    """Each transition record with the full snapshot after it, in file order (runs start afresh)."""
+    reader, starts, out = SnapshotReader(), RunStarts(), []
+    for rec in records:
+        if starts.starts_run(rec):
+            reader.start_run()
+        if rec.get("type") == "transition":
+            out.append((rec, reader.read(rec)))
+    return out
 
 
 PROMPT_KINDS = frozenset({"prompt", "erased_prompt"})

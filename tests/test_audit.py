@@ -45,9 +45,8 @@ from agentfsm.events import (
     ToolsDrained,
 )
 from agentfsm.graph import LoopMachine, may_reactive_compact
-from agentfsm.request import normalize
 from agentfsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
-from agentfsm.trace import TraceWriter
+from agentfsm.trace import TraceWriter, transition_snapshots
 
 Trace = tuple[Path, list[dict[str, Any]]]  # a session file and its records
 SESSION = "0b9c1d7e-0000-4000-8000-000000000001"
@@ -107,7 +106,7 @@ class Sim:
         return step.trigger
 
     def request(self) -> None:
-        self.trace.request(MODEL, self.state.query_tracking.depth, normalize(self.state.messages))
+        self.trace.request(MODEL, self.state.query_tracking.depth, self.state.messages)
 
     def call(self) -> None:
         self.feed(Assembled())
@@ -344,7 +343,7 @@ def test_counter_over_cap(tmp_path: Path) -> None:
     path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
     recs = records(path)
     line = line_of(recs, is_move("max_output_tokens_recovery"), nth=1)
-    recs[line - 1]["counters"]["max_output_tokens_recovery_count"] = 4
+    recs[line - 1]["changed"]["max_output_tokens_recovery_count"] = 4
     rewrite(path, recs)
     f = the(audit_file(path), "counter_over_cap")
     assert f.line == line
@@ -366,25 +365,32 @@ def test_turn_over_max_turns(tmp_path: Path) -> None:
     assert f.line == line and "turn 2 exceeds max_turns=1" in f.message
 
 
+def _results_record(recs: list[dict[str, Any]]) -> int:
+    return line_of(recs, lambda r: r["type"] == "message" and r["kind"] == "tool_results")
+
+
 def test_unpaired_tool_use_in_request(tool_trace: Trace) -> None:
+    """A request carries the conversation by reference: a tool_result taken out of the recorded
+    conversation leaves the next request with an unpaired tool_use."""
     path, recs = tool_trace
-    line = line_of(recs, is_request, nth=1)
-    user = recs[line - 1]["messages"][2]
-    user["blocks"] = [b for b in user["blocks"] if b.get("tool_use_id") != "toolu_2"]
+    results = recs[_results_record(recs) - 1]
+    results["content"] = [b for b in results["content"] if b.get("tool_use_id") != "toolu_2"]
     rewrite(path, recs)
-    f = the(audit_file(path), "unpaired_tool_use")
-    assert f.line == line
+    findings = audit_file(path)
+    f = the(findings, "unpaired_tool_use")
+    assert f.line == line_of(recs, is_request, nth=1)
     assert f.message == "tool_use 'toolu_2' (Read) in messages[1] has no tool_result in messages[2]"
+    assert the(findings, "message_mismatch").line == _results_record(recs)
 
 
 def test_orphan_and_duplicate_tool_results(tool_trace: Trace) -> None:
     path, recs = tool_trace
-    line = line_of(recs, is_request, nth=1)
-    blocks = recs[line - 1]["messages"][2]["blocks"]
-    blocks.append({"type": "tool_result", "tool_use_id": "toolu_9", "is_error": False})
+    blocks = recs[_results_record(recs) - 1]["content"]
+    blocks.append({"type": "tool_result", "tool_use_id": "toolu_9", "content": "x"})
     blocks.append(dict(blocks[0]))
     rewrite(path, recs)
     findings = audit_file(path)
+    line = line_of(recs, is_request, nth=1)
     assert the(findings, "orphan_tool_result").line == line
     assert "'toolu_9' in messages[2] has no tool_use with that id in messages[1]" in \
         the(findings, "orphan_tool_result").message
@@ -393,14 +399,31 @@ def test_orphan_and_duplicate_tool_results(tool_trace: Trace) -> None:
 
 def test_non_alternating_roles(tool_trace: Trace) -> None:
     path, recs = tool_trace
-    line = line_of(recs, is_request, nth=1)
-    msgs = recs[line - 1]["messages"]
-    msgs.insert(1, {"role": "user", "blocks": [{"type": "text"}]})
+    results = _results_record(recs)
+    recs[results - 1] = {**recs[results - 1], "role": "assistant", "kind": "assistant"}
     rewrite(path, recs)
     findings = audit_file(path)
     f = the(findings, "role_order")
-    assert f.line == line
-    assert f.message.startswith("messages[1] has role 'user' after 'user' where 'assistant' is due")
+    assert f.line == line_of(recs, is_request, nth=1)
+    assert "conversation message 2" in f.message and "assistant message right after another" in f.message
+
+
+def test_a_request_that_names_another_conversation(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    line = line_of(recs, is_request, nth=1)
+    recs[line - 1]["last"] = "not-a-recorded-message"
+    rewrite(path, recs)
+    f = the(audit_file(path), "bad_request")
+    assert f.line == line and "'not-a-recorded-message'" in f.message
+
+
+def test_format_2_requests_with_skeletons_are_still_checked() -> None:
+    recs = [{"type": "session", "seq": 0, "version": 2, "limits": {}},
+            {"type": "request", "seq": 1, "messages": [{"role": "user", "blocks": [{"type": "text"}]},
+                                                       {"role": "assistant", "blocks": [
+                                                           {"type": "tool_use", "id": "t", "name": "Read"}]},
+                                                       {"role": "user", "blocks": [{"type": "text"}]}]}]
+    assert [f.code for f in audit(recs) if f.is_error] == ["unpaired_tool_use"]
 
 
 def test_first_message_must_be_user() -> None:
@@ -690,8 +713,7 @@ def test_main_coverage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 def _set_counter(rec: dict[str, Any], name: str, value: Any) -> None:
     """Tamper consistently: every place the record states the counter."""
-    rec["counters"][name] = value
-    rec["state"][name] = value
+    rec["changed"][name] = value
     if name == "turn_count":
         rec["turn"] = value
 
@@ -712,8 +734,9 @@ def test_counter_going_backwards_or_negative_is_caught(tmp_path: Path) -> None:
     path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
     recs = records(path)
     second = line_of(recs, is_move("max_output_tokens_recovery"), nth=1)
+    snaps = {id(r): snap for r, snap in transition_snapshots(recs)}
     call = line_of(recs, lambda r: r["type"] == "transition" and r["trigger"] == "call" and
-                   r["counters"]["max_output_tokens_recovery_count"] == 2)
+                   snaps[id(r)]["max_output_tokens_recovery_count"] == 2)
     _set_counter(recs[call - 1], "max_output_tokens_recovery_count", 1)
     _set_counter(recs[second - 1], "stream_retry_count", -1)
     rewrite(path, recs)

@@ -161,7 +161,7 @@ def _unpaired(run: LoopRun) -> LoopRun:
 
 def _over_cap(run: LoopRun) -> LoopRun:
     return _tamper_record(run, lambda r: r.get("type") == "transition" and r.get("trigger") == "next_turn",
-                          lambda r: {**r, "counters": {**r["counters"], "stop_hook_blocking_count": 99}})
+                          lambda r: {**r, "changed": {**r["changed"], "stop_hook_blocking_count": 99}})
 
 
 def _undeclared(run: LoopRun) -> LoopRun:

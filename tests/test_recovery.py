@@ -31,6 +31,7 @@ from agentfsm.testing.canonical import canonical_requests
 from agentfsm.testing.scenario import load_scenario, populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.server import ScriptedServer
+from agentfsm.trace import read_records, transition_snapshots
 
 REFERENCE_ARGS = ["--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5",
                   "--tools", "Read", "--permission-mode", "bypassPermissions"]
@@ -343,7 +344,7 @@ async def test_recovery_counters_reset_after_a_normal_tool_turn(tmp_path: Path) 
     result, model, session = await run_session(tmp_path, responses, Limits())
     assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
     assert model.count == len(responses)
-    counters = [r["counters"] for r in _records(session.trace_path, "transition")]
+    counters = [snap for _rec, snap in transition_snapshots(read_records(session.trace_path))]
     assert max(c["max_output_tokens_recovery_count"] for c in counters) == 3
     assert max(c["malformed_tool_use_retry_count"] for c in counters) == 1
 

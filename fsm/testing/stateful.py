@@ -65,7 +65,7 @@ from agentfsm.testing.scenario import (
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.strategies import model_responses, unique_tool_ids
 from agentfsm.tools.base import Tool
-from agentfsm.trace import RunStarts, read_records
+from agentfsm.trace import RunStarts, SnapshotReader, read_records
 
 __all__ = [
     "DEFAULT_SUMMARY",
@@ -310,12 +310,14 @@ class _StepChecker:
         self.moves = 0
         self.legs = 0
         self._starts = RunStarts()
+        self._snapshots = SnapshotReader()
 
     def feed(self, rec: Mapping[str, Any]) -> None:
         kind = rec.get("type")
         if self._starts.starts_run(rec):
             self.legs += 1
             self.at, self.stopped = _START, False
+            self._snapshots.start_run()
         if kind in ("compact_boundary", "message"):
             return
         if kind == "transition":
@@ -349,12 +351,12 @@ class _StepChecker:
                                    f"{trig!r} does not allow")
         if frm != self.at:
             self.violations.append(f"{where} starts at {frm!r} but the loop was at {self.at!r}")
-        counters = rec.get("counters") or {}
+        counters = self._snapshots.read(rec)
         for name, field in COUNTER_CAPS.items():
             value, cap = counters.get(name), self.caps.get(field)
             if isinstance(value, int) and isinstance(cap, int) and value > cap:
                 self.violations.append(f"{where}: {name}={value} exceeds {field}={cap}")
-        turn, max_turns = rec.get("turn"), self.caps.get("max_turns")
+        turn, max_turns = counters.get("turn_count"), self.caps.get("max_turns")
         if isinstance(turn, int) and isinstance(max_turns, int) and turn > max_turns:
             self.violations.append(f"{where}: turn {turn} exceeds max_turns={max_turns}")
         if to == _STOP:
