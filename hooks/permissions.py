@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from agentfsm.tools.base import Tool
+from agentfsm.tools.pathmatch import has_magic, path_rule_matcher
 
 PermissionMode = Literal["default", "acceptEdits", "plan", "bypassPermissions", "dontAsk"]
 PERMISSION_MODES: tuple[str, ...] = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
@@ -527,7 +528,7 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
         pattern = tool_input["pattern"]
         fixed: list[str] = []
         for seg in pattern.split("/"):
-            if any(ch in seg for ch in "*?[{"):
+            if has_magic(seg):
                 break
             fixed.append(seg)
         prefix = "/".join(fixed)
@@ -546,45 +547,6 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
     return out
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        c = pattern[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = pattern.find("]", i + 2)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1: j]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
-        elif c == "\\" and i + 1 < n:
-            out.append(re.escape(pattern[i + 1]))
-            i += 1
-        else:
-            out.append(re.escape(c))
-        i += 1
-    try:
-        return re.compile("".join(out), re.DOTALL)
-    except re.error:
-        return re.compile(re.escape(pattern))
-
-
 def _path_rule_matches(spec: str, path: str, cwd: Path, root: Path | None) -> bool:
     """``//abs`` from the root, ``~/p`` from home, ``/p`` from the rule's project, ``./p`` and
     ``a/b`` from the cwd; a pattern without a slash matches a name at any depth below the cwd.
@@ -601,18 +563,11 @@ def _path_rule_matches(spec: str, path: str, cwd: Path, root: Path | None) -> bo
     else:
         base, pat = cwd, spec
         anchored = "/" in spec.rstrip("/")
-    pat = pat.rstrip("/")
-    if pat in ("", "."):
-        pat = "**"
-    base_s = os.path.normpath(str(base))
     try:
-        rel = PurePosixPath(path).relative_to(base_s)
+        rel = PurePosixPath(path).relative_to(os.path.normpath(str(base)))
     except ValueError:
         return False
-    rx = _glob_regex(pat if anchored else "**/" + pat)
-    segments = rel.parts
-    candidates = [""] if not segments else ["/".join(segments[:k]) for k in range(1, len(segments) + 1)]
-    return any(rx.fullmatch(c) for c in candidates)
+    return path_rule_matcher(pat, anchored=anchored).match("/".join(rel.parts))
 
 
 def _inside(paths: Sequence[str], dirs: Sequence[Path]) -> bool:
