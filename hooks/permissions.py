@@ -20,7 +20,6 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import shlex
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -29,6 +28,8 @@ from urllib.parse import urlsplit
 import attrs
 
 from agentfsm.tools.base import Tool
+from agentfsm.tools.pathmatch import has_magic, path_rule_matcher
+from agentfsm.tools.shell import command_variants, split_compound_command
 
 PermissionMode = Literal["default", "acceptEdits", "plan", "bypassPermissions", "dontAsk"]
 PERMISSION_MODES: tuple[str, ...] = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
@@ -282,225 +283,6 @@ def _bash_all_parts_match(specs: Sequence[str], command: str) -> bool:
     return all(any(_bash_spec_matches(s, p) for s in specs) for p in parts)
 
 
-_OPERATORS = ("&&", "||", "|&", ";;", ";", "|", "&", "\n")
-
-
-def split_compound_command(command: str) -> tuple[list[str], bool]:
-    """Split a shell command at ``&&``, ``||``, ``;``, ``|``, ``&`` and newlines, outside quotes.
-
-    The bodies of command substitutions (``$(…)``, backticks, ``<(…)``, ``>(…)``) and of subshell
-    groups are returned as parts of their own, since they run too. ``ok`` is False when quoting or
-    parentheses do not balance: such a command is never pre-approved by allow rules.
-    """
-    parts: list[str] = []
-    ok = _scan(command.replace("\\\n", " "), parts, 0)
-    return [p.strip() for p in parts if p.strip()], ok
-
-
-def _scan(s: str, parts: list[str], depth: int) -> bool:
-    if depth > 20:
-        return False
-    ok = True
-    buf: list[str] = []
-    i, n = 0, len(s)
-
-    def flush() -> None:
-        parts.append("".join(buf))
-        buf.clear()
-
-    while i < n:
-        c = s[i]
-        if c == "\\":
-            buf.append(s[i:i + 2])
-            i += 2
-            continue
-        if c == "'":
-            j = s.find("'", i + 1)
-            if j < 0:
-                buf.append(s[i:])
-                return False
-            buf.append(s[i:j + 1])
-            i = j + 1
-            continue
-        if c == '"':
-            j, ok2 = _scan_double(s, i + 1, parts, depth)
-            ok = ok and ok2
-            buf.append(s[i:j])
-            i = j
-            continue
-        if s.startswith(("$(", "<(", ">("), i):
-            j, ok2 = _match_paren(s, i + 2)
-            ok = ok and ok2 and _scan(s[i + 2: j - 1] if ok2 else s[i + 2:], parts, depth + 1)
-            buf.append(s[i:j])
-            i = j
-            continue
-        if c == "`":
-            j, ok2 = _match_backtick(s, i + 1)
-            ok = ok and ok2 and _scan(s[i + 1: j - 1] if ok2 else s[i + 1:], parts, depth + 1)
-            buf.append(s[i:j])
-            i = j
-            continue
-        if c == "(" and not "".join(buf).strip():
-            j, ok2 = _match_paren(s, i + 1)
-            ok = ok and ok2 and _scan(s[i + 1: j - 1] if ok2 else s[i + 1:], parts, depth + 1)
-            i = j
-            continue
-        # `2>&1`, `&>file`, `>|file` are redirections, not operators.
-        prev = buf[-1][-1:] if buf else ""
-        if c in "&|" and prev in (">", "<"):
-            buf.append(c)
-            i += 1
-            continue
-        if s.startswith("&>", i):
-            buf.append("&>")
-            i += 2
-            continue
-        op = next((o for o in _OPERATORS if s.startswith(o, i)), None)
-        if op is not None:
-            flush()
-            i += len(op)
-            continue
-        buf.append(c)
-        i += 1
-    flush()
-    return ok
-
-
-def _scan_double(s: str, i: int, parts: list[str], depth: int) -> tuple[int, bool]:
-    """From just after an opening ``"``: index just after the closing one."""
-    ok = True
-    n = len(s)
-    while i < n:
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == '"':
-            return i + 1, ok
-        if s.startswith("$(", i):
-            j, ok2 = _match_paren(s, i + 2)
-            ok = ok and ok2 and _scan(s[i + 2: j - 1] if ok2 else s[i + 2:], parts, depth + 1)
-            i = j
-            continue
-        if c == "`":
-            j, ok2 = _match_backtick(s, i + 1)
-            ok = ok and ok2 and _scan(s[i + 1: j - 1] if ok2 else s[i + 1:], parts, depth + 1)
-            i = j
-            continue
-        i += 1
-    return n, False
-
-
-def _match_paren(s: str, i: int) -> tuple[int, bool]:
-    """From just after an opening ``(``: index just after its ``)``."""
-    level, n = 1, len(s)
-    while i < n:
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'":
-            j = s.find("'", i + 1)
-            if j < 0:
-                return n, False
-            i = j + 1
-            continue
-        if c == '"':
-            i, ok = _scan_double(s, i + 1, [], 0)
-            if not ok:
-                return n, False
-            continue
-        if c == "(":
-            level += 1
-        elif c == ")":
-            level -= 1
-            if level == 0:
-                return i + 1, True
-        i += 1
-    return n, False
-
-
-def _match_backtick(s: str, i: int) -> tuple[int, bool]:
-    n = len(s)
-    while i < n:
-        if s[i] == "\\":
-            i += 2
-            continue
-        if s[i] == "`":
-            return i + 1, True
-        i += 1
-    return n, False
-
-
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PREFIX_WORDS = frozenset({"!", "{", "}", "(", ")", "then", "do", "else", "elif", "if", "while", "until",
-                           "time", "exec", "command", "builtin", "nohup", "sudo", "doas", "xargs"})
-_SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "fish"})
-
-
-def command_variants(part: str, _depth: int = 0) -> set[str]:
-    """Spellings of one simple command that deny and ask rules are also checked against, so that
-    ``FOO=1 rm -rf /``, ``/bin/rm -rf /``, ``sudo rm -rf "/"``, ``timeout 5 rm -rf /`` and
-    ``bash -c 'rm -rf /'`` cannot slip past ``Bash(rm -rf *)``. Allow rules never use these: a
-    normalised spelling must not widen what was approved."""
-    out = {part.strip()}
-    if _depth > 4:
-        return out
-    try:
-        tokens = shlex.split(part, posix=True)
-    except ValueError:
-        tokens = part.split()
-    tokens = _strip_prefixes(tokens)
-    if not tokens:
-        return out
-    first = tokens[0].rsplit("/", 1)[-1] if "/" in tokens[0] else tokens[0]
-    tokens = [first, *tokens[1:]]
-    out.add(" ".join(tokens))
-    inner: str | None = None
-    if first in _SHELLS and "-c" in tokens[1:]:
-        k = tokens.index("-c", 1)
-        inner = tokens[k + 1] if k + 1 < len(tokens) else None
-    elif first == "eval":
-        inner = " ".join(tokens[1:])
-    if inner:
-        sub_parts, _ = split_compound_command(inner)
-        out.add(inner.strip())
-        for sp in sub_parts:
-            out |= command_variants(sp, _depth + 1)
-    return {o for o in out if o}
-
-
-def _strip_prefixes(tokens: list[str]) -> list[str]:
-    i, n = 0, len(tokens)
-    while i < n:
-        t = tokens[i]
-        if t in _PREFIX_WORDS or _ASSIGNMENT.match(t):
-            i += 1
-            # sudo/xargs/command options (-u root, -E, -n 1 ...) belong to the wrapper
-            if t in ("sudo", "doas", "xargs", "command", "exec"):
-                while i < n and tokens[i].startswith("-"):
-                    i += 2 if tokens[i] in ("-u", "-g", "-n", "-I", "-P", "-L", "-d") else 1
-            continue
-        if t == "env":
-            i += 1
-            while i < n and (tokens[i].startswith("-") or _ASSIGNMENT.match(tokens[i])):
-                i += 2 if tokens[i] in ("-u", "-C", "-S") else 1
-            continue
-        if t == "nice":
-            i += 1
-            while i < n and tokens[i].startswith("-"):
-                i += 2 if tokens[i] == "-n" else 1
-            continue
-        if t == "timeout":
-            i += 1
-            while i < n and tokens[i].startswith("-"):
-                i += 2 if tokens[i] in ("-s", "-k", "--signal", "--kill-after") else 1
-            i += 1  # the duration
-            continue
-        break
-    return tokens[i:]
-
-
 # ----------------------------------------------------------------------------------------------
 # Path specifiers (gitignore-style)
 
@@ -527,7 +309,7 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
         pattern = tool_input["pattern"]
         fixed: list[str] = []
         for seg in pattern.split("/"):
-            if any(ch in seg for ch in "*?[{"):
+            if has_magic(seg):
                 break
             fixed.append(seg)
         prefix = "/".join(fixed)
@@ -546,45 +328,6 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
     return out
 
 
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    out: list[str] = []
-    i, n = 0, len(pattern)
-    while i < n:
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        c = pattern[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = pattern.find("]", i + 2)
-            if j < 0:
-                out.append(re.escape(c))
-            else:
-                body = pattern[i + 1: j]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
-        elif c == "\\" and i + 1 < n:
-            out.append(re.escape(pattern[i + 1]))
-            i += 1
-        else:
-            out.append(re.escape(c))
-        i += 1
-    try:
-        return re.compile("".join(out), re.DOTALL)
-    except re.error:
-        return re.compile(re.escape(pattern))
-
-
 def _path_rule_matches(spec: str, path: str, cwd: Path, root: Path | None) -> bool:
     """``//abs`` from the root, ``~/p`` from home, ``/p`` from the rule's project, ``./p`` and
     ``a/b`` from the cwd; a pattern without a slash matches a name at any depth below the cwd.
@@ -601,18 +344,11 @@ def _path_rule_matches(spec: str, path: str, cwd: Path, root: Path | None) -> bo
     else:
         base, pat = cwd, spec
         anchored = "/" in spec.rstrip("/")
-    pat = pat.rstrip("/")
-    if pat in ("", "."):
-        pat = "**"
-    base_s = os.path.normpath(str(base))
     try:
-        rel = PurePosixPath(path).relative_to(base_s)
+        rel = PurePosixPath(path).relative_to(os.path.normpath(str(base)))
     except ValueError:
         return False
-    rx = _glob_regex(pat if anchored else "**/" + pat)
-    segments = rel.parts
-    candidates = [""] if not segments else ["/".join(segments[:k]) for k in range(1, len(segments) + 1)]
-    return any(rx.fullmatch(c) for c in candidates)
+    return path_rule_matcher(pat, anchored=anchored).match("/".join(rel.parts))
 
 
 def _inside(paths: Sequence[str], dirs: Sequence[Path]) -> bool:

@@ -15,10 +15,8 @@ from agentfsm.hooks.permissions import (
     PermissionPolicy,
     PermissionRule,
     ToolPermissionContext,
-    command_variants,
     normalize_mode,
     parse_rule_text,
-    split_compound_command,
     split_tool_list,
 )
 from agentfsm.tools.base import Tool
@@ -172,16 +170,6 @@ def test_exact_compound_rule(tmp_path: Path) -> None:
     p = policy(tmp_path, allow=["Bash(npm run build && npm test)"])
     assert bash_verdict(p, "npm run build && npm test") == "allow"
     assert p.allow_rule_for(BASH, {"command": "npm run build && npm test"}) == p.allow[0]
-
-
-def test_split_and_variants() -> None:
-    parts, ok = split_compound_command("a && b || c; d | e & f\ng $(h) `i` <(j)")
-    assert ok and parts == ["a", "b", "c", "d", "e", "f", "h", "i", "j", "g $(h) `i` <(j)"]
-    redirections = split_compound_command("echo hi 2>&1 | tee x &>/dev/null")
-    assert redirections == (["echo hi 2>&1", "tee x &>/dev/null"], True)
-    assert split_compound_command("echo 'a")[1] is False
-    assert split_compound_command("echo $(ls")[1] is False
-    assert "rm -rf /" in command_variants("A=1 B=2 sudo -u root /usr/bin/rm -rf /")
 
 
 def test_ask_rules_and_precedence(tmp_path: Path) -> None:

@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentfsm.tools.base import ToolContext, ToolError
-from agentfsm.tools.glob import MAX_RESULTS, GlobTool, compile_glob, expand_braces, run_stoppable
+from agentfsm.tools.glob import MAX_RESULTS, GlobTool, run_stoppable
+from agentfsm.tools.pathmatch import expand_braces, glob_tool_matcher
 
 
 @pytest.fixture
@@ -166,15 +167,15 @@ glob_chars = st.text(alphabet="ab.c*?", min_size=1, max_size=6).filter(lambda n:
 
 @given(name=name_chars, pattern=glob_chars)
 def test_one_segment_matches_like_fnmatch(name: str, pattern: str) -> None:
-    assert bool(compile_glob(pattern).match(name)) == fnmatch.fnmatchcase(name, pattern)
+    assert bool(glob_tool_matcher(pattern).match(name)) == fnmatch.fnmatchcase(name, pattern)
 
 
 @given(dirs=st.lists(st.sampled_from(["a", "b", "c"]), max_size=4),
        name=name_chars)
 def test_double_star_matches_any_depth(dirs: list[str], name: str) -> None:
     path = "/".join([*dirs, name])
-    assert compile_glob(f"**/{name}").match(path)
-    assert bool(compile_glob(name).match(path)) == (not dirs)
+    assert glob_tool_matcher(f"**/{name}").match(path)
+    assert bool(glob_tool_matcher(name).match(path)) == (not dirs)
 
 
 def test_tool_traits_and_schema() -> None:

@@ -14,7 +14,6 @@ import contextlib
 import os
 import re
 import secrets
-import shlex
 import shutil
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from typing import Any
 import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.shell import scan, split_words
 
 DEFAULT_TIMEOUT_MS = 120_000
 MAX_TIMEOUT_MS = 600_000
@@ -68,7 +68,9 @@ _GIT_LISTING_FLAGS = {
     "tag": frozenset({"-l", "--list", "-n", "--sort", "--format", "--merged", "--no-merged", "--contains",
                       "--no-contains", "--points-at", "--column", "--no-column", "--color"}),
 }
-_SEPARATORS = frozenset({"&&", "||", ";", "|"})
+# The only shell syntax a read-only command may use: sequences, and-or lists and pipes.
+_SEPARATORS = frozenset({"&&", "||", ";", "|", "\n"})
+_OPERATOR_CHARS = frozenset("();<>|&")
 # Anywhere in the text, even quoted: substitutions run code, ">" may write a file.
 _UNSAFE_TEXT = ("`", "$(", "<(", ">(", ">")
 
@@ -150,31 +152,21 @@ def is_read_only_command(command: str) -> bool:
     Conservative by design: a false "no" only costs parallelism or a permission prompt, a false
     "yes" could run a write concurrently with other tools or unasked in plan mode.
     """
-    if not command.strip() or any(t in command for t in _UNSAFE_TEXT):
+    # "\r": bash reads it as part of a word where shlex splits there, so what the words are is unsure
+    if not command.strip() or "\r" in command or any(t in command for t in _UNSAFE_TEXT):
         return False
-    seen_command = False
-    for line in re.split(r"[\r\n]+", command):
-        lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        lexer.commenters = ""  # "#" is not a comment inside a word; never let it hide a command
-        try:
-            tokens = list(lexer)
-        except ValueError:
-            return False  # unbalanced quotes: bash would continue onto text we cannot see
-        segment: list[str] = []
-        for tok in [*tokens, ";"]:
-            if tok in _SEPARATORS:
-                if segment and not _segment_read_only(segment):
-                    return False
-                if not segment and tok != ";":
-                    return False
-                seen_command = seen_command or bool(segment)
-                segment = []
-            elif tok and set(tok) <= set("();<>|&"):
-                return False  # "&", "(", "<<", "|&", ...: background jobs, subshells, redirections
-            else:
-                segment.append(tok)
-    return seen_command
+    line = scan(command)
+    if not line.ok or line.syntax - _SEPARATORS:
+        return False  # "&", "(", "<", "<<", "|&", ";;", ...: background jobs, subshells, redirections
+    for part in line.parts:
+        words = split_words(part)
+        if not words:
+            return False
+        if any(w and set(w) <= _OPERATOR_CHARS for w in words):
+            return False  # an operator in quotes: telling it from a real one is not worth the risk
+        if not _segment_read_only(words):
+            return False
+    return bool(line.parts)
 
 
 # --- running ---------------------------------------------------------------------------------

@@ -1,114 +1,28 @@
 """Glob: files whose path matches a glob pattern, least recently modified first (as Claude Code lists them).
 
-Pattern semantics are pathlib's (``*`` and ``?`` stay within one path segment, ``**`` spans any
-number of directories, dotfiles match), plus ``{a,b}`` alternatives as in Claude Code. The walk is
-our own ``os.scandir`` loop rather than ``Path.glob`` so that it can skip VCS metadata, never follow
-a symlinked directory (3.11's ``**`` loops forever on a symlink cycle) and stop when aborted.
+Pattern semantics are :mod:`agentfsm.tools.pathmatch`'s (``*`` and ``?`` stay within one path
+segment, ``**`` spans any number of directories, ``[...]`` classes, dotfiles match), plus ``{a,b}``
+alternatives as in Claude Code. The walk is our own ``os.scandir`` loop rather than ``Path.glob`` so
+that it can skip VCS metadata, never follow a symlinked directory (3.11's ``**`` loops forever on a
+symlink cycle) and stop when aborted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.pathmatch import Matcher, PatternError, expand_braces, glob_tool_matcher, has_magic
 from agentfsm.tools.read import CWD_NOTE
 
 T = TypeVar("T")
 
 MAX_RESULTS = 100
 VCS_DIRS = (".git", ".svn", ".hg", ".bzr", ".jj", ".sl")
-_MAGIC = re.compile(r"[*?\[{]")
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """``a.{js,ts}`` → ``[a.js, a.ts]``; nested groups expand too; an unbalanced or comma-less
-    group is literal text."""
-    depth = 0
-    start = -1
-    commas: list[int] = []
-    for i, ch in enumerate(pattern):
-        if ch == "\\":
-            continue
-        if ch == "{":
-            if depth == 0:
-                start, commas = i, []
-            depth += 1
-        elif ch == "}" and depth > 0:
-            depth -= 1
-            if depth == 0:
-                if not commas:
-                    # ``{x}`` is literal; look for a real group further on
-                    rest = expand_braces(pattern[i + 1:])
-                    return [pattern[:i + 1] + r for r in rest]
-                bounds = [start, *commas, i]
-                head, tail = pattern[:start], pattern[i + 1:]
-                out: list[str] = []
-                for a, b in itertools.pairwise(bounds):
-                    for alt in expand_braces(pattern[a + 1:b]):
-                        out.extend(head + alt + t for t in expand_braces(tail))
-                return out
-        elif ch == "," and depth == 1:
-            commas.append(i)
-    return [pattern]
-
-
-def glob_char(pat: str, i: int) -> tuple[str, int]:
-    """The regex for the glob token at ``pat[i]`` other than ``*`` (whose meaning differs between
-    Glob and gitignore rules): ``?``, a ``[...]`` class (``!``/``^`` negate), a ``\\`` escape or a
-    literal. Returns the regex and the index after the token."""
-    ch = pat[i]
-    if ch == "?":
-        return "[^/]", i + 1
-    if ch == "[":
-        j = i + 1
-        if j < len(pat) and pat[j] in "!^":
-            j += 1
-        if j < len(pat) and pat[j] == "]":
-            j += 1
-        while j < len(pat) and pat[j] != "]":
-            j += 1
-        if j >= len(pat):
-            return re.escape(ch), i + 1
-        body = pat[i + 1:j]
-        if body[:1] in ("!", "^"):
-            body = "^" + body[1:]
-        return "[" + body.replace("\\", "\\\\") + "]", j + 1
-    if ch == "\\" and i + 1 < len(pat):
-        return re.escape(pat[i + 1]), i + 2
-    return re.escape(ch), i + 1
-
-
-def _segment_regex(seg: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(seg):
-        if seg[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        else:
-            piece, i = glob_char(seg, i)
-            out.append(piece)
-    return "".join(out)
-
-
-def compile_glob(pattern: str) -> re.Pattern[str]:
-    """A regex over ``/``-separated relative paths with pathlib's segment semantics; a trailing
-    ``**`` matches every file below."""
-    segs = [s for s in pattern.split("/") if s not in ("", ".")]
-    parts: list[str] = []
-    for i, seg in enumerate(segs):
-        last = i == len(segs) - 1
-        if seg == "**":
-            parts.append("(?:[^/]+/)*[^/]+" if last else "(?:[^/]+/)*")
-        else:
-            parts.append(_segment_regex(seg) + ("" if last else "/"))
-    return re.compile("".join(parts) + r"\Z", re.DOTALL)
 
 
 def split_literal_prefix(root: str, pattern: str) -> tuple[str, str]:
@@ -116,7 +30,7 @@ def split_literal_prefix(root: str, pattern: str) -> tuple[str, str]:
     if pattern.startswith("/"):
         root, pattern = "/", pattern.lstrip("/")
     segs = pattern.split("/")
-    while len(segs) > 1 and not _MAGIC.search(segs[0]):
+    while len(segs) > 1 and not has_magic(segs[0]):
         root = os.path.join(root, segs.pop(0))
     return os.path.normpath(root), "/".join(segs)
 
@@ -127,7 +41,7 @@ def display_path(ctx: ToolContext, path: str) -> str:
     return path if rel == "." or rel.startswith("..") else rel
 
 
-def _walk(root: str, regex: re.Pattern[str], max_depth: int | None, skip: frozenset[str],
+def _walk(root: str, matcher: Matcher, max_depth: int | None, skip: frozenset[str],
           stop: threading.Event) -> Iterator[tuple[str, float]]:
     stack: list[tuple[str, str, int]] = [(root, "", 0)]
     while stack:
@@ -144,7 +58,7 @@ def _walk(root: str, regex: re.Pattern[str], max_depth: int | None, skip: frozen
                 if entry.is_dir(follow_symlinks=False):
                     if entry.name not in skip and (max_depth is None or depth + 1 < max_depth):
                         stack.append((entry.path, rel + "/", depth + 1))
-                elif regex.match(rel) and entry.is_file():
+                elif matcher.match(rel) and entry.is_file():
                     yield entry.path, entry.stat().st_mtime
             except OSError:
                 continue
@@ -158,10 +72,9 @@ def find_files(root: str, pattern: str, stop: threading.Event | None = None) -> 
         start, rest = split_literal_prefix(root, alternative)
         if not rest or not os.path.isdir(start):
             continue
-        regex = compile_glob(rest)
         depth = None if "**" in rest else len([s for s in rest.split("/") if s not in ("", ".")])
         skip = frozenset(d for d in VCS_DIRS if d not in alternative)
-        for path, mtime in _walk(start, regex, depth, skip, stop):
+        for path, mtime in _walk(start, glob_tool_matcher(rest), depth, skip, stop):
             found[path] = mtime
     return list(found.items())
 
@@ -205,7 +118,10 @@ class GlobTool(ReadOnlyTool):
             if not os.path.isdir(root):
                 raise ToolError(f"Path is not a directory: {given}")
         stop = threading.Event()
-        found = await run_stoppable(ctx, stop, lambda: find_files(root, pattern, stop))
+        try:
+            found = await run_stoppable(ctx, stop, lambda: find_files(root, pattern, stop))
+        except PatternError as exc:
+            raise ToolError(str(exc)) from exc
         if not found:
             return ToolOutput("No files found")
         # oldest first, as Claude Code 2.1.332 lists them (`rg --files --sort=modified`)

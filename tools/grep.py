@@ -7,7 +7,10 @@ git work tree, ``.ignore``/``.rgignore``, ``--glob`` overrides, ``--type``, syml
 binary files skipped). One formatter turns the records into text, so both backends print alike.
 
 Known fallback differences: Python's ``re`` dialect instead of Rust's regex; the global git
-excludes file (core.excludesFile) is not read.
+excludes file (core.excludesFile) is not read; globs follow :mod:`agentfsm.tools.pathmatch`, the one
+dialect of the Glob tool and the permission rules, so a ``[...]`` class never matches ``/`` and knows
+``[:digit:]``-style names and ``\\`` escapes, where ripgrep's globset lets a class match ``/``, has
+no named classes and rejects a reversed range such as ``[z-a]``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any, Literal, cast
 import attrs
 
 from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
-from agentfsm.tools.glob import VCS_DIRS, display_path, expand_braces, glob_char, run_stoppable
+from agentfsm.tools.glob import VCS_DIRS, display_path, run_stoppable
+from agentfsm.tools.pathmatch import IgnoreRule, PatternError, expand_braces, ignore_rule
 from agentfsm.tools.read import CWD_NOTE, decode_text
 
 Backend = Literal["auto", "rg", "python"]
@@ -231,96 +235,40 @@ async def search_rg(q: Query, ctx: ToolContext) -> Found:
 # --- pure-Python backend: file selection ------------------------------------------------------
 
 
-@attrs.frozen
-class Rule:
-    """One gitignore-style pattern; ``negated`` is the leading ``!``."""
-
-    regex: re.Pattern[str]
-    negated: bool
-    dir_only: bool
-
-
-def _glob_body(pat: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(pat):
-        if pat.startswith("**/", i) and (i == 0 or pat[i - 1] == "/"):
-            out.append("(?:.*/)?")
-            i += 3
-            continue
-        if pat.startswith("/**", i) and i + 3 == len(pat):
-            out.append("/.*")
-            i += 3
-            continue
-        if pat[i] == "*":
-            while i + 1 < len(pat) and pat[i + 1] == "*":
-                i += 1
-            out.append("[^/]*")
-            i += 1
-        else:
-            piece, i = glob_char(pat, i)
-            out.append(piece)
-    return "".join(out)
-
-
-def compile_rule(line: str, *, comments: bool = True) -> Rule | None:
-    """A gitignore line (or an rg ``--glob``, with ``comments=False``) as a :class:`Rule`."""
-    if comments:
-        if not line.strip() or line.startswith("#"):
-            return None
-        # trailing spaces are dropped unless escaped
-        line = re.sub(r"(?<!\\)\s+\Z", "", line)
-    negated = line.startswith("!")
-    if negated:
-        line = line[1:]
-    elif line.startswith(("\\!", "\\#")):
-        line = line[1:]
-    dir_only = line.endswith("/")
-    line = line.rstrip("/")
-    if not line:
-        return None
-    anchored = "/" in line
-    body = _glob_body(line.lstrip("/"))
-    prefix = "" if anchored else "(?:.*/)?"
-    return Rule(re.compile(prefix + body + r"\Z", re.DOTALL), negated, dir_only)
-
-
-def _verdict(rules: Sequence[tuple[str, Rule]], path: str, is_dir: bool) -> bool | None:
+def _verdict(rules: Sequence[tuple[str, IgnoreRule]], path: str, is_dir: bool) -> bool | None:
     """Whether the last matching rule is a plain one (True) or a ``!`` one (False); None if none
     matches. For ignore files plain means "ignore"; for ``--glob`` overrides it means "keep"."""
     verdict: bool | None = None
     for base, rule in rules:
-        if not path.startswith(base) or (rule.dir_only and not is_dir):
-            continue
-        if rule.regex.match(path[len(base):]):
+        if path.startswith(base) and rule.matches(path[len(base):], is_dir):
             verdict = not rule.negated
     return verdict
 
 
-def _read_rules(directory: str, name: str) -> list[tuple[str, Rule]]:
+def _read_rules(directory: str, name: str) -> list[tuple[str, IgnoreRule]]:
     """The rules of one ignore file, each tagged with the directory its patterns are relative to."""
     try:
         text = Path(directory, name).read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
     base = directory.rstrip("/") + "/"
-    return [(base, r) for r in (compile_rule(ln) for ln in text.splitlines()) if r is not None]
+    return [(base, r) for r in (ignore_rule(ln) for ln in text.splitlines()) if r is not None]
 
 
 @attrs.frozen
 class DirRules:
     """What one directory contributes to ignoring, by ripgrep's categories."""
 
-    rgignore: list[tuple[str, Rule]]
-    ignore: list[tuple[str, Rule]]
-    gitignore: list[tuple[str, Rule]]
-    exclude: list[tuple[str, Rule]]
+    rgignore: list[tuple[str, IgnoreRule]]
+    ignore: list[tuple[str, IgnoreRule]]
+    gitignore: list[tuple[str, IgnoreRule]]
+    exclude: list[tuple[str, IgnoreRule]]
     has_git: bool
 
     @classmethod
     def of(cls, directory: str) -> DirRules:
         has_git = os.path.exists(os.path.join(directory, ".git"))
-        exclude: list[tuple[str, Rule]] = []
+        exclude: list[tuple[str, IgnoreRule]] = []
         if has_git:
             base = directory.rstrip("/") + "/"
             exclude = [(base, r) for _, r in _read_rules(os.path.join(directory, ".git", "info"), "exclude")]
@@ -356,19 +304,23 @@ class Selector:
 
     def __init__(self, q: Query) -> None:
         self.root = q.root
-        self.overrides: list[tuple[str, Rule]] = []
+        self.overrides: list[tuple[str, IgnoreRule]] = []
         for g in [f"!{d}" for d in VCS_DIRS] + list(q.globs):
-            for alt in expand_braces(g):
-                rule = compile_rule(alt, comments=False)
+            try:
+                alternatives = expand_braces(g)
+            except PatternError as exc:
+                raise ToolError(str(exc)) from exc
+            for alt in alternatives:
+                rule = ignore_rule(alt, comments=False)
                 if rule is not None:
                     self.overrides.append((q.root.rstrip("/") + "/", rule))
         self.has_whitelist = any(not r.negated for _, r in self.overrides)
-        self.types: list[Rule] | None = None
+        self.types: list[IgnoreRule] | None = None
         if q.file_type:
             globs = FILE_TYPES.get(q.file_type)
             if globs is None:
                 raise ToolError(f"unrecognized file type: {q.file_type}")
-            self.types = [r for r in (compile_rule(g, comments=False) for g in globs) if r is not None]
+            self.types = [r for r in (ignore_rule(g, comments=False) for g in globs) if r is not None]
 
     def _parents(self) -> list[DirRules]:
         """ripgrep also reads the ignore files of the directories above the one searched."""
@@ -395,7 +347,7 @@ class Selector:
         if is_dir or self.types is None:
             return True
         name = os.path.basename(path)
-        return any(t.regex.match(name) for t in self.types)
+        return any(t.matches(name, is_dir=False) for t in self.types)
 
     def files(self, stop: threading.Event) -> Iterator[str]:
         if not os.path.isdir(self.root):
