@@ -8,17 +8,19 @@ from typing import Any
 
 import attrs
 
+from agentfsm.modes import PERMISSION_MODES, PermissionMode, normalize_mode
 from agentfsm.state import Limits
 
 DEFAULT_MODEL = "claude-sonnet-4-5"
-PERMISSION_MODES = ("default", "manual", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
+
+__all__ = ["PERMISSION_MODES", "AgentDefinition", "CanUseTool", "Options", "PermissionMode", "normalize_mode"]
 
 CanUseTool = Callable[[str, Mapping[str, Any], Mapping[str, Any]], Awaitable[Any]]
 
 
 def _mode(_inst: Any, _attr: attrs.Attribute, value: str | None) -> None:
-    if value is not None and value not in PERMISSION_MODES:
-        raise ValueError(f"unknown permission mode {value!r}; choose one of {', '.join(PERMISSION_MODES)}")
+    if value is not None:
+        normalize_mode(value)  # raises, naming the modes
 
 
 @attrs.frozen

@@ -21,6 +21,7 @@ from agentfsm.tools.base import Tool
 PermissionBehavior = Literal["allow", "deny", "ask"]
 
 
+
 @attrs.frozen
 class PreToolOutcome:
     """Combined PreToolUse hook answer. ``decision`` None = hooks said nothing about permission.

@@ -35,7 +35,6 @@ from agentfsm.hooks.inputs import (
     UserPromptSubmitInput,
 )
 from agentfsm.hooks.permissions import (
-    PERMISSION_MODES,
     PermissionAllow,
     PermissionDecision,
     PermissionDeny,
@@ -53,6 +52,7 @@ from agentfsm.hooks.runner import (
     HookRunner,
     HookRunResult,
 )
+from agentfsm.modes import PERMISSION_MODES
 
 __all__ = [
     "HOOK_EVENTS",

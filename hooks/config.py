@@ -21,7 +21,7 @@ import attrs
 
 from agentfsm import log as fsm_log
 from agentfsm.hooks.inputs import FOREIGN_EVENTS, HOOK_EVENTS
-from agentfsm.hooks.permissions import PermissionRule, RuleBehavior, normalize_mode
+from agentfsm.hooks.permissions import PermissionRule, RuleBehavior, dedup_rules, normalize_mode
 from agentfsm.hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
 
 log = fsm_log.get_logger("agentfsm.hooks.config")
@@ -220,17 +220,6 @@ def _deep_merge(low: Any, high: Any) -> Any:
     return high
 
 
-def _dedup_rules(rules: Sequence[PermissionRule]) -> tuple[PermissionRule, ...]:
-    seen: set[tuple[str, str | None, Path | None]] = set()
-    out = []
-    for r in rules:
-        key = r.identity()
-        if key not in seen:
-            seen.add(key)
-            out.append(r)
-    return tuple(out)
-
-
 def merge_settings(layers: Sequence[Settings]) -> Settings:
     """Merge sources given low to high precedence."""
     hooks: dict[str, list[HookMatcher]] = {}
@@ -258,7 +247,7 @@ def merge_settings(layers: Sequence[Settings]) -> Settings:
         raw = _deep_merge(raw, layer.raw)
     return Settings(
         hooks={e: tuple(m) for e, m in hooks.items()},
-        permissions=PermissionSettings(_dedup_rules(allow), _dedup_rules(ask), _dedup_rules(deny), mode,
+        permissions=PermissionSettings(dedup_rules(allow), dedup_rules(ask), dedup_rules(deny), mode,
                                        tuple(dirs), disable_bypass),
         sources=tuple(s for layer in layers for s in layer.sources),
         raw=raw,

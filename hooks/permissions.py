@@ -27,13 +27,10 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from agentfsm.modes import normalize_mode
 from agentfsm.tools.base import Tool
 from agentfsm.tools.pathmatch import has_magic, path_rule_matcher
 from agentfsm.tools.shell import command_variants, split_compound_command
-
-PermissionMode = Literal["default", "acceptEdits", "plan", "bypassPermissions", "dontAsk"]
-PERMISSION_MODES: tuple[str, ...] = ("default", "acceptEdits", "plan", "bypassPermissions", "dontAsk")
-_MODE_ALIASES = {"manual": "default"}
 
 RuleBehavior = Literal["allow", "ask", "deny"]
 
@@ -46,17 +43,6 @@ _PATH_FAMILIES: Mapping[str, frozenset[str]] = {
     **{name: frozenset({name}) for name in (EDIT_TOOLS | READ_TOOLS) - {"Edit", "Read"}},
 }
 _SEARCH_TOOLS = frozenset({"Grep", "Glob", "LS"})
-
-
-def normalize_mode(mode: str | None) -> str:
-    """``None`` → ``default``; ``manual`` is an alias of ``default``; anything unknown raises."""
-    if mode is None:
-        return "default"
-    mode = _MODE_ALIASES.get(mode, mode)
-    if mode not in PERMISSION_MODES:
-        raise ValueError(f"unknown permission mode {mode!r}; expected one of: "
-                         f"{', '.join(PERMISSION_MODES)} (or 'manual', an alias of 'default')")
-    return mode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,7 +431,8 @@ def _as_rules(items: Iterable[str | PermissionRule], behavior: RuleBehavior,
     return out
 
 
-def _dedup(rules: Iterable[PermissionRule]) -> list[PermissionRule]:
+def dedup_rules(rules: Iterable[PermissionRule]) -> tuple[PermissionRule, ...]:
+    """The rules in order, each once (the same rule from two sources is one rule)."""
     seen: set[tuple[str, str | None, Path | None]] = set()
     out = []
     for r in rules:
@@ -453,7 +440,7 @@ def _dedup(rules: Iterable[PermissionRule]) -> list[PermissionRule]:
         if key not in seen:
             seen.add(key)
             out.append(r)
-    return out
+    return tuple(out)
 
 
 @attrs.define
@@ -483,9 +470,9 @@ class PermissionPolicy:
         return cls(
             cwd=cwd_p,
             mode=normalize_mode(mode),
-            allow=_dedup([*_as_rules(allow, "allow", "settings"), *_as_rules(allowed_tools, "allow", "cli")]),
-            ask=_dedup(_as_rules(ask, "ask", "settings")),
-            deny=_dedup([*_as_rules(deny, "deny", "settings"), *_as_rules(disallowed_tools, "deny", "cli")]),
+            allow=dedup_rules([*_as_rules(allow, "allow", "settings"), *_as_rules(allowed_tools, "allow", "cli")]),
+            ask=dedup_rules(_as_rules(ask, "ask", "settings")),
+            deny=dedup_rules([*_as_rules(deny, "deny", "settings"), *_as_rules(disallowed_tools, "deny", "cli")]),
             additional_directories=[(cwd_p / Path(d).expanduser()).resolve() for d in additional_directories],
         )
 

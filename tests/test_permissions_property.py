@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 from agentfsm.hooks.gate import HookGate
 from agentfsm.hooks.permissions import (
-    PERMISSION_MODES,
     PermissionAllow,
     PermissionDeny,
     PermissionPolicy,
     PermissionRule,
     ToolPermissionContext,
 )
+from agentfsm.modes import PERMISSION_MODES
 from agentfsm.ports import PreToolOutcome
 from agentfsm.tools.base import Tool
 
