@@ -58,12 +58,12 @@ from agentfsm.options import Options
 from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, synthetic_result
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import InputQueue, QueueItem
-from agentfsm.request import normalize
+from agentfsm.request import WireCache
 from agentfsm.result import RunAccount, RunResult, build_result
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
 from agentfsm.tools.base import ToolContext
 from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
-from agentfsm.trace import TraceWriter
+from agentfsm.trace import TraceWriter, appended
 
 Emit = Callable[[dict[str, Any]], None]
 # Asked before every model request with the loop state; a truthy answer ends the foreground loop
@@ -148,6 +148,7 @@ class Driver:
         self._asm: ResponseAssembler | None = None
         self._emitted_results: set[str] = set()
         self._t_request = 0.0
+        self._wire = WireCache()  # the wire view, built incrementally request by request
         # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
         self._discarded: list[StreamingToolExecutor] = []
 
@@ -261,7 +262,7 @@ class Driver:
             self.emit({"type": "system", "subtype": "warning", "message": notice, "session_id": self.session_id})
         if step.trigger == "open_stream" and self._pending_input:
             self.queue.take_items(self._pending_input)
-        if step.state.messages is not before.messages and _rewritten(before.messages, step.state.messages):
+        if step.state.messages is not before.messages and not appended(before.messages, step.state.messages):
             compaction = getattr(event, "compaction", None)
             self.account.anchor(None, 0)
             self.emit({"type": "system", "subtype": "compact_boundary", "session_id": self.session_id,
@@ -383,7 +384,7 @@ class Driver:
         if refused is not None:
             self.log.info("model.refused", reason=refused.reason.value, detail=refused.detail)
             return refused
-        wire = normalize(outgoing)
+        wire = self._wire.wire(outgoing)
         model = self._model(state)
         request = ModelRequest(model=model, system=self.system, messages=tuple(wire),
                                tools=tuple(self.registry.api_schemas()),
@@ -738,11 +739,6 @@ class Driver:
                 await stream.aclose()
             except (RuntimeError, ModelCallError):  # closing a generator mid-iteration
                 self.log.debug("model.stream_close_failed")
-
-
-def _rewritten(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
-    """The step replaced the history (compaction) rather than appending to it."""
-    return len(new) < len(old) or any(a is not b for a, b in zip(old, new, strict=False))
 
 
 def _with_structured_output(registry: ToolLookup, schema: Mapping[str, Any] | None) -> ToolLookup:

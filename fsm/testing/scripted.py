@@ -107,6 +107,8 @@ class ScriptedModel:
     ``per_session`` counts per ``metadata.user_id``. ``max_retries`` mimics the SDK transport: an HTTP
     error the SDK would retry consumes the next response instead of failing, up to that many times.
     ``time_scale`` multiplies every scripted delay (0 runs a timed scenario instantly).
+    ``keep_requests=False`` does not keep the requests (:attr:`requests` stays empty): for long runs,
+    where keeping every request would hold every version of the history.
     """
 
     def __init__(
@@ -118,7 +120,9 @@ class ScriptedModel:
         per_session: bool = False,
         max_retries: int = 0,
         time_scale: float = 1.0,
+        keep_requests: bool = True,
     ) -> None:
+        self.keep_requests = keep_requests
         self._source = ResponseSource(source, ws=ws)
         self.model = model
         self.per_session = per_session
@@ -152,16 +156,19 @@ class ScriptedModel:
 
     def events_for(self, request: ModelRequest) -> tuple[Response, list[WireEvent]]:
         """Take the next response for ``request`` (recording it) and the events it streams."""
-        with self._lock:
-            self._requests.append(request)
+        if self.keep_requests:
+            with self._lock:
+                self._requests.append(request)
         key = session_key(request.metadata) if self.per_session else None
         _, serial, resp = self._source.take(request, key)
         if isinstance(resp, HttpErrorResponse):
             return resp, []
+        # the estimate serialises the whole request: only when the script does not give the count
+        given = (resp.usage or {}).get("input_tokens")
         events = response_events(
             resp,
             self.model or request.model,
-            input_tokens=estimate_input_tokens(request.body()),
+            input_tokens=given if given is not None else estimate_input_tokens(request.body()),
             message_id=f"msg_scripted_{serial:06d}",
         )
         return resp, events
