@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     echo = echo_tool()
     responses = tool_turns(args.k)
     options = engine_options(cwd, [echo])
+    traced = engine_options(cwd, [echo], write_trace=True, sessions_dir=cwd / "sessions")
     system = bare_system(cwd)
     tools = {echo.name: echo}
     iterations = args.n * (args.k + 1)
@@ -75,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.n):
             result = await run_engine(responses, options)
             if result.is_error or result.num_turns != args.k + 1:
+                raise SystemExit(f"engine run went wrong: {result.to_dict()}")
+
+    async def engine_traced() -> None:
+        # the default: the session file written, one record per message, move and request
+        for _ in range(args.n):
+            result = await run_engine(responses, traced)
+            if result.is_error:
                 raise SystemExit(f"engine run went wrong: {result.to_dict()}")
 
     async def bare() -> None:
@@ -86,15 +94,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # warm-up: imports, lazily compiled validators, first-use caches of both loops
     asyncio.run(engine())
+    asyncio.run(engine_traced())
     asyncio.run(bare())
 
     eng: list[tuple[float, float]] = []
+    trc: list[tuple[float, float]] = []
     base: list[tuple[float, float]] = []
     for r in range(args.rounds):
-        # alternate which goes first so neither always runs right after the other's garbage
-        pair = (engine, bare) if r % 2 == 0 else (bare, engine)
-        for fn in pair:
-            (eng if fn is engine else base).append(_timed(fn))
+        # alternate the order so none always runs right after another's garbage
+        order = [(engine, eng), (engine_traced, trc), (bare, base)]
+        for fn, into in (order if r % 2 == 0 else order[::-1]):
+            into.append(_timed(fn))
 
     us = 1e6 / iterations
     e_cpu, e_wall = median([c for c, _ in eng]) * us, median([w for _, w in eng]) * us
@@ -103,9 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"overhead: {args.n} conversations x ({args.k} tool turns + 1 answer) = {iterations} iterations "
           f"per round, {args.rounds} rounds, median round")
     print(f"  bare loop (30 lines): {b_cpu:8.1f} us/iter CPU  {b_wall:8.1f} us/iter wall")
-    print(f"  engine (Session):     {e_cpu:8.1f} us/iter CPU  {e_wall:8.1f} us/iter wall")
-    print(f"  ratio engine/bare:    {ratio(e_cpu, b_cpu)} CPU  {ratio(e_wall, b_wall)} wall   (target <= 2x)")
-    print(f"  engine extra per iteration: {e_cpu - b_cpu:.1f} us CPU")
+    t_cpu, t_wall = median([c for c, _ in trc]) * us, median([w for _, w in trc]) * us
+    print(f"  engine (Session):     {e_cpu:8.1f} us/iter CPU  {e_wall:8.1f} us/iter wall   (no session file)")
+    print(f"  engine, traced:       {t_cpu:8.1f} us/iter CPU  {t_wall:8.1f} us/iter wall   (the default)")
+    print(f"  ratio engine/bare:    {ratio(e_cpu, b_cpu)} CPU  {ratio(e_wall, b_wall)} wall;  traced "
+          f"{ratio(t_cpu, b_cpu)} CPU   (goal: traced <= 150 us, about 3x)")
+    print(f"  engine extra per iteration: {e_cpu - b_cpu:.1f} us CPU, traced {t_cpu - b_cpu:.1f} us CPU")
 
     if args.profile:
         prof = cProfile.Profile()

@@ -12,6 +12,14 @@ results are all still referenced then). Target: <= 1 MiB per session. Session fi
 (as a real run does) unless ``--no-trace``.
 
     python bench/sessions.py [--n 1000] [--server subprocess|thread] [--no-trace]
+    python bench/sessions.py --scale [--gc default|tuned]
+
+``--scale`` runs the in-process scripted model instead (no HTTP: the engine's own cost) at 1, 10, 100
+and 1,000 concurrent sessions of six model turns each (five Echo tool turns and an answer), session
+files written, and prints per size: turns per second, p50/p99 latency of a turn (from one request of a
+session to its next), the share of wall time spent in garbage collection (``gc.callbacks``) and the
+marginal memory per session. ``--gc tuned`` freezes what start-up allocated (``gc.freeze()``) and raises
+the collection thresholds, as a long-running host would.
 """
 
 from __future__ import annotations
@@ -133,12 +141,117 @@ async def run_sessions(n: int, url: str, ws: Path, sessions_dir: Path, trace: bo
     return {"rss0": rss0, "alive": alive, "wall": wall, "cpu": cpu, "ok": ok}
 
 
+class GcClock:
+    """Wall time spent in garbage collection, from gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._t = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._t
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+class TurnTimes:
+    """A step observer: when each session sent each request (its ``call`` moves)."""
+
+    def __init__(self) -> None:
+        self.gaps: list[float] = []
+        self._last: dict[int, float] = {}
+
+    def observer(self) -> Any:
+        key = len(self._last)
+        self._last[key] = time.perf_counter()
+        times = self
+
+        class _Obs:
+            def on_step(self, _before: Any, step: Any, _event: Any) -> None:
+                if step.trigger in ("call", "settle", "finish_batch"):
+                    now = time.perf_counter()
+                    times.gaps.append(now - times._last[key])
+                    times._last[key] = now
+
+        return _Obs()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def run_scale(n: int, base: Path) -> dict[str, Any]:
+    from _common import echo_tool, tool_turns
+
+    from agentfsm.testing.scripted import ScriptedModel
+
+    model = ScriptedModel(tool_turns(5), per_session=True, keep_requests=False)
+    options = Options(tools=(), extra_tools=(echo_tool(),), cwd=base, sessions_dir=base / f"s{n}",
+                      setting_sources=(), permission_mode="bypassPermissions")
+    warm = Session(options, client=model, owns_client=False)
+    await warm.run("go")
+    await warm.aclose()
+    del warm
+    gc.collect()
+    times = TurnTimes()
+    rss0 = rss_bytes()
+    with GcClock() as gcc, Sampler() as sampler:
+        t0 = time.perf_counter()
+        sessions = [Session(options, client=model, owns_client=False, observers=(times.observer(),))
+                    for _ in range(n)]
+        results = await asyncio.gather(*(s.run("go") for s in sessions))
+        wall = time.perf_counter() - t0
+    alive = max(sampler.peak, rss_bytes())
+    ok = sum(1 for r in results if r.result == "done")
+    for s in sessions:
+        await s.aclose()
+    turns = sum(r.num_turns for r in results)
+    return {"n": n, "ok": ok, "wall": wall, "turns": turns, "gc": gcc.total, "p50": percentile(times.gaps, 0.5),
+            "p99": percentile(times.gaps, 0.99), "per_session": (alive - rss0) / n}
+
+
+def main_scale(gc_mode: str) -> int:
+    if gc_mode == "tuned":
+        gc.freeze()  # what start-up allocated is never garbage: keep it out of every collection
+        gc.set_threshold(50_000, 50, 100)
+    base = workspace()
+    print(f"machine: {machine()}")
+    print(f"sessions, in-process scripted model, 6 turns each, session files written, gc {gc_mode}")
+    print(f"  {'sessions':>8} {'turns/s':>9} {'p50 turn':>10} {'p99 turn':>10} {'p99/p50':>8} {'gc share':>9} "
+          f"{'KiB/session':>12}")
+    try:
+        for n in (1, 10, 100, 1000):
+            out = asyncio.run(run_scale(n, base))
+            if out["ok"] != n:
+                print(f"  {n}: only {out['ok']} sessions completed")
+                return 1
+            print(f"  {n:>8} {out['turns'] / out['wall']:>9.0f} {out['p50'] * 1e3:>8.1f}ms {out['p99'] * 1e3:>8.1f}ms "
+                  f"{out['p99'] / out['p50']:>8.2f} {out['gc'] / out['wall']:>8.1%} {out['per_session'] / 1024:>12.0f}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print("  goals at 1,000: >= 2,000 turns/s, p99 <= 3x p50, gc < 5% of wall, <= 200 KiB per session")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", action="store_true", help="in-process model at 1, 10, 100, 1000 sessions")
+    ap.add_argument("--gc", choices=("default", "tuned"), default="default", help="with --scale: gc settings")
     ap.add_argument("--n", type=int, default=1000, help="concurrent sessions (default 1000)")
     ap.add_argument("--server", choices=("subprocess", "thread"), default="subprocess")
     ap.add_argument("--no-trace", action="store_true", help="do not write session files")
     args = ap.parse_args(argv)
+    if args.scale:
+        return main_scale(args.gc)
 
     base = workspace()
     ws = populate_workspace(base / "ws")

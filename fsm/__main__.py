@@ -2,6 +2,6 @@
 
 import sys
 
-from agentfsm.cli import main
+from agentfsm.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -70,7 +70,6 @@ Emit = Callable[[dict[str, Any]], None]
 # with `background_requested` (a string answer is the reason).
 StopBeforeCall = Callable[[LoopState], Any]
 T = TypeVar("T")
-_END = object()
 STREAM_FAILED = "stream_failed"
 DEFERRED_RESULTS = graph.DEFERRED_RESULTS
 
@@ -133,8 +132,13 @@ class Driver:
         self.services = dict(services or {})
         self.should_stop_before_next_call: StopBeforeCall | None = (
             should_stop_before_next_call or options.should_stop_before_next_call)
+        # Tools see the abort signal (ToolContext.abort) and may set it too; one watcher per run turns
+        # both signals into futures every wait below can include without creating a task of its own.
         self.abort_event = asyncio.Event()
         self.interrupt_event = asyncio.Event()
+        self._stop_fut: asyncio.Future[None] | None = None  # resolved on an interrupt or an abort
+        self._abort_fut: asyncio.Future[None] | None = None  # resolved on an abort
+        self._watcher: asyncio.Task[None] | None = None
         self.read_files: dict[str, float] = {}
         self.log = log.get_logger("agentfsm", session_id=session_id)
         self.observers: tuple[StepObserver, ...] = (self.trace, _LogSteps(self.log), *observers)
@@ -149,6 +153,7 @@ class Driver:
         self._emitted_results: set[str] = set()
         self._t_request = 0.0
         self._wire = WireCache()  # the wire view, built incrementally request by request
+        self._static: int | None = None  # tokens of the system prompt and tool schemas
         # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
         self._discarded: list[StreamingToolExecutor] = []
 
@@ -166,14 +171,42 @@ class Driver:
         """Hard stop: everything running is cancelled at once. Finished tools keep their effects."""
         self.abort_event.set()
         self.interrupt_event.set()
+        self._signal()
 
     def interrupt(self) -> None:
         """The user's interrupt: the response is cut, ``cancel`` tools are cancelled and ``block``
         tools finish, then the loop ends. Nothing is rolled back."""
         self.interrupt_event.set()
+        self._signal()
         executor = self._executor
         if executor is not None and not executor.aborted:
             executor.interrupt()
+
+    def _signal(self) -> None:
+        """Resolve the stop futures for the signals that are set."""
+        for fut, on in ((self._stop_fut, self._stopping()), (self._abort_fut, self._stopping(hard=True))):
+            if on and fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def _arm(self) -> None:
+        """The run's stop futures, and the one watcher that resolves them when a tool (or anyone
+        holding the event) sets the abort signal directly."""
+        loop = asyncio.get_running_loop()
+        self._stop_fut, self._abort_fut = loop.create_future(), loop.create_future()
+        self._signal()
+
+        async def watch() -> None:
+            await self.abort_event.wait()
+            self.interrupt_event.set()
+            self._signal()
+
+        self._watcher = loop.create_task(watch(), name=f"abort-watch:{self.session_id}")
+
+    async def _disarm(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            await asyncio.wait({watcher})
 
     @property
     def cost_usd(self) -> float:
@@ -209,6 +242,7 @@ class Driver:
         if setup_failure is None:
             history, setup_failure = await self._resume_deferred(tuple(history), first)
         messages: tuple[Message, ...] = tuple(history) if erased else (*history, first)
+        self._arm()
         with graph.LoopMachine(LoopState(messages=messages, tool_use_context=ctx)) as machine:
             try:
                 if setup_failure is not None:
@@ -221,6 +255,7 @@ class Driver:
             finally:
                 await self._close_stream()
                 await self._close_executors()
+                await self._disarm()
             state = machine.state
         acct = self.account
         result = build_result(state, session_id=self.session_id,
@@ -282,30 +317,21 @@ class Driver:
         unless ``hard``, interrupted by the user."""
         return self.abort_event.is_set() or (not hard and self.interrupt_event.is_set())
 
-    async def _wait_stop(self, *, hard: bool = False) -> None:
-        waits = {asyncio.ensure_future(self.abort_event.wait())}
-        if not hard:
-            waits.add(asyncio.ensure_future(self.interrupt_event.wait()))
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    async def _until_stopped(self, work: Awaitable[T], *, hard: bool = False) -> T:
+    async def _until_stopped(self, work: Awaitable[T], *, hard: bool = False, stop_wins: bool = True) -> T:
         """Await ``work`` unless the run is stopped first (aborted, or, unless ``hard``, interrupted):
-        then cancel it, let it unwind, and raise :class:`_Stopped`."""
+        then cancel it, let it unwind, and raise :class:`_Stopped`. With ``stop_wins`` a stop also
+        wins over work that ended at the same moment (a fast stream must not run on to its end past a
+        cancellation); without it, work that is done counts (a response that has started is taken)."""
         task = asyncio.ensure_future(work)
-        if not self._stopping(hard=hard):
-            waiter = asyncio.ensure_future(self._wait_stop(hard=hard))
-            try:
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                waiter.cancel()
-        if task.done():
+        stop = self._abort_fut if hard else self._stop_fut
+        assert stop is not None, "the driver waits only while a run is armed"
+        if not stop.done():
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not stop.done() or (task.done() and not stop_wins):
             return task.result()
-        task.cancel()
-        await asyncio.wait({task})
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
         if not task.cancelled():
             task.exception()  # retrieved: a failure racing the stop is moot
         raise _Stopped
@@ -334,6 +360,8 @@ class Driver:
 
     async def _assemble(self, state: LoopState) -> Event:
         try:
+            if not graph.should_auto_compact(state, self._estimate(state.messages), self.limits):
+                return Assembled()  # nothing to await: no task, no race
             return await self._until_stopped(self._prepare_turn(state))
         except _Stopped:
             return self._abort_event_for(state)
@@ -360,8 +388,10 @@ class Driver:
         return estimate_tokens(messages, acct.last_usage, acct.counted_upto, static_tokens=self._static_tokens())
 
     def _static_tokens(self) -> int:
-        """System prompt and tool schemas: part of every request, in no message."""
-        return (chars_of(list(self.system)) + chars_of(self.registry.api_schemas())) // 4
+        """System prompt and tool schemas: part of every request, in no message (fixed for a run)."""
+        if self._static is None:
+            self._static = (chars_of(list(self.system)) + chars_of(self.registry.api_schemas())) // 4
+        return self._static
 
     def _model(self, state: LoopState) -> str:
         models = self.options.models
@@ -398,7 +428,7 @@ class Driver:
         self._stream = self.client.stream(request)
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
-            self._first = await self._until_stopped(anext(self._stream))
+            self._first = await self._until_stopped(anext(self._stream), stop_wins=False)
         except _Stopped:
             self._api_ms_since_request()
             await self._close_stream()
@@ -449,18 +479,12 @@ class Driver:
         it, first = self._stream, self._first
         self._first = None
         try:
-            if first is not None:
-                self._on_event(first, asm, executor)
-            while True:
-                try:
-                    ev = await self._next_event(it, executor)
-                except _Stopped:
-                    return await self._stopped_mid_stream(state)
-                if ev is _END:
-                    break
-                self._on_event(ev, asm, executor)
-            if not asm.stopped:
-                raise ModelCallError(ModelError("connection", "The stream ended before message_stop", None, True))
+            try:
+                # one task reads the whole stream, raced once against a stop; tool results that
+                # become ready meanwhile are shown by the executor's on_ready, not by polling
+                await self._until_stopped(self._read_stream(it, first, asm, executor))
+            except _Stopped:
+                return await self._stopped_mid_stream(state)
         except (ModelCallError, StreamProtocolError) as exc:
             self._api_ms_since_request()
             error = exc.error if isinstance(exc, ModelCallError) else ModelError(
@@ -523,37 +547,14 @@ class Driver:
                     self._emit_result(b)
         return await self._failed(state, error, partial, results)
 
-    async def _next_event(self, it: Any, executor: StreamingToolExecutor) -> Any:
-        """The next stream event, emitting tool results that become ready meanwhile. Raises
-        :class:`_Stopped` on a stop, which wins over an event that arrived at the same moment: a
-        fast stream must not run on to its end (and complete the turn) past a cancellation."""
-        if self._stopping():
-            raise _Stopped
-        nxt = asyncio.ensure_future(anext(it, _END))
-        stop_wait = asyncio.ensure_future(self._wait_stop())
-        try:
-            while True:
-                waiters = {nxt, stop_wait}
-                ready = None
-                if executor.has_pending():
-                    # race the stream against the executor, so a result shows as soon as it exists
-                    ready = asyncio.ensure_future(executor.wait_ready())
-                    waiters.add(ready)
-                done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-                if ready is not None and not ready.done():
-                    ready.cancel()
-                self._emit_ready(executor)
-                if stop_wait in done:
-                    nxt.cancel()
-                    # let the cancelled read unwind, so the stream can be closed (not left running)
-                    await asyncio.wait({nxt})
-                    if not nxt.cancelled():
-                        nxt.exception()  # retrieved: a failure racing the stop is moot
-                    raise _Stopped
-                if nxt in done:
-                    return nxt.result()
-        finally:
-            stop_wait.cancel()
+    async def _read_stream(self, it: Any, first: StreamEvent | None, asm: ResponseAssembler,
+                           executor: StreamingToolExecutor) -> None:
+        if first is not None:
+            self._on_event(first, asm, executor)
+        async for ev in it:
+            self._on_event(ev, asm, executor)
+        if not asm.stopped:
+            raise ModelCallError(ModelError("connection", "The stream ended before message_stop", None, True))
 
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)
@@ -606,38 +607,31 @@ class Driver:
             structured_output_ids=_calls_of(assistant.content, STRUCTURED_OUTPUT))
 
     async def _drain(self, executor: StreamingToolExecutor) -> tuple[list[CallResult], bool]:
-        """Every result of the batch, emitting each as soon as it may be shown; and whether the user
-        interrupted meanwhile (then ``cancel`` tools were cancelled, ``block`` tools finished). A hard
-        abort raises :class:`_Stopped`."""
+        """Every result of the batch (each is shown as soon as it may be, by the executor's
+        on_ready); and whether the user interrupted meanwhile (then ``cancel`` tools were cancelled,
+        ``block`` tools finished). A hard abort raises :class:`_Stopped`."""
         if self._stopping(hard=True):
             raise _Stopped
         interrupted = self._stopping()
         if interrupted:
             executor.interrupt()
-        waiter = asyncio.ensure_future(executor.remaining())
+        remaining = asyncio.ensure_future(executor.remaining())
         try:
-            while True:
-                stop_wait = asyncio.ensure_future(self._wait_stop(hard=interrupted))
-                ready = asyncio.ensure_future(executor.wait_ready())
-                try:
-                    done, _ = await asyncio.wait({waiter, stop_wait, ready}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    stop_wait.cancel()
-                    ready.cancel()
-                self._emit_ready(executor)
-                if waiter in done:
-                    results = waiter.result()
-                    for r in results:
-                        self._emit_result(r.block)
-                    return results, interrupted
-                if stop_wait in done:
-                    if self._stopping(hard=True):
-                        raise _Stopped
-                    interrupted = True
-                    executor.interrupt()
+            try:
+                results = await self._until_stopped(_shielded(remaining), hard=interrupted)
+            except _Stopped:
+                if self._stopping(hard=True):
+                    raise
+                # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
+                interrupted = True
+                executor.interrupt()
+                results = await self._until_stopped(_shielded(remaining), hard=True)
         finally:
-            if not waiter.done():
-                waiter.cancel()
+            if not remaining.done():
+                remaining.cancel()
+        for r in results:
+            self._emit_result(r.block)
+        return results, interrupted
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
         for r in executor.drain_ready():
@@ -656,8 +650,10 @@ class Driver:
             return ToolContext(cwd=self.options.cwd, session_id=self.session_id, tool_use_id=tool_use_id,
                                abort=self.abort_event, read_files=self.read_files, services=self.services)
 
-        return StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
-                                     max_concurrency=self.limits.max_tool_concurrency)
+        executor = StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
+                                         max_concurrency=self.limits.max_tool_concurrency)
+        executor.on_ready = lambda: self._emit_ready(executor)
+        return executor
 
     # --- stop ----------------------------------------------------------------------------------
 
@@ -750,6 +746,12 @@ def _with_structured_output(registry: ToolLookup, schema: Mapping[str, Any] | No
     from agentfsm.tools.structured_output import StructuredOutputTool
 
     return ToolRegistry([*registry.tools(), StructuredOutputTool(schema)])
+
+
+async def _shielded(fut: asyncio.Future[T]) -> T:
+    """Await ``fut`` without cancelling it when this wait is cancelled (a stop may only cancel the
+    waiting, the batch goes on or is cancelled by whoever owns it)."""
+    return await asyncio.shield(fut)
 
 
 def _calls_of(blocks: Sequence[Mapping[str, Any]], name: str) -> tuple[str, ...]:

@@ -88,7 +88,8 @@ class StreamingToolExecutor:
     def __init__(self, lookup: Any, *, gate: ToolGate,
                  ctx_factory: Callable[[str], ToolContext] | None = None, max_concurrency: int = 10,
                  layers: Mapping[str, Any] | None = None,
-                 on_progress: Callable[[str, Any], None] | None = None) -> None:
+                 on_progress: Callable[[str, Any], None] | None = None,
+                 on_ready: Callable[[], None] | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.table = ToolTable.of(lookup)
@@ -104,8 +105,11 @@ class StreamingToolExecutor:
         self._interrupted = False
         self._discarded: str | None = None  # the abort reason once aborted
         self._abort_event = asyncio.Event()
-        # set while drain_ready() has something to hand out
+        # set while drain_ready() has something to hand out; on_ready is told at once (so a result can
+        # be shown the moment it may be, without anyone polling for it)
         self.ready = asyncio.Event()
+        self.on_ready = on_ready
+        self._telling = False
         # set whenever a call finishes (results()/remaining() wake on it)
         self._changed = asyncio.Event()
 
@@ -264,6 +268,12 @@ class StreamingToolExecutor:
     def _update_ready(self) -> None:
         if self._deliverable():
             self.ready.set()
+            if self.on_ready is not None and not self._telling:
+                self._telling = True  # on_ready usually drains, which comes back here
+                try:
+                    self.on_ready()
+                finally:
+                    self._telling = False
         else:
             self.ready.clear()
 

@@ -263,9 +263,11 @@ class Session:
             self.driver.abort()
         self.queue.poke()
 
-    async def aclose(self) -> None:
-        """Teardown: stop background agents, discard what is still queued, close the session file
-        (and the client when this session owns it). Idempotent."""
+    async def aclose(self, *, close_client: bool = True) -> None:
+        """Teardown: stop background agents, discard what is still queued, run SessionEnd hooks,
+        close the session file (flushed and fsynced) and the client when this session owns it —
+        unless ``close_client`` is false (a process about to exit need not say goodbye to the API).
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -276,7 +278,7 @@ class Session:
             await end("other")
         self.trace.close()
         client = self._client
-        if self._owns_client and client is not None and hasattr(client, "aclose"):
+        if close_client and self._owns_client and client is not None and hasattr(client, "aclose"):
             await client.aclose()
 
     async def __aenter__(self) -> Session:

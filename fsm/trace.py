@@ -73,19 +73,24 @@ class TraceWriter:
         self.path = path
         self._seq = 0
         self._chain: str | None = None
+        self._snap_of: Any = None  # the state whose snapshot _snap is
+        self._snap: dict[str, Any] = {}
         self._fh: IO[str] | None = None
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
             self._seq = _next_seq(path)
 
-    def write(self, record: Mapping[str, Any]) -> None:
+    def write(self, record: Mapping[str, Any], *, flush: bool = True) -> None:
+        """Append one record. ``flush=False`` leaves it in the buffer for a caller that writes several
+        records of one step and flushes once after them (a crash then loses the step whole)."""
         if self._fh is None:
             return
         rec = {"type": record["type"], "seq": self._seq, **{k: v for k, v in record.items() if k != "type"}}
         self._seq += 1
         self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
-        self._fh.flush()
+        if flush:
+            self._fh.flush()
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
                 parent_session_id: str | None = None) -> None:
@@ -95,16 +100,16 @@ class TraceWriter:
                     "limits": attrs.asdict(limits), "graph": graph_digest(), "cwd": cwd, "model": model,
                     "parent_session_id": parent_session_id, "ts": time.time()})
 
-    def message(self, msg: Message) -> None:
+    def message(self, msg: Message, *, flush: bool = True) -> None:
         if self._fh is None:
             return
         self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
-                    "content": [dict(b) for b in msg.content]})
+                    "content": [dict(b) for b in msg.content]}, flush=flush)
 
-    def compact_boundary(self, trigger: str, pre_tokens: int) -> None:
+    def compact_boundary(self, trigger: str, pre_tokens: int, *, flush: bool = True) -> None:
         if self._fh is None:
             return
-        self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens})
+        self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens}, flush=flush)
 
     def on_step(self, before: LoopState, step: Any, event: Any) -> None:
         """A step of the loop (the driver's observer): its transition record, then the messages it
@@ -117,7 +122,10 @@ class TraceWriter:
             "trigger": step.trigger, "kind": step.edge.kind, "route": step.route}
         if not step.automatic:
             rec["event"] = to_record(event)
-        was, now = before.snapshot(), after.snapshot()
+        # the previous step's snapshot is this step's "before": computed once per state
+        was = self._snap if self._snap_of is before else before.snapshot()
+        now = after.snapshot()
+        self._snap_of, self._snap = after, now
         rec["turn"] = after.turn_count
         rec["changed"] = {k: v for k, v in now.items() if was.get(k) != v}
         if after.terminal_reason is not None:
@@ -125,19 +133,20 @@ class TraceWriter:
         chain = after.query_tracking.chain_id
         if chain != self._chain:
             rec["chain_id"] = self._chain = chain
-        self.write(rec)
+        self.write(rec, flush=False)
         old, new = before.messages, after.messages
-        if new is old:
-            return
-        if appended(old, new):
-            for m in new[len(old):]:
-                self.message(m)
-            return
-        compaction = getattr(event, "compaction", None)
-        self.compact_boundary(compaction.trigger if compaction is not None else "swap",
-                              compaction.pre_tokens if compaction is not None else 0)
-        for m in new:
-            self.message(m)
+        if new is not old:
+            if appended(old, new):
+                for m in new[len(old):]:
+                    self.message(m, flush=False)
+            else:
+                compaction = getattr(event, "compaction", None)
+                self.compact_boundary(compaction.trigger if compaction is not None else "swap",
+                                      compaction.pre_tokens if compaction is not None else 0, flush=False)
+                for m in new:
+                    self.message(m, flush=False)
+        # one flush for the step: its records reach the file together
+        self._fh.flush()
 
     def request(self, model: str, depth: int, messages: Any, queued: Any = ()) -> None:
         """A request was sent: it carried ``messages`` (the conversation: every message record since
@@ -153,7 +162,13 @@ class TraceWriter:
         self.write({"type": "result", **result})
 
     def close(self) -> None:
+        """Close the file, its records on disk first (fsync): a result printed is a result kept."""
         if self._fh is not None:
+            self._fh.flush()
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError:  # a file system without fsync still gets its flushed records
+                pass
             self._fh.close()
             self._fh = None
 
