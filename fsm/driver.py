@@ -226,7 +226,7 @@ class Driver:
                               duration_ms=int((time.monotonic() - started) * 1000),
                               duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
                               denials=tuple(acct.denials), structured_output=acct.structured_output,
-                              warnings=tuple(acct.warnings))
+                              warnings=tuple(acct.warnings), account=acct)
         self.trace.result(result.to_dict())
         self.log.info("loop.terminal", terminal_reason=result.terminal_reason.value,
                       subtype=result.subtype, is_error=result.is_error, turns=result.num_turns,
@@ -436,6 +436,7 @@ class Driver:
             self.log.info("compact.end", trigger="reactive", ok=compaction is not None)
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
+        self.account.api_error_status = error.status
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
                           partial=partial, partial_results=partial_results)
 
@@ -568,6 +569,7 @@ class Driver:
 
     def _account(self, response: ModelResponse) -> None:
         self.account.spend(response.model or self.options.model, response.usage)
+        self.account.stop_reason, self.account.api_error_status = response.stop_reason, None
         self.account.anchor(response.usage, self._request_messages)
 
     # --- dispatch_tools ------------------------------------------------------------------------
