@@ -53,7 +53,7 @@ from agentfsm.events import (
     ToolsDrained,
 )
 from agentfsm.executor import StreamingToolExecutor
-from agentfsm.model import ModelCallError, ModelClient, ModelRequest, StreamEvent
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
 from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, synthetic_result
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
@@ -397,7 +397,7 @@ class Driver:
         self._stream = self.client.stream(request)
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
-            self._first = await self._until_stopped(anext(self._stream))
+            self._first = await self._until_stopped(self._first_event())
         except _Stopped:
             self._api_ms_since_request()
             await self._close_stream()
@@ -415,6 +415,16 @@ class Driver:
             return await self._failed(state, ModelError("model", f"Model call failed: {type(exc).__name__}: {exc}"))
         self.log.info("model.first_event", model=model, ms=round((time.monotonic() - self._t_request) * 1000, 1))
         return StreamOpened(model, sent_input=sent)
+
+    async def _first_event(self) -> StreamEvent:
+        """The stream's first event; the transport's retries before it are reported as they happen."""
+        while isinstance(event := await anext(self._stream), RetryNotice):
+            self.log.warning("model.retry", attempt=event.attempt, max_retries=event.max_retries,
+                             delay_ms=event.delay_ms, status=event.status, error=event.error)
+            self.emit({"type": "system", "subtype": "api_retry", "attempt": event.attempt,
+                       "max_retries": event.max_retries, "retry_delay_ms": event.delay_ms,
+                       "error_status": event.status, "error": event.error, "session_id": self.session_id})
+        return event
 
     def _api_ms_since_request(self) -> None:
         self.account.api_ms += (time.monotonic() - self._t_request) * 1000
