@@ -352,7 +352,8 @@ def test_cli_stream_json_input_errors(tmp_path: Path) -> None:
     def run(stdin: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "agentfsm", "-p", "--input-format", "stream-json", "--output-format",
-             "stream-json", "--verbose", "--scripted", str(Path(__file__).parents[1] / "fsm" / "scenarios" / "read_probe.json")],
+             "stream-json", "--verbose", "--scripted",
+             str(Path(__file__).parents[1] / "fsm" / "scenarios" / "read_probe.json")],
             input=stdin, capture_output=True, text=True, cwd=tmp_path, timeout=60,
             env={**__import__("os").environ, "AGENTFSM_HOME": str(tmp_path / "home")})
 

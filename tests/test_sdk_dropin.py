@@ -8,7 +8,6 @@ written down here (observed from Claude Code 2.1.332 driven by claude-agent-sdk 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -319,3 +318,14 @@ def test_agentfsm_speaks_the_claude_code_version_the_sdk_wants() -> None:
     from agentfsm.session import CLAUDE_CODE_VERSION
 
     assert tuple(int(x) for x in CLAUDE_CODE_VERSION.split(".")) >= (2, 1, 248)
+
+
+def test_the_readme_example_runs(tmp_path: Path) -> None:
+    import subprocess
+
+    example = Path(__file__).parents[1] / "examples" / "sdk_dropin.py"
+    env = {**os.environ, "PATH": f"{Path(AGENTFSM).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "HOME": str(tmp_path), "AGENTFSM_HOME": str(tmp_path / ".agentfsm")}
+    proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "result: success TOOL_EXECUTION_OK (2 turns)" in proc.stdout
