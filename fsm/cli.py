@@ -320,9 +320,6 @@ async def run_print(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     mcp_configs = _mcp_configs(args, options)
     prompt = _read_prompt(args)
-    client = _model_client(args, options)
-    if client is None:
-        return 1
     out = Stdout()
     printer = Printer(args.output_format, args.verbose, out, session_states=(
         args.input_format == "stream-json" and os.environ.get("CLAUDE_CODE_SDK_READS_SESSION_STATE") == "1"))
@@ -330,6 +327,7 @@ async def run_print(args: argparse.Namespace) -> int:
     pump: asyncio.Future[None] | None = None
     mcp = None
     session = None
+    client = None
     try:
         if args.input_format == "stream-json":
             from agentfsm.control import ControlChannel
@@ -341,6 +339,9 @@ async def run_print(args: argparse.Namespace) -> int:
             options = channel.configure(options)
             if args.permission_prompt_tool == "stdio":
                 options = attrs.evolve(options, can_use_tool=channel.can_use_tool)
+        client = _model_client(args, options)
+        if client is None:
+            return 1
         if mcp_configs:
             from agentfsm.tools.mcp import McpServers
 
@@ -369,7 +370,7 @@ async def run_print(args: argparse.Namespace) -> int:
     finally:
         if session is not None:
             await session.aclose()
-        elif hasattr(client, "aclose"):
+        elif client is not None and hasattr(client, "aclose"):
             await client.aclose()
         if mcp is not None:
             await mcp.aclose()
