@@ -640,7 +640,9 @@ class Driver:
                     results = waiter.result()
                     for r in results:
                         self._emit_result(r.block)
-                    return results, interrupted
+                    # an interrupt raised by the batch's last call itself (a permission callback's
+                    # deny with interrupt) still interrupts the batch
+                    return results, interrupted or self._stopping()
                 if stop_wait in done:
                     if self._stopping(hard=True):
                         raise _Stopped

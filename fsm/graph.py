@@ -588,11 +588,12 @@ def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[
 def aborted(reason: TerminalReason) -> Effect:
     """The run was stopped: what was shown stays, paired, and the interrupt marker follows it (the
     next request tells the model where it was cut off, as Claude Code's does)."""
-    marker = prompts.INTERRUPTED_TOOLS if reason is TerminalReason.ABORTED_TOOLS else prompts.INTERRUPTED
-
     def effect(s: LoopState, e: Aborted, _lim: Limits) -> Mapping[str, Any]:
+        # a response cut off with tool calls shown (they are paired now) was stopped "for tool use"
+        tools = reason is TerminalReason.ABORTED_TOOLS or e.partial_results is not None
+        marker = prompts.interrupt_marker(prompts.INTERRUPTED_TOOLS if tools else prompts.INTERRUPTED)
         return {"terminal_reason": reason, "terminal_detail": e.detail,
-                "messages": (*_with_pair(s.messages, e.partial, e.partial_results), prompts.interrupt_marker(marker))}
+                "messages": (*_with_pair(s.messages, e.partial, e.partial_results), marker)}
     effect.__name__ = f"aborted_{reason.value}"
     return effect
 

@@ -314,6 +314,30 @@ async def test_interrupt_while_streaming_then_go_on(cli: str, tmp_path: Path) ->
     assert "NEVER_SEEN" not in shown
 
 
+async def test_can_use_tool_deny_with_interrupt_ends_the_turn(cli: str, tmp_path: Path) -> None:
+    write = {"blocks": [{"type": "tool_use", "id": "toolu_di", "name": "Write",
+                         "input": {"file_path": "$WS/d.txt", "content": "D\n"}}], "stop_reason": "tool_use"}
+
+    async def deny(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        return sdk.PermissionResultDeny(message="DENY_AND_STOP", interrupt=True)
+
+    async def body(run: Run) -> None:
+        async with sdk.ClaudeSDKClient(run.options(tools=["Write"], can_use_tool=deny)) as client:
+            for prompt in ("write", "after"):
+                await client.query(prompt)
+                async for m in client.receive_response():
+                    run.messages.append(m)
+
+    run = await scenario(cli, tmp_path, [write, text("OK_TEXT"), text("OK_TEXT")], body)
+    assert run.canonical == [
+        ["U:write"],
+        ["U:write", "use:toolu_di:Write", "res:toolu_di:err", "U:[Request interrupted by user for tool us", "U:after"],
+    ]
+    first, second = run.results()
+    assert (first.subtype, first.is_error, second.result) == ("error_during_execution", True, "OK_TEXT")
+    assert not (run.ws / "d.txt").exists()
+
+
 def test_agentfsm_speaks_the_claude_code_version_the_sdk_wants() -> None:
     from agentfsm.session import CLAUDE_CODE_VERSION
 
