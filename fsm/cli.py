@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit")
 
@@ -45,12 +46,21 @@ def _split_list(values: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(out)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is a :class:`UsageError` (exit 1, like Claude Code's)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="agentfsm",
+    # no abbreviations: `--dangerously` must not pass for `--dangerously-skip-permissions`
+    p = _Parser(
+        prog="agentfsm", allow_abbrev=False,
         description="Claude Code's agent loop as an explicit finite-state machine. "
                     f"Subcommands: {', '.join(SUBCOMMANDS)} (run `agentfsm SUBCOMMAND --help`).")
     p.add_argument("prompt", nargs="?", help="the prompt (read from stdin when absent)")
+    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
     p.add_argument("-p", "--print", action="store_true", dest="print_mode",
                    help="print the response and exit (headless mode)")
     p.add_argument("--output-format", choices=("text", "json", "stream-json"), default="text")
@@ -83,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer with the in-process scripted model instead of an API (a scenario file, or the "
                         "name of an embedded one: read_probe)")
     p.add_argument("--cwd", default=None, help="working directory of the session")
+    p.add_argument("--permission-prompt-tool", default=None, metavar="stdio",
+                   help="ask the Claude Agent SDK (over the stream-json control protocol) about calls the "
+                        "permission rules leave open")
+    p.add_argument("--mcp-config", nargs="+", action="extend", default=[], metavar="FILE|JSON",
+                   help='MCP servers: {"mcpServers": {...}} as JSON text or a file (several merge)')
+    p.add_argument("--strict-mcp-config", action="store_true",
+                   help="use only --mcp-config servers, not those of ~/.claude.json and .mcp.json")
+    p.add_argument("--system-prompt-file", default=None, metavar="FILE")
+    # accepted for the Claude Agent SDK's sake; they change nothing in this loop
+    for flag in ("--include-partial-messages", "--replay-user-messages", "--include-hook-events"):
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in ("--thinking", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir", "--add-dir"):
+        p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
     return p
 
 
@@ -92,8 +115,21 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
     if args.output_format == "stream-json" and not args.verbose:
         raise UsageError("When using --print, --output-format=stream-json requires --verbose")
-    if args.max_turns is not None and not args.print_mode:
-        raise UsageError("--max-turns works only with --print")
+    if args.input_format == "stream-json" and args.output_format != "stream-json":
+        raise UsageError("--input-format=stream-json requires output-format=stream-json.")
+    if args.permission_prompt_tool is not None and (
+            args.permission_prompt_tool != "stdio" or args.input_format != "stream-json"):
+        raise UsageError("--permission-prompt-tool supports only 'stdio', with --input-format stream-json "
+                         "(the Claude Agent SDK answers over the control protocol)")
+    if args.cwd is not None and not Path(args.cwd).is_dir():
+        raise UsageError(f"--cwd {args.cwd}: no such directory")
+    if args.system_prompt_file is not None:
+        if args.system_prompt is not None:
+            raise UsageError("Cannot use both --system-prompt and --system-prompt-file")
+        try:
+            args.system_prompt = Path(args.system_prompt_file).read_text()
+        except OSError as exc:
+            raise UsageError(f"--system-prompt-file: {exc}") from None
     if args.session_id is not None:
         try:
             uuid.UUID(args.session_id)
@@ -120,6 +156,10 @@ def options_from_args(args: argparse.Namespace) -> Any:
                                 else args.json_schema)
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"--json-schema is not a JSON file or JSON text: {exc}") from None
+        from agentfsm.tools.schema import is_valid_schema
+
+        if not isinstance(schema, dict) or not is_valid_schema(schema):
+            raise UsageError("--json-schema is not a valid JSON Schema")
     sources = (tuple(_split_list([args.setting_sources])) if args.setting_sources
                else ("user", "project", "local"))
     try:
@@ -139,23 +179,79 @@ def options_from_args(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
-class Printer:
-    """Writes the headless protocol to stdout in the chosen format."""
+class Stdout:
+    """stdout as the headless protocol's channel. A reader that goes away (``| head -1``) is not an
+    error: the first failed write sends the rest to /dev/null (so nothing complains at exit) and
+    calls ``on_closed`` — the run is then stopped and still recorded in its session file."""
 
-    def __init__(self, fmt: str, verbose: bool) -> None:
+    def __init__(self) -> None:
+        self.closed = False
+        self.on_closed: Any = None
+
+    def write(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            self.closed = True
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            if self.on_closed is not None:
+                self.on_closed()
+
+
+# stream-json messages that carry a uuid in Claude Code's output
+_UUID_TYPES = frozenset({"assistant", "user", "system", "result"})
+
+
+class Printer:
+    """Writes the headless protocol to stdout in the chosen format: stream-json, one line per
+    message (every message gets a ``uuid``; ``decorate`` fills in what only the CLI knows, such as
+    the MCP servers of ``system/init``); json, the result alone, or with ``--verbose`` the array of
+    every message at the end; text, the result's text."""
+
+    def __init__(self, fmt: str, verbose: bool, out: Stdout | None = None, *, session_states: bool = False) -> None:
         self.fmt, self.verbose = fmt, verbose
+        self.out = out or Stdout()
+        self.decorate: Any = None
+        self.session_states = session_states
+        self.collected: list[dict[str, Any]] = []
 
     def __call__(self, msg: dict[str, Any]) -> None:
+        if msg.get("type") in _UUID_TYPES and "uuid" not in msg:
+            msg = {**msg, "uuid": str(uuid.uuid4())}
+        if self.decorate is not None:
+            msg = self.decorate(msg)
         if self.fmt == "stream-json":
-            sys.stdout.write(json.dumps(msg, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+            init = msg.get("type") == "system" and msg.get("subtype") == "init"
+            if init and self.session_states:
+                self._state("running", msg.get("session_id"))
+            self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+            if msg.get("type") == "result" and self.session_states:
+                self._state("idle", msg.get("session_id"))
+        elif self.fmt == "json" and self.verbose:
+            self.collected.append(msg)
         elif msg.get("type") == "result":
             if self.fmt == "json":
-                sys.stdout.write(json.dumps(msg, ensure_ascii=False) + "\n")
+                self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
             else:
                 text = msg.get("result") if "result" in msg else "\n".join(msg.get("errors", []))
-                sys.stdout.write((text or "") + "\n")
-            sys.stdout.flush()
+                self.out.write((text or "") + "\n")
+
+    def _state(self, state: str, session_id: Any) -> None:
+        # what the SDK asks for with CLAUDE_CODE_SDK_READS_SESSION_STATE=1 (it swallows these frames)
+        self.out.write(json.dumps({"type": "system", "subtype": "session_state_changed", "state": state,
+                                   "sdk_host_only": True, "uuid": str(uuid.uuid4()),
+                                   "session_id": session_id}) + "\n")
+
+    def finish(self) -> None:
+        """``--output-format json --verbose``: every message, as one JSON array."""
+        if self.fmt == "json" and self.verbose and self.collected:
+            self.out.write(json.dumps(self.collected, ensure_ascii=False) + "\n")
 
 
 def _read_prompt(args: argparse.Namespace) -> str | None:
@@ -210,6 +306,8 @@ async def _stdin_messages() -> AsyncIterator[Any]:
 
 
 async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> int:
+    import attrs
+
     from agentfsm import log
     from agentfsm.api import InputError, drive
     from agentfsm.options import Options
@@ -220,33 +318,133 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
         plan_session(options)  # before anything slow: a bad --resume is a usage error at once
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
+    mcp_configs = _mcp_configs(args, options)
     prompt = _read_prompt(args)
+    out = Stdout()
+    printer = Printer(args.output_format, args.verbose, out, session_states=(
+        args.input_format == "stream-json" and os.environ.get("CLAUDE_CODE_SDK_READS_SESSION_STATE") == "1"))
+    channel = None
+    pump: asyncio.Future[None] | None = None
+    mcp = None
+    session = None
     client = None
+    try:
+        if args.input_format == "stream-json":
+            from agentfsm.control import ControlChannel
+
+            channel = ControlChannel(printer)
+            pump = asyncio.ensure_future(channel.pump(_stdin_messages()))
+            if prompt is None and await channel.first() == "eof":
+                return 0  # nothing asked: nothing to answer (the SDK closed stdin at once)
+            options = channel.configure(options)
+            if args.permission_prompt_tool == "stdio":
+                options = attrs.evolve(options, can_use_tool=channel.can_use_tool)
+        client = _model_client(args, options)
+        if client is None:
+            return 1
+        if mcp_configs:
+            from agentfsm.tools.mcp import McpServers
+
+            mcp = McpServers(mcp_configs, sdk_send=channel.mcp_send if channel is not None else None,
+                             cwd=options.cwd)
+            await mcp.start()
+            options = attrs.evolve(options, extra_tools=(*options.extra_tools, *mcp.tools()))
+            printer.decorate = _with_mcp_status(mcp)
+        try:
+            session = open_session(options, client=client, emit=printer)
+        except (ValueError, FileNotFoundError) as exc:
+            raise UsageError(str(exc)) from None
+        if args.debug:
+            log.configure("console", level="debug")
+        elif session.trace_path is not None:
+            log.configure("json", file=session.trace_path.with_suffix(".log"))
+        out.on_closed = session.abort
+        _stop_on_signals(session)
+        if channel is not None:
+            channel.session, channel.mcp = session, mcp
+            channel.answer_initialize(options)
+        try:
+            results = await drive(session, channel.user_messages() if channel is not None else None, first=prompt)
+        except InputError as exc:
+            raise UsageError(f"stdin: {exc}") from None
+    finally:
+        if session is not None:
+            await session.aclose(close_client=not exit_at_once)
+        elif client is not None and hasattr(client, "aclose") and not exit_at_once:
+            await client.aclose()
+        if mcp is not None:
+            await mcp.aclose()
+        if channel is not None:
+            await channel.aclose()
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+    printer.finish()
+    if not results:
+        if args.input_format == "stream-json":
+            return 0
+        raise UsageError("stdin held no user message")
+    # several runs (stream-json input) print several results; the exit status is the last one's
+    code = 1 if results[-1].is_error else 0
+    if exit_at_once:
+        # The result is printed and the session file fsynced: nothing is left that the user needs.
+        # Tearing down the event loop, idle connection pools and the interpreter's module graph
+        # costs hundreds of milliseconds and changes nothing, so the process ends here.
+        _exit_now(code)
+    return code
+
+
+def _mcp_configs(args: argparse.Namespace, options: Any) -> list[Any]:
+    """The MCP servers of this run: ``--mcp-config`` ones, after those of ``~/.claude.json`` and
+    ``.mcp.json`` unless ``--strict-mcp-config`` (each only when its setting source is used)."""
+    if not args.mcp_config and args.strict_mcp_config:
+        return []
+    from agentfsm.tools.mcp import McpConfigError, parse_mcp_configs, settings_servers
+
+    try:
+        given = parse_mcp_configs(args.mcp_config, options.cwd)
+    except McpConfigError as exc:
+        raise UsageError(f"Invalid MCP configuration:\n{exc}") from None
+    found = [] if args.strict_mcp_config else [
+        c for c in settings_servers(options.cwd, Path.home())
+        if (c.source == "user" and "user" in options.setting_sources)
+        or (c.source == "project" and "project" in options.setting_sources)]
+    names = {c.name for c in given}
+    return [c for c in found if c.name not in names] + given
+
+
+def _with_mcp_status(mcp: Any) -> Any:
+    def decorate(msg: dict[str, Any]) -> dict[str, Any]:
+        if msg.get("type") == "system" and msg.get("subtype") == "init":
+            return {**msg, "mcp_servers": mcp.status()}
+        return msg
+
+    return decorate
+
+
+def _model_client(args: argparse.Namespace, options: Any) -> Any:
+    """The model: the scripted one (``--scripted``), else the Anthropic transport; None (after
+    saying why) when there are no credentials. Both retry transient failures the same way."""
     if args.scripted:
         from agentfsm.testing.scenario import load_scenario, scenario_path
         from agentfsm.testing.scripted import ScriptedModel
 
         try:
-            client = ScriptedModel(load_scenario(scenario_path(args.scripted), ws=str(options.cwd)))
+            return ScriptedModel(load_scenario(scenario_path(args.scripted), ws=str(options.cwd)),
+                                 max_retries=options.limits.api_max_retries)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--scripted: {exc}") from None
-    else:
-        from agentfsm.transport import AnthropicTransport, MissingCredentials
+    from agentfsm.transport import AnthropicTransport, MissingCredentials
 
-        try:
-            client = AnthropicTransport(max_retries=options.limits.api_max_retries)
-        except MissingCredentials as exc:
-            sys.stderr.write(f"agentfsm: {exc}\n")
-            return 1
-    printer = Printer(args.output_format, args.verbose)
     try:
-        session = open_session(options, client=client, emit=printer)
-    except (ValueError, FileNotFoundError) as exc:
-        raise UsageError(str(exc)) from None
-    if args.debug:
-        log.configure("console", level="debug")
-    elif session.trace_path is not None:
-        log.configure("json", file=session.trace_path.with_suffix(".log"))
+        return AnthropicTransport(max_retries=options.limits.api_max_retries)
+    except MissingCredentials as exc:
+        sys.stderr.write(f"agentfsm: {exc}\n")
+        return None
+
+
+def _stop_on_signals(session: Any) -> None:
     loop = asyncio.get_running_loop()
     interrupts = [0]
 
@@ -260,23 +458,6 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
             loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError):
             break
-    inputs = _stdin_messages() if args.input_format == "stream-json" else None
-    try:
-        results = await drive(session, inputs, first=prompt)
-    except InputError as exc:
-        raise UsageError(f"stdin: {exc}") from None
-    finally:
-        await session.aclose(close_client=not exit_at_once)
-    if not results:
-        raise UsageError("stdin held no user message")
-    # several runs (stream-json input) print several results; the exit status is the last one's
-    code = 1 if results[-1].is_error else 0
-    if exit_at_once:
-        # The result is printed and the session file fsynced: nothing is left that the user needs.
-        # Tearing down the event loop, idle connection pools and the interpreter's module graph
-        # costs hundreds of milliseconds and changes nothing, so the process ends here.
-        _exit_now(code)
-    return code
 
 
 def _exit_now(code: int) -> None:
@@ -300,18 +481,43 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.print_mode and args.prompt is None and sys.stdin is not None and sys.stdin.isatty():
-        parser.print_help()
-        return 0
-    args.print_mode = True  # agentfsm has no interactive mode: every run is headless
     try:
+        _refuse_misspelt_subcommand(argv)
+        args = parser.parse_args(argv)
+        if args.version:
+            sys.stdout.write(f"{_version()} (agentfsm)\n")
+            return 0
+        if not args.print_mode and args.prompt is None and args.input_format != "stream-json" and (
+                sys.stdin is not None and sys.stdin.isatty()):
+            parser.print_help()
+            return 0
+        args.print_mode = True  # agentfsm has no interactive mode: every run is headless
         return asyncio.run(run_print(args, exit_at_once=exit_at_once))
     except UsageError as exc:
-        sys.stderr.write(f"agentfsm: {exc}\n")
-        return 2
+        sys.stderr.write(f"agentfsm: error: {exc}\n")
+        return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _refuse_misspelt_subcommand(argv: Sequence[str]) -> None:
+    """``agentfsm diagarm`` is a typo, not a prompt: a first word close to a subcommand (and
+    nothing like a sentence) is refused rather than sent to the model."""
+    import difflib
+
+    word = argv[0] if argv else ""
+    if not word or word.startswith("-") or not word.replace("-", "").isalpha():
+        return
+    close = difflib.get_close_matches(word.lower(), SUBCOMMANDS, n=1, cutoff=0.75)
+    if close:
+        raise UsageError(f"unknown command {word!r}; did you mean `agentfsm {close[0]}`? "
+                         f"(to send it as a prompt: agentfsm -p {word!r})")
+
+
+def _version() -> str:
+    from agentfsm import __version__
+
+    return __version__
 
 
 def _subcommand(name: str, argv: list[str]) -> int:

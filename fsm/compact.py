@@ -18,7 +18,7 @@ from agentfsm import log as fsm_log
 from agentfsm import prompts
 from agentfsm.assembler import ResponseAssembler, StreamProtocolError
 from agentfsm.events import Compaction
-from agentfsm.model import ModelCallError, ModelClient, ModelRequest
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice
 from agentfsm.request import normalize
 from agentfsm.state import Message
 
@@ -115,7 +115,8 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
     asm = ResponseAssembler()
     try:
         async for ev in client.stream(request):
-            asm.feed(ev)
+            if not isinstance(ev, RetryNotice):  # the transport retrying the summary request
+                asm.feed(ev)
     except (ModelCallError, StreamProtocolError) as exc:
         log.warning("compact.failed", trigger=trigger, error=str(exc))
         return None

@@ -53,7 +53,7 @@ from agentfsm.events import (
     ToolsDrained,
 )
 from agentfsm.executor import StreamingToolExecutor
-from agentfsm.model import ModelCallError, ModelClient, ModelRequest, StreamEvent
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
 from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, synthetic_result
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
@@ -262,7 +262,7 @@ class Driver:
                               duration_ms=int((time.monotonic() - started) * 1000),
                               duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
                               denials=tuple(acct.denials), structured_output=acct.structured_output,
-                              warnings=tuple(acct.warnings))
+                              warnings=tuple(acct.warnings), account=acct)
         self.trace.result(result.to_dict())
         self.log.info("loop.terminal", terminal_reason=result.terminal_reason.value,
                       subtype=result.subtype, is_error=result.is_error, turns=result.num_turns,
@@ -428,7 +428,7 @@ class Driver:
         self._stream = self.client.stream(request)
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
-            self._first = await self._until_stopped(anext(self._stream), stop_wins=False)
+            self._first = await self._until_stopped(self._first_event(), stop_wins=False)
         except _Stopped:
             self._api_ms_since_request()
             await self._close_stream()
@@ -446,6 +446,16 @@ class Driver:
             return await self._failed(state, ModelError("model", f"Model call failed: {type(exc).__name__}: {exc}"))
         self.log.info("model.first_event", model=model, ms=round((time.monotonic() - self._t_request) * 1000, 1))
         return StreamOpened(model, sent_input=sent)
+
+    async def _first_event(self) -> StreamEvent:
+        """The stream's first event; the transport's retries before it are reported as they happen."""
+        while isinstance(event := await anext(self._stream), RetryNotice):
+            self.log.warning("model.retry", attempt=event.attempt, max_retries=event.max_retries,
+                             delay_ms=event.delay_ms, status=event.status, error=event.error)
+            self.emit({"type": "system", "subtype": "api_retry", "attempt": event.attempt,
+                       "max_retries": event.max_retries, "retry_delay_ms": event.delay_ms,
+                       "error_status": event.status, "error": event.error, "session_id": self.session_id})
+        return event
 
     def _api_ms_since_request(self) -> None:
         self.account.api_ms += (time.monotonic() - self._t_request) * 1000
@@ -467,6 +477,7 @@ class Driver:
             self.log.info("compact.end", trigger="reactive", ok=compaction is not None)
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
+        self.account.api_error_status = error.status
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
                           partial=partial, partial_results=partial_results)
 
@@ -570,6 +581,7 @@ class Driver:
 
     def _account(self, response: ModelResponse) -> None:
         self.account.spend(response.model or self.options.model, response.usage)
+        self.account.stop_reason, self.account.api_error_status = response.stop_reason, None
         self.account.anchor(response.usage, self._request_messages)
 
     # --- dispatch_tools ------------------------------------------------------------------------
@@ -631,7 +643,9 @@ class Driver:
                 remaining.cancel()
         for r in results:
             self._emit_result(r.block)
-        return results, interrupted
+        # an interrupt raised by the batch's last call itself (a permission callback's deny with
+        # interrupt) still interrupts the batch
+        return results, interrupted or self._stopping()
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
         for r in executor.drain_ready():

@@ -372,6 +372,13 @@ def _stop(reason: TerminalReason, detail: str | None = None) -> Effect:
     return effect
 
 
+def batch_aborted_stop(s: LoopState, _e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
+    """The user interrupted the tool batch: its results stand, the interrupt marker follows them."""
+    return {"terminal_reason": TerminalReason.ABORTED_TOOLS,
+            "terminal_detail": "Request interrupted by user for tool use",
+            "messages": (*s.messages, prompts.interrupt_marker(prompts.INTERRUPTED_TOOLS))}
+
+
 def stop_with_event_reason(_s: LoopState, e: SetupFailed | Refused, _lim: Limits) -> Mapping[str, Any]:
     return {"terminal_reason": e.reason, "terminal_detail": e.detail}
 
@@ -579,9 +586,14 @@ def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[
 
 
 def aborted(reason: TerminalReason) -> Effect:
+    """The run was stopped: what was shown stays, paired, and the interrupt marker follows it (the
+    next request tells the model where it was cut off, as Claude Code's does)."""
     def effect(s: LoopState, e: Aborted, _lim: Limits) -> Mapping[str, Any]:
+        # a response cut off with tool calls shown (they are paired now) was stopped "for tool use"
+        tools = reason is TerminalReason.ABORTED_TOOLS or e.partial_results is not None
+        marker = prompts.interrupt_marker(prompts.INTERRUPTED_TOOLS if tools else prompts.INTERRUPTED)
         return {"terminal_reason": reason, "terminal_detail": e.detail,
-                "messages": _with_pair(s.messages, e.partial, e.partial_results)}
+                "messages": (*_with_pair(s.messages, e.partial, e.partial_results), marker)}
     effect.__name__ = f"aborted_{reason.value}"
     return effect
 
@@ -648,8 +660,7 @@ ROUTES: tuple[Route, ...] = (
     _route(S, StreamEnded, None, "end_turn", answered),
     # the tool batch drained; feedback then decides at once (an automatic phase) on the same event
     _route(D, ToolsDrained, None, "collect", collected),
-    _route(F, ToolsDrained, batch_aborted, "finish_batch", _stop(T.ABORTED_TOOLS,
-                                                                 "Request interrupted by user for tool use")),
+    _route(F, ToolsDrained, batch_aborted, "finish_batch", batch_aborted_stop),
     _route(F, ToolsDrained, lone_call_deferred, "finish_batch",
            _stop(T.TOOL_DEFERRED, "A tool call was deferred by a PreToolUse hook")),
     _route(F, ToolsDrained, batch_hook_stopped, "finish_batch", batch_hook_stop),

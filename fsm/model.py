@@ -6,7 +6,9 @@ Both transports — :mod:`agentfsm.transport` (the ``anthropic`` SDK) and the sc
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -79,19 +81,96 @@ class MessageStop:
 StreamEvent = MessageStart | BlockStart | BlockDelta | BlockStop | MessageDelta | MessageStop
 
 
-class ModelCallError(Exception):
-    """A model call that failed after the transport's own retries; carries the classified error."""
+@attrs.frozen
+class RetryNotice:
+    """Not a stream event: the transport tells the loop that the request failed before its stream
+    started and will be sent again after ``delay_ms`` (attempt ``attempt`` of ``max_retries``).
+    The driver reports it (``system``/``api_retry``) and never hands it to the assembler."""
 
-    def __init__(self, error: ModelError) -> None:
+    attempt: int
+    max_retries: int
+    delay_ms: int
+    status: int | None
+    error: str  # overloaded | rate_limit | server_error | unknown
+
+    @classmethod
+    def of(cls, error: ModelError, attempt: int, max_retries: int, delay_s: float) -> RetryNotice:
+        kind = ("overloaded" if error.kind == "overloaded" else "rate_limit" if error.status == 429
+                else "server_error" if error.status is not None and error.status >= 500 else "unknown")
+        return cls(attempt, max_retries, int(delay_s * 1000), error.status, kind)
+
+
+class ModelCallError(Exception):
+    """A failed model call (after the retries); carries the classified error. ``should_retry`` and
+    ``retry_after_s`` are what the answer said about retrying (the API's ``x-should-retry`` and
+    ``retry-after`` headers), when it said anything."""
+
+    def __init__(self, error: ModelError, *, should_retry: bool | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(error.message)
         self.error = error
+        self.should_retry = should_retry
+        self.retry_after_s = retry_after_s
+
+
+def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
+    """The wait before retry ``attempt`` (from 1): what the API asked for when it asked (up to a
+    minute), else exponential from 0.5 s with up to 25% jitter, capped at 32 s (Claude Code waited
+    ≈0.6 s, then ≈1.2 s, …)."""
+    if retry_after_s is not None and 0 <= retry_after_s <= 60:
+        return retry_after_s
+    return min(0.5 * 2 ** (attempt - 1), 32.0) * (1 + random.random() * 0.25)
+
+
+async def with_retries(open_stream: Callable[[], AsyncIterator[StreamEvent]], max_retries: int, *,
+                       delay_s: Callable[[int, ModelCallError], float] = lambda n, e: backoff_s(n, e.retry_after_s),
+                       sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                       ) -> AsyncIterator[StreamEvent | RetryNotice]:
+    """Open a stream, sending the request again (up to ``max_retries`` times) while it fails before
+    its first event with a retryable error — every transport retries the same way, and says so with
+    a :class:`RetryNotice` before each wait. A failure after the stream started is not retried here:
+    the loop requests the whole response again when its graph says so."""
+    attempt = 0
+    while True:
+        stream = open_stream()
+        try:
+            first = await anext(stream)
+        except StopAsyncIteration:
+            return
+        except ModelCallError as exc:
+            await _close(stream)
+            retry = exc.should_retry if exc.should_retry is not None else exc.error.retryable
+            if not retry or attempt >= max_retries:
+                raise
+            attempt += 1
+            wait = delay_s(attempt, exc)
+            yield RetryNotice.of(exc.error, attempt, max_retries, wait)
+            await sleep(wait)
+            continue
+        yield first
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            await _close(stream)
+        return
+
+
+async def _close(stream: AsyncIterator[Any]) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except (RuntimeError, ModelCallError):
+            pass
 
 
 class ModelClient(Protocol):
     """What the driver needs from a model: one streamed response per request.
 
     ``stream`` raises :class:`ModelCallError` for a failed call (before or during the stream) and
-    returns normally after :class:`MessageStop`.
+    returns normally after :class:`MessageStop`. Before its first event it may yield
+    :class:`RetryNotice` records (see :func:`with_retries`).
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]: ...

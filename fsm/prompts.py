@@ -54,6 +54,17 @@ def meta_message(text: str, kind: str = "meta") -> Message:
     return Message("user", ({"type": "text", "text": reminder(text)},), kind=kind)
 
 
+# What Claude Code leaves in the history when the user stops a turn: the next request shows the model
+# where it was cut off (merged into the next user message, before the new prompt).
+INTERRUPTED = "[Request interrupted by user]"
+INTERRUPTED_TOOLS = "[Request interrupted by user for tool use]"
+
+
+def interrupt_marker(text: str) -> Message:
+    """The visible user message that marks an interrupted turn in the history."""
+    return Message("user", ({"type": "text", "text": text},), kind="interrupt_marker")
+
+
 def stop_hook_feedback(reason: str) -> Message:
     return meta_message(f"Stop hook feedback:\n{reason}", kind="hook_feedback")
 

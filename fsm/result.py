@@ -3,6 +3,7 @@ that record's headless-protocol JSON form."""
 
 from __future__ import annotations
 
+import uuid as uuid_mod
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,10 +27,18 @@ class RunAccount:
     structured_output: Any = None
     last_usage: Mapping[str, Any] | None = None
     counted_upto: int = 0
+    # per model, in the result's `modelUsage` shape
+    model_usage: dict[str, dict[str, Any]] = attrs.field(factory=dict)
+    # the last response's stop_reason, and the HTTP status of the last failed call (None once a
+    # later call succeeded)
+    stop_reason: str | None = None
+    api_error_status: int | None = None
 
     def spend(self, model: str, usage: Mapping[str, Any]) -> None:
         self.usage = add_usage(self.usage, usage)
-        self.cost_usd += cost_usd(model, usage)
+        cost = cost_usd(model, usage)
+        self.cost_usd += cost
+        self.model_usage[model] = merge_model_usage(self.model_usage.get(model), model_usage_entry(usage, cost))
 
     def anchor(self, usage: Mapping[str, Any] | None, messages: int) -> None:
         """The next estimate starts from this report and adds only what the request did not carry."""
@@ -52,6 +61,10 @@ class RunResult:
     permission_denials: tuple[Mapping[str, Any], ...] = ()
     structured_output: Any = None
     warnings: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    model_usage: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    api_error_status: int | None = None
+    uuid: str = attrs.field(factory=lambda: str(uuid_mod.uuid4()))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -65,7 +78,11 @@ class RunResult:
             "session_id": self.session_id,
             "total_cost_usd": round(self.total_cost_usd, 8),
             "usage": dict(self.usage),
+            "modelUsage": {m: dict(u) for m, u in self.model_usage.items()},
             "permission_denials": [dict(d) for d in self.permission_denials],
+            "stop_reason": self.stop_reason,
+            "api_error_status": self.api_error_status,
+            "uuid": self.uuid,
         }
         # error subtypes carry `errors` instead of `result` (docs/behaviour.md §10)
         if self.subtype == "success":
@@ -77,9 +94,30 @@ class RunResult:
         return out
 
 
+def model_usage_entry(usage: Mapping[str, Any], cost: float) -> dict[str, Any]:
+    """One request's usage in the shape of the result's ``modelUsage`` values."""
+    def n(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) else 0
+
+    server = usage.get("server_tool_use")
+    searches = server.get("web_search_requests", 0) if isinstance(server, Mapping) else 0
+    return {"inputTokens": n("input_tokens"), "outputTokens": n("output_tokens"),
+            "cacheReadInputTokens": n("cache_read_input_tokens"),
+            "cacheCreationInputTokens": n("cache_creation_input_tokens"),
+            "webSearchRequests": searches if isinstance(searches, int) else 0, "costUSD": cost}
+
+
+def merge_model_usage(a: Mapping[str, Any] | None, b: Mapping[str, Any]) -> dict[str, Any]:
+    if a is None:
+        return dict(b)
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
+
+
 def build_result(state: LoopState, *, session_id: str, duration_ms: int, duration_api_ms: int,
                  cost: float, usage: Mapping[str, Any], denials: tuple[Mapping[str, Any], ...],
-                 structured_output: Any = None, warnings: tuple[str, ...] = ()) -> RunResult:
+                 structured_output: Any = None, warnings: tuple[str, ...] = (),
+                 account: RunAccount | None = None) -> RunResult:
     reason = state.terminal_reason
     if reason is None:
         raise ValueError("the loop has not reached a terminal state")
@@ -98,5 +136,8 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
     else:
         text = last_text
     errors = (state.terminal_detail or reason.value,) if info.subtype != "success" else ()
+    acct = account or RunAccount()
     return RunResult(reason, info.subtype, info.is_error, state.turn_count, duration_ms, duration_api_ms,
-                     cost, usage, session_id, text, errors, denials, structured_output, warnings)
+                     cost, usage, session_id, text, errors, denials, structured_output, warnings,
+                     stop_reason=acct.stop_reason, model_usage={m: dict(u) for m, u in acct.model_usage.items()},
+                     api_error_status=acct.api_error_status if info.is_error else None)

@@ -17,6 +17,7 @@ Sessions share nothing mutable, so many can run at once on one event loop.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -33,12 +34,19 @@ from agentfsm.model import ModelClient
 from agentfsm.options import Options
 from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import system_blocks
-from agentfsm.result import RunResult
+from agentfsm.result import RunResult, merge_model_usage
 from agentfsm.state import TERMINAL_INFO, LoopState, Message, TerminalReason
 from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
 from agentfsm.trace import TraceWriter, sessions_dir
 
 Prompt = str | Sequence[Mapping[str, Any]]
+# The Claude Code release whose headless protocol this loop speaks. The Agent SDK reads it from
+# `system/init` and warns when it is older than what the SDK needs (2.1.248 for SDK 0.2.189).
+CLAUDE_CODE_VERSION = "2.1.332"
+
+
+def api_key_source() -> str:
+    return next((n for n in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN") if os.environ.get(n)), "none")
 
 
 class Session:
@@ -121,12 +129,16 @@ class Session:
             self.emit(msg)
 
     def init_message(self) -> dict[str, Any]:
+        """``system/init``, with the fields of Claude Code's that the Agent SDK and its users read;
+        ``claude_code_version`` is the protocol release this loop speaks (the SDK checks it)."""
         return {"type": "system", "subtype": "init", "cwd": str(self.options.cwd),
                 "session_id": self.session_id, "tools": list(self.registry.names()),
-                "model": self.options.model, "permissionMode": self.permission_mode,
-                "mcp_servers": [], "slash_commands": [], "output_style": "default",
-                "agents": list(self.subagents.definitions()),
-                "agentfsm_version": _version(), "transcript_path": str(self.trace_path or "")}
+                "mcp_servers": [], "model": self.options.model, "permissionMode": self.permission_mode,
+                "slash_commands": [], "apiKeySource": api_key_source(),
+                "claude_code_version": CLAUDE_CODE_VERSION, "output_style": "default",
+                "agents": list(self.subagents.definitions()), "skills": [], "plugins": [],
+                "uuid": str(uuid.uuid4()), "agentfsm_version": _version(),
+                "transcript_path": str(self.trace_path or "")}
 
     # --- runs ------------------------------------------------------------------------------------
 
@@ -298,8 +310,17 @@ def _merge(results: Sequence[RunResult], *, duration_ms: int, extra_cost: float)
         duration_api_ms=sum(r.duration_api_ms for r in results),
         total_cost_usd=sum(r.total_cost_usd for r in results) + extra_cost,
         usage=usage if len(results) > 1 else last.usage,
+        model_usage=_merged_model_usage(results),
         permission_denials=tuple(d for r in results for d in r.permission_denials),
         warnings=tuple(w for r in results for w in r.warnings))
+
+
+def _merged_model_usage(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for model, entry in r.model_usage.items():
+            out[model] = merge_model_usage(out.get(model), entry)
+    return out
 
 
 def _version() -> str:

@@ -1,8 +1,10 @@
 """The Anthropic Messages transport: ``anthropic.AsyncAnthropic`` streaming, nothing hand-rolled.
 
-Transient failures before the stream starts (429, 5xx, 529, connection resets) are retried by the
-SDK's own retry machinery (``max_retries``, exponential backoff, ``retry-after``); what still fails is
-classified once into a :class:`agentfsm.events.ModelError` for the graph.
+Transient failures before the stream starts (429, 5xx, 529, connection resets) are retried here, by
+:func:`agentfsm.model.with_retries` (``max_retries``, exponential backoff, the API's ``retry-after``
+and ``x-should-retry``), which tells the loop about each retry so a dead endpoint is never silent;
+the SDK's own retries are off. What still fails is classified once into a
+:class:`agentfsm.events.ModelError` for the graph.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from agentfsm.model import (
     MessageStop,
     ModelCallError,
     ModelRequest,
+    RetryNotice,
     StreamEvent,
     classify_error,
+    with_retries,
 )
 
 
@@ -48,20 +52,25 @@ class AnthropicTransport:
                 "no model to talk to: set ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a compatible "
                 "endpoint), or pass --scripted SCENARIO.json to use the scripted model")
         self._anthropic = anthropic
+        self.max_retries = max_retries
         self.client = anthropic.AsyncAnthropic(api_key=key or "not-needed", base_url=url,
-                                               max_retries=max_retries, timeout=timeout)
+                                               max_retries=0, timeout=timeout)
 
     async def aclose(self) -> None:
         await self.client.close()
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent | RetryNotice]:
+        return with_retries(lambda: self._once(request), self.max_retries)
+
+    async def _once(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         a = self._anthropic
         body = request.body()
         body.pop("stream")
         try:
             raw = await self.client.messages.create(**body, stream=True)
         except a.APIStatusError as exc:
-            raise ModelCallError(_status_error(exc)) from exc
+            should, after = _retry_headers(exc)
+            raise ModelCallError(_status_error(exc), should_retry=should, retry_after_s=after) from exc
         except (a.APIConnectionError, a.APITimeoutError) as exc:
             raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
         try:
@@ -82,6 +91,20 @@ class AnthropicTransport:
             raise ModelCallError(ModelError("connection", f"Stream interrupted: {exc}", None, True)) from exc
         finally:
             await raw.close()
+
+
+def _retry_headers(exc: Any) -> tuple[bool | None, float | None]:
+    """What the answer said about retrying: ``x-should-retry``, and ``retry-after-ms``/``retry-after``."""
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    should = {"true": True, "false": False}.get(str(headers.get("x-should-retry", "")).lower())
+    after: float | None = None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            after = float(headers[name]) / scale
+            break
+        except (KeyError, TypeError, ValueError):
+            continue
+    return should, after
 
 
 def _status_error(exc: Any) -> ModelError:

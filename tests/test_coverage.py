@@ -286,7 +286,8 @@ def _interrupt_while_tools_run(d: Path) -> LoopRun:
         return {}
 
     run = run_path(d, [tool_response("toolu_s", "Steady", {}), DONE], tools=[*TOOLS, steady], hooks=hooks)
-    assert run.state.messages[-1].content[0]["content"] == "finished anyway"
+    assert run.state.messages[-2].content[0]["content"] == "finished anyway"
+    assert run.state.messages[-1].text() == "[Request interrupted by user for tool use]"
     return run
 
 

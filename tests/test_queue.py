@@ -251,8 +251,9 @@ async def test_an_interrupt_lets_a_block_tool_finish(tmp_path: Path) -> None:
     result = await asyncio.wait_for(run, 10)
     await session.aclose()
     assert result.terminal_reason.value == "aborted_tools" and model.count == 1
-    results = session.history[-1]
+    results = session.history[-2]
     assert results.tool_result_ids() == ["toolu_slow"] and not results.content[0].get("is_error")
+    assert session.history[-1].text() == "[Request interrupted by user for tool use]"
 
 
 async def test_no_absorption_into_a_batch_that_ends_the_run(tmp_path: Path) -> None:
@@ -350,12 +351,14 @@ def test_cli_stream_json_input_errors(tmp_path: Path) -> None:
 
     def run(stdin: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "agentfsm", "-p", "--input-format", "stream-json", "--output-format", "json",
-             "--scripted", str(Path(__file__).parents[1] / "fsm" / "scenarios" / "read_probe.json")],
+            [sys.executable, "-m", "agentfsm", "-p", "--input-format", "stream-json", "--output-format",
+             "stream-json", "--verbose", "--scripted",
+             str(Path(__file__).parents[1] / "fsm" / "scenarios" / "read_probe.json")],
             input=stdin, capture_output=True, text=True, cwd=tmp_path, timeout=60,
             env={**__import__("os").environ, "AGENTFSM_HOME": str(tmp_path / "home")})
 
     bad = run('{"type": "assistant"}\n')
-    assert bad.returncode == 2 and "stream-json user message" in bad.stderr
+    assert bad.returncode == 1 and "stream-json user message" in bad.stderr
+    # nothing asked, nothing answered: Claude Code exits 0 without a line of output
     empty = run("\n")
-    assert empty.returncode == 2 and "no user message" in empty.stderr
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")

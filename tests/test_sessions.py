@@ -147,17 +147,17 @@ def test_usage_errors(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
     with ScriptedServer([text("A")], ws=agentfsm_workspace) as server:
         rc, _, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "x")
-        assert rc == 2 and "No conversation found with session ID" in err
+        assert rc == 1 and "No conversation found with session ID" in err
         rc, _, err = cli(server, agentfsm_workspace, home, "--fork-session", "-p", "x")
-        assert rc == 2 and "--fork-session" in err
+        assert rc == 1 and "--fork-session" in err
         rc, _, err = cli(server, agentfsm_workspace, home, "--continue", "-p", "x")
-        assert rc == 2 and "No conversation found" in err
+        assert rc == 1 and "No conversation found" in err
         assert cli(server, agentfsm_workspace, home, "-p", "x", "--session-id", sid)[0] == 0
         rc, _, err = cli(server, agentfsm_workspace, home, "-p", "x", "--session-id", sid)
-        assert rc == 2 and "already in use" in err
+        assert rc == 1 and "already in use" in err
         other = str(uuid.uuid4())
         rc, _, err = cli(server, agentfsm_workspace, home, "--resume", sid, "--session-id", other, "-p", "x")
-        assert rc == 2 and "--fork-session" in err
+        assert rc == 1 and "--fork-session" in err
         assert len(server.requests) == 1
 
 

@@ -194,7 +194,9 @@ async def aborted_streaming(loop: Loop) -> Run:
             driver.abort()
 
     run = await loop.run([slow], on_emit=cancel_on_first_block)
-    assert [b["type"] for b in run.state.messages[-1].content] == ["text"]
+    # the partial answer stays, followed by Claude Code's interrupt marker
+    assert [b["type"] for b in run.state.messages[-2].content] == ["text"]
+    assert run.state.messages[-1].text() == "[Request interrupted by user]"
     return run
 
 
@@ -218,7 +220,8 @@ async def aborted_tools(loop: Loop) -> Run:
     run = await loop.run([write, text("never sent")], tools=("Read", "Write"), mode="default",
                          can_use_tool=ask_then_cancel, during=during)
     assert not (loop.ws / "new.txt").exists()
-    assert paired(run.state.messages) and run.state.messages[-1].tool_result_ids() == ["t1"]
+    assert paired(run.state.messages) and run.state.messages[-2].tool_result_ids() == ["t1"]
+    assert run.state.messages[-1].text() == "[Request interrupted by user for tool use]"
     return run
 
 

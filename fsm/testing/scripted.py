@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from agentfsm.events import ModelError
-from agentfsm.model import ModelCallError, ModelRequest, StreamEvent, classify_error
+from agentfsm.model import ModelCallError, ModelRequest, RetryNotice, StreamEvent, classify_error, with_retries
 from agentfsm.testing.scenario import (
     HttpErrorResponse,
     Response,
@@ -173,18 +173,18 @@ class ScriptedModel:
         )
         return resp, events
 
-    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        attempts = 0
-        while True:
-            resp, events = self.events_for(request)
-            await self._sleep(resp.delay_s)
-            if isinstance(resp, HttpErrorResponse):
-                if resp.sdk_retries and attempts < self.max_retries:
-                    attempts += 1
-                    await self._sleep(resp.retry_after_s or 0.0)
-                    continue
-                raise ModelCallError(classify_error(resp.status, resp.error_type, resp.message))
-            break
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent | RetryNotice]:
+        # the transports' retry rule (agentfsm.model.with_retries); a scripted wait is the answer's
+        # retry_after_s (none: at once), so a scenario runs as fast as it was written
+        return with_retries(lambda: self._once(request), self.max_retries,
+                            delay_s=lambda _n, exc: exc.retry_after_s or 0.0, sleep=self._sleep)
+
+    async def _once(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        resp, events = self.events_for(request)
+        await self._sleep(resp.delay_s)
+        if isinstance(resp, HttpErrorResponse):
+            raise ModelCallError(classify_error(resp.status, resp.error_type, resp.message),
+                                 should_retry=resp.sdk_retries, retry_after_s=resp.retry_after_s)
         for event in events:
             if event.record is not None:
                 yield event.record

@@ -1,0 +1,36 @@
+"""agentfsm as the Claude Agent SDK's CLI: one line (`cli_path`) changes, the rest is plain SDK code.
+
+Runs offline: the scripted Messages server of agentfsm's testing kit stands in for the API (drop the
+`ScriptedServer` block and set ANTHROPIC_API_KEY to talk to the real one).
+
+    pip install 'agentfsm' claude-agent-sdk && python examples/sdk_dropin.py
+"""
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from claude_agent_sdk import AssistantMessage, ClaudeAgentOptions, ResultMessage, TextBlock, query
+
+from agentfsm.testing import ScriptedServer
+from agentfsm.testing.scenario import populate_workspace, scenario_path
+
+
+async def main() -> None:
+    ws = populate_workspace(Path(tempfile.mkdtemp()) / "ws")  # holds probe-fixture.txt
+    with ScriptedServer(scenario_path("read_probe"), ws=str(ws)) as api:
+        options = ClaudeAgentOptions(
+            cli_path=shutil.which("agentfsm"),  # <- the one line: the loop is agentfsm's
+            cwd=str(ws), allowed_tools=["Read"],
+            env={"ANTHROPIC_BASE_URL": api.base_url, "ANTHROPIC_API_KEY": "sk-scripted"})
+        async for message in query(prompt="Read probe-fixture.txt", options=options):
+            if isinstance(message, AssistantMessage):
+                for block in message.content:
+                    print("assistant:", block.text if isinstance(block, TextBlock) else block)
+            elif isinstance(message, ResultMessage):
+                print("result:", message.subtype, message.result, f"({message.num_turns} turns)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
