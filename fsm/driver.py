@@ -666,7 +666,8 @@ class Driver:
 
         executor = StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
                                          max_concurrency=self.limits.max_tool_concurrency)
-        executor.on_ready = lambda: self._emit_ready(executor)
+        # a bound method, not a closure over the executor: no executor -> callback -> executor cycle
+        executor.on_ready = self._emit_ready
         return executor
 
     # --- stop ----------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ class StreamingToolExecutor:
                  ctx_factory: Callable[[str], ToolContext] | None = None, max_concurrency: int = 10,
                  layers: Mapping[str, Any] | None = None,
                  on_progress: Callable[[str, Any], None] | None = None,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[StreamingToolExecutor], None] | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.table = ToolTable.of(lookup)
@@ -271,7 +271,7 @@ class StreamingToolExecutor:
             if self.on_ready is not None and not self._telling:
                 self._telling = True  # on_ready usually drains, which comes back here
                 try:
-                    self.on_ready()
+                    self.on_ready(self)
                 finally:
                     self._telling = False
         else:
@@ -399,6 +399,7 @@ class StreamingToolExecutor:
 
     async def aclose(self, timeout: float | None = 5.0) -> None:
         """Wait (bounded) for cancelled calls to unwind, so no task outlives the loop unnoticed."""
+        self.on_ready = None
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             _done, still = await asyncio.wait(pending, timeout=timeout)

@@ -901,6 +901,9 @@ class LoopMachine:
         if self._open:
             self._open = False
             MACHINE.remove_model(self._model)
+            # the trigger methods transitions bound on the model refer back to it: drop them, so a
+            # finished loop is freed by reference counting instead of waiting for the cycle collector
+            self._model.__dict__.clear()
 
     def __enter__(self) -> LoopMachine:
         return self
