@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 import agentfsm
-from agentfsm.audit import Move, declared_moves
+from agentfsm.audit import AGENTFSM, SOURCES, Move, NotATrace, Report, audit_report, declared_moves, recognise
 from agentfsm.graph import EDGES, EDGES_BY_TRIGGER, STATES
 from agentfsm.state import Phase
 from agentfsm.trace import read_records
@@ -91,11 +91,8 @@ class _Overlay(NamedTuple):
 
 
 def _overlay(records: Iterable[Mapping[str, Any]]) -> _Overlay:
-    declared = set(declared_moves())
-    counts: Counter[Move] = Counter()
-    undeclared: Counter[Move] = Counter()
-    reasons: Counter[str] = Counter()
-    visited: set[str] = set()
+    """One agentfsm trace's path, from its transition records."""
+    path: list[tuple[Move, str | None]] = []
     session = None
     for rec in records:
         if rec.get("type") == "session" and session is None:
@@ -103,13 +100,37 @@ def _overlay(records: Iterable[Mapping[str, Any]]) -> _Overlay:
         if rec.get("type") != "transition":
             continue
         move = Move(str(rec.get("trigger")), str(rec.get("from")), str(rec.get("to")))
+        reason = rec.get("terminal_reason")
+        path.append((move, str(reason) if reason else None))
+    return _path_overlay(path, f"trace {session or '(no session record)'}")
+
+
+def _report_overlay(report: Report) -> _Overlay:
+    """A run the auditor reconstructed (a Claude Code transcript or stream-json output)."""
+    path: list[tuple[Move, str | None]] = []
+    moves = report.moves
+    for i, m in enumerate(moves):
+        # the reason a move into stop carries is known for the run's last one (the terminal reason)
+        last_into_stop = m.dest == Phase.STOP.value and not any(n.dest == Phase.STOP.value for n in moves[i + 1:])
+        path.append((Move(m.label, m.source, m.dest), report.terminal_reason if last_into_stop else None))
+    where = Path(report.path)
+    return _path_overlay(path, f"{SOURCES[report.source]} {where.parent.name}/{where.name}")
+
+
+def _path_overlay(path: Sequence[tuple[Move, str | None]], name: str) -> _Overlay:
+    declared = set(declared_moves())
+    counts: Counter[Move] = Counter()
+    undeclared: Counter[Move] = Counter()
+    reasons: Counter[str] = Counter()
+    visited: set[str] = set()
+    for move, reason in path:
         (counts if move in declared else undeclared)[move] += 1
         visited.update((move.source, move.dest))
-        if move.dest == Phase.STOP.value and rec.get("terminal_reason"):
-            reasons[str(rec["terminal_reason"])] += 1
+        if move.dest == Phase.STOP.value and reason:
+            reasons[reason] += 1
     steps = sum(counts.values()) + sum(undeclared.values())
     ended = ", ".join(f"{r} ×{n}" if n > 1 else r for r, n in sorted(reasons.items())) or "not at stop"
-    title = f"trace {session or '(no session record)'}: {steps} transitions, ended {ended}"
+    title = f"{name}: {steps} transitions, ended {ended}"
     return _Overlay(counts, undeclared, reasons, frozenset(visited), title)
 
 
@@ -514,19 +535,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def trace_overlay(trace: Path) -> _Overlay:
+    """The path one input took: an agentfsm trace from its transition records, a Claude Code
+    transcript or stream-json output as the auditor reconstructs it. Raises :class:`NotATrace`."""
+    if recognise(trace) == AGENTFSM:
+        return _overlay(read_records(trace))
+    return _report_overlay(audit_report(trace))
+
+
 def _main_trace(trace: Path, fmt: str, output: Path | None) -> int:
     if not trace.is_file():
         print(f"agentfsm diagram: no such trace file: {trace}", file=sys.stderr)
         return 2
-    records = list(read_records(trace))
+    try:
+        ov = trace_overlay(trace)
+    except NotATrace as exc:
+        print(f"agentfsm diagram: {exc}", file=sys.stderr)
+        return 2
     data: bytes
     try:
         if fmt == "mermaid":
-            data = render_trace_mermaid(records).encode()
+            data = _mermaid(ov).encode()
         elif fmt == "dot":
-            data = render_trace_dot(records).encode()
+            data = _dot(ov).encode()
         else:
-            data = render_svg(render_trace_dot(records))
+            data = render_svg(_dot(ov))
     except DiagramError as exc:
         print(f"agentfsm diagram: {exc}", file=sys.stderr)
         return 1
