@@ -175,7 +175,10 @@ def audit_report(path: Path | str, *, limits: Limits | Mapping[str, Any] | None 
             frm, to, trig = str(rec.get("from")), str(rec.get("to")), str(rec.get("trigger"))
             edge = EDGES_BY_TRIGGER.get(trig)
             declared = edge is not None and frm in _STATES and Phase(frm) in edge.sources and edge.dest.value == to
-            moves.append(MoveAt(trig, frm, to, line, declared))
+            event = rec.get("event")
+            reason_here = rec.get("terminal_reason") if to == _STOP else None
+            moves.append(MoveAt(trig, frm, to, line, declared, reason=reason_here,
+                                event=event if isinstance(event, Mapping) else None))
             if isinstance(rec.get("counters"), Mapping):
                 counters = rec["counters"]
             reason = rec.get("terminal_reason") if to == _STOP else None

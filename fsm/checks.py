@@ -230,13 +230,17 @@ def check_request(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, 
 @attrs.frozen
 class MoveAt:
     """One move a run took, with the line of the record that shows it. ``declared``: the graph has
-    this edge from ``source`` to ``dest``."""
+    this edge from ``source`` to ``dest``; ``reason``: the terminal reason of a move into stop;
+    ``event``: the event it decided on, in record form (:func:`agentfsm.events.to_record`), when known —
+    what a picture of the run shows of each request, tool call and result."""
 
     label: str
     source: str
     dest: str
     line: int
     declared: bool = True
+    reason: str | None = None
+    event: Mapping[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"from": self.source, "to": self.dest, "label": self.label, "line": self.line}

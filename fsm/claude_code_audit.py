@@ -19,12 +19,14 @@ terminal reason the replay reached (``result_mismatch``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from agentfsm.checks import Finding, MoveAt, Report
 from agentfsm.claude_code import Internal, Observation, Reading, RunEnd, RunStart
+from agentfsm.events import to_record
 from agentfsm.graph import AUTOMATIC, EDGES_BY_TRIGGER, Step, UndeclaredMove, advance, counter_value, follow
 from agentfsm.state import COUNTER_CAPS, Limits, LoopState, Phase
 
@@ -38,6 +40,7 @@ class _Replay:
         self.state: LoopState | None = None
         self.run_line = 1
         self.over: set[str] = set()
+        self.recorded: Observation | None = None  # the observation whose event the last move carried
 
     def add(self, line: int, code: str, message: str) -> None:
         self.findings.append(Finding(line, code, message))
@@ -70,6 +73,14 @@ class _Replay:
                                                    f"replayed path ends with {reached!r}")
 
     # moves
+
+    def event_of(self, obs: Observation) -> Mapping[str, Any] | None:
+        """The observation's event in record form on the first move it causes; later ones (a phase that
+        decides on its own) carry none, as in a trace."""
+        if self.recorded is obs:
+            return None
+        self.recorded = obs
+        return to_record(obs.event)
 
     def observe(self, obs: Observation) -> None:
         if self.state is None:
@@ -110,7 +121,10 @@ class _Replay:
         self.state = state
 
     def take(self, obs: Observation, before: LoopState, step: Step) -> LoopState:
-        self.moves.append(MoveAt(step.trigger, before.phase.value, step.state.phase.value, obs.line))
+        reason = step.state.terminal_reason
+        self.moves.append(MoveAt(step.trigger, before.phase.value, step.state.phase.value, obs.line,
+                                 reason=reason.value if reason is not None and step.edge.dest is Phase.STOP else None,
+                                 event=self.event_of(obs)))
         self.check_caps(obs.line, step.trigger, step.state)
         return step.state
 
@@ -123,7 +137,8 @@ class _Replay:
                f"no route takes {want!r} on {type(obs.event).__name__} in {state.phase.value}")
         self.add(obs.line, "undeclared_move", f"Claude Code took {want!r} ({state.phase.value} → {dest.value}): {why}"
                                               + (f" ({refusal})" if refusal and declared else ""))
-        self.moves.append(MoveAt(want, state.phase.value, dest.value, obs.line, declared=declared))
+        self.moves.append(MoveAt(want, state.phase.value, dest.value, obs.line, declared=declared,
+                                 event=self.event_of(obs)))
         changes: dict[str, Any] = {"phase": dest}
         if edge is not None and edge.kind == "reentry":
             changes.update(transition=want, terminal_reason=None)

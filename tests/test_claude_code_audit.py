@@ -310,11 +310,11 @@ def test_diagram_trace_draws_a_claude_code_run(tmp_path: Path, source: str,
     path = FIXTURES / "max_tokens_exhaust" / name
     assert diagram.main(["--trace", str(path)]) == 0
     mmd = capsys.readouterr().out
-    assert '"max_output_tokens_recovery ×3"' in mmd and '"recovery_exhausted ×1"' in mmd and '"call ×4"' in mmd
+    assert "max_output_tokens_recovery ×3 · " in mmd and "recovery_exhausted ×1 · " in mmd and "call ×4 · " in mmd
     assert "ended api_error" in mmd and "UNDECLARED" not in mmd
     out = tmp_path / "run.dot"
-    assert diagram.main(["--trace", str(path), "--format", "dot", "--output", str(out)]) == 0
-    assert 'label="max_output_tokens_recovery ×3"' in out.read_text()
+    assert diagram.main(["--trace", str(path), "--output", str(out)]) == 0
+    assert "<b>max_output_tokens_recovery ×3 · " in out.read_text()
 
 
 def test_diagram_trace_shows_a_tampered_move_as_undeclared(tmp_path: Path,
@@ -333,14 +333,17 @@ def test_diagram_trace_shows_a_tampered_move_as_undeclared(tmp_path: Path,
     assert [m for m in report.moves if not m.declared] == [
         MoveAt("thinking_only_nudge", "dispatch_tools", "assemble", at + 2, declared=False)]
     assert diagram.main(["--trace", str(path)]) == 0
-    assert 'dispatch_tools ==>|"thinking_only_nudge ×1 UNDECLARED"| assemble' in capsys.readouterr().out
+    assert 'dispatch_tools ==>|"thinking_only_nudge ×1 UNDECLARED · 4"| assemble' in capsys.readouterr().out
 
 
 def test_the_readme_picture_of_a_claude_code_run_is_current() -> None:
     from agentfsm import diagram
+    from agentfsm.diagram import dot as dot_views
 
-    svg = Path(__file__).parent.parent / "docs" / "claude_code_run.svg"
+    root = Path(__file__).parent.parent
+    png = root / "docs" / "claude_code_run.png"
     rel = Path("tests/fixtures/claude_code/ptl_after_tools/transcript.jsonl")
-    dot = diagram._dot(diagram.trace_overlay(Path(__file__).parent.parent / rel))
-    assert diagram.svg_stamp(svg.read_bytes()) == diagram.dot_digest(dot), (
-        f"docs/claude_code_run.svg is stale: agentfsm diagram --trace {rel} --format svg --output {svg.name}")
+    path = diagram.trace_path(root / rel)
+    dot = dot_views.render_overview(path, header=path.title())
+    assert diagram.stamp_of(png.read_bytes()) == diagram.dot_digest(dot), (
+        f"docs/claude_code_run.png is stale: agentfsm diagram --trace {rel} --output docs/claude_code_run.png")
