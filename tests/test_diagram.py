@@ -127,6 +127,8 @@ def test_the_recovery_view_lists_every_route_of_call_model_and_stream_in_order()
     for r in rows:
         assert f"{r.rank}. {r.label}" in mmd
         assert f"→ {r.edge}" in dot
+        if r.guard and " and " not in r.guard:
+            assert f">[{r.guard}]<" in dot, r.guard
     assert not flowchart_problems(mmd)
 
 

@@ -8,7 +8,7 @@ position is in the file and the ``nop2`` engine draws it as it is (``layout=nop2
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from agentfsm.diagram import layout as lay
 from agentfsm.diagram.views import (
@@ -39,6 +39,7 @@ from agentfsm.diagram.views import (
 
 FONT = "Helvetica"
 Line = tuple[str, str, bool]  # text, colour, bold
+Point = Callable[[float, float], str]  # layout coordinates (y down) to a DOT position (y up)
 ARROW = 8.0  # the length of an arrowhead at arrowsize 0.8
 
 
@@ -69,25 +70,15 @@ def _group_lines(g: Group, path: RunPath | None) -> list[Line]:
         return [(t, colour, False) for t in g.triggers]
     out: list[Line] = []
     for t in g.triggers:
-        order = _order(path, t, g)
+        order = path.taken_along(t, g)
         out.append((f"{t} ×{len(order)} · {steps_text(order)}", colour, True) if order else (t, GREY_TEXT, False))
     return out
 
 
-def _order(path: RunPath, trigger: str, g: Group) -> list[int]:
-    """When the run took ``trigger`` along group ``g`` (any running phase for the composite)."""
-    running = set(running_phases())
-    return [s.n for s in path.steps if s.declared and s.label == trigger and s.dest == g.dest
-            and (s.source == g.source or (g.source == COMPOSITE and s.source in running))]
-
-
 def _undeclared(path: RunPath) -> list[tuple[int, str, str, str, list[Line]]]:
-    seen: dict[tuple[str, str, str], list[int]] = {}
-    for s in path.undeclared():
-        seen.setdefault((s.label, s.source, s.dest), []).append(s.n)
     return [(order[0], label, source, dest, [(f"{label} ×{len(order)} UNDECLARED", UNDECLARED, True),
                                             (f"steps {steps_text(order)}", UNDECLARED, False)])
-            for (label, source, dest), order in seen.items()]
+            for (label, source, dest), order in path.undeclared_moves().items()]
 
 
 def overview_layout(path: RunPath | None = None) -> tuple[lay.Layout, dict[tuple[str, str, str], list[Line]]]:
@@ -149,7 +140,7 @@ def _title(path: RunPath | None) -> list[str]:
     return ["agentfsm agent loop — overview" if path is None else path.title(), LEGEND]
 
 
-def _node(name: str, b: lay.Box, pt, visited: frozenset[str] | None) -> str:  # type: ignore[no-untyped-def]
+def _node(name: str, b: lay.Box, pt: Point, visited: frozenset[str] | None) -> str:
     attrs_ = [f"label={_q(name)}", f'pos="{pt(b.x, b.y)}"', f"width={_num(b.w / 72)}", f"height={_num(b.h / 72)}"]
     if name == STOP:
         attrs_ += ["shape=doublecircle", f'fillcolor="{STOP_FILL}"', f'color="{STOP_LINE}"']
@@ -158,19 +149,21 @@ def _node(name: str, b: lay.Box, pt, visited: frozenset[str] | None) -> str:  # 
     return f"{name} [{', '.join(attrs_)}];"
 
 
-def _arrow(a: lay.Arrow, lines: Mapping[tuple[str, str, str], list[Line]], path: RunPath | None, pt,  # type: ignore[no-untyped-def]
+def _arrow(a: lay.Arrow, lines: Mapping[tuple[str, str, str], list[Line]], path: RunPath | None, pt: Point,
            layout: lay.Layout) -> str:
     key = a.key
     if key[0] == "undeclared":
         colour, style, width = UNDECLARED, "bold", 2.6
-        tail, head = _ends(a, layout)
+        # its DOT endpoints are the boxes its ends touch
+        tail, head = _nearest(a.points[0], layout), _nearest(a.points[-1], layout)
     else:
-        kind = key[2]
+        source, dest, kind = key
         taken = path is None or any(bold for _, _, bold in lines[key])
         colour = KIND_COLOURS[kind] if taken else GREY
         style = "dashed" if kind in DASHED_KINDS else "solid"
         width = 1.4 if path is None else (2.6 if taken else 1.0)
-        tail, head = _ends(a, layout)
+        # the composite state's arrow leaves from its last phase, as far as DOT's endpoints go
+        tail, head = (running_phases()[-1] if source == COMPOSITE else source), dest
     spline = _spline(a.points)
     attrs_ = [f'pos="e,{pt(*a.points[-1])} {" ".join(pt(x, y) for x, y in spline)}"', f'color="{colour}"',
               f"style={style}", f"penwidth={width:g}"]
@@ -178,17 +171,6 @@ def _arrow(a: lay.Arrow, lines: Mapping[tuple[str, str, str], list[Line]], path:
         attrs_.append(f"label={_html_lines(lines[key], a.label.align, lay.FONT_EDGE)}")
         attrs_.append(f'lp="{pt(*a.label.centre)}"')
     return f"{tail} -> {head} [{', '.join(attrs_)}];"
-
-
-def _ends(a: lay.Arrow, layout: lay.Layout) -> tuple[str, str]:
-    """The DOT endpoints of an arrow: its group's nodes (the composite's arrow leaves its last phase)."""
-    if a.key[0] == "undeclared":
-        src, dst = _nearest(a.points[0], layout), _nearest(a.points[-1], layout)
-        return src, dst
-    source, dest, _ = a.key
-    if source == COMPOSITE:
-        source = running_phases()[-1]
-    return source, dest
 
 
 def _nearest(p: tuple[float, float], layout: lay.Layout) -> str:
@@ -246,9 +228,10 @@ def _wrap_guard(guard: str) -> list[str]:
 def _route_lines(r: RouteRow) -> list[Line]:
     lines: list[Line] = [(f"{r.rank}. {r.event}", NODE_TEXT, True)]
     if r.guard:
-        lines += [(f"[{g}" + ("]" if j == len(_wrap_guard(r.guard)) - 1 else ""), "#566573", False) if j == 0
-                  else (f"  {g}" + ("]" if j == len(_wrap_guard(r.guard)) - 1 else ""), "#566573", False)
-                  for j, g in enumerate(_wrap_guard(r.guard))]
+        guard = _wrap_guard(r.guard)
+        guard[0] = f"[{guard[0]}"
+        guard[-1] = f"{guard[-1]}]"
+        lines += [(g if j == 0 else f"  {g}", "#566573", False) for j, g in enumerate(guard)]
     lines.append((f"→ {r.edge}", KIND_COLOURS[r.kind], True))
     return lines
 

@@ -67,11 +67,9 @@ def _classes(out: list[str]) -> None:
 def _lines(g: Group, path: RunPath | None) -> list[tuple[str, bool]]:
     if path is None:
         return [(t, True) for t in g.triggers]
-    running = set(running_phases())
     out = []
     for t in g.triggers:
-        order = [s.n for s in path.steps if s.declared and s.label == t and s.dest == g.dest
-                 and (s.source == g.source or (g.source == COMPOSITE and s.source in running))]
+        order = path.taken_along(t, g)
         out.append((f"{t} ×{len(order)} · {steps_text(order)}", True) if order else (t, False))
     return out
 
@@ -105,10 +103,7 @@ def render_overview(path: RunPath | None = None) -> str:
         else:
             styles.append(f"stroke:{GREY},stroke-width:1px,color:{GREY_TEXT}")
     if path is not None:
-        seen: dict[tuple[str, str, str], list[int]] = {}
-        for s in path.undeclared():
-            seen.setdefault((s.label, s.source, s.dest), []).append(s.n)
-        for (label, source, dest), order in seen.items():
+        for (label, source, dest), order in path.undeclared_moves().items():
             out.append(f'    {_id(source)} ==>|"{_text(label)} ×{len(order)} UNDECLARED · {steps_text(order)}"| '
                        f"{_id(dest)}")
             styles.append(f"stroke:{UNDECLARED},stroke-width:3.5px,color:{UNDECLARED}")

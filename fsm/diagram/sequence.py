@@ -10,7 +10,7 @@ picture shows what the machine saw, in the graph's words.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from agentfsm.diagram.views import STOP, RunPath, Taken
@@ -150,6 +150,3 @@ def _step(out: list[str], step: Taken, requests: int) -> int:
     _note(out, step)
     return requests
 
-
-def participants() -> Iterable[str]:
-    return (short for short, _ in PARTICIPANTS)

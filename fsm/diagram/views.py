@@ -18,8 +18,8 @@ from typing import Any
 import attrs
 
 from agentfsm.checks import Report
-from agentfsm.graph import EDGES, EDGES_BY_TRIGGER, ROUTES, RUNNING, STATES, Route
-from agentfsm.state import TERMINAL_INFO, Phase, TerminalReason
+from agentfsm.graph import EDGES, EDGES_BY_TRIGGER, ROUTES, RUNNING, STATES
+from agentfsm.state import TERMINAL_INFO, Phase
 
 # one colour per edge kind, the same in every view and format
 KIND_COLOURS: Mapping[str, str] = {
@@ -73,17 +73,6 @@ def overview_groups() -> tuple[Group, ...]:
     return tuple(Group(s, d, k, tuple(ts)) for (s, d, k), ts in grouped.items())
 
 
-def group_of(trigger: str, source: str, dest: str) -> tuple[str, str] | None:
-    """(group source, group dest) of a declared move, or None when the move is not declared."""
-    edge = EDGES_BY_TRIGGER.get(trigger)
-    if edge is None or edge.dest.value != dest or source not in {s.value for s in edge.sources}:
-        return None
-    for g in overview_groups():
-        if trigger in g.triggers and g.dest == dest and (g.source == source or g.source == COMPOSITE):
-            return g.source, g.dest
-    return None
-
-
 # --- the recovery view -------------------------------------------------------------------------------
 
 
@@ -121,13 +110,9 @@ def recovery_rows() -> tuple[RouteRow, ...]:
             row = RouteRow(source.value, ranks[route.event], route.event.__name__,
                            route.guard.name if route.guard is not None else None, route.edge, edge.kind,
                            edge.dest.value)
-            assert row.label == _label_of(route)
+            assert row.label == route.label  # the view shows exactly the routes table's labels
             rows.append(row)
     return tuple(rows)
-
-
-def _label_of(route: Route) -> str:
-    return route.label
 
 
 # --- the terminal view -------------------------------------------------------------------------------
@@ -155,10 +140,6 @@ def terminal_rows() -> tuple[TerminalRow, ...]:
                         for r in sorted(edge.reasons, key=lambda r: r.value))
         rows.append(TerminalRow(edge.trigger, sources, reasons))
     return tuple(rows)
-
-
-def all_reasons() -> tuple[str, ...]:
-    return tuple(r.value for r in TerminalReason)
 
 
 # --- one run's path ---------------------------------------------------------------------------------
@@ -191,6 +172,20 @@ class RunPath:
 
     def order(self, label: str, source: str, dest: str) -> list[int]:
         return [s.n for s in self.steps if (s.label, s.source, s.dest) == (label, source, dest)]
+
+    def taken_along(self, trigger: str, group: Group) -> list[int]:
+        """The steps at which the run took ``trigger`` along ``group`` (from any running phase for the
+        composite state's arrow)."""
+        running = set(running_phases())
+        return [s.n for s in self.steps if s.declared and s.label == trigger and s.dest == group.dest
+                and (s.source == group.source or (group.source == COMPOSITE and s.source in running))]
+
+    def undeclared_moves(self) -> dict[tuple[str, str, str], list[int]]:
+        """Each distinct undeclared move (trigger, source, dest) and the steps it was taken at."""
+        seen: dict[tuple[str, str, str], list[int]] = {}
+        for s in self.undeclared():
+            seen.setdefault((s.label, s.source, s.dest), []).append(s.n)
+        return seen
 
     def undeclared(self) -> list[Taken]:
         return [s for s in self.steps if not s.declared]
