@@ -924,6 +924,23 @@ def decide(state: LoopState, event: Event, limits: Limits) -> Step:
     return advance(state, event, limits)[0]
 
 
+def follow(state: LoopState, event: Event, limits: Limits, trigger: str) -> Step | None:
+    """The move along edge ``trigger`` that a route of this phase and event makes, its guard aside;
+    None when no such route exists. This is how an auditor keeps following a recorded path after a
+    move the machine would not have chosen. It decides nothing: the counters and messages still
+    come from the route's own effect. Pure."""
+    for route in ROUTES_BY_KEY.get((state.phase, type(event)), ()):
+        if route.edge != trigger:
+            continue
+        try:
+            nxt = _next_state(state, route, event, limits)
+        except (UndeclaredMove, AssertionError):
+            continue
+        notices = route.notices(state, event, limits) if route.notices is not None else ()
+        return Step(route.edge, nxt, route.guard_name, notices, state.phase in AUTOMATIC)
+    return None
+
+
 # --- pure decisions the driver asks before doing I/O ------------------------------------------
 
 

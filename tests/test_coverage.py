@@ -577,3 +577,26 @@ def test_every_trace_of_the_union_passes_the_audit(union: Union, property_traces
     bad = {f: xs for f, xs in bad.items() if xs}
     first = dict(itertools.islice(bad.items(), 3))
     assert not bad, f"{len(bad)} of {len(files)} traces fail the audit, e.g. {first}"
+
+
+def test_every_trace_of_the_union_can_be_drawn(union: Union, property_traces: Any) -> None:
+    """`agentfsm diagram --trace` on every trace the suite produced: over the overview (DOT and Mermaid)
+    and as a sequence diagram in the Mermaid grammar."""
+    from mermaid_grammar import flowchart_problems, sequence_problems
+
+    from agentfsm import diagram
+    from agentfsm.diagram import dot as dot_views
+    from agentfsm.diagram import mermaid as mermaid_views
+    from agentfsm.diagram import sequence
+
+    files = trace_files([property_traces.dir])
+    bad: dict[str, list[str]] = {}
+    for f in files:
+        path = diagram.trace_path(f)
+        problems = sequence_problems(sequence.render(path)) + flowchart_problems(mermaid_views.render_overview(path))
+        if path.steps and "digraph overview" not in dot_views.render_overview(path):
+            problems.append("no DOT overview")
+        if problems:
+            bad[str(f)] = problems
+    first = dict(itertools.islice(bad.items(), 3))
+    assert not bad, f"{len(bad)} of {len(files)} traces do not draw, e.g. {first}"
