@@ -1,7 +1,8 @@
 """``agentfsm``: Claude Code's headless command line, plus subcommands for the other jobs.
 
-``agentfsm -p PROMPT [flags]`` runs the loop; ``demo``, ``serve-scripted``, ``diagram`` and ``audit``
-are subcommands. Only what the ``-p`` path needs is imported on it (no diagram code, no hypothesis).
+``agentfsm -p PROMPT [flags]`` runs the loop; ``demo``, ``serve-scripted``, ``diagram``, ``audit``,
+``worker`` and ``batch`` are subcommands. Only what the ``-p`` path needs is imported on it (no diagram
+code, no hypothesis, no Temporal SDK unless ``--temporal`` is given).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit")
+SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
+TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
 
 class UsageError(Exception):
@@ -83,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="answer with the in-process scripted model instead of an API (a scenario file, or the "
                         "name of an embedded one: read_probe)")
     p.add_argument("--cwd", default=None, help="working directory of the session")
+    p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
+                   help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
+    p.add_argument("--task-queue", default="agentfsm", help="the workers' task queue (with --temporal)")
     return p
 
 
@@ -221,6 +226,8 @@ async def run_print(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
     prompt = _read_prompt(args)
+    if args.temporal:
+        return await _run_temporal(args, options, prompt)
     client = None
     if args.scripted:
         from agentfsm.testing.scenario import load_scenario, scenario_path
@@ -273,6 +280,30 @@ async def run_print(args: argparse.Namespace) -> int:
     return 1 if results[-1].is_error else 0
 
 
+async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None) -> int:
+    """The same run as a workflow on Temporal workers (agentfsm.temporal), printed the same way."""
+    from agentfsm.resume import plan_session
+
+    if prompt is None:
+        raise UsageError("--input-format stream-json is not supported with --temporal; pass the prompt")
+    scripted = None
+    if args.scripted:
+        from agentfsm.testing.scenario import load_scenario, scenario_path
+
+        try:
+            path = scenario_path(args.scripted)
+            load_scenario(path, ws=str(options.cwd))  # a bad scenario is a usage error here, not on a worker
+            scripted = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--scripted: {exc}") from None
+    try:
+        from agentfsm.temporal.commands import print_run
+    except ImportError as exc:
+        raise UsageError(f"--temporal needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})") from None
+    return await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
+                           Printer(args.output_format, args.verbose), scripted=scripted)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
@@ -305,6 +336,14 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agentfsm.diagram import main as diagram_main
 
         return diagram_main(argv)
+    if name in ("worker", "batch"):
+        try:
+            from agentfsm.temporal.commands import batch_main
+            from agentfsm.temporal.worker import main as worker_main
+        except ImportError as exc:
+            sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
+            return 2
+        return (worker_main if name == "worker" else batch_main)(argv)
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)

@@ -7,7 +7,8 @@ flushed when written, so a crash leaves at most one torn last line, which reader
 Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 
 ``session``      ``session_id``, ``version``, ``limits`` (Limits fields), ``graph`` (digest of the
-                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``
+                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``;
+                 a session run as a Temporal workflow adds ``workflow_id`` and ``run_id``
 ``message``      ``uuid``, ``role``, ``kind``, ``content`` (wire blocks) — the transcript
 ``assistant_block`` ``message_id``, ``block``: one streamed content block as soon as it is complete,
                  so a crash while its tools run still leaves the ``tool_use`` to repair on resume
@@ -31,7 +32,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,46 +80,62 @@ class TraceWriter:
     Each record method returns before building its record when there is no file: the loop calls
     them on every move, and a run without a trace should not pay for dicts nobody writes."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, *, sink: Callable[[dict[str, Any]], None] | None = None,
+                 seq: int = 0, clock: Callable[[], float] = time.time) -> None:
+        """``sink``: hand each finished record (``seq`` set) to this callable instead of the file —
+        a host that writes the file elsewhere (a Temporal workflow, through an activity) builds the
+        same records; ``seq`` is then the number of the first record and ``clock`` gives ``ts``."""
         self.path = path
-        self._seq = 0
+        self._seq = seq
         self._fh: IO[str] | None = None
-        if path is not None:
+        self._sink = sink
+        self._clock = clock
+        if sink is None and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
             self._seq = _next_seq(path)
+        self._on = self._fh is not None or sink is not None
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
 
     def write(self, record: Mapping[str, Any]) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         rec = {"type": record["type"], "seq": self._seq, **{k: v for k, v in record.items() if k != "type"}}
         self._seq += 1
+        if self._sink is not None:
+            self._sink(rec)
+            return
+        assert self._fh is not None
         self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
         self._fh.flush()
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
-                parent_session_id: str | None = None) -> None:
-        if self._fh is None:
+                parent_session_id: str | None = None, **extra: Any) -> None:
+        """The header; ``extra`` adds fields (a workflow-backed session names its workflow)."""
+        if not self._on:
             return
         self.write({"type": "session", "session_id": session_id, "version": TRACE_VERSION,
                     "limits": attrs.asdict(limits), "graph": graph_digest(), "cwd": cwd, "model": model,
-                    "parent_session_id": parent_session_id, "ts": time.time()})
+                    "parent_session_id": parent_session_id, "ts": self._clock(), **extra})
 
     def message(self, msg: Message) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
                     "content": [dict(b) for b in msg.content]})
 
     def compact_boundary(self, trigger: str, pre_tokens: int) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens})
 
     def on_step(self, before: LoopState, step: Any, event: Any) -> None:
         """A step of the loop (the driver's observer): its transition record, then the messages it
         added — or, when it replaced the history (compaction), a boundary and the new view."""
-        if self._fh is None:
+        if not self._on:
             return
         after = step.state
         rec: dict[str, Any] = {
@@ -144,12 +161,12 @@ class TraceWriter:
             self.message(m)
 
     def request(self, model: str, depth: int, wire_messages: Any) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "request", "model": model, "depth": depth, "messages": skeleton(wire_messages)})
 
     def result(self, result: Mapping[str, Any]) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "result", **result})
 
@@ -157,6 +174,7 @@ class TraceWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        self._on = self._sink is not None
 
 
 PROMPT_KINDS = frozenset({"prompt", "erased_prompt"})

