@@ -366,3 +366,95 @@ def test_a_worker_killed_mid_stream_is_replaced_and_the_request_made_again(
         f"part {i}" for i in range(4)]
     assert transcript(path) == transcript(local_file)
     assert_audits_clean(path)
+
+
+def test_a_read_only_call_lost_with_its_worker_is_run_again(server: DevServer, workers: Workers, ws: Path,
+                                                             home: Path) -> None:
+    """A call the tool says only reads has no side effect to repeat: the next attempt runs it again."""
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_ro", "name": "Bash",
+                                           "input": {"command": "sleep 3; cat $WS/probe-fixture.txt"}}],
+                               "stop_reason": "tool_use"}, {"blocks": [{"type": "text", "text": "read it"}]}])
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        while True:
+            desc = await handle.describe()
+            running = [a for a in desc.raw_description.pending_activities
+                       if a.activity_type.name == "agentfsm.run_tool" and a.last_worker_identity]
+            if running:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        os.kill(_pid_of(running[0].last_worker_identity), signal.SIGKILL)
+        return await follow(client, handle, lambda m: None), Path(inp.spec.trace_path or "")
+
+    result, path = asyncio.run(go())
+    assert result["result"] == "read it"
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    assert results["content"] == [{"type": "tool_result", "tool_use_id": "toolu_ro", "content": "hello fixture"}]
+    assert_audits_clean(path)
+
+
+async def test_an_abort_stops_running_tools(server: DevServer, worker: None, queue: str, ws: Path,
+                                            home: Path) -> None:
+    """A hard abort while a command runs kills it (the activity is cancelled and waits for the kill);
+    every tool_use still has its result."""
+    command = "echo $$ > $WS/pid; sleep 30; echo late > $WS/late"
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_long", "name": "Bash",
+                                           "input": {"command": command}}], "stop_reason": "tool_use"}])
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario)
+    handle = await start(client, inp, task_queue=queue)
+    follower = asyncio.ensure_future(follow(client, handle, lambda m: None))
+    while not (ws / "pid").exists():
+        await asyncio.sleep(0.05)
+    await handle.signal("abort")
+    result = await asyncio.wait_for(follower, 30)
+    assert result["terminal_reason"] == "aborted_tools"
+    pid = int((ws / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    path = Path(inp.spec.trace_path or "")
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    assert results["content"][0]["is_error"] is True
+    assert_audits_clean(path)
+
+
+async def test_the_worker_talks_to_the_api_through_the_sdk(server: DevServer, queue: str, ws: Path, home: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --scripted, workers answer with the Anthropic SDK from their environment (here pointed at
+    the loopback scripted server)."""
+    from agentfsm.testing.server import ScriptedServer
+
+    with ScriptedServer(load_scenario(json.loads(scenario_text(READ_PROBE)), ws=str(ws))) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        monkeypatch.setenv("HOME", str(home))
+        client = await connect(server.address)
+        async with build_worker(client, task_queue=queue):
+            inp = session_input(options(ws, home), "go")
+            result = await run_session(client, inp, lambda m: None, task_queue=queue)
+    assert result["result"] == "It says hello."
+    assert_audits_clean(Path(inp.spec.trace_path or ""))
+
+
+def test_batch_fans_sessions_out_over_workers(server: DevServer, queue: str, ws: Path, home: Path,
+                                              tmp_path: Path) -> None:
+    """``agentfsm batch --workers N``: one result line per file, in order; exit 0 when none failed."""
+    files = []
+    for i in range(3):
+        f = tmp_path / f"s{i}.json"
+        f.write_text(scenario_text([{"blocks": [{"type": "text", "text": f"answer {i}"}]}], prompt=f"q{i}"))
+        files.append(str(f))
+    env = {**os.environ, "HOME": str(home), "AGENTFSM_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "agentfsm", "batch", "--temporal", server.address, "--task-queue",
+                           queue, "--workers", "2", "--cwd", str(ws), *files], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted((r["file"], r["result"]) for r in lines) == [(f, f"answer {i}") for i, f in enumerate(files)]
+    assert "3 sessions, 0 with an error result" in done.stderr

@@ -55,6 +55,7 @@ from agentfsm.state import Message, TerminalReason
 from agentfsm.temporal import NON_RETRYABLE
 from agentfsm.temporal.convert import CONVERTER
 from agentfsm.temporal.records import (
+    HOOK_EVENTS,
     CompactInput,
     CompactOutcome,
     MessageRef,
@@ -120,10 +121,11 @@ def _kill_stale(details: Mapping[str, Any]) -> list[int]:
 
 @contextlib.asynccontextmanager
 async def _heartbeats(details: Callable[[], Any]) -> AsyncIterator[None]:
-    """Heartbeat while the body runs (a silent wait — the SDK's retry backoff, a quiet command — must
-    not look like a dead worker), three times per heartbeat timeout."""
+    """Heartbeat while the body runs: a silent wait (the SDK's retry backoff, a quiet command) must not
+    look like a dead worker, and a heartbeat is how a cancellation reaches the activity — so at least
+    once a second, and three times per heartbeat timeout."""
     timeout = activity.info().heartbeat_timeout
-    interval = max(0.2, timeout.total_seconds() / 3) if timeout else 5.0
+    interval = min(1.0, max(0.2, timeout.total_seconds() / 3)) if timeout else 1.0
 
     async def beat() -> None:
         while True:
@@ -401,25 +403,19 @@ class Activities:
             first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
         if failed is None and phases.deferred_calls(history):
             failed = phases.deferred_unavailable(phases.deferred_calls(history), ctx.registry)
+        runner = getattr(ctx.gate, "runner", None)
+        hooked = tuple(e for e in HOOK_EVENTS if runner is None or runner.has_hooks(e))
         return RunSetup(system=tuple(system), tool_names=tuple(ctx.registry.names()),
                         static_tokens=phases.static_tokens(system, ctx.registry.api_schemas()), permission_mode=mode,
                         init=init, first=first, history=history, setup_failed=failed, erased=erased,
-                        next_seq=next_seq, recorded=recorded)
+                        next_seq=next_seq, recorded=recorded, hook_events=hooked)
 
     @activity.defn(name="agentfsm.close_run")
     async def close_run(self, spec: SessionSpec) -> None:
-        """The end of a run: SessionEnd hooks, and the tool outcome files are no longer needed."""
-        ctx = self.context(spec)
-        end = getattr(ctx.gate, "session_end", None)
+        """The end of a run: SessionEnd hooks."""
+        end = getattr(self.context(spec).gate, "session_end", None)
         if end is not None:
             await end("other")
-        outcomes = _outcomes_dir(spec)
-        if outcomes is not None and outcomes.is_dir():
-            for f in outcomes.glob("*.json"):
-                with contextlib.suppress(OSError):
-                    f.unlink()
-            with contextlib.suppress(OSError):
-                outcomes.rmdir()
 
     # --- the model ---------------------------------------------------------------------------------
 
@@ -580,6 +576,14 @@ class Activities:
                 fh.flush()
                 last = max(seq for seq, _ in batch.lines)
             self._last_seq.put(batch.path, last)
+        outcomes = path.with_suffix(".tools")
+        for tool_use_id in batch.settled:
+            f = _outcome_file_in(outcomes, tool_use_id)
+            if f is not None:
+                f.unlink(missing_ok=True)
+        if batch.final:
+            with contextlib.suppress(OSError):
+                outcomes.rmdir()
         return len(fresh)
 
 
@@ -603,8 +607,12 @@ def _outcomes_dir(spec: SessionSpec) -> Path | None:
 
 def _outcome_file(spec: SessionSpec, tool_use_id: str) -> Path | None:
     d = _outcomes_dir(spec)
+    return _outcome_file_in(d, tool_use_id) if d is not None else None
+
+
+def _outcome_file_in(directory: Path, tool_use_id: str) -> Path | None:
     safe = "".join(c for c in tool_use_id if c.isalnum() or c in "-_")
-    return d / f"{safe}.json" if d is not None and safe else None
+    return directory / f"{safe}.json" if safe else None
 
 
 def _write_outcome(path: Path | None, outcome: ToolCallOutcome) -> None:

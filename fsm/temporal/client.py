@@ -204,7 +204,7 @@ async def run_batch(client: Client, items: Iterable[BatchItem], options: Options
 
 
 def spawn_workers(address: str, n: int, *, task_queue: str = DEFAULT_TASK_QUEUE, concurrency: int = 100,
-                  log_dir: Path | None = None, timeout: float = 60.0) -> list[Any]:
+                  log_dir: Path | None = None, timeout: float = 60.0, extra: Sequence[str] = ()) -> list[Any]:
     """Start ``n`` worker processes on this machine and wait until each is ready (each one's stderr
     goes to a file in ``log_dir``, a temporary directory by default)."""
     import subprocess
@@ -216,7 +216,7 @@ def spawn_workers(address: str, n: int, *, task_queue: str = DEFAULT_TASK_QUEUE,
         with open(logs / f"worker-{i}.log", "wb") as err:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "agentfsm", "worker", "--temporal", address, "--task-queue", task_queue,
-                 "--concurrency", str(concurrency)], stdout=subprocess.DEVNULL, stderr=err,
+                 "--concurrency", str(concurrency), *extra], stdout=subprocess.DEVNULL, stderr=err,
                 stdin=subprocess.DEVNULL))
     deadline = time.monotonic() + timeout
     for i, p in enumerate(procs):

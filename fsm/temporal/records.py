@@ -103,6 +103,10 @@ class AccountSnapshot:
     counted_upto: int = 0
 
 
+# the loop's own hook points a workflow asks through an activity
+HOOK_EVENTS = ("Stop", "PostToolBatch", "SessionEnd")
+
+
 @attrs.frozen
 class RunSetup:
     """What a run is set up with (the ``open_run`` activity): the system prompt, the tools offered, the
@@ -122,6 +126,8 @@ class RunSetup:
     erased: bool = False
     next_seq: int = 0
     recorded: Mapping[str, str] = attrs.field(factory=dict)
+    # the hook events the session has hooks for (asking the others is skipped)
+    hook_events: tuple[str, ...] = HOOK_EVENTS
 
 
 @attrs.frozen
@@ -293,10 +299,13 @@ class PostBatchOutcome:
 
 @attrs.frozen
 class TraceBatch:
-    """Session-file lines to append, each with its record number (appending is idempotent by it)."""
+    """Session-file lines to append, each with its record number (appending is idempotent by it);
+    ``settled``: tool calls whose outcome files are no longer needed (``final``: none are)."""
 
     path: str
     lines: tuple[tuple[int, str], ...]
+    settled: tuple[str, ...] = ()
+    final: bool = False
 
 
 @attrs.frozen

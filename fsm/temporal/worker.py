@@ -21,7 +21,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from agentfsm import state
@@ -37,6 +37,7 @@ PASSTHROUGH = ("agentfsm", "attrs", "cattrs", "transitions", "structlog", "jsons
 # how long a workflow task waits on a worker that holds the session's state before another worker
 # takes it (replaying the history): the SDK's 10 s default would add 10 s to every failover
 STICKY_TIMEOUT = timedelta(seconds=2)
+HEARTBEAT_THROTTLE = timedelta(seconds=1)
 
 
 def _workflow_ids() -> uuid.UUID:
@@ -45,16 +46,21 @@ def _workflow_ids() -> uuid.UUID:
 
 
 def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, concurrency: int = 100,
-                 identity: str | None = None, activities: Activities | None = None) -> Worker:
-    """A worker running :class:`SessionWorkflow` and the session activities."""
+                 identity: str | None = None, activities: Activities | None = None, sandbox: bool = True) -> Worker:
+    """A worker running :class:`SessionWorkflow` and the session activities. ``sandbox`` False runs the
+    workflow without Temporal's sandbox: faster per session; the workflow code is deterministic by
+    construction, the sandbox only catches a mistake (a time or random call) early."""
     state.set_id_source(_workflow_ids)
     acts = activities or Activities()
+    runner = (SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
+              if sandbox else UnsandboxedWorkflowRunner())
     return Worker(
         client, task_queue=task_queue, workflows=[SessionWorkflow], activities=[*acts.all(), acts.append_trace],
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH)),
+        workflow_runner=runner,
         max_concurrent_activities=concurrency, identity=identity or f"agentfsm-{os.getpid()}",
-        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT, graceful_shutdown_timeout=timedelta(seconds=5))
+        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT, graceful_shutdown_timeout=timedelta(seconds=5),
+        # heartbeats carry cancellation back: an interrupt reaches a running tool within a second
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE, default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE)
 
 
 async def connect(address: str) -> Client:
@@ -66,10 +72,10 @@ async def connect(address: str) -> Client:
 
 
 async def serve(address: str, *, task_queue: str = DEFAULT_TASK_QUEUE, concurrency: int = 100,
-                ready: Callable[[], Any] | None = None) -> None:
+                sandbox: bool = True, ready: Callable[[], Any] | None = None) -> None:
     """Run a worker until SIGINT or SIGTERM."""
     client = await connect(address)
-    worker = build_worker(client, task_queue=task_queue, concurrency=concurrency)
+    worker = build_worker(client, task_queue=task_queue, concurrency=concurrency, sandbox=sandbox)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -88,6 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE)
     p.add_argument("--concurrency", type=int, default=100,
                    help="model calls, tools and hooks run at once by this worker (default 100)")
+    p.add_argument("--no-sandbox", action="store_true",
+                   help="run workflows outside Temporal's sandbox (faster; the sandbox only guards against "
+                        "non-deterministic workflow code)")
     p.add_argument("--debug", action="store_true", help="log agentfsm's events to stderr")
     return p
 
@@ -110,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     code = 0
     try:
-        asyncio.run(serve(args.temporal, task_queue=args.task_queue, concurrency=args.concurrency, ready=ready))
+        asyncio.run(serve(args.temporal, task_queue=args.task_queue, concurrency=args.concurrency,
+                          sandbox=not args.no_sandbox, ready=ready))
     except ConnectionError as exc:
         sys.stderr.write(f"agentfsm worker: {exc}\n")
         code = 1

@@ -122,6 +122,8 @@ class SessionWorkflow:
         self._aborted = carried.aborted if carried else False
         self._shown: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
         self._pending: list[tuple[int, str]] = []
+        self._settled: list[str] = []  # tool calls whose outcome files may go
+        self._tools_ran = False
         self._recorded: dict[str, str] = dict(carried.recorded) if carried else {}
         self._requests = carried.requests if carried else 0
         self._read_files: dict[str, float] = dict(carried.read_files) if carried else {}
@@ -190,11 +192,12 @@ class SessionWorkflow:
             self._restore(inp.carried)
         await self._loop()
         result = self._result()
-        await self._flush()
-        try:
-            await self._activity("agentfsm.close_run", self._spec, None, timeout=timedelta(minutes=2))
-        except ActivityError as exc:
-            workflow.logger.warning("SessionEnd hooks failed: %s", exc)
+        await self._flush(final=True)
+        if self._hooked("SessionEnd"):
+            try:
+                await self._activity("agentfsm.close_run", self._spec, None, timeout=timedelta(minutes=2), local=True)
+            except ActivityError as exc:
+                workflow.logger.warning("SessionEnd hooks failed: %s", exc)
         self._done = True
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
@@ -205,7 +208,7 @@ class SessionWorkflow:
         try:
             setup: RunSetup = await self._activity(
                 "agentfsm.open_run", OpenRunInput(spec, inp.prompt, inp.resume_path, inp.resumed, info.workflow_id),
-                RunSetup, timeout=timedelta(minutes=5))
+                RunSetup, timeout=timedelta(minutes=5), local=True)
         except ActivityError as exc:
             raise _failure(f"the session could not be set up: {_cause(exc)}") from exc
         self._setup = setup
@@ -294,17 +297,19 @@ class SessionWorkflow:
 
     async def _activity(self, name: str, arg: Any, result_type: Any, *, timeout: timedelta,
                         heartbeat: float | None = None, attempts: int = 3, stop: str | None = None,
-                        cancel_wait: bool = False) -> Any:
+                        local: bool = False) -> Any:
         """Run activity ``name``; with ``stop`` (``soft``/``hard``), give up on it when the run is
-        stopped: it is cancelled and :class:`_Stopped` raised."""
-        timing = self._inp.timing
-        handle = workflow.start_activity(
-            name, arg, result_type=result_type, start_to_close_timeout=timeout,
-            heartbeat_timeout=timedelta(seconds=heartbeat) if heartbeat else None,
-            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=timing.retry_s), maximum_attempts=attempts,
-                                     non_retryable_error_types=[NON_RETRYABLE]),
-            cancellation_type=(workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED if cancel_wait
-                               else workflow.ActivityCancellationType.TRY_CANCEL))
+        stopped: it is cancelled and :class:`_Stopped` raised. ``local``: on this worker, recorded as
+        one marker (hooks and set-up: short work that needs no heartbeat of its own)."""
+        retry = RetryPolicy(initial_interval=timedelta(seconds=self._inp.timing.retry_s), maximum_attempts=attempts,
+                            non_retryable_error_types=[NON_RETRYABLE])
+        if local:
+            handle = workflow.start_local_activity(name, arg, result_type=result_type, start_to_close_timeout=timeout,
+                                                   retry_policy=retry)
+        else:
+            handle = workflow.start_activity(
+                name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=retry,
+                heartbeat_timeout=timedelta(seconds=heartbeat) if heartbeat else None)
         if stop is None:
             return await handle
         hard = stop == "hard"
@@ -318,20 +323,27 @@ class SessionWorkflow:
             pass
         raise _Stopped
 
-    async def _flush(self) -> None:
-        """Write the pending session-file records (a local activity on this worker)."""
-        if not self._pending or not self._spec.trace_path:
+    async def _flush(self, *, final: bool = False) -> None:
+        """Write the pending session-file records (a local activity on this worker), and drop the
+        outcome files of tool calls whose results the history now holds."""
+        if not self._spec.trace_path or not (self._pending or self._settled or (final and self._tools_ran)):
             self._pending.clear()
+            self._settled.clear()
             return
-        lines = tuple(self._pending)
+        lines, settled = tuple(self._pending), tuple(self._settled)
         try:
             await workflow.execute_local_activity(
-                "agentfsm.append_trace", TraceBatch(self._spec.trace_path, lines), result_type=int,
+                "agentfsm.append_trace", TraceBatch(self._spec.trace_path, lines, settled, final), result_type=int,
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=RetryPolicy(maximum_attempts=5))
         except ActivityError as exc:  # kept, and tried again with the next flush
             workflow.logger.warning("the session file could not be written: %s", exc)
             return
         del self._pending[:len(lines)]
+        del self._settled[:len(settled)]
+
+    def _hooked(self, event: str) -> bool:
+        """Hooks are configured for ``event`` (else asking them is skipped: the answer would be empty)."""
+        return event in self._setup.hook_events
 
     def _refs(self, messages: Sequence[Message]) -> tuple[MessageRef, ...]:
         """The messages of a request: by reference where the session file records them as they are."""
@@ -466,11 +478,13 @@ class SessionWorkflow:
         ordered = phases.in_model_order(assistant, results)
         phases.account_batch(self._account, ordered)
         post = None
-        if not interrupted:
+        if not interrupted and not self._hooked("PostToolBatch"):
+            post = PostBatchOutcome()
+        elif not interrupted:
             try:
                 post = await self._activity("agentfsm.post_batch", PostBatchInput(
                     self._spec, tuple(phases.post_batch_input(assistant, ordered))), PostBatchOutcome,
-                    timeout=timedelta(minutes=10))
+                    timeout=timedelta(minutes=10), local=True)
             except ActivityError as exc:
                 workflow.logger.warning("PostToolBatch hooks failed: %s", exc)
                 post = PostBatchOutcome()
@@ -513,6 +527,7 @@ class SessionWorkflow:
                     continue
                 if may_start(c.safe, [x.safe for x in calls if x.status == RUNNING], limit):
                     c.status = RUNNING
+                    self._tools_ran = True
                     c.handle = workflow.start_activity(
                         "agentfsm.run_tool", ToolCallInput(self._spec, c.block, c.invalid_json, dict(layers),
                                                            dict(self._read_files)),
@@ -537,6 +552,7 @@ class SessionWorkflow:
                 finish(c, synthetic_result(c.tool_use_id, name, WORKER_LOST))
                 return
             self._read_files.update(out.read_files)
+            self._settled.append(c.tool_use_id)
             result = out.result
             if c.cancel_reason is not None and result.cancel_reason is not None:
                 result = synthetic_result(c.tool_use_id, result.tool_name, c.cancel_reason, result.tool_input)
@@ -602,11 +618,13 @@ class SessionWorkflow:
 
     async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
+        if not self._hooked("Stop"):
+            return StopHookVerdict()
         try:
             return await self._activity(  # type: ignore[no-any-return]
                 "agentfsm.stop_hooks", StopInput(self._spec, phases.last_assistant_text(state.messages),
                                                  state.stop_hook_active),
-                StopHookVerdict, timeout=timedelta(minutes=10), stop="soft")
+                StopHookVerdict, timeout=timedelta(minutes=10), stop="soft", local=True)
         except (_Stopped, ActivityError):
             return StopHookVerdict()
 
