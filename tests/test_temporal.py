@@ -163,10 +163,11 @@ READ_PROBE = [
 async def test_a_session_shows_and_records_what_a_local_run_does(server: DevServer, worker: None, queue: str,
                                                                   ws: Path, home: Path) -> None:
     scenario = scenario_text(READ_PROBE)
-    local, local_file = await local_run(ws, home, scenario)
+    tools = ("Bash", "Glob", "Grep", "Read", "Edit", "Write")  # workers do not offer Agent
+    local, local_file = await local_run(ws, home, scenario, tools=tools)
     shown: list[Mapping[str, Any]] = []
     client = await connect(server.address)
-    inp = session_input(options(ws, home), "go", scripted=scenario)
+    inp = session_input(options(ws, home, tools=tools), "go", scripted=scenario)
     result = await run_session(client, inp, shown.append, task_queue=queue)
     assert result["subtype"] == "success" and result["result"] == "It says hello."
     assert [comparable(m) for m in shown] == [comparable(m) for m in local]

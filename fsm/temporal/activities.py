@@ -5,7 +5,7 @@ Each activity performs one piece of phase work the same way the local driver doe
 session's gate and hooks from :mod:`agentfsm.compose`), and returns what it observed as a record. The
 workflow decides; activities never do.
 
-Failures, by activity (docs/behaviour.md §12):
+Failures, by activity (docs/behaviour.md §11):
 
 * ``call_model`` — a model request is idempotent, so an attempt lost with its worker is simply made
   again (after the heartbeat timeout); what the lost attempt showed is withdrawn with a tombstone.
@@ -295,6 +295,9 @@ class Activities:
         except Exception as exc:  # settings that cannot be used: the session cannot run anywhere
             raise ApplicationError(f"the session's settings cannot be used: {exc}", type=NON_RETRYABLE,
                                    non_retryable=True) from exc
+        if registry.get("Agent") is not None:
+            # a subagent would be a loop of its own inside one tool call: not offered on workers yet
+            registry = registry.without(["Agent"])
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         return self._contexts.put(key, _Context(options, registry, ToolTable.of(registry), gate, error))  # type: ignore[no-any-return]
 
