@@ -211,8 +211,9 @@ async def test_an_error_result_and_the_cli(server: DevServer, worker: None, queu
     # in threads: the worker runs on this test's event loop
     local, remote = await asyncio.gather(
         asyncio.to_thread(subprocess.run, args, cwd=ws, env=env, capture_output=True, text=True, timeout=120),
-        asyncio.to_thread(subprocess.run, [*args, "--temporal", server.address, "--task-queue", queue], cwd=ws,
-                          env=env, capture_output=True, text=True, timeout=120))
+        asyncio.to_thread(subprocess.run, [*args, "--task-queue", queue], cwd=ws,  # AGENTFSM_TEMPORAL: --temporal
+                          env={**env, "AGENTFSM_TEMPORAL": server.address}, capture_output=True, text=True,
+                          timeout=120))
     assert local.returncode == remote.returncode == 1, remote.stderr
     assert comparable(json.loads(remote.stdout)) == comparable(json.loads(local.stdout))
     probe = ("import sys, agentfsm.cli as c; c.main(['-p', 'x', '--scripted', 'read_probe']); "
