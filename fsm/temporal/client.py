@@ -34,6 +34,7 @@ from agentfsm.trace import sessions_dir
 Emit = Callable[[Mapping[str, Any]], None]
 POLL_S = 0.05
 CLOSE_WAIT_S = 30.0
+WAIT_NOTICE_S = 5.0
 # a workflow task that is lost with its worker is given to another after this long
 TASK_TIMEOUT = timedelta(seconds=5)
 
@@ -72,6 +73,7 @@ async def follow(client: Client, handle: WorkflowHandle[Any, Any], emit: Emit, *
     latest = client.get_workflow_handle(handle.id)  # queries follow the session into a continued run
     ended = asyncio.ensure_future(handle.result())
     since = 0
+    answered, told = time.monotonic(), False
     try:
         while True:
             try:
@@ -79,8 +81,13 @@ async def follow(client: Client, handle: WorkflowHandle[Any, Any], emit: Emit, *
             except Exception:  # no worker has the session yet (starting, failing over): ask again
                 if ended.done():
                     return _ended(ended, emit)
+                if not told and time.monotonic() - answered > WAIT_NOTICE_S:
+                    told = True
+                    sys.stderr.write(f"agentfsm: waiting for an agentfsm worker to take session {handle.id} "
+                                     "(is `agentfsm worker` running on this task queue?)\n")
                 await asyncio.sleep(0.2)
                 continue
+            answered = time.monotonic()
             if page.base > since:
                 sys.stderr.write(f"agentfsm: {page.base - since} messages were missed while following\n")
             for msg in page.messages:
