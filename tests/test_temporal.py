@@ -28,6 +28,7 @@ from agentfsm import query
 from agentfsm.audit import audit_file
 from agentfsm.options import Options
 from agentfsm.pipeline import WORKER_LOST, synthetic_text
+from agentfsm.state import Limits
 from agentfsm.temporal.client import follow, run_session, session_input, start
 from agentfsm.temporal.devserver import DevServer, NoTemporalBinary, start_dev_server
 from agentfsm.temporal.records import Timing
@@ -38,8 +39,8 @@ from agentfsm.trace import read_records
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-# short failure detection: a dead worker is noticed after 1.5 s
-FAST = Timing(model_heartbeat_s=1.5, tool_heartbeat_s=1.5, retry_s=0.2)
+# short failure detection: a dead worker is noticed after 2 s
+FAST = Timing(model_heartbeat_s=2.0, tool_heartbeat_s=2.0, retry_s=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +177,53 @@ async def test_a_session_shows_and_records_what_a_local_run_does(server: DevServ
     assert_audits_clean(path)
     session = next(read_records(path))
     assert session["workflow_id"] == f"agentfsm-session-{inp.spec.session_id}"
+
+
+def _read(tid: str, name: str = "probe-fixture.txt") -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": f"$WS/{name}"}}],
+            "stop_reason": "tool_use"}
+
+
+def _text(t: str, **kw: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "text", "text": t}], **kw}
+
+
+OVERLOADED = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded"}
+# the loop's branches, each run locally and on Temporal: same messages shown, same session file
+BRANCHES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
+    "parallel reads, one missing": ([{"blocks": [*_read("r1")["blocks"], *_read("r2", "nope.txt")["blocks"]],
+                                      "stop_reason": "tool_use"}, _text("two reads")], {}),
+    "a broken stream is requested again": ([{"blocks": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                                             "break_after": 1}, _text("whole")], {}),
+    "max_tokens recovery": ([_text("cut", stop_reason="max_tokens"), _text("resumed")], {}),
+    "fallback model": ([OVERLOADED, _text("from the fallback")], {"fallback_models": ("claude-haiku-4-5",)}),
+    "auto-compaction": ([_read("r1"), _read("r2", "big.txt"), _text("SUMMARY of reads"), _text("compacted")],
+                        {"limits": Limits(context_window=60000, auto_compact_buffer=58500, blocking_buffer=0)}),
+    "max turns": ([_read("r1"), _text("never")], {"limits": Limits(max_turns=1)}),
+}
+
+
+@pytest.mark.parametrize("branch", list(BRANCHES))
+async def test_each_branch_of_the_loop_runs_as_locally(server: DevServer, worker: None, queue: str, ws: Path,
+                                                       home: Path, branch: str) -> None:
+    (ws / "big.txt").write_text("a line of the big file\n" * 600)
+    responses, kw = BRANCHES[branch]
+    scenario = scenario_text(responses)
+    tools = ("Read", "Bash")
+    local, local_file = await local_run(ws, home, scenario, tools=tools, **kw)
+    shown: list[Mapping[str, Any]] = []
+    inp = session_input(options(ws, home, tools=tools, **kw), "go", scripted=scenario)
+    await run_session(await connect(server.address), inp, shown.append, task_queue=queue)
+    # the same messages; tool results may come later on Temporal (tools start after the response ended)
+    for results in (False, True):
+        assert ([comparable(m) for m in shown if (m["type"] == "user") == results]
+                == [comparable(m) for m in local if (m["type"] == "user") == results])
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    ours = [(r["trigger"], r["state"]) for r in read_records(path) if r["type"] == "transition"]
+    theirs = [(r["trigger"], r["state"]) for r in read_records(local_file) if r["type"] == "transition"]
+    assert ours == theirs
+    assert_audits_clean(path)
 
 
 async def test_the_workflow_replays_deterministically(server: DevServer, worker: None, queue: str, ws: Path,
@@ -423,6 +471,29 @@ async def test_an_abort_stops_running_tools(server: DevServer, worker: None, que
     path = Path(inp.spec.trace_path or "")
     [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
     assert results["content"][0]["is_error"] is True
+    assert_audits_clean(path)
+
+
+async def test_an_interrupt_lets_a_block_tool_finish(server: DevServer, worker: None, queue: str, ws: Path,
+                                                     home: Path) -> None:
+    """The user's interrupt while a ``block`` tool (Bash) runs: it finishes, its real result pairs the
+    call, and the run ends ``aborted_tools``."""
+    command = "touch $WS/begun; sleep 1; echo finished"
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_b", "name": "Bash",
+                                           "input": {"command": command}}], "stop_reason": "tool_use"},
+                              _text("never")])
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario)
+    handle = await start(client, inp, task_queue=queue)
+    follower = asyncio.ensure_future(follow(client, handle, lambda m: None))
+    while not (ws / "begun").exists():
+        await asyncio.sleep(0.02)
+    await handle.signal("interrupt")
+    result = await asyncio.wait_for(follower, 30)
+    assert result["terminal_reason"] == "aborted_tools"
+    path = Path(inp.spec.trace_path or "")
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    assert results["content"] == [{"type": "tool_result", "tool_use_id": "toolu_b", "content": "finished"}]
     assert_audits_clean(path)
 
 
