@@ -128,6 +128,7 @@ class SessionWorkflow:
         self._requests = carried.requests if carried else 0
         self._read_files: dict[str, float] = dict(carried.read_files) if carried else {}
         self._emitted: set[str] = set()
+        self._given_up: set[int] = set()  # model requests the run stopped waiting for
         self._trace: TraceWriter | None = None
         self._outcome: ModelCallOutcome | None = None
         self._request_no = -1
@@ -138,14 +139,21 @@ class SessionWorkflow:
     @workflow.signal
     def push(self, item: Mapping[str, Any]) -> None:
         """An activity finished an assistant block: show it now."""
+        n = int(item["request_no"])
+        if n in self._given_up:  # a cancelled call's last blocks, arriving after the run moved on
+            return
         msg = item["message"]
         body = msg["message"]
-        self._shown.setdefault(int(item["request_no"]), {}).setdefault(body["id"], []).extend(body["content"])
+        self._shown.setdefault(n, {}).setdefault(body["id"], []).extend(body["content"])
         self._show(msg)
 
     @workflow.signal
     def lost(self, request_no: int) -> None:
         """An attempt of this request died with its worker: withdraw what it showed."""
+        if request_no not in self._given_up:
+            self._withdraw(request_no)
+
+    def _withdraw(self, request_no: int) -> None:
         for message_id, blocks in self._shown.pop(request_no, {}).items():
             self._emit(phases.tombstone_message(self._spec.session_id, message_id, blocks))
 
@@ -277,8 +285,7 @@ class SessionWorkflow:
             self._account.anchor(None, 0)
             self._emit(phases.compact_boundary_message(sid, event))
         if step.edge.kind == "retry" and before.phase is Phase.STREAM:
-            for message_id, blocks in self._shown.pop(self._request_no, {}).items():
-                self._emit(phases.tombstone_message(sid, message_id, blocks))
+            self._withdraw(self._request_no)
 
     def _stopping(self, *, hard: bool = False) -> bool:
         return self._aborted or (not hard and self._interrupted)
@@ -412,11 +419,14 @@ class SessionWorkflow:
                 ModelCallOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
                 attempts=timing.model_attempts, stop="soft")
         except _Stopped:
+            self._given_up.add(n)
             blocks = [b for shown in self._shown.get(n, {}).values() for b in shown]
             partial, results = phases.pair_cut_off(blocks, {})
             self._emit_results(results)
             return Aborted(partial, results)
-        except ActivityError as exc:
+        except ActivityError as exc:  # every attempt was lost: nothing of them stands
+            self._given_up.add(n)
+            self._withdraw(n)
             return await self._failed(state, ModelError("api", f"The model call failed: {_cause(exc)}"))
         self._account.api_ms += o.api_ms
         if not self._inp.live:
