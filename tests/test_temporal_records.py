@@ -95,3 +95,26 @@ def test_the_recorded_digest_is_what_the_index_reads_back(tmp_path: Path) -> Non
                              "content": [{"type": "text", "text": "x"}]}) + "\n")
     index.refresh()
     assert index.get(MessageRef("u3", message_digest("user", "prompt", [{"type": "text", "text": "x"}]))) is not None
+
+
+def test_appending_the_session_file_is_idempotent_across_workers(tmp_path: Path) -> None:
+    """A workflow task lost with its worker runs its local activities again on another worker: lines
+    already in the file are skipped, whichever worker wrote them; a torn last line is healed first."""
+    import asyncio
+
+    from agentfsm.temporal.activities import Activities
+    from agentfsm.temporal.records import TraceBatch
+
+    path = tmp_path / "s.jsonl"
+
+    def lines(seqs: range) -> tuple[tuple[int, str], ...]:
+        return tuple((i, json.dumps({"type": "x", "seq": i})) for i in seqs)
+
+    a, b = Activities(), Activities()
+    assert asyncio.run(a.append_trace(TraceBatch(str(path), lines(range(0, 3))))) == 3
+    assert asyncio.run(b.append_trace(TraceBatch(str(path), lines(range(3, 6))))) == 3
+    assert asyncio.run(a.append_trace(TraceBatch(str(path), lines(range(3, 8))))) == 2  # A's view was stale
+    with open(path, "a") as fh:
+        fh.write('{"type": "x", "seq": 8, "torn')
+    assert asyncio.run(b.append_trace(TraceBatch(str(path), lines(range(8, 10))))) == 2
+    assert [r["seq"] for r in read_records(path)] == list(range(10))

@@ -270,7 +270,7 @@ class Activities:
     def __init__(self, *, client: ModelClient | None = None) -> None:
         self._client = client
         self._contexts = _Lru(256)
-        self._indexes = _Lru(64)
+        self._indexes = _Lru(16)
         self._scenarios = _Lru(64)
         self._last_seq = _Lru(1024)
         self.log = log.get_logger("agentfsm.temporal")
@@ -568,17 +568,20 @@ class Activities:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a+b") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
-            last = self._last_seq.hit(batch.path)
-            if last is None:
+            size = fh.seek(0, os.SEEK_END)
+            known = self._last_seq.hit(batch.path)
+            if known is not None and known[1] == size:
+                last = known[0]
+            else:  # another worker wrote since (the session moved), or first sight of the file
                 heal_tail(path)
-                last = max((r.get("seq", -1) for r in read_records(path)), default=-1)
+                last = _last_seq_in(path)
             fresh = [line for seq, line in batch.lines if seq > last]
             if fresh:
                 fh.seek(0, os.SEEK_END)
                 fh.write("".join(line + "\n" for line in fresh).encode())
                 fh.flush()
                 last = max(seq for seq, _ in batch.lines)
-            self._last_seq.put(batch.path, last)
+            self._last_seq.put(batch.path, (last, fh.seek(0, os.SEEK_END)))
         outcomes = path.with_suffix(".tools")
         for tool_use_id in batch.settled:
             f = _outcome_file_in(outcomes, tool_use_id)
@@ -588,6 +591,25 @@ class Activities:
             with contextlib.suppress(OSError):
                 outcomes.rmdir()
         return len(fresh)
+
+
+def _last_seq_in(path: Path) -> int:
+    """The record number of a session file's last line (-1 when empty), reading from the end."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        chunk, pos = b"", end
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            fh.seek(pos)
+            chunk = fh.read(step) + chunk
+            lines = chunk.rstrip(b"\n").split(b"\n")
+            if len(lines) > 1 or pos == 0:
+                try:
+                    return int(json.loads(lines[-1]).get("seq", -1))
+                except (ValueError, AttributeError):
+                    return max((r.get("seq", -1) for r in read_records(path)), default=-1)
+    return -1
 
 
 def _portable(result: CallResult) -> CallResult:
