@@ -189,6 +189,12 @@ def _text(t: str, **kw: Any) -> dict[str, Any]:
 
 
 OVERLOADED = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded"}
+# a Stop hook that blocks once per session (exit 2, its stderr the reason)
+_BLOCK_ONCE = ("import json, os, sys; d = json.load(sys.stdin); m = '.stop-' + d['session_id']; "
+               "os.path.exists(m) and sys.exit(0); open(m, 'w').close(); sys.stderr.write('run the tests'); "
+               "sys.exit(2)")
+_STOP_COMMAND = {"type": "command", "command": f"{sys.executable} -c \"{_BLOCK_ONCE}\""}
+STOP_HOOK = json.dumps({"hooks": {"Stop": [{"hooks": [_STOP_COMMAND]}]}})
 # the loop's branches, each run locally and on Temporal: same messages shown, same session file
 BRANCHES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
     "parallel reads, one missing": ([{"blocks": [*_read("r1")["blocks"], *_read("r2", "nope.txt")["blocks"]],
@@ -200,6 +206,7 @@ BRANCHES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
     "auto-compaction": ([_read("r1"), _read("r2", "big.txt"), _text("SUMMARY of reads"), _text("compacted")],
                         {"limits": Limits(context_window=60000, auto_compact_buffer=58500, blocking_buffer=0)}),
     "max turns": ([_read("r1"), _text("never")], {"limits": Limits(max_turns=1)}),
+    "a Stop hook blocks once": ([_text("first"), _text("tests run")], {"settings": STOP_HOOK}),
 }
 
 
@@ -223,6 +230,26 @@ async def test_each_branch_of_the_loop_runs_as_locally(server: DevServer, worker
     ours = [(r["trigger"], r["state"]) for r in read_records(path) if r["type"] == "transition"]
     theirs = [(r["trigger"], r["state"]) for r in read_records(local_file) if r["type"] == "transition"]
     assert ours == theirs
+    assert_audits_clean(path)
+
+
+async def test_a_deferred_call_runs_when_the_session_is_resumed(server: DevServer, worker: None, queue: str,
+                                                                ws: Path, home: Path) -> None:
+    """A PreToolUse hook defers the call (the run ends ``tool_deferred``); resumed without it, the call
+    runs before the next request, as the local driver does."""
+    answer = json.dumps({"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "defer"}})
+    defer = json.dumps({"hooks": {"PreToolUse": [{"hooks": [{"type": "command", "command": f"echo '{answer}'"}]}]}})
+    client = await connect(server.address)
+    first = session_input(options(ws, home, settings=defer), "go", scripted=scenario_text([_read("r1")]))
+    result = await run_session(client, first, lambda m: None, task_queue=queue)
+    assert result["terminal_reason"] == "tool_deferred"
+    path = Path(first.spec.trace_path or "")
+    again = session_input(options(ws, home), "go on", session_id=first.spec.session_id, resume_path=path,
+                          resumed=True, scripted=scenario_text([_text("read it after all")]))
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(client, again, shown.append, task_queue=queue)
+    assert result["result"] == "read it after all"
+    assert [m["message"]["content"][0]["content"] for m in shown if m["type"] == "user"] == ["1\thello fixture"]
     assert_audits_clean(path)
 
 
