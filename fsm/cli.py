@@ -1,7 +1,8 @@
 """``agentfsm``: Claude Code's headless command line, plus subcommands for the other jobs.
 
-``agentfsm -p PROMPT [flags]`` runs the loop; ``demo``, ``serve-scripted``, ``diagram`` and ``audit``
-are subcommands. Only what the ``-p`` path needs is imported on it (no diagram code, no hypothesis).
+``agentfsm -p PROMPT [flags]`` runs the loop; ``demo``, ``serve-scripted``, ``diagram``, ``audit``,
+``worker`` and ``batch`` are subcommands. Only what the ``-p`` path needs is imported on it (no diagram
+code, no hypothesis, no Temporal SDK unless ``--temporal`` is given).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit")
+SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
+TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
 
 class UsageError(Exception):
@@ -106,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--thinking", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir", "--add-dir"):
         p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
+                   help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
+    p.add_argument("--task-queue", default="agentfsm", help="the workers' task queue (with --temporal)")
     return p
 
 
@@ -320,6 +325,12 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
         raise UsageError(str(exc)) from None
     mcp_configs = _mcp_configs(args, options)
     prompt = _read_prompt(args)
+    if args.temporal:
+        unsupported = (("--mcp-config", args.mcp_config), ("--permission-prompt-tool", args.permission_prompt_tool))
+        for flag, given in unsupported:
+            if given:
+                raise UsageError(f"{flag} is not supported with --temporal")
+        return await _run_temporal(args, options, prompt)
     out = Stdout()
     printer = Printer(args.output_format, args.verbose, out, session_states=(
         args.input_format == "stream-json" and os.environ.get("CLAUDE_CODE_SDK_READS_SESSION_STATE") == "1"))
@@ -460,6 +471,30 @@ def _stop_on_signals(session: Any) -> None:
             break
 
 
+async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None) -> int:
+    """The same run as a workflow on Temporal workers (agentfsm.temporal), printed the same way."""
+    from agentfsm.resume import plan_session
+
+    if prompt is None:
+        raise UsageError("--input-format stream-json is not supported with --temporal; pass the prompt")
+    scripted = None
+    if args.scripted:
+        from agentfsm.testing.scenario import load_scenario, scenario_path
+
+        try:
+            path = scenario_path(args.scripted)
+            load_scenario(path, ws=str(options.cwd))  # a bad scenario is a usage error here, not on a worker
+            scripted = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--scripted: {exc}") from None
+    try:
+        from agentfsm.temporal.commands import print_run
+    except ImportError as exc:
+        raise UsageError(f"--temporal needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})") from None
+    return await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
+                           Printer(args.output_format, args.verbose), scripted=scripted)
+
+
 def _exit_now(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -538,6 +573,14 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agentfsm.diagram import main as diagram_main
 
         return diagram_main(argv)
+    if name in ("worker", "batch"):
+        try:
+            from agentfsm.temporal.commands import batch_main
+            from agentfsm.temporal.worker import main as worker_main
+        except ImportError as exc:
+            sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
+            return 2
+        return (worker_main if name == "worker" else batch_main)(argv)
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)

@@ -17,7 +17,6 @@ Sessions share nothing mutable, so many can run at once on one event loop.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from agentfsm import log, prompts
+from agentfsm import log, phases, prompts
 from agentfsm.compose import build_policy, build_registry
 from agentfsm.cost import add_usage
 from agentfsm.driver import Driver, Emit, StepObserver
@@ -40,15 +39,6 @@ from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
 from agentfsm.trace import TraceWriter, sessions_dir
 
 Prompt = str | Sequence[Mapping[str, Any]]
-# The Claude Code release whose headless protocol this loop speaks. The Agent SDK reads it from
-# `system/init` and warns when it is older than what the SDK needs (2.1.248 for SDK 0.2.189).
-CLAUDE_CODE_VERSION = "2.1.332"
-
-
-def api_key_source() -> str:
-    return next((n for n in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN") if os.environ.get(n)), "none")
-
-
 class Session:
     """Runs prompts on one conversation; see the module docstring for what one run is.
 
@@ -129,16 +119,11 @@ class Session:
             self.emit(msg)
 
     def init_message(self) -> dict[str, Any]:
-        """``system/init``, with the fields of Claude Code's that the Agent SDK and its users read;
-        ``claude_code_version`` is the protocol release this loop speaks (the SDK checks it)."""
-        return {"type": "system", "subtype": "init", "cwd": str(self.options.cwd),
-                "session_id": self.session_id, "tools": list(self.registry.names()),
-                "mcp_servers": [], "model": self.options.model, "permissionMode": self.permission_mode,
-                "slash_commands": [], "apiKeySource": api_key_source(),
-                "claude_code_version": CLAUDE_CODE_VERSION, "output_style": "default",
-                "agents": list(self.subagents.definitions()), "skills": [], "plugins": [],
-                "uuid": str(uuid.uuid4()), "agentfsm_version": _version(),
-                "transcript_path": str(self.trace_path or "")}
+        """``system/init`` (see :func:`agentfsm.phases.init_message`)."""
+        return phases.init_message(cwd=str(self.options.cwd), session_id=self.session_id,
+                                   tools=self.registry.names(), model=self.options.model,
+                                   permission_mode=self.permission_mode, agents=self.subagents.definitions(),
+                                   transcript_path=str(self.trace_path or ""))
 
     # --- runs ------------------------------------------------------------------------------------
 
@@ -321,9 +306,3 @@ def _merged_model_usage(results: Sequence[RunResult]) -> dict[str, dict[str, Any
         for model, entry in r.model_usage.items():
             out[model] = merge_model_usage(out.get(model), entry)
     return out
-
-
-def _version() -> str:
-    from agentfsm import __version__
-
-    return __version__

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+
+# Where new record ids come from. The machine itself makes ids (a meta message's uuid, a query chain's
+# id); a host that replays the machine and needs the same ids again (a Temporal workflow) installs a
+# deterministic source with :func:`set_id_source`.
+_id_source: Callable[[], uuid.UUID] = uuid.uuid4
+
+
+def set_id_source(source: Callable[[], uuid.UUID] | None) -> None:
+    """Make every id the records mint come from ``source`` (None: :func:`uuid.uuid4` again)."""
+    global _id_source
+    _id_source = source or uuid.uuid4
+
+
+def new_id() -> uuid.UUID:
+    """A fresh id from the installed source."""
+    return _id_source()
 
 
 class Phase(enum.StrEnum):
@@ -181,7 +197,7 @@ class Message:
     role: str = attrs.field(validator=attrs.validators.in_(("user", "assistant")))
     content: tuple[Mapping[str, Any], ...] = attrs.field(converter=_block_tuple)
     kind: str = "prompt"
-    uuid: str = attrs.field(factory=lambda: str(uuid.uuid4()))
+    uuid: str = attrs.field(factory=lambda: str(new_id()))
 
     def tool_use_ids(self) -> list[str]:
         return [b["id"] for b in self.content if b.get("type") == "tool_use"]
@@ -208,7 +224,7 @@ class CompactTracking:
 class QueryTracking:
     """Correlates every model call and tool event of one user turn (seed: queryTracking)."""
 
-    chain_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
+    chain_id: str = attrs.field(factory=lambda: new_id().hex[:16])
     depth: int = -1
 
 
@@ -294,3 +310,8 @@ COUNTER_CAPS: Mapping[str, str] = {
     "rapid_refill_count": "rapid_refill_max",
     "consecutive_compact_failures": "max_consecutive_compact_failures",
 }
+
+
+def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
+    """``new`` is ``old`` with messages added at the end (not a rewritten history)."""
+    return len(new) >= len(old) and new[:len(old)] == old

@@ -7,7 +7,8 @@ flushed when written, so a crash leaves at most one torn last line, which reader
 Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 
 ``session``      ``session_id``, ``version``, ``limits`` (Limits fields), ``graph`` (digest of the
-                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``
+                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``;
+                 a session run as a Temporal workflow adds ``workflow_id`` and ``run_id``
 ``message``      ``uuid``, ``role``, ``kind``, ``content`` (wire blocks) — the transcript
 ``assistant_block`` ``message_id``, ``block``: one streamed content block as soon as it is complete,
                  so a crash while its tools run still leaves the ``tool_use`` to repair on resume
@@ -38,14 +39,14 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 
 from agentfsm.events import to_record
-from agentfsm.state import Limits, LoopState, Message
+from agentfsm.state import Limits, LoopState, Message, appended
 
 # 1: transitions without events (audited structurally); 2: events and full snapshots (replayed);
 # 3: what changed since the previous record (replayed; linear in the run's length)
@@ -69,52 +70,68 @@ class TraceWriter:
     Each record method returns before building its record when there is no file: the loop calls
     them on every move, and a run without a trace should not pay for dicts nobody writes."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, *, sink: Callable[[dict[str, Any]], None] | None = None,
+                 seq: int = 0, clock: Callable[[], float] = time.time) -> None:
+        """``sink``: hand each finished record (``seq`` set) to this callable instead of the file —
+        a host that writes the file elsewhere (a Temporal workflow, through an activity) builds the
+        same records; ``seq`` is then the number of the first record and ``clock`` gives ``ts``."""
         self.path = path
-        self._seq = 0
+        self._seq = seq
         self._chain: str | None = None
         self._snap_of: Any = None  # the state whose snapshot _snap is
         self._snap: dict[str, Any] = {}
         self._fh: IO[str] | None = None
-        if path is not None:
+        self._sink = sink
+        self._clock = clock
+        if sink is None and path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(path, "a", encoding="utf-8")
             self._seq = _next_seq(path)
+        self._on = self._fh is not None or sink is not None
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
 
     def write(self, record: Mapping[str, Any], *, flush: bool = True) -> None:
         """Append one record. ``flush=False`` leaves it in the buffer for a caller that writes several
         records of one step and flushes once after them (a crash then loses the step whole)."""
-        if self._fh is None:
+        if not self._on:
             return
         rec = {"type": record["type"], "seq": self._seq, **{k: v for k, v in record.items() if k != "type"}}
         self._seq += 1
+        if self._sink is not None:
+            self._sink(rec)
+            return
+        assert self._fh is not None
         self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
         if flush:
             self._fh.flush()
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
-                parent_session_id: str | None = None) -> None:
-        if self._fh is None:
+                parent_session_id: str | None = None, **extra: Any) -> None:
+        """The header; ``extra`` adds fields (a workflow-backed session names its workflow)."""
+        if not self._on:
             return
         self.write({"type": "session", "session_id": session_id, "version": TRACE_VERSION,
                     "limits": attrs.asdict(limits), "graph": graph_digest(), "cwd": cwd, "model": model,
-                    "parent_session_id": parent_session_id, "ts": time.time()})
+                    "parent_session_id": parent_session_id, "ts": self._clock(), **extra})
 
     def message(self, msg: Message, *, flush: bool = True) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
                     "content": [dict(b) for b in msg.content]}, flush=flush)
 
     def compact_boundary(self, trigger: str, pre_tokens: int, *, flush: bool = True) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens}, flush=flush)
 
     def on_step(self, before: LoopState, step: Any, event: Any) -> None:
         """A step of the loop (the driver's observer): its transition record, then the messages it
         added — or, when it replaced the history (compaction), a boundary and the new view."""
-        if self._fh is None:
+        if not self._on:
             return
         after = step.state
         rec: dict[str, Any] = {
@@ -146,18 +163,19 @@ class TraceWriter:
                 for m in new:
                     self.message(m, flush=False)
         # one flush for the step: its records reach the file together
-        self._fh.flush()
+        if self._fh is not None:
+            self._fh.flush()
 
     def request(self, model: str, depth: int, messages: Any, queued: Any = ()) -> None:
         """A request was sent: it carried ``messages`` (the conversation: every message record since
         the last boundary) and ``queued`` input. Referenced, not copied."""
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "request", "model": model, "depth": depth, "messages": len(messages),
                     "last": messages[-1].uuid if messages else None, "queued": [m.uuid for m in queued]})
 
     def result(self, result: Mapping[str, Any]) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "result", **result})
 
@@ -171,11 +189,7 @@ class TraceWriter:
                 pass
             self._fh.close()
             self._fh = None
-
-
-def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
-    """``new`` is ``old`` with messages added at the end (not a rewritten history)."""
-    return len(new) >= len(old) and new[:len(old)] == old
+        self._on = self._sink is not None
 
 
 # The snapshot of a loop that has not moved yet: what format 3 records are differences from.

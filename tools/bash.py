@@ -235,15 +235,25 @@ def _timeout_ms(input: Mapping[str, Any]) -> float:
     return min(float(value), MAX_TIMEOUT_MS)
 
 
+# A host that must not leave a command running after it dies (a Temporal worker killed mid-call)
+# puts a guard in ``ctx.services[PROCESS_GUARD]``: its ``preexec()`` runs in the child before the
+# shell starts (e.g. asking the kernel to kill the child with its parent), and ``started(pgid)`` is
+# told the command's process group as soon as it exists (so a later attempt can kill what is left).
+PROCESS_GUARD = "process_guard"
+
+
 async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float) -> ToolOutput:
     fd, name = tempfile.mkstemp(prefix="agentfsm-bash-", suffix=".out")
     out_path = Path(name)
+    guard = ctx.services.get(PROCESS_GUARD)
     try:
         with os.fdopen(fd, "wb") as out:
             proc = await asyncio.create_subprocess_shell(
                 command, executable=_shell(), cwd=str(ctx.cwd), env=_environment(),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=guard.preexec if guard is not None else None)
+        if guard is not None:
+            guard.started(proc.pid)
         waiter = asyncio.ensure_future(proc.wait())
         aborted = asyncio.ensure_future(ctx.abort.wait())
         try:
