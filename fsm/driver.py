@@ -61,7 +61,7 @@ from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import normalize
 from agentfsm.result import RunAccount, RunResult, build_result
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
-from agentfsm.tools.base import ToolContext
+from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 from agentfsm.trace import TraceWriter
 
@@ -111,7 +111,8 @@ class Driver:
                  trace: TraceWriter | None = None, emit: Emit | None = None,
                  queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
                  should_stop_before_next_call: StopBeforeCall | None = None,
-                 observers: Sequence[StepObserver] = ()) -> None:
+                 observers: Sequence[StepObserver] = (),
+                 file_access: Callable[[], FileAccess] | None = None) -> None:
         self.options = options
         self.limits = options.limits
         self.client = client
@@ -131,6 +132,8 @@ class Driver:
         self.emit: Emit = emit or (lambda _m: None)
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
+        # the permission settings' file-access policy, one per call; without it file tools deny every path
+        self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
             should_stop_before_next_call or options.should_stop_before_next_call)
         self.abort_event = asyncio.Event()
@@ -653,7 +656,8 @@ class Driver:
     def _new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
             return ToolContext(cwd=self.options.cwd, session_id=self.session_id, tool_use_id=tool_use_id,
-                               abort=self.abort_event, read_files=self.read_files, services=self.services)
+                               abort=self.abort_event, read_files=self.read_files, services=self.services,
+                               file_access=self.file_access() if self.file_access is not None else None)
 
         return StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
                                      max_concurrency=self.limits.max_tool_concurrency)

@@ -190,7 +190,8 @@ class Session:
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
                              trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.subagents.run}, observers=self.observers)
+                             services={"run_subagent": self.subagents.run}, observers=self.observers,
+                             file_access=self.gate.file_access)
         self.driver.read_files = self._read_files
         if self._interrupted:
             self.driver.interrupt()

@@ -179,7 +179,8 @@ def test_ask_rules_and_precedence(tmp_path: Path) -> None:
     assert ask.behavior == "ask" and str(ask.rule) == "Bash(git push *)"
     deny = p.evaluate(BASH, {"command": "git push --force origin main"})
     assert deny.behavior == "deny" and str(deny.rule) == "Bash(git push --force *)"
-    assert "denied by rule Bash(git push --force *)" in deny.reason
+    # Claude Code's text: the command is quoted, the rule is not named (it is in the decision and the log)
+    assert deny.reason == "Permission to use Bash with command git push --force origin main has been denied."
 
 
 # ---------------------------------------------------------------------------------------------

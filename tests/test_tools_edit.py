@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.edit import EditTool, apply_edit
 from agentfsm.tools.read import ReadTool
 
@@ -25,7 +25,7 @@ SAME = "No changes to make: old_string and new_string are exactly the same."
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 async def read_first(ctx: ToolContext, path: Path) -> None:
@@ -228,7 +228,7 @@ def test_edit_tool_on_disk_agrees_with_str_replace(parts: list[str], old: str, n
     with tempfile.TemporaryDirectory() as d:
         path = Path(d, "f.txt")
         path.write_text(text, encoding="utf-8", newline="")
-        ctx = ToolContext(cwd=Path(d))
+        ctx = ToolContext(cwd=Path(d), file_access=NoFileRules())
 
         async def run() -> None:
             await ReadTool().call({"file_path": str(path)}, ctx)

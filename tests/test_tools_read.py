@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.read import DEFAULT_LIMIT, EMPTY_FILE_WARNING, MAX_LINE_CHARS, ReadTool, render
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 async def read(ctx: ToolContext, file_path: str | Path, **kw: int) -> str:
@@ -197,7 +197,7 @@ def test_reading_a_file_matches_the_reference(lines: list[str], offset: int | No
             inp["offset"] = offset
         if limit is not None:
             inp["limit"] = limit
-        out = asyncio.run(ReadTool().call(inp, ToolContext(cwd=Path(d)))).data
+        out = asyncio.run(ReadTool().call(inp, ToolContext(cwd=Path(d), file_access=NoFileRules()))).data
         if (offset or 1) > len(lines):
             assert "shorter than the provided offset" in out
         else:

@@ -16,7 +16,9 @@ from agentfsm.tools.read import (
     not_found_message,
     number_lines,
     record_read,
+    require_access,
     split_lines,
+    validate_access,
 )
 
 SNIPPET_CONTEXT = 4
@@ -171,6 +173,12 @@ class EditTool(Tool):
     }
 
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        # the permission settings first: a denied file gets no word about its state. Edit reads the
+        # file too (its result quotes the edited lines), so a file it may not read is denied as well.
+        path = absolute(ctx, input["file_path"])
+        denied = await asyncio.to_thread(validate_access, ctx, path, "write", "read")
+        if denied is not None:
+            return denied
         try:
             await asyncio.to_thread(plan_edit, ctx, input)
         except ToolError as exc:
@@ -179,6 +187,7 @@ class EditTool(Tool):
 
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         # Planned afresh: hooks and permission prompts run between validation and the call.
+        await asyncio.to_thread(require_access, ctx, absolute(ctx, input["file_path"]), "write", "read")
         plan = await asyncio.to_thread(plan_edit, ctx, input)
         await asyncio.to_thread(_write, plan)
         record_read(ctx, plan.path)

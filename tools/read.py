@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import Access, ReadOnlyTool, ToolContext, ToolError, ToolOutput, ValidationResult
 
 DEFAULT_LIMIT = 2000
 MAX_LINE_CHARS = 2000
@@ -53,6 +53,28 @@ def _state_keys(path: Path) -> list[str]:
     if real != keys[0]:
         keys.append(real)
     return keys
+
+
+def access_denied(ctx: ToolContext, path: Path, *accesses: Access) -> str | None:
+    """The text denying ``path`` to the call (Claude Code's wording), or None: the permission
+    settings' file-access policy is asked for each access, and fails closed when none was wired."""
+    for access in accesses:
+        denial = ctx.access.denial(str(path), access)
+        if denial is not None:
+            return denial.message(access)
+    return None
+
+
+def validate_access(ctx: ToolContext, path: Path, *accesses: Access) -> ValidationResult | None:
+    text = access_denied(ctx, path, *accesses)
+    return ValidationResult.deny(text) if text is not None else None
+
+
+def require_access(ctx: ToolContext, path: Path, *accesses: Access) -> None:
+    """Raise the denial (checked again when the call runs: a hook may have changed the input)."""
+    text = access_denied(ctx, path, *accesses)
+    if text is not None:
+        raise ToolError(text)
 
 
 def record_read(ctx: ToolContext, path: Path) -> None:
@@ -153,8 +175,13 @@ class ReadTool(ReadOnlyTool):
         "additionalProperties": False,
     }
 
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        path = absolute(ctx, input["file_path"])
+        return await asyncio.to_thread(validate_access, ctx, path, "read") or ValidationResult.valid()
+
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         path = absolute(ctx, input["file_path"])
+        await asyncio.to_thread(require_access, ctx, path, "read")
         offset: int | None = input.get("offset")
         limit: int | None = input.get("limit")
         # File I/O off the loop: a large file or a slow mount must not stall concurrent tools.
