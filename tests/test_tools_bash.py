@@ -20,6 +20,7 @@ from agentfsm.tools.bash import (
     BashTool,
     format_duration,
     is_read_only_command,
+    start_background,
     stop_background,
 )
 
@@ -278,3 +279,14 @@ def test_chains_of_read_only_programs_are_read_only(parts: list[tuple[str, list[
     for sep, seg in zip(seps, segments[1:], strict=False):
         command += sep + seg
     assert is_read_only_command(command)
+
+
+async def test_bash_children_do_not_see_our_credentials(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret-bash")
+    out = await bash(ctx, "echo ${ANTHROPIC_API_KEY:-unset}; env | grep -c sk-secret-bash || true")
+    assert out.data == "unset\n0"
+    job = start_background("echo ${ANTHROPIC_API_KEY:-unset}", ctx, None)
+    job.process.wait()
+    assert job.output_path.read_text().strip() == "unset"
+    monkeypatch.setenv("AGENTFSM_SHARE_CREDENTIALS", "1")
+    assert (await bash(ctx, "echo ${ANTHROPIC_API_KEY:-unset}")).data == "sk-secret-bash"

@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.environment import child_environment
 from agentfsm.tools.shell import Analysis, analyse
 
 DEFAULT_TIMEOUT_MS = 120_000
@@ -220,7 +221,8 @@ def _shell() -> str:
 
 
 def _environment() -> dict[str, str]:
-    env = dict(os.environ)
+    # our credentials stay with us (tools/environment.py)
+    env = child_environment()
     # A command that would open an editor (git commit without -m) must not wait for a human.
     env.setdefault("GIT_EDITOR", "true")
     return env
