@@ -237,3 +237,21 @@ def test_edit_tool_on_disk_agrees_with_str_replace(parts: list[str], old: str, n
 
         asyncio.run(run())
         assert path.read_bytes().decode() == text.replace(old, new, -1 if replace_all else 1)
+
+
+async def test_edit_and_write_refuse_special_files_without_blocking(ctx: ToolContext, tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    from agentfsm.tools.read import record_read
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    record_read(ctx, fifo)
+    edit = await asyncio.wait_for(EditTool().validate_input(
+        {"file_path": str(fifo), "old_string": "a", "new_string": "b"}, ctx), 5)
+    assert not edit.ok and "not a regular file" in edit.message
+    from agentfsm.tools.write import WriteTool
+
+    write = await asyncio.wait_for(WriteTool().validate_input({"file_path": str(fifo), "content": "x"}, ctx), 5)
+    assert not write.ok and "not a regular file" in write.message

@@ -405,3 +405,15 @@ def test_random_searches_agree(files: list[list[str]], pattern: str, mode: str, 
         rg_out = asyncio.run(grep(root, "rg", **inp))
         py_out = asyncio.run(grep(root, "python", **inp))
         assert rg_out == py_out
+
+
+async def test_grep_refuses_special_files_without_blocking(tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules())
+    for path in ("/dev/zero", str(fifo)):
+        with pytest.raises(ToolError, match="not a regular file or a directory"):
+            await asyncio.wait_for(GrepTool(backend="python").call({"pattern": "x", "path": path}, ctx), 5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from agentfsm.tools.read import (
     check_fresh,
     not_found_message,
     number_lines,
+    open_regular,
     record_read,
     require_access,
     split_lines,
@@ -22,6 +24,8 @@ from agentfsm.tools.read import (
 )
 
 SNIPPET_CONTEXT = 4
+#: Largest file Edit reads into memory to change it.
+MAX_EDIT_BYTES = 64 * 1024 * 1024
 SAME_STRINGS = "No changes to make: old_string and new_string are exactly the same."
 ALREADY_EXISTS = "Cannot create new file - file already exists."
 NOT_FOUND = "String to replace not found in file."
@@ -119,7 +123,12 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
         if old == "":
             return PlannedEdit(path, new, 0, new, creates=True, crlf=False, bom=False)
         raise ToolError(not_found_message(ctx, path))
-    raw = path.read_bytes()
+    with open_regular(ctx, path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_EDIT_BYTES:
+            raise ToolError(f"File is too large to edit ({size / 1024 / 1024:.1f} MB; Edit changes files up to "
+                            f"{MAX_EDIT_BYTES // 1024 // 1024} MB). Use a shell command such as sed instead.")
+        raw = fh.read(MAX_EDIT_BYTES + 1)
     bom = raw.startswith(b"\xef\xbb\xbf")
     body = raw[3 if bom else 0:]
     if old == "":

@@ -41,6 +41,8 @@ OutputMode = Literal["content", "files_with_matches", "count"]
 #: Process-wide default; tests set it to ``"python"`` to exercise the fallback with rg installed.
 BACKEND: Backend = "auto"
 DEFAULT_HEAD_LIMIT = 250
+#: Largest file the pure-Python fallback searches (it reads a file whole).
+MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_CHARS = 500
 
 # Globs of the file types the fallback knows (copied from ripgrep's own type table).
@@ -517,7 +519,10 @@ def search_python(q: Query, stop: threading.Event) -> Found:
         if stop.is_set():
             break
         try:
-            data = Path(path).read_bytes()
+            with open(path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
+                    continue  # ripgrep streams such a file; this fallback will not hold it in memory
+                data = fh.read(MAX_FILE_BYTES + 1)
         except OSError:
             continue
         binary_at = data.find(b"\0")
@@ -769,6 +774,8 @@ class GrepTool(ReadOnlyTool):
         root = os.path.normpath(ctx.resolve(given)) if given else os.path.abspath(ctx.cwd)
         if not os.path.exists(root):
             raise ToolError(f"Path does not exist: {given}. {CWD_NOTE} {ctx.cwd}.")
+        if not os.path.isdir(root) and not os.path.isfile(root):
+            raise ToolError(f"{given} is not a regular file or a directory: Grep searches files.")
         denied = await asyncio.to_thread(search_root_denial, ctx, given)
         if denied is not None:
             raise ToolError(denied.message)

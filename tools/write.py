@@ -61,6 +61,8 @@ def _check(ctx: ToolContext, path: Path) -> bool:
         raise ToolError(f"{path} is a directory; Write needs a file path.")
     if not path.exists():
         return False
+    if not path.is_file():  # a FIFO would block the write until a reader came, a device never ends
+        raise ToolError(f"{path} is not a regular file; Write only writes regular files.")
     check_fresh(ctx, path)
     return True
 
