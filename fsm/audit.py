@@ -182,6 +182,9 @@ def read_numbered(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Fi
         except json.JSONDecodeError as exc:
             findings.append(Finding(lineno, "unreadable_line", f"not JSON ({exc.msg} at column {exc.colno})"))
             continue
+        except RecursionError:
+            findings.append(Finding(lineno, "unreadable_line", "not JSON (nested too deeply to read)"))
+            continue
         if not isinstance(rec, dict) or "type" not in rec:
             findings.append(Finding(lineno, "unreadable_line", "not a record: a JSON object with a 'type' is required"))
             continue

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentfsm.textsafe import json_line, printable
+
 SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit")
 
 
@@ -147,14 +149,14 @@ class Printer:
 
     def __call__(self, msg: dict[str, Any]) -> None:
         if self.fmt == "stream-json":
-            sys.stdout.write(json.dumps(msg, ensure_ascii=False) + "\n")
+            sys.stdout.write(json_line(msg) + "\n")
             sys.stdout.flush()
         elif msg.get("type") == "result":
             if self.fmt == "json":
-                sys.stdout.write(json.dumps(msg, ensure_ascii=False) + "\n")
+                sys.stdout.write(json_line(msg) + "\n")
             else:
                 text = msg.get("result") if "result" in msg else "\n".join(msg.get("errors", []))
-                sys.stdout.write((text or "") + "\n")
+                sys.stdout.write(printable(text or "") + "\n")
             sys.stdout.flush()
 
 
@@ -243,6 +245,11 @@ async def run_print(args: argparse.Namespace) -> int:
         session = open_session(options, client=client, emit=printer)
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
+    if session.file_problems:
+        shown = "; ".join(str(p) for p in session.file_problems[:5])
+        more = f" (and {len(session.file_problems) - 5} more)" if len(session.file_problems) > 5 else ""
+        sys.stderr.write(printable(f"agentfsm: warning: the session file had {len(session.file_problems)} "
+                                   f"unusable part(s), skipped: {shown}{more}\n"))
     if args.debug:
         log.configure("console", level="debug")
     elif session.trace_path is not None:

@@ -103,6 +103,11 @@ class _LogSteps:
                       **after.counters())
 
 
+def _tool_use_ids(messages: Sequence[Message]) -> set[str]:
+    return {b["id"] for m in messages if m.role == "assistant" for b in m.content
+            if b.get("type") == "tool_use" and isinstance(b.get("id"), str)}
+
+
 class Driver:
     """Runs one loop (one prompt to one result) of a session; see the module docstring."""
 
@@ -445,7 +450,9 @@ class Driver:
     # --- stream --------------------------------------------------------------------------------
 
     async def _consume_stream(self, state: LoopState) -> Event:
-        asm = self._asm = ResponseAssembler()
+        # a tool_use id already in the conversation (or twice in this response) is renamed before the
+        # block reaches the executor or the session file: the API refuses duplicate ids
+        asm = self._asm = ResponseAssembler(taken_ids=_tool_use_ids(state.messages))
         executor = self._executor = self._new_executor()
         self._emitted_results = set()
         it, first = self._stream, self._first
@@ -480,6 +487,8 @@ class Driver:
         self._account(response)
         self.log.info("model.stream_end", stop_reason=response.stop_reason, blocks=len(response.blocks),
                       tool_uses=len(response.tool_uses()))
+        if asm.renamed_ids:
+            self.log.warning("model.duplicate_tool_use_ids", renamed=asm.renamed_ids)
         return StreamEnded(response, json_schema=self.options.json_schema is not None,
                            structured_output_ids=_calls_of(response.tool_uses(), STRUCTURED_OUTPUT))
 

@@ -24,6 +24,7 @@ from agentfsm.model import (
     StreamEvent,
     classify_error,
 )
+from agentfsm.textsafe import scrub
 
 
 class MissingCredentials(Exception):
@@ -56,7 +57,8 @@ class AnthropicTransport:
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         a = self._anthropic
-        body = request.body()
+        # a lone surrogate (model output, a non-UTF-8 file name) cannot be encoded: send U+FFFD instead
+        body = scrub(request.body())
         body.pop("stream")
         try:
             raw = await self.client.messages.create(**body, stream=True)
