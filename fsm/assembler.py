@@ -130,6 +130,11 @@ class ResponseAssembler:
             return None
         raise StreamProtocolError(f"unknown stream event {event!r}")
 
+    @property
+    def has_content(self) -> bool:
+        """A content block has started (something of the answer was seen)."""
+        return bool(self.blocks or self._open)
+
     def _unique_id(self, ident: Any) -> str:
         base = ident if isinstance(ident, str) and ident else "toolu_agentfsm"
         fresh, n = base, 1

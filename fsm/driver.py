@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -101,6 +101,12 @@ class _LogSteps:
                       chain_id=after.query_tracking.chain_id, depth=after.query_tracking.depth,
                       terminal_reason=after.terminal_reason.value if after.terminal_reason else None,
                       **after.counters())
+
+
+async def _unstreamed(client: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+    """The events of one request made without streaming (``client.create``), in stream form."""
+    for event in await client.create(request):
+        yield event
 
 
 def _tool_use_ids(messages: Sequence[Message]) -> set[str]:
@@ -402,7 +408,9 @@ class Driver:
         self._request_messages = len(outgoing)
         self._pending_input = pending
         self._t_request = time.monotonic()
-        self._stream = self.client.stream(request)
+        # after a stream that broke or came garbled before any content, the same request unstreamed
+        self._stream = (_unstreamed(self.client, request) if state.non_streaming and self._can_unstream()
+                        else self.client.stream(request))
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
             self._first = await self._until_stopped(anext(self._stream))
@@ -412,7 +420,8 @@ class Driver:
             return self._abort_event_for(state)
         except StopAsyncIteration:
             self._api_ms_since_request()
-            return await self._failed(state, ModelError("connection", "The API returned an empty stream", None, True))
+            return await self._failed(state, ModelError("stream_garbled", "The API returned an empty stream", None,
+                                                        True))
         except ModelCallError as exc:
             self._api_ms_since_request()
             return await self._failed(state, exc.error)
@@ -430,6 +439,10 @@ class Driver:
     def _has_fallback(self, state: LoopState) -> bool:
         return state.model_index + 1 < len(self.options.models)
 
+    def _can_unstream(self) -> bool:
+        """The client can make a request without streaming (``create``)."""
+        return callable(getattr(self.client, "create", None))
+
     async def _failed(self, state: LoopState, error: ModelError, partial: Message | None = None,
                       partial_results: Message | None = None) -> CallFailed:
         await self._close_stream()
@@ -445,7 +458,8 @@ class Driver:
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
-                          partial=partial, partial_results=partial_results)
+                          partial=partial, partial_results=partial_results,
+                          non_streaming_available=self._can_unstream())
 
     # --- stream --------------------------------------------------------------------------------
 
@@ -472,8 +486,13 @@ class Driver:
                 raise ModelCallError(ModelError("connection", "The stream ended before message_stop", None, True))
         except (ModelCallError, StreamProtocolError) as exc:
             self._api_ms_since_request()
-            error = exc.error if isinstance(exc, ModelCallError) else ModelError(
-                "model", f"Malformed stream from the API: {exc}")
+            if isinstance(exc, ModelCallError):
+                error = exc.error
+            elif not asm.has_content:
+                # garbled before any content block: nothing was shown, the request can be made again
+                error = ModelError("stream_garbled", f"Malformed stream from the API: {exc}", None, True)
+            else:
+                error = ModelError("model", f"Malformed stream from the API: {exc}")
             return await self._stream_failed(state, error, asm, executor)
         except Exception as exc:
             self._api_ms_since_request()
@@ -516,7 +535,7 @@ class Driver:
         if asm.usage:
             # the input was processed (and billed) even though the answer is lost
             self.account.spend(asm.model or self._model(state), asm.usage)
-        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits)
+        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits, self._can_unstream())
         aborted = {r.tool_use_id: r for r in executor.abort(STREAMING_FALLBACK if retry else STREAM_FAILED)}
         self._discarded.append(executor)
         self._executor = None

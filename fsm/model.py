@@ -6,6 +6,7 @@ Both transports — :mod:`agentfsm.transport` (the ``anthropic`` SDK) and the sc
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -91,10 +92,40 @@ class ModelClient(Protocol):
     """What the driver needs from a model: one streamed response per request.
 
     ``stream`` raises :class:`ModelCallError` for a failed call (before or during the stream) and
-    returns normally after :class:`MessageStop`.
+    returns normally after :class:`MessageStop`. A client may also offer ``async create(request) ->
+    list[StreamEvent]``, the same request made without streaming (see :func:`message_events`): the
+    loop falls back to it after a stream that broke or came garbled before any content.
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]: ...
+
+
+def message_events(message: Mapping[str, Any]) -> list[StreamEvent]:
+    """The events a stream of ``message`` (a whole Messages API response) would have carried."""
+    events: list[StreamEvent] = [MessageStart(model=str(message.get("model", "")),
+                                              usage=dict(message.get("usage") or {}),
+                                              message_id=str(message.get("id", "")))]
+    for i, block in enumerate(message.get("content") or ()):
+        kind = block.get("type")
+        if kind == "text":
+            events += [BlockStart(i, {"type": "text", "text": ""}),
+                       BlockDelta(i, {"type": "text_delta", "text": block.get("text", "")})]
+        elif kind == "tool_use":
+            start = {k: v for k, v in block.items() if k != "input"}
+            events += [BlockStart(i, {**start, "input": {}}),
+                       BlockDelta(i, {"type": "input_json_delta",
+                                      "partial_json": json.dumps(block.get("input") or {})})]
+        elif kind == "thinking":
+            events += [BlockStart(i, {"type": "thinking", "thinking": ""}),
+                       BlockDelta(i, {"type": "thinking_delta", "thinking": block.get("thinking", "")}),
+                       BlockDelta(i, {"type": "signature_delta", "signature": block.get("signature", "")})]
+        else:
+            events.append(BlockStart(i, dict(block)))
+        events.append(BlockStop(i))
+    usage = dict(message.get("usage") or {})
+    events += [MessageDelta(message.get("stop_reason"), {"output_tokens": usage.get("output_tokens", 0)}),
+               MessageStop()]
+    return events
 
 
 PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "prompt too long", "context window", "too many tokens",
