@@ -172,7 +172,9 @@ def _read_prompt(args: argparse.Namespace) -> str | None:
         return None
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt: pass one as an argument or on stdin")
-    data = sys.stdin.read()
+    # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    data = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
     if not data.strip():
         raise UsageError("no prompt: stdin was empty")
     return data
@@ -194,7 +196,10 @@ async def _stdin_messages() -> AsyncIterator[Any]:
 
     def read() -> None:
         try:
-            for n, line in enumerate(sys.stdin, 1):
+            source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else sys.stdin
+            for n, raw in enumerate(source, 1):
+                # bytes that are not UTF-8 become lone surrogates: data, never the end of the input
+                line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
                 if line.strip():
                     post((n, line))
         except (OSError, ValueError):

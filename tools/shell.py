@@ -45,6 +45,7 @@ from agentfsm.tools.shell_words import (
     NOT_STATIC,
     SPLITS,
     Word,
+    escape,
     has_unescaped,
     node_text,
     unescape,
@@ -52,7 +53,7 @@ from agentfsm.tools.shell_words import (
 )
 
 #: Longer commands are not analysed at all (they are "too long to analyse": never auto-allowed, and
-#: denied when a deny rule could apply). Analysis is linear, about 2-6 µs a byte.
+#: denied when a deny rule could apply). Analysis is linear, about 5-12 µs a byte (bench/shell_check.py).
 MAX_COMMAND_BYTES = 128 * 1024
 #: Shell code inside shell code (``bash -c "bash -c '…'"``, ``eval``) is followed this deep.
 MAX_SHELL_DEPTH = 8
@@ -150,9 +151,16 @@ def analyse(command: str, cwd: str, home: str | None = None) -> Analysis:
 
 @functools.lru_cache(maxsize=256)
 def _analyse(command: str, cwd: str, home: str) -> Analysis:
-    walker = _Walker(cwd, home)
+    return _walked(command, home).result(cwd)
+
+
+@functools.lru_cache(maxsize=64)
+def _walked(command: str, home: str) -> _Walker:
+    """The walk of ``command`` (independent of the directory it runs in: paths stay relative until
+    :meth:`_Walker.result` places them), shared by every cwd it is judged for."""
+    walker = _Walker(home)
     walker.run(command, 0)
-    return walker.result()
+    return walker
 
 
 def parse(source: bytes) -> Node:
@@ -205,8 +213,7 @@ class _Frame:
 
 
 class _Walker:
-    def __init__(self, cwd: str, home: str) -> None:
-        self.cwd = cwd
+    def __init__(self, home: str) -> None:
         self.home = home
         self.commands: list[Command] = []
         self.uses: list[tuple[str | None, Access, str, bool, bool]] = []  # (raw path, access, why, recursive, glob)
@@ -216,8 +223,9 @@ class _Walker:
         self.background = False
         self.assigns = False
         self.nodes = 0
-        # directories a `cd` in the command may have moved to: relative paths are checked against each
-        self.bases: list[str] = [cwd]
+        # directories a `cd` in the command may have moved to (relative to where it runs, unless a
+        # `cd` named an absolute one): relative paths are checked against each
+        self.bases: list[str] = ["."]
         self.bases_unknown = False
 
     # -- results
@@ -230,11 +238,12 @@ class _Walker:
         if why not in self.environment:
             self.environment.append(why)
 
-    def result(self) -> Analysis:
+    def result(self, cwd: str) -> Analysis:
+        """The analysis for the command run in ``cwd``."""
         uses: list[PathUse] = []
         seen: set[tuple[str | None, Access, bool, bool]] = set()
         for raw, access, why, recursive, is_glob in self.uses:
-            for path in self._resolve(raw):
+            for path in self._resolve(raw, cwd, is_glob):
                 key = (path, access, recursive, is_glob)
                 if key not in seen:
                     seen.add(key)
@@ -242,14 +251,19 @@ class _Walker:
         return Analysis(tuple(self.commands), tuple(uses), tuple(self.opaque), tuple(self.environment),
                         self.redirects_output, self.background, self.assigns)
 
-    def _resolve(self, raw: str | None) -> list[str | None]:
+    def _resolve(self, raw: str | None, cwd: str, is_glob: bool) -> list[str | None]:
         if raw is None:
             return [None]
         if raw.startswith("/"):
             return [_normpath(raw)]
         if self.bases_unknown:
             return [None]
-        return [_normpath(os.path.join(base, raw)) for base in self.bases]
+        out: list[str | None] = []
+        for base in self.bases:
+            where = _normpath(os.path.join(cwd, base))
+            # a glob is a pattern: the directory it is joined to must not add wildcards of its own
+            out.append(_normpath(os.path.join(escape(where) if is_glob else where, raw)))
+        return out
 
     # -- parsing
 
