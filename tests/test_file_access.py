@@ -153,7 +153,8 @@ BASH_WRITES = [
     "cp a protected.txt", "echo HACKED | tee protected.txt", "mv a protected.txt", "echo HACKED > $WS/protected.txt",
     "dd if=a of=protected.txt", "truncate -s 0 protected.txt", "rm protected.txt", "echo x | sponge protected.txt",
     "perl -pi -e s/P/H/ protected.txt", "find . -name protected.txt -delete",
-    "tar xf /dev/null -C . ; cp a protecte?.txt",
+    "tar xf /dev/null -C . ; cp a protecte?.txt", "mkdir -p /tmp/d18 && echo H > /tmp/d18/protected.txt && "
+    "cp /tmp/d18/protected.txt .", "cp -t . /tmp/d18/protected.txt",
     "bash -c 'echo HACKED > protected.txt'", "ln -sf a protected.txt", "echo HACKED > \"$(echo protected.txt)\"",
 ]
 

@@ -459,3 +459,13 @@ async def test_a_long_bash_command_is_judged_off_the_event_loop(tmp_path: Path) 
     await tick
     assert d.behavior == "deny"  # the rm at the end of 128 KB is found
     assert worst[0] < 0.5, f"the event loop stalled {worst[0]:.2f}s"
+
+
+@pytest.mark.parametrize("command", ["git -C . push origin main", "git --no-pager -c color.ui=false push",
+                                     "env GIT_DIR=.git git push", "cd sub && git push", "git push --force"])
+def test_subcommand_rules_see_through_global_options(tmp_path: Path, command: str) -> None:
+    from agentfsm.tools import BashTool
+
+    p = policy(tmp_path, mode="bypassPermissions", deny=["Bash(git push:*)"])
+    assert p.evaluate(BashTool(), {"command": command}).behavior == "deny"
+    assert p.evaluate(BashTool(), {"command": "git -C sub status"}).behavior == "allow"

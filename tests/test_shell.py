@@ -78,8 +78,10 @@ def test_what_cannot_be_followed_is_reported(command: str) -> None:
     ("echo x 2>&1 >/dev/null", set()),
     ("sed -i s/a/b/ f", {("/ws/f", "read"), ("/ws/f", "write")}),
     ("sed -n 1,5p f", {("/ws/f", "read")}),
-    ("cp a b c/", {("/ws/a", "read"), ("/ws/b", "read"), ("/ws/c", "write")}),
-    ("mv a b", {("/ws/a", "read"), ("/ws/a", "write"), ("/ws/b", "write")}),
+    # a target may be a directory: the sources land in it under their own names
+    ("cp a b c/", {("/ws/a", "read"), ("/ws/b", "read"), ("/ws/c", "write"), ("/ws/c/a", "write"),
+                   ("/ws/c/b", "write")}),
+    ("mv a b", {("/ws/a", "read"), ("/ws/a", "write"), ("/ws/b", "write"), ("/ws/b/a", "write")}),
     ("echo x | tee -a t1 t2", {("/ws/t1", "write"), ("/ws/t2", "write")}),
     ("dd if=a of=b bs=1", {("/ws/a", "read"), ("/ws/b", "write")}),
     # an option's value may be taken for a file: an extra path can only make a rule match more

@@ -370,6 +370,13 @@ def _copies(program: str, args: Sequence[Word], options: Sequence[Word], operand
     if program == "mv":
         uses += [Use(s, "write", "mv source", recursive=True) for s in sources]
     uses += [Use(t, "write", f"{program} target", recursive=recursive or program == "mv") for t in targets]
+    # a target that is a directory receives each source under its own name (`cp /tmp/x/secret .`)
+    for t in targets:
+        for src in sources:
+            if t.text is not None and src.text is not None and src.text.rstrip("/"):
+                name = src.text.rstrip("/").rsplit("/", 1)[-1]
+                uses.append(Use(Word.literal(f"{t.text.rstrip('/')}/{name}"), "write", f"{program} into a directory",
+                                recursive=recursive or program == "mv"))
     return Effects(tuple(uses))
 
 

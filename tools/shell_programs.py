@@ -515,4 +515,8 @@ def _git(args: Sequence[Word]) -> Inner | None:
             k += 1
             continue
         break
-    return None
+    if k == 0 or k >= len(args):
+        return None
+    # `git -C dir push` is `git push` run elsewhere: rules on git's subcommands see it without the
+    # global options (the command as written is recorded too)
+    return Inner("argv", ((Word.literal("git"), *args[k:]),))
