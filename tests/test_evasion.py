@@ -72,7 +72,8 @@ def test_the_corpus_is_real(tmp_path: Path, entry: dict[str, Any]) -> None:
 WRAPPERS = ["{}", "env {}", "nice -n 1 {}", "timeout 9 {}", "bash -c {q}", "sh -c {q}", "eval {q}",
             "true && {}", "{}; true", "( {} )", "{{ {}; }}", "if true; then {}; fi", "echo $({})", "command {}",
             "nohup {}", "exec {}", "sudo -E {}", "xargs -0 sh -c {q} _ < /dev/null || {}", "env >/dev/null {}",
-            "nohup 2>/dev/null {}", "{} </dev/null", "time -p {}", "exec 2>&1; {}", "stdbuf -oL {}"]
+            "nohup 2>/dev/null {}", "{} </dev/null", "time -p {}", "exec 2>&1; {}", "stdbuf -oL {}",
+            "taskset -c 0 {}", "ionice -c 3 {}", "command -p {}", "builtin command {}", "setsid -w {}"]
 
 
 def _quote(s: str) -> str:

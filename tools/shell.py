@@ -195,6 +195,7 @@ RESERVED = frozenset({"if", "then", "else", "elif", "fi", "case", "esac", "for",
 _TEXT_NODES = frozenset({"word", "string_content", "heredoc_content", "regex", "extglob_pattern"})
 _HIDDEN_CODE = ("`", "$(", "<(", ">(")
 _HIDDEN_CODE_BYTES = tuple(m.encode() for m in _HIDDEN_CODE)
+_SUBSCRIPT_CODE = re.compile(rb"\[[^\]]*[$`]")
 _ARITH_TEST = re.compile(rb"\s-(eq|ne|lt|le|gt|ge)\s")
 _SPECIAL_FILES = re.compile(r"^/dev/(null|stdout|stderr|stdin|tty|zero|u?random|full|fd/\d+)$")
 _ENVIRON = re.compile(r"^/proc/[^/]+/(task/[^/]+/)?environ$")
@@ -317,6 +318,14 @@ class _Walker:
                 self.bad("arithmetic on a variable's value (it may run code)")
             if t in ("simple_expansion", "expansion"):
                 self.env("a variable in this command can't be checked before it runs")
+                if t == "expansion" and src[n.start_byte:n.start_byte + 3] == b"${!":
+                    # ${!name} looks up a name held in a variable: a[$(cmd)] there runs cmd
+                    self.bad("an indirect expansion evaluates a name it reads at run time")
+            elif t == "subscript":
+                index = n.child_by_field_name("index")
+                if index is not None and re.search(rb"[A-Za-z_$`]", src[index.start_byte:index.end_byte]):
+                    # an index is arithmetic: it evaluates a variable's text, and a[$(cmd)] there runs cmd
+                    self.bad("an array subscript evaluates a variable's value (it may run code)")
             if t == "command":
                 self._command(n, src, depth, f)
             elif t in ("declaration_command", "unset_command"):
@@ -325,6 +334,9 @@ class _Walker:
                 self._assignment(n, src)
             elif t == "file_redirect":
                 self._redirect(n, src)
+            elif t == "test_command" and b"-v" in src[n.start_byte:n.end_byte] and (
+                    _SUBSCRIPT_CODE.search(src[n.start_byte:n.end_byte]) or _has_expansion(n)):
+                self.bad("[[ -v ]] on a variable name with a subscript that runs code")
             elif t == "redirected_statement":
                 body = n.child_by_field_name("body")
                 if (body is None or body.type != "command") and any(
@@ -354,6 +366,10 @@ class _Walker:
             self.assigns = True
             if programs.code_variable(var):
                 self.bad(f"assigning {var} may make a program run code")
+        value = n.child_by_field_name("value")
+        if value is not None and _SUBSCRIPT_CODE.search(src[value.start_byte:value.end_byte]):
+            # a[$(cmd)] as a value: bash runs cmd wherever the value is used as a name or a number
+            self.bad("a value holding a subscript that runs code")
 
     def _redirect(self, n: Node, src: bytes) -> None:
         op = next((node_text(src, c) for c in n.children if not c.is_named and c.type != "ERROR"), "")
@@ -475,6 +491,10 @@ class _Walker:
         self.commands.append(Command(argv, via, text, part))
         if program in programs.ENVIRONMENT_PRINTERS and programs.prints_environment(program, argv[1:]):
             self.env(f"{program} prints the environment")
+        if program in programs.NAME_EVALUATORS:
+            hidden = programs.evaluates_code_in_names(program, argv[1:])
+            if hidden is not None:
+                self.bad(hidden)
         args = words[1:]
         inner = programs.unwrap(program, args, stdin or programs.TERMINAL)
         if inner is None:

@@ -139,8 +139,8 @@ def unwrap(program: str, args: Sequence[Word], stdin: Stdin) -> Inner | None:
     if program == "env":
         return _env(args)
     if program in _RUNS_ARGV:
-        if program == "command" and any(t in ("-v", "-V") for t in texts):
-            return None
+        if program == "command" and any(t in ("-v", "-V") for t in texts[:skip_options(args)]):
+            return None  # `command -v NAME` only looks the name up
         return _argv(args, skip_options(args))
     if program == "exec":
         return _argv(args, skip_options(args, frozenset({"-a"})))
@@ -174,19 +174,22 @@ def unwrap(program: str, args: Sequence[Word], stdin: Stdin) -> Inner | None:
     if program == "timeout":
         i = skip_options(args, frozenset({"-s", "--signal", "-k", "--kill-after"}))
         return _argv(args, i + 1)  # after the duration
+    # with a pid these change a running process and start nothing; only their own options count
     if program == "ionice":
-        if any(t in ("-p", "-P", "-u", "--pid", "--pgid", "--uid") for t in texts):
+        i = skip_options(args, frozenset({"-c", "-n", "--class", "--classdata"}))
+        if any(t in ("-p", "-P", "-u", "--pid", "--pgid", "--uid") for t in texts[:i]):
             return None
-        return _argv(args, skip_options(args, frozenset({"-c", "-n", "--class", "--classdata"})))
+        return _argv(args, i)
     if program == "taskset":
-        if any(t in ("-p", "--pid") or (t or "").startswith("-p") for t in texts):
-            return None
         i = skip_options(args)
+        if any(t in ("-p", "--pid") or (t or "").startswith("-p") for t in texts[:i]):
+            return None
         return _argv(args, i + 1)  # after the mask or cpu list
     if program == "chrt":
-        if any(t in ("-p", "--pid") for t in texts):
+        i = skip_options(args)
+        if any(t in ("-p", "--pid") for t in texts[:i]):
             return None
-        return _argv(args, skip_options(args) + 1)  # after the priority
+        return _argv(args, i + 1)  # after the priority
     if program == "faketime":
         return _argv(args, skip_options(args, frozenset({"-m", "-f"})) + 1)
     if program == "chroot":
@@ -358,6 +361,49 @@ def prints_environment(program: str, args: Sequence[str | None]) -> bool:
     if program == "compgen":
         return any(a in ("-v", "-e", "variable", "export") for a in args)
     return False
+
+
+_SUBSCRIPT_CODE = re.compile(r"\[[^\]]*[$`]")
+NAME_EVALUATORS = frozenset({"read", "mapfile", "readarray", "printf", "test", "[", "wait", "declare", "typeset",
+                             "local", "export", "readonly", "hash", "let", "unset", "compgen", "complete", "jobs"})
+
+
+def evaluates_code_in_names(program: str, args: Sequence[str | None]) -> str | None:
+    """Why ``program args`` may run code hidden in a variable name, or None. Bash evaluates the array
+    subscript of a name it is given (``printf -v 'a[$(cmd)]'``, ``read``, ``test -v``, ``wait -p``) and
+    the value of an integer variable (``declare -i v='a[$(cmd)]'``) as arithmetic, and ``hash -p``
+    maps a command name to any program."""
+
+    def risky(a: str | None) -> bool:
+        return a is None or _SUBSCRIPT_CODE.search(a) is not None
+
+    flags = [a for a in args if a is not None and a.startswith("-")]
+    if program == "hash" and any("p" in f[1:] for f in flags if not f.startswith("--")):
+        return "hash -p makes a command name run another program"
+    if program == "let":
+        return "let evaluates its words as arithmetic"
+    if program in ("compgen", "complete") and any(f in ("-C", "-F") for f in flags):
+        return f"{program} -C/-F runs a command"
+    if program in ("mapfile", "readarray") and any(f.startswith("-C") for f in flags):
+        return f"{program} -C runs a callback"
+    if program == "jobs" and "-x" in flags:
+        return "jobs -x runs a command"
+    if program in ("declare", "typeset", "local", "export", "readonly"):
+        if any("i" in f[1:] for f in flags if not f.startswith("--")):
+            return "an integer variable evaluates what it is given as arithmetic"
+        if any(risky(a) for a in args):
+            return "a variable name with a subscript that runs code"
+        return None
+    if program in ("printf", "wait"):
+        option = "-v" if program == "printf" else "-p"
+        names = [args[k + 1] for k, a in enumerate(args[:-1]) if a == option]
+    elif program in ("test", "["):
+        names = [args[k + 1] for k, a in enumerate(args[:-1]) if a == "-v"]
+    elif program in ("read", "mapfile", "readarray", "unset"):
+        names = [a for a in args if a is None or not a.startswith("-")]
+    else:
+        return None
+    return "a variable name with a subscript that runs code" if any(risky(a) for a in names) else None
 
 
 ENVIRONMENT_PRINTERS = frozenset({"printenv", "env", "set", "export", "declare", "typeset", "readonly", "local",
