@@ -139,6 +139,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
 def test_a_damaged_session_file_still_resumes_forks_continues_and_audits(agentfsm_workspace: Path, home: Path,
                                                                         corruption: str) -> None:
@@ -163,6 +164,7 @@ def test_a_damaged_session_file_still_resumes_forks_continues_and_audits(agentfs
     assert checked.returncode in (0, 1) and "Traceback" not in checked.stderr, checked.stderr
 
 
+@pytest.mark.slow
 def test_one_writer_per_session(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
     slow = {"blocks": [{"type": "text", "text": "slow"}], "delay_s": 4}
