@@ -604,7 +604,8 @@ def _restore(state: LoopState, phase: str, snap: Mapping[str, Any]) -> LoopState
     fields: dict[str, Any] = {"phase": Phase(phase) if phase in _STATES else Phase.ASSEMBLE}
     for name in ("turn_count", "max_output_tokens_recovery_count", "malformed_tool_use_retry_count",
                  "structured_output_retry_count", "stream_retry_count", "model_index",
-                 "has_attempted_reactive_compact", "thinking_only_nudged", "stop_hook_active",
+                 "has_attempted_reactive_compact", "thinking_only_nudged", "empty_response_nudged",
+                 "non_streaming", "stop_hook_active",
                  "stop_hook_blocking_count", "stop_hooks_due", "transition"):
         if name in snap:
             fields[name] = snap[name]

@@ -77,6 +77,8 @@ CODES: Mapping[str, str] = {
     # remarks: how an ambiguous record was read (neither a problem nor counted)
     "read_as_stream_retry": "a retry that leaves no other trace (a dropped connection, an SSE error before any "
                             "content) is read as a stream that opened and broke (open_stream, stream_retry)",
+    "read_as_empty_answer": "the client wrote no answer to its last request and ended the turn (a success with "
+                            "an empty result): read as an answer with nothing in it (open_stream, end_turn)",
     "read_as_reactive_compaction": "stream-json does not show whether a compaction answered a prompt-too-long "
                                    "error; read as reactive_compact_retry",
     "sidechain": "subagent (sidechain) records are not part of the main loop; not audited",
@@ -87,7 +89,7 @@ WARNING_CODES: frozenset[str] = frozenset(
      "cc_unmodelled_retry", "cc_mid_stream_resume", "cc_structured_output_once", "cc_structured_output_max_turns",
      "cc_unparsable_tool_input_dispatched"})
 INFO_CODES: frozenset[str] = frozenset(
-    {"read_as_stream_retry", "read_as_reactive_compaction", "sidechain", "client_version"})
+    {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "sidechain", "client_version"})
 
 
 def severity_of(code: str) -> str:
@@ -152,6 +154,9 @@ def read_numbered(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Fi
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             findings.append(Finding(lineno, "unreadable_line", f"not JSON ({exc.msg} at column {exc.colno})"))
+            continue
+        except RecursionError:
+            findings.append(Finding(lineno, "unreadable_line", "not JSON (nested too deeply to read)"))
             continue
         if not isinstance(rec, dict) or "type" not in rec:
             findings.append(Finding(lineno, "unreadable_line", "not a record: a JSON object with a 'type' is required"))

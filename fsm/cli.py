@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from agentfsm.textsafe import json_line, printable
+
 SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
 TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
@@ -235,17 +237,17 @@ class Printer:
             init = msg.get("type") == "system" and msg.get("subtype") == "init"
             if init and self.session_states:
                 self._state("running", msg.get("session_id"))
-            self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+            self.out.write(json_line(msg) + "\n")
             if msg.get("type") == "result" and self.session_states:
                 self._state("idle", msg.get("session_id"))
         elif self.fmt == "json" and self.verbose:
             self.collected.append(msg)
         elif msg.get("type") == "result":
             if self.fmt == "json":
-                self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+                self.out.write(json_line(msg) + "\n")
             else:
                 text = msg.get("result") if "result" in msg else "\n".join(msg.get("errors", []))
-                self.out.write((text or "") + "\n")
+                self.out.write(printable(text or "") + "\n")
 
     def _state(self, state: str, session_id: Any) -> None:
         # what the SDK asks for with CLAUDE_CODE_SDK_READS_SESSION_STATE=1 (it swallows these frames)
@@ -256,7 +258,7 @@ class Printer:
     def finish(self) -> None:
         """``--output-format json --verbose``: every message, as one JSON array."""
         if self.fmt == "json" and self.verbose and self.collected:
-            self.out.write(json.dumps(self.collected, ensure_ascii=False) + "\n")
+            self.out.write(json_line(self.collected) + "\n")
 
 
 def _read_prompt(args: argparse.Namespace) -> str | None:
@@ -271,7 +273,9 @@ def _read_prompt(args: argparse.Namespace) -> str | None:
         return None
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt: pass one as an argument or on stdin")
-    data = sys.stdin.read()
+    # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    data = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
     if not data.strip():
         raise UsageError("no prompt: stdin was empty")
     return data
@@ -293,7 +297,10 @@ async def _stdin_messages() -> AsyncIterator[Any]:
 
     def read() -> None:
         try:
-            for n, line in enumerate(sys.stdin, 1):
+            source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else sys.stdin
+            for n, raw in enumerate(source, 1):
+                # bytes that are not UTF-8 become lone surrogates: data, never the end of the input
+                line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
                 if line.strip():
                     post((n, line))
         except (OSError, ValueError):
@@ -365,6 +372,11 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
             session = open_session(options, client=client, emit=printer)
         except (ValueError, FileNotFoundError) as exc:
             raise UsageError(str(exc)) from None
+        if session.file_problems:
+            shown = "; ".join(str(p) for p in session.file_problems[:5])
+            more = f" (and {len(session.file_problems) - 5} more)" if len(session.file_problems) > 5 else ""
+            sys.stderr.write(printable(f"agentfsm: warning: the session file had {len(session.file_problems)} "
+                                       f"unusable part(s), skipped: {shown}{more}\n"))
         if args.debug:
             log.configure("console", level="debug")
         elif session.trace_path is not None:

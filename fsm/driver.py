@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from agentfsm import graph, log, phases
@@ -49,7 +49,7 @@ from agentfsm.events import (
     StreamOpened,
 )
 from agentfsm.executor import StreamingToolExecutor
-from agentfsm.model import ModelCallError, ModelClient, RetryNotice, StreamEvent
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
 from agentfsm.pipeline import STREAMING_FALLBACK, CallResult
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
@@ -57,7 +57,7 @@ from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import WireCache
 from agentfsm.result import RunAccount, RunResult, build_result
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
-from agentfsm.tools.base import ToolContext
+from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
 
 Emit = Callable[[dict[str, Any]], None]
@@ -97,6 +97,17 @@ class _LogSteps:
                       **after.counters())
 
 
+async def _unstreamed(client: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+    """The events of one request made without streaming (``client.create``), in stream form."""
+    for event in await client.create(request):
+        yield event
+
+
+def _tool_use_ids(messages: Sequence[Message]) -> set[str]:
+    return {b["id"] for m in messages if m.role == "assistant" for b in m.content
+            if b.get("type") == "tool_use" and isinstance(b.get("id"), str)}
+
+
 class Driver:
     """Runs one loop (one prompt to one result) of a session; see the module docstring."""
 
@@ -105,7 +116,8 @@ class Driver:
                  trace: TraceWriter | None = None, emit: Emit | None = None,
                  queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
                  should_stop_before_next_call: StopBeforeCall | None = None,
-                 observers: Sequence[StepObserver] = ()) -> None:
+                 observers: Sequence[StepObserver] = (),
+                 file_access: Callable[[], FileAccess] | None = None) -> None:
         self.options = options
         self.limits = options.limits
         self.client = client
@@ -119,6 +131,8 @@ class Driver:
         self.emit: Emit = emit or (lambda _m: None)
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
+        # the permission settings' file-access policy, one per call; without it file tools deny every path
+        self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
             should_stop_before_next_call or options.should_stop_before_next_call)
         # Tools see the abort signal (ToolContext.abort) and may set it too; one watcher per run turns
@@ -393,7 +407,9 @@ class Driver:
         self._request_messages = len(outgoing)
         self._pending_input = pending
         self._t_request = time.monotonic()
-        self._stream = self.client.stream(request)
+        # after a stream that broke or came garbled before any content, the same request unstreamed
+        self._stream = (_unstreamed(self.client, request) if state.non_streaming and self._can_unstream()
+                        else self.client.stream(request))
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
             self._first = await self._until_stopped(self._first_event(), stop_wins=False)
@@ -428,6 +444,10 @@ class Driver:
     def _has_fallback(self, state: LoopState) -> bool:
         return phases.has_fallback(self.options.models, state)
 
+    def _can_unstream(self) -> bool:
+        """The client can make a request without streaming (``create``)."""
+        return callable(getattr(self.client, "create", None))
+
     async def _failed(self, state: LoopState, error: ModelError, partial: Message | None = None,
                       partial_results: Message | None = None) -> CallFailed:
         await self._close_stream()
@@ -444,12 +464,15 @@ class Driver:
                          retryable=error.retryable)
         self.account.api_error_status = error.status
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
-                          partial=partial, partial_results=partial_results)
+                          partial=partial, partial_results=partial_results,
+                          non_streaming_available=self._can_unstream())
 
     # --- stream --------------------------------------------------------------------------------
 
     async def _consume_stream(self, state: LoopState) -> Event:
-        asm = self._asm = ResponseAssembler()
+        # a tool_use id already in the conversation (or twice in this response) is renamed before the
+        # block reaches the executor or the session file: the API refuses duplicate ids
+        asm = self._asm = ResponseAssembler(taken_ids=_tool_use_ids(state.messages))
         executor = self._executor = self._new_executor()
         self._emitted_results = set()
         it, first = self._stream, self._first
@@ -463,7 +486,8 @@ class Driver:
                 return await self._stopped_mid_stream(state)
         except (ModelCallError, StreamProtocolError) as exc:
             self._api_ms_since_request()
-            return await self._stream_failed(state, phases.stream_error(exc), asm, executor)
+            return await self._stream_failed(state, phases.stream_error(exc, has_content=asm.has_content),
+                                             asm, executor)
         except Exception as exc:
             self._api_ms_since_request()
             self.log.error("model.stream_failed_unexpectedly", error=repr(exc), exc_info=True)
@@ -475,6 +499,8 @@ class Driver:
         self._account(response)
         self.log.info("model.stream_end", stop_reason=response.stop_reason, blocks=len(response.blocks),
                       tool_uses=len(response.tool_uses()))
+        if asm.renamed_ids:
+            self.log.warning("model.duplicate_tool_use_ids", renamed=asm.renamed_ids)
         return phases.stream_ended(response, json_schema=self.options.json_schema is not None)
 
     async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
@@ -501,7 +527,7 @@ class Driver:
         if asm.usage:
             # the input was processed (and billed) even though the answer is lost
             self.account.spend(asm.model or self._model(state), asm.usage)
-        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits)
+        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits, self._can_unstream())
         aborted = {r.tool_use_id: r for r in executor.abort(STREAMING_FALLBACK if retry else STREAM_FAILED)}
         self._discarded.append(executor)
         self._executor = None
@@ -595,7 +621,8 @@ class Driver:
     def _new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
             return ToolContext(cwd=self.options.cwd, session_id=self.session_id, tool_use_id=tool_use_id,
-                               abort=self.abort_event, read_files=self.read_files, services=self.services)
+                               abort=self.abort_event, read_files=self.read_files, services=self.services,
+                               file_access=self.file_access() if self.file_access is not None else None)
 
         executor = StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
                                          max_concurrency=self.limits.max_tool_concurrency)

@@ -40,7 +40,8 @@ Prompt = str | Sequence[Mapping[str, Any]]
 # the reason of the synthetic result of a call whose response broke off for good
 STREAM_FAILED = "stream_failed"
 # what a model call that produced no stream, or a stream without its end, is
-EMPTY_STREAM = ModelError("connection", "The API returned an empty stream", None, True)
+# an empty stream is a garbled answer: nothing was shown, the request may be made again without streaming
+EMPTY_STREAM = ModelError("stream_garbled", "The API returned an empty stream", None, True)
 ENDED_EARLY = ModelError("connection", "The stream ended before message_stop", None, True)
 
 
@@ -165,13 +166,15 @@ def open_error(exc: BaseException) -> ModelError:
     return ModelError("model", f"Model call failed: {type(exc).__name__}: {exc}")
 
 
-def stream_error(exc: BaseException) -> ModelError:
-    """A stream that broke part-way: a classified transport error, a protocol violation, or
-    anything else (``model_error``)."""
+def stream_error(exc: BaseException, *, has_content: bool = True) -> ModelError:
+    """A stream that broke part-way: a classified transport error, a protocol violation (garbled
+    before any content block: nothing was shown, the request can be made again), or anything else
+    (``model_error``)."""
     if isinstance(exc, ModelCallError):
         return exc.error
     if isinstance(exc, StreamProtocolError):
-        return ModelError("model", f"Malformed stream from the API: {exc}")
+        kind = "model" if has_content else "stream_garbled"
+        return ModelError(kind, f"Malformed stream from the API: {exc}", None, not has_content)
     return ModelError("model", f"Model stream failed: {type(exc).__name__}: {exc}")
 
 

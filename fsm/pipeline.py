@@ -476,6 +476,13 @@ class _Call:
 
         with clock.step(5, "validate_input"):
             verdict = await tool.validate_input(self.input, ctx)
+            if not verdict.ok and verdict.denied:
+                # the input names a file the permission settings deny: a denial, listed as one
+                # (checked before anything else about the file is said, as Claude Code does)
+                self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
+                return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
+                                  denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
+                                          "tool_input": dict(self.input)})
             if not verdict.ok:
                 self.log.info("tool.rejected_input", message=verdict.message)
                 return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))

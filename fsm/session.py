@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import attrs
 
@@ -53,7 +53,7 @@ class Session:
                  queue: InputQueue | None = None, history: Sequence[Message] = (),
                  registry: Any = None, owns_client: bool = True, depth: int = 0,
                  subagent: SubagentIdentity | None = None, parent_hooks: Any = None,
-                 observers: Sequence[StepObserver] = ()) -> None:
+                 observers: Sequence[StepObserver] = (), trace_handle: IO[str] | None = None) -> None:
         self.options = options
         self.session_id = options.session_id or str(uuid.uuid4())
         self.history: tuple[Message, ...] = tuple(history)
@@ -68,7 +68,9 @@ class Session:
         self.sessions_dir: Path = sessions_dir(options)
         self.trace_path: Path | None = (
             self.sessions_dir / f"{self.session_id}.jsonl") if options.write_trace else None
-        self.trace = TraceWriter(self.trace_path)
+        # one writer per session: the file is locked (agentfsm.trace.lock_session_file); a resume
+        # passes the handle it locked before it read the file
+        self.trace = TraceWriter(self.trace_path, handle=trace_handle if self.trace_path is not None else None)
         # fails closed: settings or hooks that cannot be loaded stop the session here
         self.gate, self.registry = build_policy(
             options, registry if registry is not None else build_registry(options), session_id=self.session_id,
@@ -81,6 +83,8 @@ class Session:
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history
         self.repaired = False  # set by agentfsm.resume when resuming repaired the file's history
+        # what agentfsm.resume skipped in the session file it resumed or forked (FileProblem records)
+        self.file_problems: tuple[Any, ...] = ()
         self._header_written = False
         self._running = False
         self._interrupted = False
@@ -187,7 +191,8 @@ class Session:
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
                              trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.subagents.run}, observers=self.observers)
+                             services={"run_subagent": self.subagents.run}, observers=self.observers,
+                             file_access=self.gate.file_access)
         self.driver.read_files = self._read_files
         if self._interrupted:
             self.driver.interrupt()

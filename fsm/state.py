@@ -120,6 +120,8 @@ class Limits:
     # an earlier Claude Code (2.1.235) retried once; 2.1.332 retries twice
     malformed_tool_use_retries: int = attrs.field(default=1, validator=_non_negative)
     thinking_only_nudges: int = attrs.field(default=1, validator=_non_negative)
+    # an answer with nothing in it is asked for again this many times (Claude Code 2.1.332: once)
+    empty_response_nudges: int = attrs.field(default=1, validator=_non_negative)
     stop_hook_block_cap: int = attrs.field(default=8, validator=_non_negative)
     structured_output_retries: int = attrs.field(default=5, validator=_non_negative)
     max_tool_concurrency: int = attrs.field(default=10, validator=_positive_or_none)
@@ -257,6 +259,9 @@ class LoopState:
     model_index: int = 0
     has_attempted_reactive_compact: bool = False
     thinking_only_nudged: bool = False
+    empty_response_nudged: bool = False
+    # the stream broke or was garbled before any content: the next request is made without streaming
+    non_streaming: bool = False
     stop_hook_active: bool = False
     stop_hook_blocking_count: int = 0
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet
@@ -277,6 +282,8 @@ class LoopState:
             "model_index": self.model_index,
             "has_attempted_reactive_compact": self.has_attempted_reactive_compact,
             "thinking_only_nudged": self.thinking_only_nudged,
+            "empty_response_nudged": self.empty_response_nudged,
+            "non_streaming": self.non_streaming,
             "stop_hook_active": self.stop_hook_active,
             "stop_hook_blocking_count": self.stop_hook_blocking_count,
             "consecutive_compact_failures": self.compact_tracking.consecutive_failures,

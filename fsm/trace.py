@@ -46,7 +46,13 @@ from typing import IO, Any
 import attrs
 
 from agentfsm.events import to_record
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - no advisory locks on this platform
+    fcntl = None  # type: ignore[assignment]
 from agentfsm.state import Limits, LoopState, Message, appended
+from agentfsm.textsafe import json_line
 
 # 1: transitions without events (audited structurally); 2: events and full snapshots (replayed);
 # 3: what changed since the previous record (replayed; linear in the run's length)
@@ -64,17 +70,42 @@ def graph_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class SessionBusy(ValueError):
+    """Another run holds the session file: one writer per session."""
+
+
+def lock_session_file(path: Path) -> IO[str]:
+    """``path`` opened for appending under an exclusive advisory lock (held until it is closed);
+    :class:`SessionBusy` when another run holds it. Two runs writing one session would interleave
+    into a history neither had."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a", encoding="utf-8")
+    if fcntl is not None:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise SessionBusy(f"Session {path.stem} is in use by another agentfsm run (its session file is "
+                              "locked). Wait for that run to end, or add --fork-session to continue the "
+                              "conversation in a new session.") from None
+    return fh
+
+
 class TraceWriter:
     """Appends records to one session file; ``path=None`` keeps nothing (a pure in-memory run).
+    The file is locked while the writer holds it (:func:`lock_session_file`); ``handle`` is a file
+    already opened and locked that way.
 
     Each record method returns before building its record when there is no file: the loop calls
     them on every move, and a run without a trace should not pay for dicts nobody writes."""
 
-    def __init__(self, path: Path | None, *, sink: Callable[[dict[str, Any]], None] | None = None,
-                 seq: int = 0, clock: Callable[[], float] = time.time) -> None:
-        """``sink``: hand each finished record (``seq`` set) to this callable instead of the file —
-        a host that writes the file elsewhere (a Temporal workflow, through an activity) builds the
-        same records; ``seq`` is then the number of the first record and ``clock`` gives ``ts``."""
+    def __init__(self, path: Path | None, handle: IO[str] | None = None, *,
+                 sink: Callable[[dict[str, Any]], None] | None = None, seq: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``handle``: ``path`` already opened and locked (:func:`lock_session_file`). ``sink``: hand
+        each finished record (``seq`` set) to this callable instead of the file — a host that writes
+        the file elsewhere (a Temporal workflow, through an activity) builds the same records; ``seq``
+        is then the number of the first record and ``clock`` gives ``ts``."""
         self.path = path
         self._seq = seq
         self._chain: str | None = None
@@ -84,8 +115,7 @@ class TraceWriter:
         self._sink = sink
         self._clock = clock
         if sink is None and path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8")
+            self._fh = handle if handle is not None else lock_session_file(path)
             self._seq = _next_seq(path)
         self._on = self._fh is not None or sink is not None
 
@@ -104,7 +134,7 @@ class TraceWriter:
             self._sink(rec)
             return
         assert self._fh is not None
-        self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+        self._fh.write(json_line(rec) + "\n")
         if flush:
             self._fh.flush()
 
@@ -268,24 +298,65 @@ def sessions_dir(options: Any) -> Path:
 def _next_seq(path: Path) -> int:
     last = -1
     for rec in read_records(path):
-        last = rec.get("seq", last)
+        seq = rec.get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq > last:
+            last = seq
     return last + 1
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every whole record of a session file; a torn line (crash mid-write) is skipped."""
+@attrs.frozen
+class FileProblem:
+    """Something a reader of a session file skipped or repaired, by 1-based line: ``torn_last_line``
+    (a crash mid-write), ``undecodable_line`` (bytes that are not UTF-8, read with U+FFFD in their
+    place), ``unreadable_line`` (not a JSON record), ``malformed_record`` (a record whose fields a
+    reader cannot use)."""
+
+    line: int
+    code: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.detail}"
+
+
+def read_records(path: Path, problems: list[FileProblem] | None = None) -> Iterator[dict[str, Any]]:
+    """Every whole record of a session file, in order. Nothing in the file stops the reader: a torn
+    last line, bytes that are not UTF-8, a line that is not a JSON object with a ``type`` are
+    skipped (or, for bad bytes, read with replacement characters) and, when ``problems`` is given,
+    reported there."""
+    return (rec for _line, rec in numbered_records(path, problems))
+
+
+def numbered_records(path: Path, problems: list[FileProblem] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`read_records` with each record's 1-based line number."""
     if not path.exists():
         return
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break  # torn last line
+
+    def note(line: int, code: str, detail: str) -> None:
+        if problems is not None:
+            problems.append(FileProblem(line, code, detail))
+
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                note(lineno, "torn_last_line", f"the last line ({len(raw)} bytes, no newline) was cut off mid-write")
+                break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = raw.decode("utf-8", errors="replace")
+                note(lineno, "undecodable_line", f"not UTF-8 at byte {exc.start}; read with the bad bytes replaced")
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError) as exc:
+                note(lineno, "unreadable_line", f"not JSON ({exc})"[:200])
                 continue
-            if isinstance(rec, dict) and "type" in rec:
-                yield rec
+            if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
+                note(lineno, "unreadable_line", "not a record: a JSON object with a 'type' is required")
+                continue
+            yield lineno, rec
 
 
 def default_sessions_dir(cwd: Path) -> Path:

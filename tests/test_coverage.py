@@ -88,13 +88,18 @@ class Faulty:
     The scripted model still sees (and answers) every request, so the harness checks them all.
     """
 
-    def __init__(self, fault: str, at: int = 0) -> None:
+    def __init__(self, fault: str, at: int = 0, *, unstreamed: bool = False) -> None:
         self.fault, self.at = fault, at
         self._main = itertools.count()
+        if unstreamed:  # the client can also answer without streaming (the loop's fallback)
+            self.create = self._create
 
     def __call__(self, inner: ScriptedModel) -> Faulty:
         self.inner = inner
         return self
+
+    async def _create(self, request: ModelRequest) -> list[StreamEvent]:
+        return await self.inner.create(request)
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         compaction = _is_compaction(request)
@@ -322,10 +327,33 @@ def _protocol_violation(d: Path) -> LoopRun:
     return run_path(d, [DONE], fault=Faulty("protocol"))
 
 
-@rare("empty stream", T.API_ERROR, "call_failed:call_model")
+@rare("empty stream", T.MODEL_ERROR, "call_failed:call_model")
 def _empty_stream(d: Path) -> LoopRun:
-    # a connection that closed before its first event: retryable, but no retry is left here
+    # a body that held no event at all (not a stream), from a client that cannot ask unstreamed
     return run_path(d, [DONE], fault=Faulty("empty"), limits=Limits(stream_retries=0))
+
+
+@rare("protocol violation before any content, unstreamed", T.COMPLETED, "non_streaming_retry:stream",
+      "end_turn:stream")
+def _protocol_violation_unstreamed(d: Path) -> LoopRun:
+    return run_path(d, [DONE, DONE], fault=Faulty("protocol", unstreamed=True))
+
+
+@rare("stream dropped before its first event, retried", T.COMPLETED, "stream_retry:call_model",
+      "end_turn:stream")
+def _dropped_before_first_event(d: Path) -> LoopRun:
+    return run_path(d, [StreamedResponse(blocks=(TextBlock("lost"),), fault="drop"), DONE])
+
+
+@rare("garbled stream, asked again unstreamed", T.COMPLETED, "non_streaming_retry:call_model",
+      "end_turn:stream")
+def _garbled_unstreamed(d: Path) -> LoopRun:
+    return run_path(d, [StreamedResponse(blocks=(TextBlock("not SSE"),), fault="html"), DONE])
+
+
+@rare("empty answer, asked again", T.COMPLETED, "empty_response_nudge:stream", "end_turn:stream")
+def _empty_answer(d: Path) -> LoopRun:
+    return run_path(d, [StreamedResponse(blocks=()), DONE])
 
 
 @rare("stream error, final", T.API_ERROR, "call_failed:stream")

@@ -12,6 +12,7 @@ from agentfsm.claude_code.items import (
     MALFORMED,
     STOP_CAP_NOTICE,
     STREAM_JSON,
+    THINKING_ONLY,
     Internal,
     RunEnd,
 )
@@ -95,6 +96,8 @@ class StreamWalker(Walker):
             return
         if kind == MALFORMED and self.response is not None:
             self.response.stop_reason = "tool_use"
+        if kind == THINKING_ONLY and self.phase is not Phase.STREAM and self.phase is not Phase.CALL_MODEL:
+            self.to_call(line)  # an answer with no output is not shown: its request was sent
         self.on_meta(line, kind, text)
 
     def _system(self, line: int, rec: Mapping[str, Any]) -> None:
@@ -134,5 +137,9 @@ class StreamWalker(Walker):
         reason = rec.get("terminal_reason")
         if self.phase is None and not self.items:
             self.start_run(line, None)
+        if (self.phase in (Phase.ASSEMBLE, Phase.CALL_MODEL) and rec.get("subtype") == "success"
+                and rec.get("result") == ""):
+            self.on_empty_answer(line, "a success with an empty result and no answer shown since the last "
+                                       "request: read as an empty answer")
         self.finish(line, str(reason) if reason else "unknown", rec.get("stop_reason"))
         self.items.append(RunEnd(line, str(reason) if reason else None))

@@ -88,6 +88,11 @@ class TranscriptWalker(Walker):
             self.on_stream_retry(self.request_line, line, "the same request sent again with no error record (an SSE "
                                                           "error before any content); read as stream_retry")
 
+    def _cost_state(self, line: int, rec: Mapping[str, Any]) -> None:
+        # the client's last record of a run: a request still unanswered here was answered with nothing
+        if self.phase is Phase.CALL_MODEL and self.request is not None:
+            self.on_empty_answer(line, "the last request has no answer and the run ended: read as an empty answer")
+
     # messages
 
     def _assistant(self, line: int, rec: Mapping[str, Any]) -> None:

@@ -301,9 +301,25 @@ class Walker:
                 self.response.blocks = [b for b in self.response.blocks if b.get("type") != "tool_use"]
             self.end_response(line, "malformed_tool_use_retry", stop_reason="tool_use")
         elif kind == THINKING_ONLY:
-            self.end_response(line, "thinking_only_nudge", stop_reason=self._stop("end_turn"))
+            # the client's one text for an answer with no visible output, with thinking or empty
+            r = self.response
+            thinking = r is not None and any(b.get("type") in ("thinking", "redacted_thinking") for b in r.blocks)
+            self.end_response(line, "thinking_only_nudge" if thinking else "empty_response_nudge",
+                              stop_reason=self._stop("end_turn"))
         elif kind == ENFORCE:
             self.enforce = line  # what follows says whether the loop re-entered or max_turns ended it
+
+    def on_empty_answer(self, line: int, why: str) -> None:
+        """The client wrote no answer to the request in progress and ended the turn: an answer with
+        nothing in it (Claude Code records none)."""
+        if self.phase is Phase.ASSEMBLE:
+            self.to_call(line)  # stream-json shows no requests
+        if self.phase is not Phase.CALL_MODEL:
+            return
+        self.find(line, "read_as_empty_answer", why)
+        self.emit(line, StreamOpened(), "open_stream")
+        self.response = None
+        self.end_response(line, "end_turn", stop_reason="end_turn")
 
     def _stop(self, default: str) -> str:
         r = self.response

@@ -477,8 +477,8 @@ class Activities:
                     if not asm.stopped:
                         raise ModelCallError(phases.ENDED_EARLY)
                 except Exception as exc:  # the stream broke: the workflow asks the graph what now
-                    return outcome(opened=True, error=phases.stream_error(exc), blocks=tuple(asm.blocks),
-                                   usage=dict(asm.usage))
+                    return outcome(opened=True, error=phases.stream_error(exc, has_content=asm.has_content),
+                                   blocks=tuple(asm.blocks), usage=dict(asm.usage))
             finally:
                 with contextlib.suppress(Exception):
                     await stream.aclose()  # type: ignore[attr-defined]
@@ -541,8 +541,12 @@ class Activities:
         services = {PROCESS_GUARD: _ProcessGuard(details)}
 
         def make_ctx(tid: str) -> ToolContext:
+            # the gate's file rules, as a local run's driver passes them (without them every file tool
+            # refuses: the port fails closed)
+            access = getattr(ctx.gate, "file_access", None)
             return ToolContext(cwd=ctx.options.cwd, session_id=spec.session_id, tool_use_id=tid,
-                               read_files=read_files, layers=dict(inp.layers), services=services)
+                               read_files=read_files, layers=dict(inp.layers), services=services,
+                               file_access=access() if callable(access) else None)
 
         async with _heartbeats(lambda: details):
             result = await run_tool_call(block, lookup=ctx.table, gate=ctx.gate, ctx_factory=make_ctx,
