@@ -16,9 +16,13 @@ fed through the read callback in chunks (``parse(bytes)`` holds the GIL for the 
 the event loop's thread on a long command); the tree is walked with an explicit stack carrying each
 node's context (``Node.parent`` searches from the root, which made a naive walk quadratic); and a
 tree of untrusted input is never turned into a string (``str()`` of a 100 000-deep tree crashed the
-interpreter). Four fidelity checks turn what the grammar silently misreads (backticks inside
-``${…}`` or heredocs, ``<<-`` bodies, a backslash-newline inside a word, ``time { …; }``) into
-"cannot analyse".
+interpreter). And the grammar's own scanner reads past glibc's ``isdigit`` table when a ``{`` is followed
+by a character above U+00FF (an out-of-bounds read that segfaults the process at random, found by
+the property tests), so the parser is handed a copy with every non-ASCII byte masked as the letter
+``a`` — same length, same offsets, and to bash a non-ASCII byte is an ordinary word character anyway
+— while every word is still read from the original bytes. Four fidelity checks turn what the grammar
+silently misreads (backticks inside ``${…}`` or heredocs, ``<<-`` bodies, a backslash-newline inside
+a word, ``time { …; }``) into "cannot analyse".
 
 The analysis itself is pure: it reads neither the disk nor the environment (``home`` is passed in),
 so it can be memoised; globs are kept as patterns for the caller to expand when it decides.
@@ -66,6 +70,9 @@ MAX_PART_TEXT = 8192
 #: and code bash rejects runs nothing anyway.
 PRECHECK_BYTES = 16 * 1024
 _CHUNK = 4096
+#: Every byte above 0x7F becomes ``a`` for the parser (see the module's notes): the scanner then never
+#: hands a code point above 0x7F to a ``<ctype.h>`` function.
+_ASCII_MASK = bytes(range(128)) + b"a" * 128
 
 Access = Literal["read", "write"]
 _LANGUAGE = Language(tree_sitter_bash.language())
@@ -165,11 +172,13 @@ def _walked(command: str, home: str) -> _Walker:
 
 def parse(source: bytes) -> Node:
     """The syntax tree of ``source``, parsed in chunks through the read callback so the GIL is
-    released between them."""
+    released between them. The tree's offsets are ``source``'s; its text is read from ``source``, never
+    from the tree (the parser sees a copy with non-ASCII bytes masked)."""
     parser = Parser(_LANGUAGE)
+    masked = source.translate(_ASCII_MASK)
 
     def read(offset: int, _point: object) -> bytes:
-        return source[offset:offset + _CHUNK]
+        return masked[offset:offset + _CHUNK]
 
     return parser.parse(read).root_node
 
