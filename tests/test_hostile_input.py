@@ -4,11 +4,13 @@ loopback scripted server (the real SDK path)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -164,23 +166,44 @@ def test_a_damaged_session_file_still_resumes_forks_continues_and_audits(agentfs
     assert checked.returncode in (0, 1) and "Traceback" not in checked.stderr, checked.stderr
 
 
+class _GatedServer(ScriptedServer):
+    """Holds the response scripted with ``delay_s: HELD`` until ``release`` is set: a run is then
+    provably still in flight, however slow the machine is."""
+
+    HELD = 1000.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = threading.Event()
+
+    async def _sleep(self, seconds: float) -> None:
+        if seconds != self.HELD:
+            await super()._sleep(seconds)
+            return
+        while not self.release.is_set():
+            await asyncio.sleep(0.02)
+
+
 @pytest.mark.slow
 def test_one_writer_per_session(agentfsm_workspace: Path, home: Path) -> None:
     sid = str(uuid.uuid4())
-    slow = {"blocks": [{"type": "text", "text": "slow"}], "delay_s": 4}
-    with ScriptedServer([text("one"), slow, text("forked")], ws=agentfsm_workspace) as server:
+    held = {"blocks": [{"type": "text", "text": "slow"}], "delay_s": _GatedServer.HELD}
+    with _GatedServer([text("one"), held, text("forked")], ws=agentfsm_workspace) as server:
         assert run(server, agentfsm_workspace, home, "-p", "go", "--session-id", sid).returncode == 0
         first = run(server, agentfsm_workspace, home, "--resume", sid, "-p", "again", wait=False)
         assert isinstance(first, subprocess.Popen)
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while len(server.requests) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
+            assert len(server.requests) == 2, "the first run never reached the model"
             busy = run(server, agentfsm_workspace, home, "--resume", sid, "-p", "meanwhile")
+            assert first.poll() is None, "the first run must still hold the session"
             assert busy.returncode == 1 and "is in use by another agentfsm run" in busy.stderr, busy.stderr
             forked = run(server, agentfsm_workspace, home, "--resume", sid, "--fork-session", "-p", "fork it")
             assert forked.returncode == 0, forked.stderr
         finally:
+            server.release.set()
             _out, err = first.communicate(timeout=60)
         assert first.returncode == 0, err
     assert audit(session_path(home, agentfsm_workspace, sid)).returncode == 0

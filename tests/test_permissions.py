@@ -437,6 +437,7 @@ def test_visible_tools(tmp_path: Path) -> None:
 
 async def test_a_long_bash_command_is_judged_off_the_event_loop(tmp_path: Path) -> None:
     import asyncio
+    import gc
     import time
 
     from agentfsm.tools import BashTool
@@ -453,12 +454,21 @@ async def test_a_long_bash_command_is_judged_off_the_event_loop(tmp_path: Path) 
             now = time.perf_counter()
             worst[0], last = max(worst[0], now - last), now
 
-    tick = asyncio.ensure_future(ticker())
-    d = await p.decide(BashTool(), {"command": command})
-    stop.set()
-    await tick
+    # a full collection in a long test process stops every thread alike: that is not what is measured
+    gc.collect()
+    gc.disable()
+    try:
+        tick = asyncio.ensure_future(ticker())
+        started = time.perf_counter()
+        d = await p.decide(BashTool(), {"command": command})
+        elapsed = time.perf_counter() - started
+        stop.set()
+        await tick
+    finally:
+        gc.enable()
     assert d.behavior == "deny"  # the rm at the end of 128 KB is found
-    assert worst[0] < 0.5, f"the event loop stalled {worst[0]:.2f}s"
+    # judged on the loop, the longest stall would be the whole judgement; relative, so load cannot fail it
+    assert worst[0] < elapsed / 2, f"the event loop stalled {worst[0]:.2f}s of {elapsed:.2f}s"
 
 
 @pytest.mark.parametrize("command", ["git -C . push origin main", "git --no-pager -c color.ui=false push",
