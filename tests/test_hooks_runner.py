@@ -328,11 +328,15 @@ async def test_matching_hooks_run_in_parallel(tmp_path: Path) -> None:
 
 
 async def test_command_hooks_run_in_parallel(tmp_path: Path) -> None:
-    hooks = [CommandHook(f"sleep 1; echo {i} > /dev/null") for i in range(3)]
-    start = time.monotonic()
+    # each hook notes when it began and ended: run in parallel, every one began before any ended
+    # (an ordering, not a duration, so a loaded machine cannot fail it)
+    hooks = [CommandHook(f"date +%s.%N > {tmp_path}/begin{i}; sleep 0.5; date +%s.%N > {tmp_path}/end{i}")
+             for i in range(3)]
     res = await runner("PreToolUse", *hooks, tmp=tmp_path).run(pre())
-    assert time.monotonic() - start < 2.5
     assert [r.outcome for r in res.results] == ["success"] * 3
+    begun = [float((tmp_path / f"begin{i}").read_text()) for i in range(3)]
+    ended = [float((tmp_path / f"end{i}").read_text()) for i in range(3)]
+    assert max(begun) < min(ended)
 
 
 # ---------------------------------------------------------------------------------------------
