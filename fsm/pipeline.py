@@ -545,7 +545,7 @@ class _Call:
                 self.run_ms = (time.perf_counter() - t) * 1000
                 self.log.info("tool.error", error=str(exc))
                 await self._post_failure(str(exc), is_interrupt=False)
-                return self.error(tool_use_error(str(exc)))
+                return self.error(tool_use_error(str(exc)) if getattr(exc, "wrapped", True) else str(exc))
             except asyncio.CancelledError:
                 self.run_ms = (time.perf_counter() - t) * 1000
                 self.log.info("tool.interrupted", step="call")

@@ -54,12 +54,12 @@ async def src(ctx: ToolContext, tmp_path: Path) -> Path:
     return path
 
 
-async def test_unique_replacement_and_snippet(ctx: ToolContext, src: Path) -> None:
+async def test_unique_replacement_says_the_file_state_is_current(ctx: ToolContext, src: Path) -> None:
     out = await edit(ctx, src, "def g():", "def h():")
     assert src.read_text() == "def f():\n    return 1\n\ndef h():\n    return 1\n"
-    assert out.startswith(f"The file {src} has been updated successfully. Here's the result of running "
-                          "`cat -n` on a snippet of the edited file:\n")
-    assert out.split("\n", 1)[1] == "1\tdef f():\n2\t    return 1\n3\t\n4\tdef h():\n5\t    return 1"
+    # Claude Code's text: no snippet of the edited lines, a note that the model's view is current
+    assert out == (f"The file {src} has been updated successfully. (file state is current in your context "
+                   "\u2014 no need to Read it back)")
 
 
 async def test_replace_all(ctx: ToolContext, src: Path) -> None:

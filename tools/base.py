@@ -122,7 +122,13 @@ class ToolOutput:
 
 
 class ToolError(Exception):
-    """Raised by a tool for an expected failure; its message becomes an ``is_error`` tool_result."""
+    """Raised by a tool for an expected failure; its message becomes an ``is_error`` tool_result,
+    wrapped in ``<tool_use_error>`` unless ``wrapped=False`` (Claude Code sends some errors bare: a
+    missing file for Read, a missing path for Glob and Grep, a rejected search pattern)."""
+
+    def __init__(self, message: str, *, wrapped: bool = True) -> None:
+        super().__init__(message)
+        self.wrapped = wrapped
 
 
 @attrs.define

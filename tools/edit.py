@@ -12,18 +12,16 @@ import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
 from agentfsm.tools.read import (
+    FILE_STATE_CURRENT,
     absolute,
     check_fresh,
     not_found_message,
-    number_lines,
     open_regular,
     record_read,
     require_access,
-    split_lines,
     validate_access,
 )
 
-SNIPPET_CONTEXT = 4
 #: Largest file Edit reads into memory to change it.
 MAX_EDIT_BYTES = 64 * 1024 * 1024
 SAME_STRINGS = "No changes to make: old_string and new_string are exactly the same."
@@ -151,13 +149,6 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
     return PlannedEdit(path, new_text, anchor, new, creates=False, crlf=crlf, bom=bom)
 
 
-def snippet(text: str, anchor: int, inserted: str) -> str:
-    lines = split_lines(text)
-    first = text.count("\n", 0, anchor)
-    last = first + inserted.count("\n")
-    start = max(0, first - SNIPPET_CONTEXT)
-    return number_lines(lines[start:last + SNIPPET_CONTEXT + 1], start + 1)
-
 
 class EditTool(Tool):
     name = "Edit"
@@ -203,11 +194,8 @@ class EditTool(Tool):
         shown = input["file_path"]
         head = (f"The file {shown} has been updated. All occurrences were successfully replaced."
                 if input.get("replace_all") else f"The file {shown} has been updated successfully.")
-        body = snippet(plan.new_text, plan.anchor, plan.inserted)
-        if not body:
-            return ToolOutput(head)
-        return ToolOutput(f"{head} Here's the result of running `cat -n` on a snippet of the edited "
-                          f"file:\n{body}")
+        # no snippet of the edited lines (as Claude Code): the model wrote them, they cost tokens
+        return ToolOutput(head + FILE_STATE_CURRENT)
 
 
 def _write(plan: PlannedEdit) -> None:
