@@ -237,7 +237,9 @@ def account_batch(account: RunAccount, ordered: Sequence[CallResult]) -> None:
 
 
 def results_message(ordered: Sequence[CallResult]) -> Message:
-    return Message("user", tuple(r.block for r in ordered), kind="tool_results")
+    """The user message of a batch: its results, then any text blocks the calls add (hook context)."""
+    after = tuple(b for r in ordered for b in r.after)
+    return Message("user", tuple(r.block for r in ordered) + after, kind="tool_results")
 
 
 def post_batch_input(assistant: Message, ordered: Sequence[CallResult]) -> list[dict[str, Any]]:

@@ -205,6 +205,11 @@ class Tool:
             block["is_error"] = True
         return block
 
+    def invalid_input_text(self, input: Any) -> str | None:
+        """The whole error text for input that fails the schema, when the tool words it itself;
+        None (the default): the pipeline's ``InputValidationError`` listing."""
+        return None
+
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         """What permission rules' specifiers match (a path for file tools, the command for Bash)."""
         for key in ("file_path", "path", "command", "pattern", "url"):

@@ -133,7 +133,8 @@ _ARG_CHECKS: dict[str, Callable[[list[str]], bool]] = {
 }
 
 
-def _segment_read_only(argv: tuple[str | None, ...]) -> bool:
+def segment_read_only(argv: tuple[str | None, ...]) -> bool:
+    """Whether one command (its argv, ``None`` for a word that is not static) only reads."""
     if None in argv:
         return False
     words = [w for w in argv if w is not None]
@@ -167,7 +168,7 @@ def analysis_read_only(analysis: Analysis) -> bool:
     if (not analysis.commands or analysis.opaque or analysis.environment or analysis.background
             or analysis.assigns or analysis.redirects_output):
         return False
-    return all(_segment_read_only(c.argv) for c in analysis.commands)
+    return all(segment_read_only(c.argv) for c in analysis.commands)
 
 
 # --- running ---------------------------------------------------------------------------------
