@@ -59,6 +59,15 @@ _WORKER_LOST_MESSAGE = (
 _INVALID_JSON_ECHO_BYTES = 200
 
 
+#: Claude Code's built-in tool names: one the model calls here though the session does not offer it is
+#: reported as disabled (not merely unknown).
+KNOWN_TOOL_NAMES = frozenset({
+    "Agent", "Task", "Bash", "BashOutput", "KillShell", "TaskStop", "TaskOutput", "Glob", "Grep", "Read", "Edit",
+    "MultiEdit", "Write", "NotebookEdit", "NotebookRead", "WebFetch", "WebSearch", "TodoWrite", "TodoRead",
+    "ExitPlanMode", "EnterPlanMode", "SlashCommand", "Skill", "AskUserQuestion", "LS", "StructuredOutput",
+})
+
+
 def reminder(text: str) -> str:
     """``text`` in a ``<system-reminder>``: hook output the model should read as context, not as output."""
     return f"<system-reminder>\n{text}\n</system-reminder>"
@@ -422,6 +431,16 @@ class _Call:
                       hook_ms=round(self.hook_ms, 3), permission_ms=round(self.permission_ms, 3))
         return res
 
+    def _denied_input(self) -> dict[str, Any]:
+        """The input as a permission denial lists it: as parsed, the schema's defaults filled in
+        (Claude Code lists ``replace_all: false`` for an Edit that did not give it)."""
+        out = dict(self.input)
+        props = self.tool.input_schema.get("properties", {}) if self.tool is not None else {}
+        for key, spec in props.items() if isinstance(props, Mapping) else ():
+            if isinstance(spec, Mapping) and "default" in spec and key not in out:
+                out[key] = spec["default"]
+        return out
+
     def error(self, text: str, **kw: Any) -> CallResult:
         return self.result({"content": text}, is_error=True, **kw)
 
@@ -440,7 +459,11 @@ class _Call:
             if tool is None:
                 hint = self.table.suggest(self.name)
                 self.log.warning("tool.unknown", suggestion=hint)
-                text = f"<tool_use_error>Error: No such tool available: {self.name}</tool_use_error>"
+                # a tool Claude Code has but this session does not offer: said to be off for good, in
+                # Claude Code's words (the model stops trying it); any other name: just unknown
+                off = (f". {self.name} is disabled for this session, in subagents as well as here."
+                       if self.name in KNOWN_TOOL_NAMES else "")
+                text = f"<tool_use_error>Error: No such tool available: {self.name}{off}</tool_use_error>"
                 return self.error(text + (f" Did you mean {hint}?" if hint else ""))
             self.tool = tool
             if tool.name != self.name:  # called by an alias: hooks and rules see the canonical name
@@ -492,7 +515,7 @@ class _Call:
                 self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
                 return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
                                   denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                          "tool_input": dict(self.input)})
+                                          "tool_input": self._denied_input()})
             if not verdict.ok:
                 self.log.info("tool.rejected_input", message=verdict.message)
                 return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))
@@ -516,7 +539,7 @@ class _Call:
                 # a hook that blocks the call (exit 2) denied it: listed as a denial, as Claude Code does
                 return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}",
                                   denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                          "tool_input": dict(self.input)})
+                                          "tool_input": self._denied_input()})
             if pre.decision == "defer":
                 self.log.info("tool.deferred", reason=pre.reason)
                 why = f": {pre.reason}" if pre.reason else ""
@@ -541,7 +564,7 @@ class _Call:
                 # "ask" reaching the pipeline means nobody could answer: a denial (docs/behaviour.md §5)
                 reason = perm.reason or f"Permission to use {self.name} has been denied."
                 denial = {"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                          "tool_input": dict(self.input)}
+                          "tool_input": self._denied_input()}
                 self.log.info("tool.denied", behavior=perm.behavior, reason=reason, rule=perm.rule)
                 return self.error(reason, denial=denial)
         if perm.updated_input is not None:

@@ -135,6 +135,13 @@ async def test_unknown_tool_exact_text_without_suggestion() -> None:
     assert content(r) == "<tool_use_error>Error: No such tool available: Zzzqx</tool_use_error>"
 
 
+async def test_a_claude_code_tool_not_offered_is_said_to_be_disabled() -> None:
+    # Claude Code's text for a tool it has but the session does not offer
+    assert content(await run(use("NotebookEdit"))) == (
+        "<tool_use_error>Error: No such tool available: NotebookEdit. NotebookEdit is disabled for this session, "
+        "in subagents as well as here.</tool_use_error>")
+
+
 async def test_unknown_tool_suggests_closest_name() -> None:
     r = await run(use("Reed"))
     assert content(r) == ("<tool_use_error>Error: No such tool available: Reed</tool_use_error>"

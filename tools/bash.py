@@ -298,7 +298,8 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 def _shell() -> str:
-    return shutil.which("bash") or "/bin/bash"
+    # /bin/bash where it exists: bash names itself in its errors ("/bin/bash: line 1: …"), as in Claude Code
+    return "/bin/bash" if os.access("/bin/bash", os.X_OK) else (shutil.which("bash") or "/bin/bash")
 
 
 def _environment() -> dict[str, str]:
