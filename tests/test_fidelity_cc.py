@@ -47,7 +47,8 @@ DEFAULT_TOOLS = "Read,Write,Edit,Bash,Glob,Grep"
 RESULT_FIELDS = ("subtype", "is_error", "terminal_reason", "result", "permission_denials", "structured_output",
                  "num_turns", "errors")
 
-TOKENS_REMINDER = re.compile(r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>\n?")
+TOKENS_REMINDER = re.compile(
+    r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>\n?")
 SAVED_PATH = re.compile(r"Full output saved to: \S+")
 PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_tokens>", "Today's date is",
                     "Attribution for git commits", "As you answer the user's questions", "# claudeMd")
