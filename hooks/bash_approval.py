@@ -9,7 +9,7 @@ handed to an interpreter — is not an edit inside the workspace: it still needs
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from agentfsm.tools.bash import segment_read_only
@@ -50,14 +50,17 @@ def edits_inside(analysis: Analysis, dirs: Sequence[Path]) -> bool:
     return bool(writes) and all(p.path is not None and _inside(p.path, dirs) for p in writes)
 
 
-def approval_text(analysis: Analysis, dirs: Sequence[Path]) -> str:
+def approval_text(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[str] = ()) -> str:
     """Why the command needs approval, in Claude Code's words: the first file it would write (inside
-    or outside the working directories), else that it cannot be classified."""
+    or outside the working directories) other than by a program an allow rule already approves
+    (``allowed``), else that it cannot be classified."""
     if not _followed(analysis):
         return UNCLASSIFIED
     shown = ", ".join(f"'{d}'" for d in dirs)
     for use in analysis.paths:
         if use.access != "write" or use.path is None:
+            continue
+        if not use.why.startswith("redirection") and use.why.split()[0] in allowed:
             continue
         what = (f"Output redirection to '{use.path}'" if use.why.startswith("redirection")
                 else f"{use.why.split()[0]} in '{use.path}'")

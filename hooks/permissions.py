@@ -636,7 +636,12 @@ class PermissionPolicy:
         if names & EDIT_TOOLS and paths:
             return PermissionDecision("ask", requested("write", paths[0]), None, "mode", bare=True)
         if "Bash" in names and isinstance(tool_input.get("command"), str):
-            text = approval_text(analyse(tool_input["command"], str(self.cwd)), self.working_dirs)
+            analysis = analyse(tool_input["command"], str(self.cwd))
+            specs = [r.specifier for r in self.allow if r.specifier is not None and r.names_tool(tool)]
+            # the parts an allow rule approves are not what needs approval: name another
+            allowed = {c.program for c in analysis.commands if c.program and c.text
+                       and any(spec_matches(sp, c.text) for sp in specs)}
+            text = approval_text(analysis, self.working_dirs, allowed)
             return PermissionDecision("ask", text, None, "mode", bare=True)
         return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
                                   None, "mode")
