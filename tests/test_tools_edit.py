@@ -75,11 +75,20 @@ async def test_not_read_yet(ctx: ToolContext, tmp_path: Path) -> None:
     assert path.read_text() == "abc"
 
 
-async def test_modified_since_read(ctx: ToolContext, src: Path) -> None:
+async def test_modified_since_read_still_applies_with_a_note(ctx: ToolContext, src: Path) -> None:
+    # Claude Code 2.1.332: a changed file is edited when old_string still applies, and the model is told
     src.write_text(src.read_text() + "# linter\n")
     st_ = src.stat()
     os.utime(src, (st_.st_atime, st_.st_mtime + 5))
-    assert await edit_error(ctx, src, "def g", "def h") == MODIFIED
+    assert await edit(ctx, src, "def g", "def h") == (
+        f"The file {src} has been updated successfully. (note: the file had been modified on disk since you last "
+        "read it \u2014 the edit applied cleanly, but the file contains other changes not in your context. Read it "
+        "before edits that depend on surrounding content.)")
+    assert "def h" in src.read_text() and src.read_text().endswith("# linter\n")
+    # it no longer applies: refused, and the model is told to read the file again
+    src.write_text("other\n")
+    os.utime(src, (st_.st_atime, st_.st_mtime + 10))
+    assert await edit_error(ctx, src, "def f", "def k") == MODIFIED
 
 
 async def test_string_not_found(ctx: ToolContext, src: Path) -> None:
