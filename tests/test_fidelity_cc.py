@@ -16,7 +16,7 @@ adding it), the preamble reminders of the first message, the saved path of a per
 defaults filled in).
 
 Claude Code is located with ``$AGENTFSM_CLAUDE``, else ``claude`` on PATH; without it the test skips.
-``AGENTFSM_FIDELITY_JOBS`` sets how many runs go at once (default 3).
+``AGENTFSM_FIDELITY_JOBS`` sets how many runs go at once (default 4).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import pytest
 
 from agentfsm.testing.server import ScriptedServer
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+# the first test waits for every run (about 4 minutes on 2 cores), so the timeout is the whole batch's
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 HERE = Path(__file__).parent / "fidelity"
 SCENARIOS = sorted(p.stem for p in (HERE / "scenarios").glob("*.json"))
@@ -233,7 +234,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Any]
     if CLAUDE is None:
         pytest.skip("no Claude Code binary: set $AGENTFSM_CLAUDE or put `claude` on PATH")
     root = tmp_path_factory.mktemp("fidelity")
-    jobs = int(os.environ.get("AGENTFSM_FIDELITY_JOBS", "3"))
+    jobs = int(os.environ.get("AGENTFSM_FIDELITY_JOBS", "4"))
     with cf.ThreadPoolExecutor(jobs) as pool:
         futures = {(n, c): pool.submit(run_client, n, c, root) for n in SCENARIOS for c in ("cc", "af")}
         done: dict[tuple[str, str], Any] = {}
