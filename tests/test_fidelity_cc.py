@@ -28,8 +28,10 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,15 @@ def _file_bytes(spec: Any) -> bytes | None:
         return bytes.fromhex(spec["hex"])
     if "base64" in spec:
         return base64.b64decode(spec["base64"])
+    if "png" in spec:  # a w×h red PNG
+        w, h = spec["png"]
+        raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+
+        def chunk(tag: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
     raise ValueError(f"bad file spec {spec!r}")
 
 
@@ -171,7 +182,9 @@ def _text(content: Any) -> Any:
             if text or len(content) == 1:
                 parts.append(text)
         elif b.get("type") == "image":
-            parts.append(f"<image {b.get('source', {}).get('media_type')}>")
+            src = b.get("source", {})
+            digest = hashlib.sha256(src.get("data", "").encode()).hexdigest()[:16]
+            parts.append(f"<image {src.get('media_type')} {digest}>")
         else:
             parts.append(f"<{b.get('type')}>")
     return parts[0] if len(parts) == 1 and isinstance(parts[0], str) else parts
