@@ -59,7 +59,11 @@ class ModelResponse:
         return any(b.get("type") in ("thinking", "redacted_thinking") for b in self.blocks)
 
     def as_message(self) -> Message:
-        return Message("assistant", self.blocks, kind="assistant")
+        """The response as history keeps it and sends it back: tool_use blocks after every other
+        block (text streamed after a tool_use moves before it, as Claude Code sends it back)."""
+        calls = tuple(b for b in self.blocks if b.get("type") == "tool_use")
+        rest = tuple(b for b in self.blocks if b.get("type") != "tool_use")
+        return Message("assistant", rest + calls, kind="assistant")
 
 
 @attrs.frozen

@@ -537,7 +537,7 @@ def empty_nudge(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any
 
 
 def structured_retry(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
-    return _ended({"messages": _kept(s, e, prompts.meta_message(prompts.STRUCTURED_OUTPUT_RETRY)),
+    return _ended({"messages": _kept(s, e, prompts.meta_message(prompts.STRUCTURED_OUTPUT_RETRY, plain=True)),
                    "structured_output_retry_count": s.structured_output_retry_count + 1})
 
 

@@ -63,7 +63,15 @@ def prompt_verdict(first: Message, outcome: Any) -> tuple[Message, SetupFailed |
         reason = (outcome.stop_reason if outcome.stop else outcome.reason) or "prompt blocked by hook"
         return first, SetupFailed(TerminalReason.HOOK_STOPPED, reason), True
     if outcome.additional_context:
-        first = attrs.evolve(first, content=first.content + prompts.reminder_blocks(outcome.additional_context))
+        # before the prompt, labelled, as Claude Code sends them: plain stdout is the hook's "success"
+        plain = list(getattr(outcome, "plain_context", ()) or ())
+        labelled = []
+        for text in outcome.additional_context:
+            kind = "success" if text in plain else "additional context"
+            if text in plain:
+                plain.remove(text)
+            labelled.append(f"UserPromptSubmit hook {kind}: {text}")
+        first = attrs.evolve(first, content=prompts.reminder_blocks(labelled) + first.content)
     return first, None, False
 
 
@@ -237,7 +245,9 @@ def account_batch(account: RunAccount, ordered: Sequence[CallResult]) -> None:
 
 
 def results_message(ordered: Sequence[CallResult]) -> Message:
-    return Message("user", tuple(r.block for r in ordered), kind="tool_results")
+    """The user message of a batch: its results, then any text blocks the calls add (hook context)."""
+    after = tuple(b for r in ordered for b in r.after)
+    return Message("user", tuple(r.block for r in ordered) + after, kind="tool_results")
 
 
 def post_batch_input(assistant: Message, ordered: Sequence[CallResult]) -> list[dict[str, Any]]:

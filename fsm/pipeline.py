@@ -59,6 +59,20 @@ _WORKER_LOST_MESSAGE = (
 _INVALID_JSON_ECHO_BYTES = 200
 
 
+#: Claude Code's built-in tool names: one the model calls here though the session does not offer it is
+#: reported as disabled (not merely unknown).
+KNOWN_TOOL_NAMES = frozenset({
+    "Agent", "Task", "Bash", "BashOutput", "KillShell", "TaskStop", "TaskOutput", "Glob", "Grep", "Read", "Edit",
+    "MultiEdit", "Write", "NotebookEdit", "NotebookRead", "WebFetch", "WebSearch", "TodoWrite", "TodoRead",
+    "ExitPlanMode", "EnterPlanMode", "SlashCommand", "Skill", "AskUserQuestion", "LS", "StructuredOutput",
+})
+
+
+def reminder(text: str) -> str:
+    """``text`` in a ``<system-reminder>``: hook output the model should read as context, not as output."""
+    return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
 def tool_use_error(text: str) -> str:
     """Wrap ``text`` the way Claude Code marks tool errors for the model (idempotent)."""
     return text if text.startswith("<tool_use_error>") else f"<tool_use_error>{text}</tool_use_error>"
@@ -111,6 +125,8 @@ class CallResult:
     stop_reason: str = ""
     permission_denial: Mapping[str, Any] | None = None
     cancel_reason: str | None = None
+    # text blocks for the model sent after the batch's results (in the same user message)
+    after: tuple[Mapping[str, Any], ...] = ()
     timings: CallTimings = attrs.field(factory=CallTimings)
 
     @property
@@ -379,6 +395,7 @@ class _Call:
         self.tool: Tool | None = None
         self.input: dict[str, Any] = dict(block["input"]) if isinstance(block.get("input"), Mapping) else {}
         self.notes: list[str] = []  # text for the model appended to the result (hook context, notes)
+        self.after: list[str] = []  # text blocks sent after the results (PreToolUse context)
         self.hook_ms = 0.0
         self.permission_ms = 0.0
         self.run_ms = 0.0
@@ -404,6 +421,7 @@ class _Call:
         else:
             out.pop("is_error", None)
         res = CallResult(self.tool_use_id, self.name, out, is_error=is_error, tool_input=dict(self.input),
+                         after=tuple({"type": "text", "text": t} for t in self.after),
                          output_data=output_data, context_layers=dict(context_layers or {}),
                          ends_turn=ends_turn, deferred=deferred, stop=self.stop,
                          stop_reason=self.stop_reason, permission_denial=denial,
@@ -412,6 +430,16 @@ class _Call:
                       duration_ms=round(res.timings.total_ms, 3), run_ms=round(self.run_ms, 3),
                       hook_ms=round(self.hook_ms, 3), permission_ms=round(self.permission_ms, 3))
         return res
+
+    def _denied_input(self) -> dict[str, Any]:
+        """The input as a permission denial lists it: as parsed, the schema's defaults filled in
+        (Claude Code lists ``replace_all: false`` for an Edit that did not give it)."""
+        out = dict(self.input)
+        props = self.tool.input_schema.get("properties", {}) if self.tool is not None else {}
+        for key, spec in props.items() if isinstance(props, Mapping) else ():
+            if isinstance(spec, Mapping) and "default" in spec and key not in out:
+                out[key] = spec["default"]
+        return out
 
     def error(self, text: str, **kw: Any) -> CallResult:
         return self.result({"content": text}, is_error=True, **kw)
@@ -431,7 +459,11 @@ class _Call:
             if tool is None:
                 hint = self.table.suggest(self.name)
                 self.log.warning("tool.unknown", suggestion=hint)
-                text = f"<tool_use_error>Error: No such tool available: {self.name}</tool_use_error>"
+                # a tool Claude Code has but this session does not offer: said to be off for good, in
+                # Claude Code's words (the model stops trying it); any other name: just unknown
+                off = (f". {self.name} is disabled for this session, in subagents as well as here."
+                       if self.name in KNOWN_TOOL_NAMES else "")
+                text = f"<tool_use_error>Error: No such tool available: {self.name}{off}</tool_use_error>"
                 return self.error(text + (f" Did you mean {hint}?" if hint else ""))
             self.tool = tool
             if tool.name != self.name:  # called by an alias: hooks and rules see the canonical name
@@ -472,7 +504,8 @@ class _Call:
                                                  f"{exc.message}"))
             if issues:
                 self.log.warning("tool.invalid_input", issues=issues)
-                return self.error(input_validation_error(self.name, issues))
+                own = tool.invalid_input_text(coerced)
+                return self.error(own if own else input_validation_error(self.name, issues))
 
         with clock.step(5, "validate_input"):
             verdict = await tool.validate_input(self.input, ctx)
@@ -482,7 +515,7 @@ class _Call:
                 self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
                 return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
                                   denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                          "tool_input": dict(self.input)})
+                                          "tool_input": self._denied_input()})
             if not verdict.ok:
                 self.log.info("tool.rejected_input", message=verdict.message)
                 return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))
@@ -496,12 +529,17 @@ class _Call:
                 return self.error(f"PreToolUse:{self.name} hook error: {exc}")
             finally:
                 self.hook_ms += (time.perf_counter() - t) * 1000
-            self.notes.extend(pre.additional_context)
+            # Claude Code sends a PreToolUse context as its own block after the results, labelled
+            self.after.extend(reminder(f"PreToolUse:{self.name} hook additional context: {c}")
+                              for c in pre.additional_context)
             if pre.stop:
                 self.stop, self.stop_reason = True, pre.stop_reason
             if pre.blocked:
                 self.log.info("tool.blocked", hook="PreToolUse", reason=pre.reason)
-                return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}")
+                # a hook that blocks the call (exit 2) denied it: listed as a denial, as Claude Code does
+                return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}",
+                                  denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
+                                          "tool_input": self._denied_input()})
             if pre.decision == "defer":
                 self.log.info("tool.deferred", reason=pre.reason)
                 why = f": {pre.reason}" if pre.reason else ""
@@ -526,7 +564,7 @@ class _Call:
                 # "ask" reaching the pipeline means nobody could answer: a denial (docs/behaviour.md §5)
                 reason = perm.reason or f"Permission to use {self.name} has been denied."
                 denial = {"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                          "tool_input": dict(self.input)}
+                          "tool_input": self._denied_input()}
                 self.log.info("tool.denied", behavior=perm.behavior, reason=reason, rule=perm.rule)
                 return self.error(reason, denial=denial)
         if perm.updated_input is not None:
@@ -545,7 +583,7 @@ class _Call:
                 self.run_ms = (time.perf_counter() - t) * 1000
                 self.log.info("tool.error", error=str(exc))
                 await self._post_failure(str(exc), is_interrupt=False)
-                return self.error(tool_use_error(str(exc)))
+                return self.error(tool_use_error(str(exc)) if getattr(exc, "wrapped", True) else str(exc))
             except asyncio.CancelledError:
                 self.run_ms = (time.perf_counter() - t) * 1000
                 self.log.info("tool.interrupted", step="call")
@@ -573,7 +611,7 @@ class _Call:
             except (Exception, asyncio.CancelledError) as exc:
                 # the tool already ran: its output stands (an interrupt now must not claim otherwise)
                 self.log.warning("tool.hook_error", hook="PostToolUse", error=repr(exc))
-                self.notes.append(f"PostToolUse:{self.name} hook error: {exc}")
+                self.notes.append(reminder(f"PostToolUse:{self.name} hook error: {exc}"))
             finally:
                 self.hook_ms += (time.perf_counter() - t) * 1000
             if post is not None:
@@ -616,10 +654,12 @@ class _Call:
             return self.error(f"Error: {type(exc).__name__}: {exc}")
 
     def _apply_post(self, post: PostToolOutcome, event: str) -> None:
-        self.notes.extend(post.additional_context)
+        # inside the tool_result, each in a labelled reminder (Claude Code's form)
+        self.notes.extend(reminder(f"{event}:{self.name} hook additional context: {c}")
+                          for c in post.additional_context)
         if post.blocked:
             self.log.info("tool.post_blocked", hook=event, reason=post.reason)
-            self.notes.append(f"{event}:{self.name} hook feedback: {post.reason}")
+            self.notes.append(reminder(f"{event}:{self.name} hook blocking error: {post.reason}"))
         if post.stop:
             self.stop, self.stop_reason = True, post.stop_reason or self.stop_reason
 
@@ -633,15 +673,15 @@ class _Call:
             problems = [f"the output schema is invalid: {exc.message}"]
         if problems:
             self.log.warning("tool.updated_output_rejected", problems=problems)
-            self.notes.append(f"PostToolUse:{self.name} hook error: the updated tool output does not "
+            self.notes.append(reminder(f"PostToolUse:{self.name} hook error: the updated tool output does not "
                               f"match the output schema of {self.name} ({'; '.join(problems)}); "
-                              "the original output was kept.")
+                              "the original output was kept."))
             return output, mapped
         replaced = attrs.evolve(output, data=updated)
         remapped = self._map(tool, replaced)
         if isinstance(remapped, CallResult):
-            self.notes.append(f"PostToolUse:{self.name} hook error: the updated tool output could not "
-                              "be mapped to a tool result; the original output was kept.")
+            self.notes.append(reminder(f"PostToolUse:{self.name} hook error: the updated tool output could not "
+                                       "be mapped to a tool result; the original output was kept."))
             return output, mapped
         return replaced, remapped
 
@@ -693,7 +733,8 @@ def _append_texts(block: Mapping[str, Any], texts: Sequence[str]) -> Mapping[str
     if content is None or content == "":
         new: Any = "\n\n".join(texts)
     elif isinstance(content, str):
-        new = "\n\n".join([content, *texts])
+        # the output right-trimmed first, as Claude Code does before it adds a reminder
+        new = "\n\n".join([content.rstrip(), *texts])
     else:
         new = [*content, *({"type": "text", "text": t} for t in texts)]
     return {**block, "content": new}

@@ -162,6 +162,8 @@ class PromptOutcome:
     stop_reason: str = ""
     errors: tuple[str, ...] = ()
     hook_ms: float = 0.0
+    # which of ``additional_context`` were a command hook's plain stdout, not its JSON's context
+    plain_context: tuple[str, ...] = ()
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.blocked, self.reason, self.additional_context))

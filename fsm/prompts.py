@@ -25,10 +25,10 @@ THINKING_ONLY_NUDGE = (
     "Your last response contained only thinking and no visible answer. Reply to the user now with "
     "a visible answer."
 )
-STRUCTURED_OUTPUT_RETRY = (
-    "You must call the StructuredOutput tool with input matching the required JSON schema to finish. "
-    "Call it now."
-)
+# Claude Code 2.1.332's words, sent as a plain user text (no reminder) when a --json-schema run answers
+# in text.
+STRUCTURED_OUTPUT_RETRY = ("[structured-output-enforce] You MUST call the StructuredOutput tool to complete this "
+                           "request. Call this tool now.")
 COMPACT_INSTRUCTION = (
     "Your task is to create a detailed summary of the conversation so far, so that work can continue "
     "without the earlier messages. Include the user's requests and intent, key technical details, "
@@ -52,9 +52,10 @@ def reminder_blocks(texts: Iterable[str]) -> tuple[dict[str, str], ...]:
     return tuple({"type": "text", "text": reminder(t)} for t in texts)
 
 
-def meta_message(text: str, kind: str = "meta") -> Message:
-    """A hidden user message the loop adds (recovery prompts, hook feedback)."""
-    return Message("user", ({"type": "text", "text": reminder(text)},), kind=kind)
+def meta_message(text: str, kind: str = "meta", *, plain: bool = False) -> Message:
+    """A hidden user message the loop adds (recovery prompts, hook feedback); in a reminder unless
+    ``plain`` (Claude Code sends some of them as bare text)."""
+    return Message("user", ({"type": "text", "text": text if plain else reminder(text)},), kind=kind)
 
 
 # What Claude Code leaves in the history when the user stops a turn: the next request shows the model

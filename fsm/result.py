@@ -3,6 +3,7 @@ that record's headless-protocol JSON form."""
 
 from __future__ import annotations
 
+import json
 import uuid as uuid_mod
 from collections.abc import Mapping
 from typing import Any
@@ -127,7 +128,10 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         if m.role == "assistant":
             last_text = m.text()
             break
-    if reason is TerminalReason.COMPLETED or reason is TerminalReason.TOOL_DEFERRED:
+    if reason is TerminalReason.COMPLETED and structured_output is not None:
+        # the answer itself, as compact JSON (Claude Code's `result` for a --json-schema run)
+        text = json.dumps(structured_output, ensure_ascii=False, separators=(",", ":"))
+    elif reason is TerminalReason.COMPLETED or reason is TerminalReason.TOOL_DEFERRED:
         text = last_text
     elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED):
         text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()

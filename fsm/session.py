@@ -36,6 +36,7 @@ from agentfsm.request import system_blocks
 from agentfsm.result import RunResult, merge_model_usage
 from agentfsm.state import TERMINAL_INFO, LoopState, Message, TerminalReason
 from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
+from agentfsm.tools.bash import TOOL_RESULTS_DIR
 from agentfsm.trace import TraceWriter, sessions_dir
 
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -191,7 +192,10 @@ class Session:
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
                              trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.subagents.run}, observers=self.observers,
+                             services={"run_subagent": self.subagents.run,
+                                       # large Bash outputs are saved beside the session file
+                                       TOOL_RESULTS_DIR: self.sessions_dir / self.session_id / "tool-results"},
+                             observers=self.observers,
                              file_access=self.gate.file_access)
         self.driver.read_files = self._read_files
         if self._interrupted:

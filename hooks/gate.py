@@ -226,7 +226,8 @@ class HookGate:
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
         res = await self.runner.run(UserPromptSubmitInput(**self._common(), prompt=prompt))
         return PromptOutcome(blocked=res.blocked, reason=res.reason,
-                             additional_context=res.additional_context, stop=res.stop,
+                             additional_context=res.additional_context, plain_context=res.plain_context,
+                             stop=res.stop,
                              stop_reason=res.stop_reason, errors=res.errors, hook_ms=res.duration_ms)
 
     async def pre_compact(self, trigger: str = "auto",

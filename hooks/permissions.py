@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from agentfsm import log as fsm_log
+from agentfsm.hooks.bash_approval import approval_text, edits_inside
 from agentfsm.hooks.bash_policy import (
     Match,
     denied_text,
@@ -56,6 +58,8 @@ _PATH_FAMILIES: Mapping[str, frozenset[str]] = {
 _SEARCH_TOOLS = frozenset({"Grep", "Glob", "LS"})
 # The rules a Bash command's file reads and writes answer to.
 BASH_READ_RULES = frozenset({"Read"})
+log = fsm_log.get_logger("agentfsm.permissions")
+
 #: Longest a permission check of one Bash command may take before the call is denied.
 CHECK_BUDGET_S = 30.0
 
@@ -290,6 +294,24 @@ def _file_subject(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> tuple
     return os.path.normpath(str(path)), ("write" if names & EDIT_TOOLS else "read"), False
 
 
+def requested(access: Access, path: str) -> str:
+    """Claude Code's text for a file call nobody approved."""
+    verb = "write to" if access == "write" else "read from"
+    return f"Claude requested permissions to {verb} {path}, but you haven't granted it yet."
+
+
+def dont_ask_text(tool_name: str) -> str:
+    """Claude Code's denial in ``dontAsk`` mode: what the model may and may not do instead."""
+    return (f"Permission to use {tool_name} has been denied because Claude Code is running in don't ask mode. "
+            "IMPORTANT: You *may* attempt to accomplish this action using other tools that might naturally be "
+            "used to accomplish this goal, e.g. using head instead of cat. But you *should not* attempt to work "
+            "around this denial in malicious ways, e.g. do not use your ability to run tests to execute "
+            "non-test actions. You should only try to work around this restriction in reasonable ways that do "
+            "not attempt to bypass the intent behind this denial. If you believe this capability is essential "
+            "to complete the user's request, STOP and explain to the user what you were trying to do and why "
+            "you need this permission. Let the user decide how to proceed.")
+
+
 def _inside(paths: Sequence[str], dirs: Sequence[Path]) -> bool:
     def one(p: str) -> bool:
         for d in dirs:
@@ -316,6 +338,8 @@ class PermissionDecision:
     updated_input: Mapping[str, Any] | None = None
     # A callback's deny may ask the host to stop the whole run, as the Agent SDK's `interrupt` does.
     interrupt: bool = False
+    # ``reason`` is Claude Code's own text for this case: with nobody to ask, the model gets it as is
+    bare: bool = False
 
 
 @attrs.frozen
@@ -477,8 +501,11 @@ class PermissionPolicy:
                 return self._decision(behavior, r, f"Permission to use {tool.name} has been denied.")
         return None
 
-    def _decision(self, behavior: Literal["deny", "ask"], rule: PermissionRule, text: str) -> PermissionDecision:
+    def _decision(self, behavior: Literal["deny", "ask"], rule: PermissionRule, text: str,
+                  asked: str | None = None) -> PermissionDecision:
         if behavior == "ask":
+            if asked is not None:
+                return PermissionDecision("ask", asked, rule, "rule", bare=True)
             return PermissionDecision("ask", f"Rule {rule} ({rule.source}) requires approval.", rule, "rule")
         return PermissionDecision("deny", text, rule, "rule")
 
@@ -519,7 +546,8 @@ class PermissionPolicy:
         if found is None:
             return None
         rule = next((r for r in covering if str(r) == found.rule), covering[0])
-        return self._decision(behavior, rule, found.message(access, search=tree))
+        return self._decision(behavior, rule, found.message(access, search=tree),
+                              asked=requested(access, path))
 
     def file_access(self) -> PolicyFileAccess:
         """The file-access policy tools ask (:class:`agentfsm.tools.base.FileAccess`): ``Read(...)``
@@ -575,18 +603,54 @@ class PermissionPolicy:
         if denied is not None:
             return denied
         if hook_decision == "deny":
-            return PermissionDecision("deny", hook_reason or f"{tool.name} was denied by a PreToolUse hook.",
-                                      None, "hook")
+            # Claude Code's form: the hook event and tool, then the hook's reason
+            return PermissionDecision("deny", f"PreToolUse:{tool.name} hook error: "
+                                      + (hook_reason or "denied by a PreToolUse hook"), None, "hook")
         read_only = self._is_read_only(tool, tool_input)
         if self.mode == "plan" and not read_only:
-            return PermissionDecision("deny", f"{tool.name} is not available in plan mode: only read-only "
-                                              "tools may run until the plan is approved.", None, "mode")
+            return PermissionDecision("deny", self._plan_text(tool, tool_input), None, "mode")
         decision = self._evaluate_open(tool, tool_input, read_only, hook_decision, hook_reason)
         if decision.behavior == "ask" and self.mode == "dontAsk":
-            return PermissionDecision("deny", f"Permission to use {tool.name} was denied: permission mode "
-                                              "dontAsk denies every call not pre-approved by an allow rule. "
-                                              + decision.reason, decision.rule, "mode")
+            return PermissionDecision("deny", dont_ask_text(tool.name), decision.rule, "mode")
         return decision
+
+    def _plan_text(self, tool: Tool, tool_input: Mapping[str, Any]) -> str:
+        """Claude Code's plan-mode texts: a file write names its path, a shell command says what it
+        would change (as in the default mode); anything else says plan mode is read-only."""
+        names = _tool_names(tool)
+        paths = _subject_paths(tool, tool_input, self.cwd)
+        if names & EDIT_TOOLS and paths:
+            return f"Cannot write to {paths[0]} while in plan mode."
+        if "Bash" in names and isinstance(tool_input.get("command"), str):
+            return approval_text(analyse(tool_input["command"], str(self.cwd)), self.working_dirs)
+        return f"{tool.name} is not available in plan mode: only read-only tools may run until the plan is approved."
+
+    @property
+    def working_dirs(self) -> list[Path]:
+        return [self.cwd, *self.additional_directories]
+
+    def _mode_ask(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionDecision:
+        """An ``ask`` from the permission mode, with Claude Code's text saying what needs approval."""
+        names = _tool_names(tool)
+        paths = _subject_paths(tool, tool_input, self.cwd)
+        if names & EDIT_TOOLS and paths:
+            return PermissionDecision("ask", requested("write", paths[0]), None, "mode", bare=True)
+        if "Bash" in names and isinstance(tool_input.get("command"), str):
+            analysis = analyse(tool_input["command"], str(self.cwd))
+            specs = [r.specifier for r in self.allow if r.specifier is not None and r.names_tool(tool)]
+            # the parts an allow rule approves are not what needs approval: name another
+            allowed = {c.program for c in analysis.commands if c.program and c.text
+                       and any(spec_matches(sp, c.text) for sp in specs)}
+            text = approval_text(analysis, self.working_dirs, allowed)
+            return PermissionDecision("ask", text, None, "mode", bare=True)
+        return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
+                                  None, "mode")
+
+    def _bash_edits_inside(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
+        command = tool_input.get("command")
+        if "Bash" not in _tool_names(tool) or not isinstance(command, str) or "\r" in command:
+            return False
+        return edits_inside(analyse(command, str(self.cwd)), self.working_dirs)
 
     def _evaluate_open(self, tool: Tool, tool_input: Mapping[str, Any], read_only: bool,
                        hook_decision: str | None, hook_reason: str) -> PermissionDecision:
@@ -594,8 +658,9 @@ class PermissionPolicy:
         if asked is not None:
             return asked
         if hook_decision in ("ask", "defer"):
+            # a hook's own reason is what the model gets when nobody can answer (Claude Code)
             return PermissionDecision("ask", hook_reason or "A PreToolUse hook asked for approval.",
-                                      None, "hook")
+                                      None, "hook", bare=bool(hook_reason))
         if hook_decision == "allow":
             return PermissionDecision("allow", hook_reason, None, "hook")
         rule = self.allow_rule_for(tool, tool_input)
@@ -607,8 +672,10 @@ class PermissionPolicy:
             return PermissionDecision("allow", "", None, "mode")
         if read_only:
             return PermissionDecision("allow", "", None, "mode")
-        return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
-                                  None, "mode")
+        if self.mode == "acceptEdits" and self._bash_edits_inside(tool, tool_input):
+            # a shell command whose only effect is on files inside the working directories
+            return PermissionDecision("allow", "", None, "mode")
+        return self._mode_ask(tool, tool_input)
 
     async def evaluate_off_loop(self, tool: Tool, tool_input: Mapping[str, Any], *,
                                 hook_decision: str | None = None, hook_reason: str = "") -> PermissionDecision:
@@ -634,6 +701,11 @@ class PermissionPolicy:
                                                 hook_reason=hook_reason)
         if decision.behavior != "ask":
             return decision
+        if can_use_tool is None and decision.bare:
+            log.info("permission.not_granted", tool=tool.name, reason=decision.reason,
+                     hint="non-interactive: allow it with --allowedTools, a permissions.allow rule in "
+                          "settings, or another --permission-mode")
+            return attrs.evolve(decision, behavior="deny", decided_by="non_interactive")
         if can_use_tool is None:
             return PermissionDecision(
                 "deny",

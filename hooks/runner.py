@@ -172,6 +172,8 @@ class HookRunResult:
     permission_decision_reason: str = ""
     updated_input: Mapping[str, Any] | None = None
     additional_context: tuple[str, ...] = ()
+    # which of ``additional_context`` were a hook's plain stdout (Claude Code labels those "success")
+    plain_context: tuple[str, ...] = ()
     updated_tool_output: Any = None
     suppress_output: bool = False
     # Non-blocking failures and ignored output fields; the run goes on but someone should see them.
@@ -226,6 +228,7 @@ def combine(event: str, results: Sequence[HookResult], duration_ms: float = 0.0)
     decisions: list[tuple[str, str]] = []
     updated_inputs: list[Mapping[str, Any]] = []
     contexts: list[str] = []
+    plain: list[str] = []
     errors: list[str] = []
     user_messages: list[str] = []
     updated_output: Any = None
@@ -244,6 +247,7 @@ def combine(event: str, results: Sequence[HookResult], duration_ms: float = 0.0)
             continue
         if event in PLAIN_STDOUT_CONTEXT_EVENTS and r.plain_output.strip():
             contexts.append(r.plain_output.strip())
+            plain.append(r.plain_output.strip())
         out = r.output
         if out is None:
             continue
@@ -284,7 +288,8 @@ def combine(event: str, results: Sequence[HookResult], duration_ms: float = 0.0)
         event=event, results=tuple(results), blocked=blocked, reason="\n".join(reasons), stop=stop,
         stop_reason="\n".join(stop_reasons), permission_decision=decision,
         permission_decision_reason=decision_reason, updated_input=updated_input,
-        additional_context=tuple(contexts), updated_tool_output=updated_output, suppress_output=suppress,
+        additional_context=tuple(contexts), plain_context=tuple(plain), updated_tool_output=updated_output,
+        suppress_output=suppress,
         errors=tuple(errors), user_messages=tuple(user_messages), duration_ms=duration_ms,
     )
 

@@ -79,7 +79,7 @@ async def test_pre_tool_use_stdin_and_deny_decision(tmp_path: Path) -> None:
                     "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": {"command": "ls"},
                     "tool_use_id": "toolu_1"}
     perm = await gate.permission(BASH, {"command": "ls"}, pre)
-    assert perm.behavior == "deny" and perm.reason == "not on my watch"  # a hook deny holds even in bypass
+    assert perm.behavior == "deny" and perm.reason == "PreToolUse:Bash hook error: not on my watch"  # even in bypass
     # the matcher keeps the hook away from other tools
     assert (await gate.pre_tool_use("Read", {"file_path": "/a"}, "toolu_2")).decision is None
 
@@ -101,7 +101,7 @@ async def test_hook_allow_cannot_override_a_deny_rule_and_ask_forces_a_question(
     assert (await gate.permission(BASH, {"command": "rm -rf x"}, allow)).behavior == "deny"
     assert (await gate.permission(BASH, {"command": "cc a.c"}, allow)).behavior == "allow"
     ask = await gate.permission(BASH, {"command": "make"}, PreToolOutcome(decision="ask", reason="check"))
-    assert ask.behavior == "deny" and "non-interactive" in ask.reason  # nobody to answer the question
+    assert ask.behavior == "deny" and ask.reason == "check"  # nobody to answer: the hook's reason (Claude Code)
     asked: list[str] = []
 
     def approve(name: str, inp: Mapping[str, Any], ctx: ToolPermissionContext) -> PermissionAllow:
@@ -313,5 +313,5 @@ async def test_build_gate_from_session_options(tmp_path: Path) -> None:
     assert gate.filter_registry(registry).names() == ["Bash", "Read"]
     assert (await gate.stop()).reason == "not yet"
     assert (await gate.permission(BASH, {"command": "make"}, PreToolOutcome())).behavior == "allow"
-    assert seen == [("Bash needs approval in permission mode acceptEdits.", "acceptEdits")]
+    assert seen == [("This command requires approval", "acceptEdits")]  # Claude Code's text
     assert build_gate(attrs.evolve(options, permission_mode="plan")).permission_mode == "plan"

@@ -182,6 +182,11 @@ async def test_plain_stdout_is_context_only_for_prompt_and_session_start(tmp_pat
                            (pre(), ()), (StopInput(), ())]:
         res = await runner(record.event, hook, tmp=tmp_path).run(record)
         assert res.additional_context == expect, record.event
+        assert res.plain_context == expect, record.event  # marked as plain stdout ("success" in Claude Code)
+    ctx = json.dumps({"hookSpecificOutput": {"hookEventName": "UserPromptSubmit", "additionalContext": "C"}})
+    res = await runner("UserPromptSubmit", CommandHook(f"echo '{ctx}'"), tmp=tmp_path).run(
+        UserPromptSubmitInput(prompt="x"))
+    assert (res.additional_context, res.plain_context) == (("C",), ())
 
 
 async def test_hook_event_name_must_match_the_running_event(tmp_path: Path) -> None:

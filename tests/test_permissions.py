@@ -301,9 +301,11 @@ def test_plan_mode_is_read_only(tmp_path: Path) -> None:
     p = policy(tmp_path, mode="plan", allow=["Bash(make)", "Edit"])
     assert p.evaluate(READ, {"file_path": "a"}).behavior == "allow"
     assert p.evaluate(BASH, {"command": "ls"}).behavior == "allow"
+    # Claude Code's texts: a file write names its path, a shell command says what needs approval
+    texts = {"make": "This command requires approval", "a": f"Cannot write to {tmp_path / 'a'} while in plan mode."}
     for tool, inp in ((BASH, {"command": "make"}), (EDIT, {"file_path": "a"}), (WRITE, {"file_path": "a"})):
         d = p.evaluate(tool, inp, hook_decision="allow")
-        assert d.behavior == "deny" and "plan mode" in d.reason
+        assert d.behavior == "deny" and d.reason == texts[inp.get("command") or inp["file_path"]]
 
 
 def test_bypass_mode(tmp_path: Path) -> None:
@@ -320,7 +322,9 @@ def test_dont_ask_mode(tmp_path: Path) -> None:
     assert p.evaluate(READ, {"file_path": "a"}).behavior == "allow"
     for inp in ({"command": "make test"}, {"command": "make install"}):
         d = p.evaluate(BASH, inp)
-        assert d.behavior == "deny" and "dontAsk" in d.reason
+        # Claude Code's dontAsk text, naming the tool
+        assert d.behavior == "deny" and d.reason.startswith("Permission to use Bash has been denied because Claude "
+                                                            "Code is running in don't ask mode. IMPORTANT:")
     assert p.evaluate(BASH, {"command": "make"}, hook_decision="ask").behavior == "deny"
 
 
@@ -345,7 +349,7 @@ def test_hook_decisions_against_rules(tmp_path: Path) -> None:
     assert p.evaluate(BASH, {"command": "make"}, hook_decision="ask").behavior == "ask"
     assert p.evaluate(BASH, {"command": "make"}, hook_decision="defer").behavior == "ask"
     d = p.evaluate(BASH, {"command": "make"}, hook_decision="deny", hook_reason="hook says no")
-    assert (d.behavior, d.reason, d.decided_by) == ("deny", "hook says no", "hook")
+    assert (d.behavior, d.reason, d.decided_by) == ("deny", "PreToolUse:Bash hook error: hook says no", "hook")
     bypass = policy(tmp_path, mode="bypassPermissions")
     assert bypass.evaluate(BASH, {"command": "ls"}, hook_decision="deny").behavior == "deny"
 
@@ -353,6 +357,9 @@ def test_hook_decisions_against_rules(tmp_path: Path) -> None:
 async def test_non_interactive_ask_is_a_denial(tmp_path: Path) -> None:
     d = await policy(tmp_path).decide(WRITE, {"file_path": "a"})
     assert d.behavior == "deny" and d.decided_by == "non_interactive"
+    # Claude Code's text (the hint for the human goes to the log)
+    assert d.reason == f"Claude requested permissions to write to {tmp_path / 'a'}, but you haven't granted it yet."
+    d = await policy(tmp_path).decide(FakeTool("mcp__x__y"), {})
     assert "non-interactive" in d.reason and "--allowedTools" in d.reason
 
 

@@ -135,6 +135,13 @@ async def test_unknown_tool_exact_text_without_suggestion() -> None:
     assert content(r) == "<tool_use_error>Error: No such tool available: Zzzqx</tool_use_error>"
 
 
+async def test_a_claude_code_tool_not_offered_is_said_to_be_disabled() -> None:
+    # Claude Code's text for a tool it has but the session does not offer
+    assert content(await run(use("NotebookEdit"))) == (
+        "<tool_use_error>Error: No such tool available: NotebookEdit. NotebookEdit is disabled for this session, "
+        "in subagents as well as here.</tool_use_error>")
+
+
 async def test_unknown_tool_suggests_closest_name() -> None:
     r = await run(use("Reed"))
     assert content(r) == ("<tool_use_error>Error: No such tool available: Reed</tool_use_error>"
@@ -336,9 +343,12 @@ async def test_pre_hook_stop_marks_stop_but_the_call_runs() -> None:
     assert r.stop and r.stop_reason == "enough" and not r.is_error and len(read.calls) == 1
 
 
-async def test_pre_hook_additional_context_is_appended() -> None:
+async def test_pre_hook_additional_context_follows_the_results() -> None:
+    # Claude Code's form: a labelled reminder in its own block after the results; the result is untouched
     r = await run(use(), gate=Recorder(pre=PreToolOutcome(additional_context=("mind the gap",))))
-    assert content(r) == "1\tcontents of /a.txt\n\nmind the gap"
+    assert content(r) == "1\tcontents of /a.txt"
+    assert r.after == ({"type": "text", "text": "<system-reminder>\nPreToolUse:Read hook additional context: "
+                                                "mind the gap\n</system-reminder>"},)
 
 
 async def test_pre_hook_updated_input_is_revalidated_and_used() -> None:
@@ -429,7 +439,8 @@ async def test_tool_error_text_and_failure_hook() -> None:
     r = await run(use(), Failing(), gate=gate)
     assert r.is_error
     assert content(r) == ("<tool_use_error>String to replace not found in file.</tool_use_error>"
-                          "\n\nfailure noted")
+                          "\n\n<system-reminder>\nPostToolUseFailure:Read hook additional context: failure noted"
+                          "\n</system-reminder>")
     assert gate.events[-1] == ("failure", ("Read", "String to replace not found in file.", False))
 
 
@@ -543,9 +554,9 @@ async def test_post_hook_updated_output_failing_schema_keeps_original_with_note(
     r = await run(use(), Typed(), gate=Recorder(post=PostToolOutcome(updated_output={"lines": "many"})))
     assert not r.is_error and r.output_data == {"lines": 3}
     assert content(r) == (
-        '{"lines": 3}\n\nPostToolUse:Read hook error: the updated tool output does not match the output '
-        "schema of Read (The parameter `lines` type is expected as `integer` but provided as `string`); "
-        "the original output was kept.")
+        '{"lines": 3}\n\n<system-reminder>\nPostToolUse:Read hook error: the updated tool output does not match '
+        "the output schema of Read (The parameter `lines` type is expected as `integer` but provided as `string`); "
+        "the original output was kept.\n</system-reminder>")
 
 
 async def test_post_hook_blocked_reason_and_context_are_appended_and_stop_marked() -> None:
@@ -553,7 +564,10 @@ async def test_post_hook_blocked_reason_and_context_are_appended_and_stop_marked
                            stop=True, stop_reason="halt")
     gate = Recorder(post=post)
     r = await run(use(), gate=gate)
-    assert content(r) == "1\tcontents of /a.txt\n\nctx one\n\nPostToolUse:Read hook feedback: looks wrong"
+    # inside the result, each in a labelled reminder (Claude Code's form)
+    assert content(r) == ("1\tcontents of /a.txt\n\n<system-reminder>\nPostToolUse:Read hook additional context: "
+                          "ctx one\n</system-reminder>\n\n<system-reminder>\nPostToolUse:Read hook blocking error: "
+                          "looks wrong\n</system-reminder>")
     assert r.stop and r.stop_reason == "halt" and not r.is_error
     name, response, duration = gate.events[-1][1]
     assert (name, response) == ("Read", "1\tcontents of /a.txt") and duration >= 0
@@ -565,13 +579,16 @@ async def test_post_hook_text_appended_to_block_list_content() -> None:
             return ToolOutput([{"type": "text", "text": "a"}])
 
     r = await run(use(), Blocks(), gate=Recorder(post=PostToolOutcome(additional_context=("b",))))
-    assert content(r) == [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    assert content(r) == [{"type": "text", "text": "a"}, {"type": "text", "text": "<system-reminder>\nPostToolUse:"
+                                                                          "Read hook additional context: b\n"
+                                                                          "</system-reminder>"}]
 
 
 async def test_post_hook_crash_keeps_output_and_notes_it() -> None:
     r = await run(use(), gate=Recorder(raises="post"))
     assert not r.is_error
-    assert content(r) == "1\tcontents of /a.txt\n\nPostToolUse:Read hook error: post hook crashed"
+    assert content(r) == ("1\tcontents of /a.txt\n\n<system-reminder>\nPostToolUse:Read hook error: post hook "
+                          "crashed\n</system-reminder>")
 
 
 @pytest.fixture

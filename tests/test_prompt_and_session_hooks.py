@@ -73,9 +73,10 @@ async def test_prompt_and_session_start_context_reach_the_model(tmp_path: Path) 
     assert seen == ["start:startup", "end:other"]
     assert result.result == "ANSWER"
     texts = user_texts(model)
-    assert texts[0] == "hello"
+    # Claude Code's order and label: the prompt's context first, then the prompt
+    assert texts[:2] == ["<system-reminder>\nUserPromptSubmit hook additional context: PROMPT_NOTE\n</system-reminder>",
+                         "hello"]
     assert any("PROJECT_RULES" in t and t.startswith("<system-reminder>") for t in texts)
-    assert any("PROMPT_NOTE" in t and t.startswith("<system-reminder>") for t in texts)
 
 
 async def test_a_stop_hook_that_always_blocks_ends_after_one_plus_eight_requests(tmp_path: Path) -> None:

@@ -251,7 +251,8 @@ async def test_a_deferred_call_runs_when_the_session_is_resumed(server: DevServe
     shown: list[Mapping[str, Any]] = []
     result = await run_session(client, again, shown.append, task_queue=queue)
     assert result["result"] == "read it after all"
-    assert [m["message"]["content"][0]["content"] for m in shown if m["type"] == "user"] == ["1\thello fixture"]
+    # Read numbers the (empty) line after the final newline, as Claude Code does
+    assert [m["message"]["content"][0]["content"] for m in shown if m["type"] == "user"] == ["1\thello fixture\n2\t"]
     assert_audits_clean(path)
 
 

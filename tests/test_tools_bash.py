@@ -4,6 +4,7 @@ background jobs, and the read-only classifier."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -12,13 +13,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import NoFileRules, ToolContext, ToolOutput
+from agentfsm.tools.base import AccessDenial, NoFileRules, ToolContext, ToolOutput
 from agentfsm.tools.bash import (
     ABORTED,
     BACKGROUND_JOBS,
     MAX_OUTPUT_CHARS,
+    PREVIEW_CHARS,
+    TOOL_RESULTS_DIR,
     BashTool,
     format_duration,
+    format_size,
     is_read_only_command,
     start_background,
     stop_background,
@@ -82,24 +86,108 @@ async def test_death_by_signal_reports_128_plus_signal(ctx: ToolContext) -> None
 
 async def test_runs_in_cwd_with_no_stdin(ctx: ToolContext, tmp_path: Path) -> None:
     assert (await bash(ctx, "pwd")).data == str(tmp_path)
-    assert (await bash(ctx, "cat")).data == ""
+    assert (await bash(ctx, "cat")).data == "(Bash completed with no output)"  # Claude Code's text
 
 
 async def test_blank_edges_are_trimmed(ctx: ToolContext) -> None:
     assert (await bash(ctx, r"printf '\n\n  x\n  y  \n\n'")).data == "  x\n  y"
 
 
-async def test_long_output_is_truncated_with_a_note(ctx: ToolContext) -> None:
+def _persisted(text: str) -> tuple[str, Path, str]:
+    """The size, the saved path and the preview of a ``<persisted-output>`` block."""
+    m = re.fullmatch(r"<persisted-output>\nOutput too large \((\S+)\)\. Full output saved to: (\S+)\n\n"
+                     r"Preview \(first 2KB\):\n(.*)\n\.\.\.\n</persisted-output>", text, re.DOTALL)
+    assert m is not None, text[:300]
+    return m.group(1), Path(m.group(2)), m.group(3)
+
+
+async def test_long_output_is_saved_to_a_file_with_a_preview(tmp_path: Path) -> None:
+    # Claude Code's <persisted-output> block: size in KB, where the whole output is, a 2 KB preview
+    # cut back to a whole line; the file is in the directory the host gave (the session's)
+    store = tmp_path / "session" / "tool-results"
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules(), tool_use_id="toolu_01",
+                      services={TOOL_RESULTS_DIR: store})
+    out = await bash(ctx, "seq 1 20000")
+    full = "\n".join(str(i) for i in range(1, 20001))
+    size, saved, shown = _persisted(out.data)
+    assert saved == store / "toolu_01.txt"
+    assert saved.read_text().rstrip("\n") == full
+    assert size == format_size(len(full)) == "106.3KB"
+    assert full.startswith(shown + "\n") and len(shown) <= PREVIEW_CHARS and shown.endswith(str(shown.count("\n") + 1))
+
+
+async def test_output_at_the_cap_stays_inline(ctx: ToolContext) -> None:
+    assert (await bash(ctx, f"yes x | head -c {MAX_OUTPUT_CHARS}")).data.count("x") == MAX_OUTPUT_CHARS // 2
+    assert (await bash(ctx, f"yes x | head -c {MAX_OUTPUT_CHARS + 1}")).data.startswith("<persisted-output>")
+
+
+async def test_huge_output_is_moved_not_held(tmp_path: Path) -> None:
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules(), services={TOOL_RESULTS_DIR: tmp_path / "r"})
+    out = await bash(ctx, "yes line | head -n 300000")
+    size, saved, _ = _persisted(out.data)
+    assert size == "1.4MB" and saved.stat().st_size == 300000 * 5
+    assert len(out.data) < PREVIEW_CHARS + 400
+
+
+async def test_the_cap_is_a_setting(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTFSM_BASH_MAX_OUTPUT_CHARS", "10")
+    assert (await bash(ctx, "echo 0123456789")).data == "0123456789"
+    assert (await bash(ctx, "echo 0123456789a")).data.startswith("<persisted-output>\nOutput too large (0KB)")
+
+
+async def test_the_directory_is_a_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTFSM_TOOL_RESULTS_DIR", str(tmp_path / "elsewhere"))
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules(), session_id="s1", tool_use_id="t9",
+                      services={TOOL_RESULTS_DIR: tmp_path / "session"})
+    _, saved, _ = _persisted((await bash(ctx, "seq 1 20000")).data)
+    assert saved == tmp_path / "elsewhere" / "s1" / "t9.txt"
+
+
+class _DenyBelow:
+    """A file-access policy denying everything below one directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = str(root)
+
+    def denial(self, path: str, access: str) -> AccessDenial | None:
+        return AccessDenial(path, "Edit(secret/**)") if path.startswith(self.root + "/") else None
+
+    def tree_denial(self, directory: str, access: str) -> AccessDenial | None:
+        return self.denial(directory, access)
+
+
+async def test_a_denied_directory_is_never_written_the_output_is_cut_instead(tmp_path: Path) -> None:
+    # the saved file goes through the one file-access policy: a deny rule over the directory wins
+    store = tmp_path / "denied" / "tool-results"
+    ctx = ToolContext(cwd=tmp_path, file_access=_DenyBelow(tmp_path / "denied"), tool_use_id="t1",
+                      services={TOOL_RESULTS_DIR: store})
     out = await bash(ctx, "seq 1 20000")
     full = "\n".join(str(i) for i in range(1, 20001))
     left = full[MAX_OUTPUT_CHARS:].count("\n") + 1
     assert out.data == f"{full[:MAX_OUTPUT_CHARS]}\n\n... [{left} lines truncated] ..."
+    assert not store.exists()
 
 
-async def test_huge_output_stays_bounded(ctx: ToolContext) -> None:
-    out = await bash(ctx, "yes line | head -n 300000")
-    assert out.data.endswith("lines truncated] ...")
-    assert len(out.data) < MAX_OUTPUT_CHARS + 100
+async def test_a_tool_use_id_never_names_a_path(tmp_path: Path) -> None:
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules(), tool_use_id="../../escape",
+                      services={TOOL_RESULTS_DIR: tmp_path / "r"})
+    _, saved, _ = _persisted((await bash(ctx, "seq 1 20000")).data)
+    assert saved.parent == tmp_path / "r" and ".." not in saved.name
+
+
+def test_sizes_read_like_claude_code() -> None:
+    assert [format_size(n) for n in (30001, 38 * 1024, 50000, 1258291, 0)] == ["29.3KB", "38KB", "48.8KB",
+                                                                               "1.2MB", "0KB"]
+
+
+async def test_grep_finding_nothing_is_not_an_error(ctx: ToolContext, tmp_path: Path) -> None:
+    # as Claude Code reads it: exit 1 from a search program means "no match"
+    (tmp_path / "a.txt").write_text("ALPHA\n")
+    out = await bash(ctx, "cat a.txt | grep B")
+    assert (out.data, out.is_error) == ("(Bash completed with no output)", False)
+    assert (await bash(ctx, "grep B a.txt; false")).is_error
+    out = await bash(ctx, "grep -q B a.txt || exit 1")
+    assert out.is_error and out.data == "Exit code 1"
 
 
 async def test_a_background_child_holding_the_stream_does_not_hold_the_call(ctx: ToolContext) -> None:

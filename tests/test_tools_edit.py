@@ -54,12 +54,12 @@ async def src(ctx: ToolContext, tmp_path: Path) -> Path:
     return path
 
 
-async def test_unique_replacement_and_snippet(ctx: ToolContext, src: Path) -> None:
+async def test_unique_replacement_says_the_file_state_is_current(ctx: ToolContext, src: Path) -> None:
     out = await edit(ctx, src, "def g():", "def h():")
     assert src.read_text() == "def f():\n    return 1\n\ndef h():\n    return 1\n"
-    assert out.startswith(f"The file {src} has been updated successfully. Here's the result of running "
-                          "`cat -n` on a snippet of the edited file:\n")
-    assert out.split("\n", 1)[1] == "1\tdef f():\n2\t    return 1\n3\t\n4\tdef h():\n5\t    return 1"
+    # Claude Code's text: no snippet of the edited lines, a note that the model's view is current
+    assert out == (f"The file {src} has been updated successfully. (file state is current in your context "
+                   "\u2014 no need to Read it back)")
 
 
 async def test_replace_all(ctx: ToolContext, src: Path) -> None:
@@ -75,11 +75,20 @@ async def test_not_read_yet(ctx: ToolContext, tmp_path: Path) -> None:
     assert path.read_text() == "abc"
 
 
-async def test_modified_since_read(ctx: ToolContext, src: Path) -> None:
+async def test_modified_since_read_still_applies_with_a_note(ctx: ToolContext, src: Path) -> None:
+    # Claude Code 2.1.332: a changed file is edited when old_string still applies, and the model is told
     src.write_text(src.read_text() + "# linter\n")
     st_ = src.stat()
     os.utime(src, (st_.st_atime, st_.st_mtime + 5))
-    assert await edit_error(ctx, src, "def g", "def h") == MODIFIED
+    assert await edit(ctx, src, "def g", "def h") == (
+        f"The file {src} has been updated successfully. (note: the file had been modified on disk since you last "
+        "read it \u2014 the edit applied cleanly, but the file contains other changes not in your context. Read it "
+        "before edits that depend on surrounding content.)")
+    assert "def h" in src.read_text() and src.read_text().endswith("# linter\n")
+    # it no longer applies: refused, and the model is told to read the file again
+    src.write_text("other\n")
+    os.utime(src, (st_.st_atime, st_.st_mtime + 10))
+    assert await edit_error(ctx, src, "def f", "def k") == MODIFIED
 
 
 async def test_string_not_found(ctx: ToolContext, src: Path) -> None:

@@ -29,7 +29,8 @@ async def read(ctx: ToolContext, file_path: str | Path, **kw: int) -> str:
 
 async def test_lines_are_numbered_from_one_with_a_tab(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("alpha\nbeta\n\ngamma\n")
-    assert await read(ctx, tmp_path / "a.txt") == "1\talpha\n2\tbeta\n3\t\n4\tgamma"
+    # Claude Code numbers the (empty) line after a final newline
+    assert await read(ctx, tmp_path / "a.txt") == "1\talpha\n2\tbeta\n3\t\n4\tgamma\n5\t"
 
 
 async def test_no_padding_for_large_line_numbers(ctx: ToolContext, tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ async def test_offset_and_limit(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("1\n2\n3\n4\n5\n")
     assert await read(ctx, tmp_path / "a.txt", offset=2, limit=2) == "2\t2\n3\t3"
     assert await read(ctx, tmp_path / "a.txt", offset=0, limit=1) == "1\t1"
-    assert await read(ctx, tmp_path / "a.txt", offset=5) == "5\t5"
+    assert await read(ctx, tmp_path / "a.txt", offset=5) == "5\t5\n6\t"
 
 
 async def test_default_limit_is_2000_lines_with_a_paging_note(ctx: ToolContext, tmp_path: Path) -> None:
@@ -51,14 +52,15 @@ async def test_default_limit_is_2000_lines_with_a_paging_note(ctx: ToolContext, 
     body, note = out.split("\n\n")
     assert body.splitlines()[-1] == f"{DEFAULT_LIMIT}\t{DEFAULT_LIMIT}"
     assert len(body.splitlines()) == DEFAULT_LIMIT
-    assert note == "[Showing lines 1-2000 of 2500. Call Read with offset=2001 to read further.]"
+    assert note == "[Showing lines 1-2000 of 2501. Call Read with offset=2001 to read further.]"
     # an explicit limit is the caller's choice: no note
     assert "\n\n" not in await read(ctx, tmp_path / "big.txt", limit=5)
 
 
 async def test_long_lines_are_cut_with_a_note(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "wide.txt").write_text("x" * 5000 + "\nshort\n")
-    first, second = (await read(ctx, tmp_path / "wide.txt")).split("\n")
+    first, second, last = (await read(ctx, tmp_path / "wide.txt")).split("\n")
+    assert last == "3\t"
     assert first == f"1\t{'x' * MAX_LINE_CHARS}... [line truncated: 5000 characters]"
     assert second == "2\tshort"
 
@@ -74,7 +76,7 @@ async def test_offset_past_the_end_says_how_many_lines(ctx: ToolContext, tmp_pat
     (tmp_path / "a.txt").write_text("a\nb\nc\n")
     assert await read(ctx, tmp_path / "a.txt", offset=10) == (
         "<system-reminder>Warning: the file exists but is shorter than the provided offset (10). "
-        "The file has 3 lines.</system-reminder>")
+        "The file has 4 lines.</system-reminder>")  # Claude Code counts the line after the final newline
 
 
 async def test_missing_file_is_a_tool_error(ctx: ToolContext, tmp_path: Path) -> None:
@@ -117,13 +119,13 @@ async def test_image_comes_back_as_an_image_block(ctx: ToolContext, tmp_path: Pa
 
 async def test_crlf_and_bom_are_not_shown(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "w.txt").write_bytes(b"\xef\xbb\xbfone\r\ntwo\r\n")
-    assert await read(ctx, tmp_path / "w.txt") == "1\tone\n2\ttwo"
+    assert await read(ctx, tmp_path / "w.txt") == "1\tone\n2\ttwo\n3\t"
 
 
 async def test_relative_path_resolves_against_cwd(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "r.txt").write_text("rel\n")
-    assert await read(ctx, "sub/r.txt") == "1\trel"
+    assert await read(ctx, "sub/r.txt") == "1\trel\n2\t"
 
 
 async def test_success_records_the_mtime(ctx: ToolContext, tmp_path: Path) -> None:
@@ -188,17 +190,18 @@ def test_reading_a_file_matches_the_reference(lines: list[str], offset: int | No
                                               final_newline: bool) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d, "f.txt")
-        # A final newline ends the last line rather than opening another, so a last empty line
-        # needs one to exist at all.
-        newline = final_newline or lines[-1] == ""
-        path.write_bytes(("\n".join(lines) + ("\n" if newline else "")).encode("utf-8"))
+        # A final newline opens one more, empty line (Claude Code numbers it too).
+        path.write_bytes(("\n".join(lines) + ("\n" if final_newline else "")).encode("utf-8"))
+        lines = [*lines, ""] if final_newline else lines
         inp: dict[str, object] = {"file_path": str(path)}
         if offset is not None:
             inp["offset"] = offset
         if limit is not None:
             inp["limit"] = limit
         out = asyncio.run(ReadTool().call(inp, ToolContext(cwd=Path(d), file_access=NoFileRules()))).data
-        if (offset or 1) > len(lines):
+        if path.stat().st_size == 0:
+            assert out == EMPTY_FILE_WARNING
+        elif (offset or 1) > len(lines):
             assert "shorter than the provided offset" in out
         else:
             assert out.split("\n") == _reference(lines, offset, limit)

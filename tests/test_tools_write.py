@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
-from agentfsm.tools.read import ReadTool
+from agentfsm.tools.read import FILE_STATE_CURRENT, ReadTool
 from agentfsm.tools.write import WriteTool
 
 NOT_READ = "File has not been read yet. Read it first before writing to it."
@@ -33,7 +33,7 @@ def bump_mtime(path: Path, seconds: float = 5) -> None:
 
 async def test_creates_a_new_file_and_its_parents(ctx: ToolContext, tmp_path: Path) -> None:
     target = tmp_path / "deep" / "er" / "new.txt"
-    assert await write(ctx, target, "hello\n") == f"File created successfully at: {target}"
+    assert await write(ctx, target, "hello\n") == f"File created successfully at: {target}{FILE_STATE_CURRENT}"
     assert target.read_text() == "hello\n"
     assert ctx.read_files[str(target)] == target.stat().st_mtime
 
@@ -54,11 +54,11 @@ async def test_update_after_read(ctx: ToolContext, tmp_path: Path) -> None:
     target.write_text("old")
     await ReadTool().call({"file_path": str(target)}, ctx)
     assert (await WriteTool().validate_input({"file_path": str(target), "content": "x"}, ctx)).ok
-    assert await write(ctx, target, "new") == f"The file {target} has been updated successfully."
+    assert await write(ctx, target, "new") == f"The file {target} has been updated successfully.{FILE_STATE_CURRENT}"
     assert target.read_text() == "new"
     # the write counts as the latest read: writing again needs no new Read
     bump_mtime(target, 0)
-    assert await write(ctx, target, "newer") == f"The file {target} has been updated successfully."
+    assert await write(ctx, target, "newer") == f"The file {target} has been updated successfully.{FILE_STATE_CURRENT}"
 
 
 async def test_modified_since_read_is_refused(ctx: ToolContext, tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ async def test_content_is_written_byte_for_byte(ctx: ToolContext, tmp_path: Path
 
 
 async def test_relative_path_and_directory(ctx: ToolContext, tmp_path: Path) -> None:
-    assert await write(ctx, "rel/x.txt", "r") == "File created successfully at: rel/x.txt"
+    assert await write(ctx, "rel/x.txt", "r") == f"File created successfully at: rel/x.txt{FILE_STATE_CURRENT}"
     assert (tmp_path / "rel" / "x.txt").read_text() == "r"
     with pytest.raises(ToolError, match="is a directory"):
         await write(ctx, tmp_path / "rel", "x")
@@ -93,7 +93,7 @@ async def test_read_through_a_symlink_counts_for_the_target(ctx: ToolContext, tm
     real.write_text("x")
     (tmp_path / "link.txt").symlink_to(real)
     await ReadTool().call({"file_path": str(tmp_path / "link.txt")}, ctx)
-    assert await write(ctx, real, "y") == f"The file {real} has been updated successfully."
+    assert await write(ctx, real, "y") == f"The file {real} has been updated successfully.{FILE_STATE_CURRENT}"
 
 
 def test_tool_traits_and_schema() -> None:

@@ -122,7 +122,13 @@ class ToolOutput:
 
 
 class ToolError(Exception):
-    """Raised by a tool for an expected failure; its message becomes an ``is_error`` tool_result."""
+    """Raised by a tool for an expected failure; its message becomes an ``is_error`` tool_result,
+    wrapped in ``<tool_use_error>`` unless ``wrapped=False`` (Claude Code sends some errors bare: a
+    missing file for Read, a missing path for Glob and Grep, a rejected search pattern)."""
+
+    def __init__(self, message: str, *, wrapped: bool = True) -> None:
+        super().__init__(message)
+        self.wrapped = wrapped
 
 
 @attrs.define
@@ -198,6 +204,11 @@ class Tool:
         if output.is_error:
             block["is_error"] = True
         return block
+
+    def invalid_input_text(self, input: Any) -> str | None:
+        """The whole error text for input that fails the schema, when the tool words it itself;
+        None (the default): the pipeline's ``InputValidationError`` listing."""
+        return None
 
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         """What permission rules' specifiers match (a path for file tools, the command for Bash)."""

@@ -34,10 +34,12 @@ DEFAULT_TIMEOUT_MS = 120_000
 INLINE_ANALYSIS_CHARS = 8192
 MAX_TIMEOUT_MS = 600_000
 MAX_OUTPUT_CHARS = 30_000
-# Bytes read back from the output file: enough for MAX_OUTPUT_CHARS of 4-byte UTF-8.
-_HEAD_BYTES = MAX_OUTPUT_CHARS * 4
 KILL_GRACE_S = 2.0
 ABORTED = "<error>Command was aborted before completion</error>"
+#: What a command that printed nothing returns (Claude Code's text): an empty result reads as lost.
+NO_OUTPUT = "(Bash completed with no output)"
+#: Programs whose exit status 1 means "nothing found", not an error.
+SEARCH_PROGRAMS = frozenset({"grep", "egrep", "fgrep", "rg"})
 
 
 # --- read-only classification ----------------------------------------------------------------
@@ -131,7 +133,8 @@ _ARG_CHECKS: dict[str, Callable[[list[str]], bool]] = {
 }
 
 
-def _segment_read_only(argv: tuple[str | None, ...]) -> bool:
+def segment_read_only(argv: tuple[str | None, ...]) -> bool:
+    """Whether one command (its argv, ``None`` for a word that is not static) only reads."""
     if None in argv:
         return False
     words = [w for w in argv if w is not None]
@@ -165,7 +168,7 @@ def analysis_read_only(analysis: Analysis) -> bool:
     if (not analysis.commands or analysis.opaque or analysis.environment or analysis.background
             or analysis.assigns or analysis.redirects_output):
         return False
-    return all(_segment_read_only(c.argv) for c in analysis.commands)
+    return all(segment_read_only(c.argv) for c in analysis.commands)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -178,21 +181,99 @@ def format_duration(ms: float) -> str:
     return f"{int(seconds // 60)}m {int(seconds % 60)}s"
 
 
-def read_output(path: Path) -> str:
+#: Where Bash saves an output too large to show (a directory), when the host sets one: the session's
+#: own ``<sessions dir>/<session id>/tool-results`` (Claude Code keeps them beside its session file).
+TOOL_RESULTS_DIR = "tool_results_dir"
+#: How much of a persisted output the model sees (Claude Code's 2 KB preview).
+PREVIEW_CHARS = 2000
+
+
+def max_output_chars() -> int:
+    """Longest Bash output shown inline (``AGENTFSM_BASH_MAX_OUTPUT_CHARS``, else Claude Code's 30000)."""
+    return _positive_env("AGENTFSM_BASH_MAX_OUTPUT_CHARS", MAX_OUTPUT_CHARS)
+
+
+def _positive_env(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def tool_results_dir(ctx: ToolContext) -> Path:
+    """Where a large output is saved: ``AGENTFSM_TOOL_RESULTS_DIR``, else the directory the host put
+    in ``ctx.services`` (the session's), else one per session under the temporary directory."""
+    configured = os.environ.get("AGENTFSM_TOOL_RESULTS_DIR")
+    if configured:
+        return Path(configured).expanduser() / (ctx.session_id or "default")
+    given = ctx.services.get(TOOL_RESULTS_DIR)
+    if given is not None:
+        return Path(given)
+    return Path(tempfile.gettempdir()) / "agentfsm" / (ctx.session_id or "default") / "tool-results"
+
+
+def format_size(n: int) -> str:
+    """Bytes as Claude Code writes a size: KB or MB with one decimal, a trailing ``.0`` dropped."""
+    for unit, scale in (("MB", 1024 * 1024), ("KB", 1024)):
+        if n >= scale or unit == "KB":
+            return f"{n / scale:.1f}".removesuffix(".0") + unit
+    raise AssertionError("unreachable")
+
+
+def _result_name(ctx: ToolContext) -> str:
+    # the tool_use id names the file when it is a plain token (it comes from the model: never a path)
+    tid = ctx.tool_use_id
+    return f"{tid}.txt" if re.fullmatch(r"[A-Za-z0-9_-]{1,100}", tid or "") else f"b{secrets.token_hex(4)}.txt"
+
+
+def persist(path: Path, ctx: ToolContext) -> Path | None:
+    """Move the output file into the tool-results directory; None when that place may not be written
+    or read (a deny rule: the file access policy is asked, as for any tool) or the move fails."""
+    directory = tool_results_dir(ctx)
+    target = directory / _result_name(ctx)
+    for access in ("write", "read"):
+        if ctx.access.denial(str(target), access) is not None:
+            return None
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.move(str(path), str(target))
+    except OSError:
+        return None
+    return target
+
+
+def preview(text: str) -> str:
+    """The first :data:`PREVIEW_CHARS` characters, cut back to the last whole line."""
+    head = text[:PREVIEW_CHARS]
+    if len(text) > PREVIEW_CHARS and "\n" in head:
+        head = head[:head.rindex("\n")]
+    return head
+
+
+def read_output(path: Path, ctx: ToolContext | None = None, cap: int | None = None) -> str:
     """The command's output as the model sees it: leading blank lines and trailing whitespace
-    dropped, cut at MAX_OUTPUT_CHARS with a count of the lines left out."""
+    dropped. Over ``cap`` characters it is saved to a file (:func:`persist`) and the model gets a
+    ``<persisted-output>`` block with its size, where it is and a preview, as Claude Code does; when
+    it cannot be saved, the head is shown with a count of the lines left out."""
+    cap = cap or max_output_chars()
     extra_lines = 0
     more = False
     with path.open("rb") as fh:
-        head = fh.read(_HEAD_BYTES)
+        head = fh.read(max(cap * 4, PREVIEW_CHARS * 4))
         while chunk := fh.read(1 << 20):
             more = True
             extra_lines += chunk.count(b"\n")
     text = re.sub(r"\A(?:[ \t]*\n)+", "", head.decode("utf-8", errors="replace")).rstrip()
-    if len(text) <= MAX_OUTPUT_CHARS and not more:
+    if len(text) <= cap and not more:
         return text
-    cut = text[:MAX_OUTPUT_CHARS]
-    left = text[MAX_OUTPUT_CHARS:].count("\n") + extra_lines + 1
+    size = path.stat().st_size if more else len(text.encode("utf-8"))
+    saved = persist(path, ctx) if ctx is not None else None
+    if saved is not None:
+        return (f"<persisted-output>\nOutput too large ({format_size(size)}). Full output saved to: {saved}\n\n"
+                f"Preview (first 2KB):\n{preview(text)}\n...\n</persisted-output>")
+    cut = text[:cap]
+    left = text[cap:].count("\n") + extra_lines + 1
     return f"{cut}\n\n... [{left} lines truncated] ..."
 
 
@@ -217,7 +298,8 @@ async def _kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 def _shell() -> str:
-    return shutil.which("bash") or "/bin/bash"
+    # /bin/bash where it exists: bash names itself in its errors ("/bin/bash: line 1: …"), as in Claude Code
+    return "/bin/bash" if os.access("/bin/bash", os.X_OK) else (shutil.which("bash") or "/bin/bash")
 
 
 def _environment() -> dict[str, str]:
@@ -264,7 +346,7 @@ async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float) -> T
             if proc.returncode is None:
                 # timeout, abort, or this task was cancelled: nothing of the command may outlive it
                 await asyncio.shield(_kill_group(proc))
-        text = await asyncio.to_thread(read_output, out_path)
+        text = await asyncio.to_thread(read_output, out_path, ctx)
     finally:
         with contextlib.suppress(OSError):
             out_path.unlink()
@@ -274,9 +356,21 @@ async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float) -> T
         note = f"Command timed out after {format_duration(timeout_ms)}"
         return ToolOutput("\n".join(p for p in (note, text) if p), is_error=True)
     code = _exit_code(proc.returncode)
-    if code != 0:
+    if code != 0 and not (code == 1 and await asyncio.to_thread(_found_nothing, command, str(ctx.cwd))):
         return ToolOutput("\n".join(p for p in (f"Exit code {code}", text) if p), is_error=True)
-    return ToolOutput(text)
+    return ToolOutput(text or NO_OUTPUT)
+
+
+def _found_nothing(command: str, cwd: str) -> bool:
+    """Whether exit status 1 only means "no match": the command ends in a search program (grep, rg)
+    for which 1 is that answer, not a failure (as Claude Code reads it). Unsure means no."""
+    if len(command) > INLINE_ANALYSIS_CHARS * 8:
+        return False
+    analysis = analyse(command, cwd)
+    parts = [c for c in analysis.commands if c.part]
+    if analysis.opaque or not parts:
+        return False
+    return parts[-1].program in SEARCH_PROGRAMS
 
 
 @attrs.define
@@ -336,8 +430,8 @@ class BashTool(Tool):
     description = (
         "Executes a bash command in the working directory and returns its combined stdout and stderr. "
         f"Times out after {DEFAULT_TIMEOUT_MS // 1000}s by default (timeout in ms, at most "
-        f"{MAX_TIMEOUT_MS // 1000}s); output beyond {MAX_OUTPUT_CHARS} characters is cut. A non-zero "
-        "exit status is reported as an error with its code. Set run_in_background to start a "
+        f"{MAX_TIMEOUT_MS // 1000}s); output beyond {MAX_OUTPUT_CHARS} characters is saved to a file and a "
+        "preview shown. A non-zero exit status is reported as an error with its code. Set run_in_background to start a "
         "long-running command and get its output file back at once. Use Read, Glob, Grep, Edit and "
         "Write rather than cat, find, grep, sed or echo redirection for file work."
     )

@@ -12,23 +12,28 @@ import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
 from agentfsm.tools.read import (
+    FILE_STATE_CURRENT,
+    MODIFIED_SINCE_READ,
+    NOT_READ_YET,
     absolute,
-    check_fresh,
+    last_read,
     not_found_message,
-    number_lines,
     open_regular,
     record_read,
     require_access,
-    split_lines,
     validate_access,
 )
 
-SNIPPET_CONTEXT = 4
 #: Largest file Edit reads into memory to change it.
 MAX_EDIT_BYTES = 64 * 1024 * 1024
 SAME_STRINGS = "No changes to make: old_string and new_string are exactly the same."
 ALREADY_EXISTS = "Cannot create new file - file already exists."
 NOT_FOUND = "String to replace not found in file."
+#: Claude Code's note when a file changed since it was read and the edit still applied (old_string was
+#: there, once): the edit is made rather than refused, and the model is told its view is partial.
+STALE_NOTE = (" (note: the file had been modified on disk since you last read it \u2014 the edit applied "
+              "cleanly, but the file contains other changes not in your context. Read it before edits that "
+              "depend on surrounding content.)")
 
 # Models often type straight quotes where the file has typographic ones (and the reverse).
 _CURLY = {"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'}
@@ -46,6 +51,8 @@ class PlannedEdit:
     creates: bool
     crlf: bool
     bom: bool
+    # the file changed on disk since the model read it (the edit still applied)
+    stale: bool = False
 
 
 def normalize_quotes(text: str) -> str:
@@ -135,7 +142,10 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
         if body.strip():
             raise ToolError(ALREADY_EXISTS)
         return PlannedEdit(path, new, 0, new, creates=False, crlf=False, bom=bom)
-    check_fresh(ctx, path)
+    seen = last_read(ctx, path)
+    if seen is None:
+        raise ToolError(NOT_READ_YET)
+    stale = path.stat().st_mtime > seen
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -147,16 +157,14 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
     if crlf:
         text = text.replace("\r\n", "\n")
         old, new = old.replace("\r\n", "\n"), new.replace("\r\n", "\n")
-    new_text, anchor = apply_edit(text, old, new, replace_all)
-    return PlannedEdit(path, new_text, anchor, new, creates=False, crlf=crlf, bom=bom)
+    try:
+        new_text, anchor = apply_edit(text, old, new, replace_all)
+    except ToolError:
+        if stale:  # what the model remembers is out of date: it must read the file again
+            raise ToolError(MODIFIED_SINCE_READ) from None
+        raise
+    return PlannedEdit(path, new_text, anchor, new, creates=False, crlf=crlf, bom=bom, stale=stale)
 
-
-def snippet(text: str, anchor: int, inserted: str) -> str:
-    lines = split_lines(text)
-    first = text.count("\n", 0, anchor)
-    last = first + inserted.count("\n")
-    start = max(0, first - SNIPPET_CONTEXT)
-    return number_lines(lines[start:last + SNIPPET_CONTEXT + 1], start + 1)
 
 
 class EditTool(Tool):
@@ -203,11 +211,8 @@ class EditTool(Tool):
         shown = input["file_path"]
         head = (f"The file {shown} has been updated. All occurrences were successfully replaced."
                 if input.get("replace_all") else f"The file {shown} has been updated successfully.")
-        body = snippet(plan.new_text, plan.anchor, plan.inserted)
-        if not body:
-            return ToolOutput(head)
-        return ToolOutput(f"{head} Here's the result of running `cat -n` on a snippet of the edited "
-                          f"file:\n{body}")
+        # no snippet of the edited lines (as Claude Code): the model wrote them, they cost tokens
+        return ToolOutput(head + (STALE_NOTE if plan.stale else FILE_STATE_CURRENT))
 
 
 def _write(plan: PlannedEdit) -> None:

@@ -137,7 +137,7 @@ class GlobTool(ReadOnlyTool):
         root = os.path.normpath(ctx.resolve(given)) if given else os.path.abspath(ctx.cwd)
         if given:
             if not os.path.exists(root):
-                raise ToolError(f"Directory does not exist: {given}. {CWD_NOTE} {ctx.cwd}.")
+                raise ToolError(f"Directory does not exist: {given}. {CWD_NOTE} {ctx.cwd}.", wrapped=False)
             if not os.path.isdir(root):
                 raise ToolError(f"Path is not a directory: {given}")
         denied = search_root_denial(ctx, given)

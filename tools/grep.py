@@ -41,6 +41,8 @@ OutputMode = Literal["content", "files_with_matches", "count"]
 #: Process-wide default; tests set it to ``"python"`` to exercise the fallback with rg installed.
 BACKEND: Backend = "auto"
 DEFAULT_HEAD_LIMIT = 250
+#: Claude Code's head for a pattern, glob or type the search engine refused (sent without <tool_use_error>).
+SEARCH_REJECTED = "Search failed \u2014 ripgrep rejected the pattern, glob, or file type without searching:\n"
 #: Largest file the pure-Python fallback searches (it reads a file whole).
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_CHARS = 500
@@ -220,7 +222,7 @@ async def run_rg(q: Query, ctx: ToolContext) -> bytes:
     # 1 = nothing matched; 2 = an error, which still leaves partial results worth showing
     if proc.returncode == 2 and not out.strip():
         message = err.decode("utf-8", errors="replace").strip() or "ripgrep failed"
-        raise ToolError(message)
+        raise ToolError(SEARCH_REJECTED + message, wrapped=False)
     return out
 
 
@@ -311,7 +313,7 @@ class Selector:
             try:
                 alternatives = expand_braces(g)
             except PatternError as exc:
-                raise ToolError(str(exc)) from exc
+                raise ToolError(SEARCH_REJECTED + str(exc), wrapped=False) from exc
             for alt in alternatives:
                 rule = ignore_rule(alt, comments=False)
                 if rule is not None:
@@ -321,7 +323,7 @@ class Selector:
         if q.file_type:
             globs = FILE_TYPES.get(q.file_type)
             if globs is None:
-                raise ToolError(f"unrecognized file type: {q.file_type}")
+                raise ToolError(f"{SEARCH_REJECTED}unrecognized file type: {q.file_type}", wrapped=False)
             self.types = [r for r in (ignore_rule(g, comments=False) for g in globs) if r is not None]
 
     def _parents(self) -> list[DirRules]:
@@ -450,7 +452,7 @@ class Matcher:
         try:
             self.regex = re.compile(q.pattern, flags)
         except re.error as exc:
-            raise ToolError(f"regex parse error: {exc}") from exc
+            raise ToolError(f"{SEARCH_REJECTED}regex parse error: {exc}", wrapped=False) from exc
         self.q = q
 
     def any(self, text: str) -> bool:
@@ -773,7 +775,7 @@ class GrepTool(ReadOnlyTool):
         given = input.get("path")
         root = os.path.normpath(ctx.resolve(given)) if given else os.path.abspath(ctx.cwd)
         if not os.path.exists(root):
-            raise ToolError(f"Path does not exist: {given}. {CWD_NOTE} {ctx.cwd}.")
+            raise ToolError(f"Path does not exist: {given}. {CWD_NOTE} {ctx.cwd}.", wrapped=False)
         if not os.path.isdir(root) and not os.path.isfile(root):
             raise ToolError(f"{given} is not a regular file or a directory: Grep searches files.")
         denied = await asyncio.to_thread(search_root_denial, ctx, given)

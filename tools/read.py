@@ -24,6 +24,8 @@ DEFAULT_MAX_BYTES = 256 * 1024
 LARGE_MAX_BYTES = 4 * 1024 * 1024
 CWD_NOTE = "Note: your current working directory is"
 EMPTY_FILE_WARNING = "<system-reminder>Warning: the file exists but the contents are empty.</system-reminder>"
+#: What Write and Edit add to a success (Claude Code's text): the model need not Read the file back.
+FILE_STATE_CURRENT = " (file state is current in your context \u2014 no need to Read it back)"
 NOT_READ_YET = "File has not been read yet. Read it first before writing to it."
 MODIFIED_SINCE_READ = ("File has been modified since read, either by the user or by a linter. "
                        "Read it again before attempting to write it.")
@@ -109,7 +111,9 @@ def not_found_message(ctx: ToolContext, path: Path, *, what: str = "File does no
     msg = f"{what} {CWD_NOTE} {ctx.cwd}."
     similar = _similar_file(path)
     if similar is not None:
-        msg += f" Did you mean {similar}?"
+        # named relative to the cwd when it is inside it, as Claude Code does
+        shown = os.path.relpath(similar, ctx.cwd) if Path(similar).is_relative_to(ctx.cwd) else similar
+        msg += f" Did you mean {shown}?"
     return msg
 
 
@@ -136,6 +140,14 @@ def split_lines(text: str) -> list[str]:
     if lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def file_lines(text: str) -> list[str]:
+    """Lines as Read numbers them (Claude Code's way): a final newline opens one more, empty line, so
+    ``"a\\nb\\n"`` is three lines and the model sees where the file ends."""
+    if not text:
+        return []
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
 def decode_text(data: bytes) -> str:
@@ -187,7 +199,7 @@ def open_regular(ctx: ToolContext, path: Path) -> IO[bytes]:
         _check_regular(path, os.stat(path).st_mode)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
-        raise ToolError(not_found_message(ctx, path)) from exc
+        raise ToolError(not_found_message(ctx, path), wrapped=False) from exc
     except IsADirectoryError as exc:
         raise ToolError(f"{path} is a directory, not a file. Use Bash (ls) or Glob to list a directory.") from exc
     except PermissionError as exc:
@@ -212,17 +224,21 @@ def _check_regular(path: Path, mode: int) -> None:
 
 
 def _lines_of(fh: IO[bytes]) -> Iterator[str]:
-    """The file's lines as :func:`split_lines` gives them, read one at a time."""
+    """The file's lines as :func:`file_lines` gives them, read one at a time."""
     first = True
+    ended = False
     for raw in fh:
         if first:
             first = False
             if raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
         line = raw.decode("utf-8", errors="replace")
-        if line.endswith("\n"):
+        ended = line.endswith("\n")
+        if ended:
             line = line[:-1]
         yield line[:-1] if line.endswith("\r") else line
+    if ended:
+        yield ""
 
 
 # --- the tool --------------------------------------------------------------------------------
@@ -297,11 +313,11 @@ class ReadTool(ReadOnlyTool):
             utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
             if (offset is None and limit is None) or utf16:
                 if size > cap:
-                    raise ToolError(too_large(size, cap, allow_large))
+                    raise ToolError(too_large(size, cap, allow_large), wrapped=False)
                 data = fh.read(cap + 1)
                 if len(data) > cap:  # it grew while we looked
-                    raise ToolError(too_large(len(data), cap, allow_large))
-                text = render(split_lines(decode_text(data)), offset, limit)
+                    raise ToolError(too_large(len(data), cap, allow_large), wrapped=False)
+                text = render(file_lines(decode_text(data)), offset, limit)
             else:
                 text = _render_range(fh, offset, limit, cap, allow_large)
         record_read(ctx, path)
@@ -321,7 +337,7 @@ def _render_range(fh: IO[bytes], offset: int | None, limit: int | None, cap: int
         if first <= total < first + count:
             held += len(line)
             if held > cap:
-                raise ToolError(too_large(held, cap, allow_large))
+                raise ToolError(too_large(held, cap, allow_large), wrapped=False)
             window.append(line)
     if total == 0:
         return EMPTY_FILE_WARNING

@@ -311,3 +311,47 @@ def schema_issues(validator: Any, value: Any) -> list[str]:
             seen.add(line)
             out.append(line)
     return out
+
+
+# --- JSON Schema problems in ajv's words (what Claude Code tells the model about a StructuredOutput) --
+
+_AJV_BOUNDS = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
+_AJV_COUNTS = {"minLength": ("fewer", "characters"), "maxLength": ("more", "characters"),
+               "minItems": ("fewer", "items"), "maxItems": ("more", "items"),
+               "minProperties": ("fewer", "properties"), "maxProperties": ("more", "properties")}
+
+
+def _ajv_message(err: ValidationError) -> list[str]:
+    kind, want = err.validator, err.validator_value
+    if kind == "type":
+        return [f"must be {want if isinstance(want, str) else ','.join(want)}"]
+    if kind == "required" and isinstance(err.instance, Mapping):
+        return [f"must have required property '{p}'" for p in want if p not in err.instance]
+    if kind == "additionalProperties" and isinstance(err.instance, Mapping):
+        return [f"must NOT have additional properties ('{k}' is not allowed)"
+                for k in _unexpected(err.instance, err.schema)]
+    if kind in _AJV_BOUNDS:
+        return [f"must be {_AJV_BOUNDS[str(kind)]} {want}"]
+    if kind in _AJV_COUNTS:
+        more, unit = _AJV_COUNTS[str(kind)]
+        return [f"must NOT have {more} than {want} {unit}"]
+    if kind == "enum":
+        return ["must be equal to one of the allowed values"]
+    if kind == "const":
+        return ["must be equal to constant"]
+    if kind == "pattern":
+        return [f'must match pattern "{want}"']
+    if kind == "format":
+        return [f'must match format "{want}"']
+    return [err.message]
+
+
+def ajv_issues(validator: Any, value: Any) -> list[str]:
+    """``<path>: <problem>`` for each problem, as ajv words them (``root`` for the value itself, else a
+    JSON pointer such as ``/answer``); problems of the outer value first."""
+    found: list[tuple[int, str]] = []
+    for err in validator.iter_errors(value):
+        path = list(err.absolute_path)
+        where = "/" + "/".join(str(p) for p in path) if path else "root"
+        found += [(len(path), f"{where}: {m}") for m in _ajv_message(err)]
+    return [text for _, text in sorted(found, key=lambda x: x[0])]

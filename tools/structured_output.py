@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentfsm.tools.base import Tool, ToolContext, ToolOutput
-from agentfsm.tools.schema import check_schema
+from agentfsm.tools.schema import ajv_issues, check_schema, compile_validator
 
 NAME = "StructuredOutput"
 WRAP_KEY = "output"
@@ -49,6 +49,13 @@ class StructuredOutputTool(Tool):
 
     def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
         return True
+
+    def invalid_input_text(self, input: Any) -> str | None:
+        """Claude Code's text for an answer that does not match the schema (sent without a
+        ``<tool_use_error>`` wrapper): the problems in ajv's words, joined by ``, ``."""
+        validator, _ = compile_validator(self.input_schema)
+        issues = ajv_issues(validator, input)
+        return f"Output does not match required schema: {', '.join(issues)}" if issues else None
 
     def is_read_only(self, input: Mapping[str, Any]) -> bool:
         # no side effect: it only records the answer, so no permission mode needs to ask for it

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
-from agentfsm.tools.read import absolute, check_fresh, record_read, require_access, validate_access
+from agentfsm.tools.read import (
+    FILE_STATE_CURRENT,
+    absolute,
+    check_fresh,
+    record_read,
+    require_access,
+    validate_access,
+)
 
 
 class WriteTool(Tool):
@@ -51,8 +58,8 @@ class WriteTool(Tool):
         await asyncio.to_thread(_write, path, input["content"])
         record_read(ctx, path)
         if existed:
-            return ToolOutput(f"The file {input['file_path']} has been updated successfully.")
-        return ToolOutput(f"File created successfully at: {input['file_path']}")
+            return ToolOutput(f"The file {input['file_path']} has been updated successfully.{FILE_STATE_CURRENT}")
+        return ToolOutput(f"File created successfully at: {input['file_path']}{FILE_STATE_CURRENT}")
 
 
 def _check(ctx: ToolContext, path: Path) -> bool:
