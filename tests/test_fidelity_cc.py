@@ -200,6 +200,13 @@ def canon(run: dict[str, Any]) -> dict[str, Any]:
     shape: list[Any] = []
     for i, m in enumerate(run["history"]):
         content = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+        # parallel results: Claude Code lists them as they complete, which varies from run to run;
+        # agentfsm in call order. Compared by id, so the texts still have to match one for one.
+        slots = [k for k, b in enumerate(content) if b.get("type") == "tool_result"]
+        by_id = sorted((content[k] for k in slots), key=lambda b: str(b.get("tool_use_id")))
+        content = list(content)
+        for k, b in zip(slots, by_id, strict=True):
+            content[k] = b
         blocks: list[Any] = []
         for b in content:
             if (i == 0 and _is_preamble(b)) or b.get("type") in ("thinking", "redacted_thinking"):
