@@ -152,7 +152,9 @@ class ToolTable:
         self._validators: dict[int, tuple[Tool, Any]] = {}
         self._out_validators: dict[int, tuple[Tool, Any]] = {}
         self._static: list[Tool] | None = None
-        if not isinstance(source, Mapping) and not any(
+        # asked once: an ABC check of a registry that is no Mapping costs ~µs on every lookup
+        self._mapping = isinstance(source, Mapping)
+        if not self._mapping and not any(
                 hasattr(source, a) for a in ("lookup", "get", "tools")) and not callable(source):
             self._static = list(source)
 
@@ -164,7 +166,7 @@ class ToolTable:
         src = self._source
         if self._static is not None:
             return self._static
-        if isinstance(src, Mapping):
+        if self._mapping:
             return list(src.values())
         held = getattr(src, "tools", None)
         if callable(held):
@@ -196,7 +198,7 @@ class ToolTable:
         if self._static is not None:
             return None
         try:
-            if isinstance(src, Mapping):
+            if self._mapping:
                 return src.get(name)
             for attr in ("lookup", "get"):
                 fn = getattr(src, attr, None)
