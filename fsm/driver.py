@@ -51,7 +51,7 @@ from agentfsm.events import (
 from agentfsm.executor import StreamingToolExecutor
 from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
-from agentfsm.pipeline import STREAMING_FALLBACK, CallResult
+from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import WireCache
@@ -123,6 +123,8 @@ class Driver:
         self.client = client
         # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
         self.registry, self._setup_error = phases.structured_output_setup(registry, options.json_schema)
+        # one table for the run's executors (one per response): each tool's validators compiled once a run
+        self._tools = ToolTable.of(self.registry)
         self.session_id = session_id
         self.system = system
         self.gate = gate
@@ -648,7 +650,7 @@ class Driver:
                                abort=self.abort_event, read_files=self.read_files, services=self.services,
                                file_access=self.file_access() if self.file_access is not None else None)
 
-        executor = StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
+        executor = StreamingToolExecutor(lookup=self._tools, gate=self.gate, ctx_factory=make_ctx,
                                          max_concurrency=self.limits.max_tool_concurrency)
         # a bound method, not a closure over the executor: no executor -> callback -> executor cycle
         executor.on_ready = self._emit_ready
