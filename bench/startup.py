@@ -10,6 +10,10 @@ printed. Programs:
 * ``agentfsm -p`` with ``--scripted read_probe`` (the in-process model: the SDK must not be imported);
 * ``agentfsm -p`` against a loopback ScriptedServer (the real SDK path, as ``bench/cli.py`` runs it).
 
+For the SDK path it also times, per run, the moments the issue's goals are about: from the spawn to
+the first Messages request reaching the server (start-up), and from the ``result`` line on stdout to
+the process's exit.
+
 Then ``-X importtime`` of both ``-p`` paths: the import time summed per top-level package, and
 which of the optional heavy packages each path imported (anthropic, temporalio, mcp, pygraphviz,
 jsonschema, tree_sitter, hypothesis). Printed, never asserted.
@@ -20,9 +24,13 @@ jsonschema, tree_sitter, hypothesis). Printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,42 @@ from agentfsm.testing.server import ScriptedServer
 
 # packages only some paths need; each row below says which ones its path imported
 HEAVY = ("anthropic", "temporalio", "mcp", "pygraphviz", "jsonschema", "tree_sitter", "hypothesis", "rich")
+
+
+class RequestClock:
+    """The scripted server's request log as a clock: when each Messages request arrived."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._lock = threading.Lock()
+
+    def write(self, _text: str) -> int:
+        with self._lock:
+            self.times.append(time.perf_counter())
+        return len(_text)
+
+    def flush(self) -> None:
+        pass
+
+
+def timed_run(argv: list[str], env: dict[str, str], cwd: Path, clock: RequestClock) -> dict[str, float]:
+    """One run, its stdout read line by line: seconds from the spawn to the first request and from
+    the ``result`` line to the exit, and the CPU seconds (``os.wait4``)."""
+    seen = len(clock.times)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    t_result = float("nan")
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if b'"type": "result"' in line or b'"type":"result"' in line:
+            t_result = time.perf_counter()
+    _pid, _status, usage = os.wait4(proc.pid, 0)
+    t_exit = time.perf_counter()
+    proc.returncode = 0  # reaped here
+    first = clock.times[seen] if len(clock.times) > seen else float("nan")
+    return {"to_first_request": first - t0, "result_to_exit": t_exit - t_result,
+            "cpu": usage.ru_utime + usage.ru_stime}
 
 
 def import_rows(stderr: str) -> list[tuple[int, str]]:
@@ -67,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     ws = populate_workspace(tmp / "ws")
     home = tmp / "home"
     home.mkdir()
-    server = ScriptedServer(embedded_scenario_path("read_probe"), ws=str(ws), per_session=True)
+    clock = RequestClock()
+    server = ScriptedServer(embedded_scenario_path("read_probe"), ws=str(ws), per_session=True, log=clock)  # type: ignore[arg-type]
     url = server.start()
     env = base_env(url, home)
     py = sys.executable
@@ -103,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<30} {cpu:7.3f} {wall:7.3f} {cpu - floor:12.3f} {ratio(cpu, sdk):>19}")
         for p in filter(None, problems):
             print(f"  WARNING, a run did not answer as scripted: {p}")
+
+        sdk_argv = programs["agentfsm -p (SDK, loopback)"]
+        timed = [timed_run(sdk_argv, env, ws, clock) for _ in range(args.repeats)]
+        first = median([t["to_first_request"] for t in timed])
+        tail = median([t["result_to_exit"] for t in timed])
+        print(f"  agentfsm -p (SDK): spawn to first request {first:.3f} s (goal <= 0.5 s on an idle core); "
+              f"result line to exit {tail * 1e3:.1f} ms (goal <= 50 ms)")
 
         for name in checked:
             run = run_child([py, "-X", "importtime", *programs[name][1:]], env, ws)
