@@ -840,7 +840,18 @@ def _next_state(state: LoopState, route: Route, event: Any, limits: Limits) -> L
         reason = changes.get("terminal_reason", state.terminal_reason)
         if reason not in edge.reasons:
             raise UndeclaredMove(f"{route.edge} cannot end the loop with {reason!r}")
-    return attrs.evolve(state, phase=edge.dest, **changes)
+    changes["phase"] = edge.dest
+    for name in _STATE_FIELDS:
+        if name not in changes:
+            changes[name] = getattr(state, name)
+    return LoopState(**changes)
+
+
+# attrs.evolve for the loop state, once per move: its field names looked up once (every LoopState
+# field is an init argument under its own name, checked here) instead of per call
+_STATE_FIELDS = tuple(f.name for f in attrs.fields(LoopState))
+if not all(f.init and f.alias == f.name for f in attrs.fields(LoopState)):  # pragma: no cover
+    raise ImportError("agentfsm.graph: a LoopState field is not an init argument of its own name")
 
 
 # --- the runtime machine -----------------------------------------------------------------------
@@ -984,7 +995,10 @@ class LoopMachine:
             raise UndeclaredMove(f"{name} in {phase.value}: {refusal}")
         fired = _Fired(model, {"event": event, "limits": limits, "automatic": automatic})
         for conditions, before, dest in transitions:
-            if all(check(fired) for check in conditions):
+            for check in conditions:
+                if not check(fired):
+                    break
+            else:
                 model.step = None
                 for callback in before:
                     callback(fired)
