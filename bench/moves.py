@@ -4,15 +4,15 @@ A conversation of two model turns is fired as events (assemble, open, a tool cal
 is two moves, collect and the automatic next_turn — then assemble, open, an answer, the Stop-hook
 verdict): nine moves. Three ways, in alternating rounds, median reported:
 
-* ``machine``: :class:`agentfsm.graph.LoopMachine` as the driver uses it — a model added to the
-  module-level ``transitions.Machine``, every event fired through it (it evaluates the guards in
-  declared order and runs the route's effect), the model removed at the end;
+* ``machine``: :class:`agentfsm.graph.LoopMachine` as the driver uses it — every event fired through
+  the module-level ``transitions.Machine``'s own transitions (its conditions — the guards — in
+  declared order, the route's effect as its ``before`` callback);
 * ``table walk``: the same routes walked by hand (``ROUTES_BY_KEY``, first guard that holds, the same
   effect) — what the machine costs without ``transitions``;
 * ``evolve``: one ``attrs.evolve`` of the state per move — the floor of any design that keeps frozen
   snapshots.
 
-Printed: µs per move for each, the machine's set-up and tear-down per loop, and the ratios.
+Printed: µs per move for each, one loop's set-up and tear-down (with its first state), and the ratios.
 
     python bench/moves.py [--n 3000] [--rounds 7]
 """
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     move_machine = (per["machine"] - per["set-up"]) / MOVES
     print(f"machine: {machine()}")
     print(f"moves: {args.n} loops x {MOVES} moves per round, {args.rounds} rounds, median round, CPU")
-    print(f"  transitions machine:  {move_machine:7.1f} us/move  (+ {per['set-up']:.1f} us set-up and tear-down "
+    print(f"  LoopMachine (MACHINE): {move_machine:6.1f} us/move  (+ {per['set-up']:.1f} us set-up and tear-down "
           "per loop)")
     print(f"  plain table walk:     {per['table walk'] / MOVES:7.1f} us/move")
     print(f"  attrs.evolve alone:   {per['evolve'] / MOVES:7.1f} us/move")

@@ -10,7 +10,6 @@ threshold) and reactive compaction (after the API answered prompt-too-long); onl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from agentfsm.events import Compaction
 from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice
 from agentfsm.request import normalize
 from agentfsm.state import Message
+from agentfsm.textsafe import json_text
 
 log = fsm_log.get_logger("agentfsm.compact")
 
@@ -33,7 +33,7 @@ UsageSink = Callable[[str, Mapping[str, Any]], None]
 
 def chars_of(blocks: Any) -> int:
     """Serialised size of any JSON-able request part (messages' blocks, system, tool schemas)."""
-    return len(json.dumps(blocks, ensure_ascii=False, default=str))
+    return len(json_text(blocks))
 
 
 def estimate_tokens(messages: Sequence[Message], last_usage: Mapping[str, Any] | None = None,

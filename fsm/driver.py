@@ -51,7 +51,7 @@ from agentfsm.events import (
 from agentfsm.executor import StreamingToolExecutor
 from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
-from agentfsm.pipeline import STREAMING_FALLBACK, CallResult
+from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import WireCache
@@ -123,6 +123,8 @@ class Driver:
         self.client = client
         # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
         self.registry, self._setup_error = phases.structured_output_setup(registry, options.json_schema)
+        # one table for the run's executors (one per response): each tool's validators compiled once a run
+        self._tools = ToolTable.of(self.registry)
         self.session_id = session_id
         self.system = system
         self.gate = gate
@@ -314,16 +316,40 @@ class Driver:
         task = asyncio.ensure_future(work)
         stop = self._abort_fut if hard else self._stop_fut
         assert stop is not None, "the driver waits only while a run is armed"
-        if not stop.done():
-            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if not stop.done() or (task.done() and not stop_wins):
-            return task.result()
-        if not task.done():
+        if stop.done():
             task.cancel()
             await asyncio.wait({task})
-        if not task.cancelled():
-            task.exception()  # retrieved: a failure racing the stop is moot
-        raise _Stopped
+            if not task.cancelled():
+                task.exception()  # retrieved: moot
+            raise _Stopped
+        # The stop cancels the work from a callback on its future, and the work is awaited once: no
+        # racing asyncio.wait, whose waiter future and callbacks on both sides were half the cost of
+        # a call (three calls a model turn).
+        cut = False
+
+        def on_stop(_fut: asyncio.Future[None]) -> None:
+            nonlocal cut
+            if not task.done():
+                cut = True
+                task.cancel()
+
+        stop.add_done_callback(on_stop)
+        try:
+            result = await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not cut or (current is not None and current.cancelling()):
+                raise  # this wait itself was cancelled (the work with it)
+            raise _Stopped from None
+        except Exception:
+            if cut or (stop_wins and stop.done()):
+                raise _Stopped from None  # a failure racing the stop is moot
+            raise
+        finally:
+            stop.remove_done_callback(on_stop)
+        if cut or (stop_wins and stop.done()):
+            raise _Stopped  # the stop came first, or with the work's end and wins
+        return result
 
     def _abort_event_for(self, state: LoopState) -> Aborted:
         """Pair every tool_use that was shown before the stop."""
@@ -624,7 +650,7 @@ class Driver:
                                abort=self.abort_event, read_files=self.read_files, services=self.services,
                                file_access=self.file_access() if self.file_access is not None else None)
 
-        executor = StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
+        executor = StreamingToolExecutor(lookup=self._tools, gate=self.gate, ctx_factory=make_ctx,
                                          max_concurrency=self.limits.max_tool_concurrency)
         # a bound method, not a closure over the executor: no executor -> callback -> executor cycle
         executor.on_ready = self._emit_ready

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
-from transitions import Machine, MachineError
+from transitions import Machine
 
 from agentfsm import prompts
 from agentfsm.events import (
@@ -840,18 +840,29 @@ def _next_state(state: LoopState, route: Route, event: Any, limits: Limits) -> L
         reason = changes.get("terminal_reason", state.terminal_reason)
         if reason not in edge.reasons:
             raise UndeclaredMove(f"{route.edge} cannot end the loop with {reason!r}")
-    return attrs.evolve(state, phase=edge.dest, **changes)
+    changes["phase"] = edge.dest
+    for name in _STATE_FIELDS:
+        if name not in changes:
+            changes[name] = getattr(state, name)
+    return LoopState(**changes)
+
+
+# attrs.evolve for the loop state, once per move: its field names looked up once (every LoopState
+# field is an init argument under its own name, checked here) instead of per call
+_STATE_FIELDS = tuple(f.name for f in attrs.fields(LoopState))
+if not all(f.init and f.alias == f.name for f in attrs.fields(LoopState)):  # pragma: no cover
+    raise ImportError("agentfsm.graph: a LoopState field is not an init argument of its own name")
 
 
 # --- the runtime machine -----------------------------------------------------------------------
 
 
 class LoopModel:
-    """A loop as a model of :data:`MACHINE`: ``phase`` reads the state record, so there is a single
-    copy of it. The machine sets ``phase`` only after the route's effect replaced the record, and
-    the setter checks that the two agree."""
+    """A loop as the model :data:`MACHINE`'s callbacks act on: ``phase`` reads the state record, so
+    there is a single copy of it. The phase is set only after the route's effect replaced the record,
+    and the setter checks that the two agree."""
 
-    __slots__ = ("__dict__", "record", "step")
+    __slots__ = ("record", "step")
 
     def __init__(self, state: LoopState) -> None:
         self.record = state
@@ -859,13 +870,24 @@ class LoopModel:
 
     @property
     def phase(self) -> str:
-        # the machine's states are the phases' names (plain strings: transitions resolves them fastest)
+        # the machine's states are the phases' names (plain strings)
         return self.record.phase.value
 
     @phase.setter
     def phase(self, value: str) -> None:
         if value != self.record.phase.value:
             raise UndeclaredMove(f"the machine moved to {value} but the route's state is at {self.record.phase}")
+
+
+class _Fired:
+    """What :data:`MACHINE`'s conditions and ``before`` callbacks receive when a loop fires: the two
+    fields of transitions' ``EventData`` they read."""
+
+    __slots__ = ("kwargs", "model")
+
+    def __init__(self, model: LoopModel, kwargs: dict[str, Any]) -> None:
+        self.model = model
+        self.kwargs = kwargs
 
 
 def _condition(route: Route) -> Callable[[Any], bool]:
@@ -907,16 +929,44 @@ def build_machine(routes: Iterable[Route] = ROUTES) -> Machine:
 
 MACHINE: Machine = build_machine()
 
+# How a loop fires MACHINE: its transitions per (trigger, source), in the order transitions tries
+# them, as (conditions, before callbacks, destination). Firing walks these lists itself: going
+# through ``Machine`` per event (EventData, the event queue, state enter/exit bookkeeping, a bound
+# trigger per model, debug logging) cost three times the walk, and a model added and removed per
+# loop cost as much again; what the walk runs is MACHINE's own callbacks, so the routes stay the one
+# declaration. It relies on MACHINE using nothing else (checked here, at import).
+_Transitions = tuple[tuple[tuple[Callable[[Any], bool], ...], tuple[Callable[[Any], None], ...], str], ...]
+
+
+def _firing_table(machine: Machine) -> dict[tuple[str, str], _Transitions]:
+    unused = (machine.prepare_event, machine.finalize_event, machine.before_state_change,
+              machine.after_state_change, machine.on_exception,
+              *(s.on_enter for s in machine.states.values()), *(s.on_exit for s in machine.states.values()))
+    if any(unused):  # pragma: no cover - build_machine never adds them
+        raise ImportError("agentfsm.graph: the machine has callbacks the loop's firing would skip")
+    table: dict[tuple[str, str], _Transitions] = {}
+    for name, event in machine.events.items():
+        for src, ts in event.transitions.items():
+            rows = []
+            for t in ts:
+                if t.prepare or t.after or any(not callable(c.func) or c.target is not True for c in t.conditions):
+                    raise ImportError(f"agentfsm.graph: {name} from {src} uses what the loop's firing skips")
+                rows.append((tuple(c.func for c in t.conditions), tuple(t.before), t.dest))
+            table[(name, src)] = tuple(rows)
+    return table
+
+
+_FIRING = _firing_table(MACHINE)
+
 
 class LoopMachine:
     """One running loop on :data:`MACHINE`. :meth:`fire` is the only way its state changes: the
-    machine picks the route for the event, the route's effect computes the next record, and a phase
-    that decides on its own (:data:`AUTOMATIC`) fires again on the same event. Call :meth:`close`
-    (or use it as a context manager) when the loop is done: the machine holds its models."""
+    machine's transitions for the event are tried in order, the first whose guard holds runs its
+    route's effect, and a phase that decides on its own (:data:`AUTOMATIC`) fires again on the same
+    event. :meth:`close` (or the context manager) ends it; nothing is held once it is dropped."""
 
     def __init__(self, state: LoopState) -> None:
         self._model = LoopModel(state)
-        MACHINE.add_model(self._model, initial=state.phase.value)
         self._open = True
 
     @property
@@ -937,26 +987,30 @@ class LoopMachine:
         model = self._model
         phase = model.record.phase
         name = type(event).__name__
-        model.step = None
-        try:
-            fired = MACHINE.events[name].trigger(model, event=event, limits=limits, automatic=automatic)
-        except MachineError:
+        transitions = _FIRING.get((name, phase.value))
+        if transitions is None:
+            if name not in MACHINE.events:
+                raise UndeclaredMove(f"{name} is not an event of the graph")
             refusal = REFUSALS.get((phase, type(event)), "no route is declared")
-            raise UndeclaredMove(f"{name} in {phase.value}: {refusal}") from None
-        except KeyError:
-            raise UndeclaredMove(f"{name} is not an event of the graph") from None
-        if not fired or model.step is None:
-            guards = ", ".join(r.guard_name for r in ROUTES_BY_KEY.get((phase, type(event)), ()))
-            raise UndeclaredMove(f"{name} in {phase.value}: no route's guard holds ({guards})")
-        return model.step
+            raise UndeclaredMove(f"{name} in {phase.value}: {refusal}")
+        fired = _Fired(model, {"event": event, "limits": limits, "automatic": automatic})
+        for conditions, before, dest in transitions:
+            for check in conditions:
+                if not check(fired):
+                    break
+            else:
+                model.step = None
+                for callback in before:
+                    callback(fired)
+                model.phase = dest
+                if model.step is not None:
+                    return model.step
+                break
+        guards = ", ".join(r.guard_name for r in ROUTES_BY_KEY.get((phase, type(event)), ()))
+        raise UndeclaredMove(f"{name} in {phase.value}: no route's guard holds ({guards})")
 
     def close(self) -> None:
-        if self._open:
-            self._open = False
-            MACHINE.remove_model(self._model)
-            # the trigger methods transitions bound on the model refer back to it: drop them, so a
-            # finished loop is freed by reference counting instead of waiting for the cycle collector
-            self._model.__dict__.clear()
+        self._open = False
 
     def __enter__(self) -> LoopMachine:
         return self

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import jsonschema
 
 from agentfsm import graph, prompts
 from agentfsm.assembler import StreamProtocolError
@@ -120,12 +119,15 @@ def structured_output_setup(registry: Any, schema: Mapping[str, Any] | None) -> 
     if schema is None or registry.get(STRUCTURED_OUTPUT) is not None:
         return registry, None
     from agentfsm.tools.registry import ToolRegistry
+    from agentfsm.tools.schema import schema_error
     from agentfsm.tools.structured_output import StructuredOutputTool
 
     try:
         return ToolRegistry([*registry.tools(), StructuredOutputTool(schema)]), None
-    except jsonschema.SchemaError as exc:
-        return registry, f"Turn setup failed: the JSON schema for structured output is invalid: {exc.message}"
+    except Exception as exc:
+        if (why := schema_error(exc)) is None:
+            raise
+        return registry, f"Turn setup failed: the JSON schema for structured output is invalid: {why}"
 
 
 # --- assemble and call_model ---------------------------------------------------------------------

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from jsonschema.exceptions import SchemaError
 
 from agentfsm import log as fsm_log
 from agentfsm.ports import PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
-from agentfsm.tools.schema import coerce_input, compile_validator, schema_issues
+from agentfsm.tools.schema import coerce_input, compile_validator, schema_error, schema_issues
 
 log = fsm_log.get_logger("agentfsm.tools")
 
@@ -169,7 +168,9 @@ class ToolTable:
         self._validators: dict[int, tuple[Tool, Any]] = {}
         self._out_validators: dict[int, tuple[Tool, Any]] = {}
         self._static: list[Tool] | None = None
-        if not isinstance(source, Mapping) and not any(
+        # asked once: an ABC check of a registry that is no Mapping costs ~µs on every lookup
+        self._mapping = isinstance(source, Mapping)
+        if not self._mapping and not any(
                 hasattr(source, a) for a in ("lookup", "get", "tools")) and not callable(source):
             self._static = list(source)
 
@@ -181,7 +182,7 @@ class ToolTable:
         src = self._source
         if self._static is not None:
             return self._static
-        if isinstance(src, Mapping):
+        if self._mapping:
             return list(src.values())
         held = getattr(src, "tools", None)
         if callable(held):
@@ -213,7 +214,7 @@ class ToolTable:
         if self._static is not None:
             return None
         try:
-            if isinstance(src, Mapping):
+            if self._mapping:
                 return src.get(name)
             for attr in ("lookup", "get"):
                 fn = getattr(src, attr, None)
@@ -498,10 +499,11 @@ class _Call:
         with clock.step(4, "schema"):
             try:
                 issues = list(done.issues) if done is not None else self.table.input_issues(tool, coerced)
-            except SchemaError as exc:
-                self.log.error("tool.bad_schema", error=exc.message)
-                return self.error(tool_use_error(f"Error: the input schema of {self.name} is invalid: "
-                                                 f"{exc.message}"))
+            except Exception as exc:
+                if (why := schema_error(exc)) is None:
+                    raise
+                self.log.error("tool.bad_schema", error=why)
+                return self.error(tool_use_error(f"Error: the input schema of {self.name} is invalid: {why}"))
             if issues:
                 self.log.warning("tool.invalid_input", issues=issues)
                 own = tool.invalid_input_text(coerced)
@@ -669,8 +671,10 @@ class _Call:
         output stays and the model is told why."""
         try:
             problems = self.table.output_issues(tool, updated)
-        except SchemaError as exc:
-            problems = [f"the output schema is invalid: {exc.message}"]
+        except Exception as exc:
+            if (why := schema_error(exc)) is None:
+                raise
+            problems = [f"the output schema is invalid: {why}"]
         if problems:
             self.log.warning("tool.updated_output_rejected", problems=problems)
             self.notes.append(reminder(f"PostToolUse:{self.name} hook error: the updated tool output does not "
@@ -688,8 +692,10 @@ class _Call:
     def _check_own_output(self, tool: Tool, output: ToolOutput) -> None:
         try:
             problems = self.table.output_issues(tool, output.data)
-        except SchemaError as exc:
-            problems = [f"the output schema is invalid: {exc.message}"]
+        except Exception as exc:
+            if (why := schema_error(exc)) is None:
+                raise
+            problems = [f"the output schema is invalid: {why}"]
         if problems:
             # the tool broke its own contract; the model still gets the data, the log gets the bug
             self.log.warning("tool.output_schema_mismatch", problems=problems)

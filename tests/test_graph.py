@@ -81,6 +81,48 @@ def test_machine_runs_exactly_the_routes() -> None:
             "thinking_only_nudge", "stop_hook_blocking"} <= graph.REENTRY_LABELS
 
 
+def test_loops_fire_the_machines_own_transitions_in_its_order() -> None:
+    """The loop's firing table is MACHINE's transitions, list for list: the same conditions and
+    before callbacks, in the order transitions would try them, to the same destination."""
+    for name, event in graph.MACHINE.events.items():
+        for src, transitions in event.transitions.items():
+            assert graph._FIRING[(name, src)] == tuple(
+                (tuple(c.func for c in t.conditions), tuple(t.before), t.dest) for t in transitions)
+    assert len(graph._FIRING) == sum(len(e.transitions) for e in graph.MACHINE.events.values())
+
+
+def test_firing_agrees_with_transitions_own_trigger() -> None:
+    """A conversation fired by LoopMachine and by ``transitions`` itself (the model added to MACHINE,
+    its trigger called) takes the same steps to the same states."""
+    events = [Assembled(), StreamOpened(), StreamEnded(ModelResponse(USE, "tool_use")), drained(), Assembled(),
+              StreamOpened(), StreamEnded(ModelResponse(TEXT, "end_turn")), StopHookVerdict()]
+    s0 = start()
+    with LoopMachine(s0) as m:
+        ours = [step for ev in events for step in m.fire(ev, LIM)]
+    model = type("Model", (graph.LoopModel,), {})(s0)  # with a __dict__ for transitions' bound triggers
+    graph.MACHINE.add_model(model, initial=model.record.phase.value)
+    try:
+        theirs = []
+        for ev in events:
+            automatic = False
+            while True:
+                model.step = None
+                assert graph.MACHINE.events[type(ev).__name__].trigger(model, event=ev, limits=LIM,
+                                                                         automatic=automatic)
+                theirs.append(model.step)
+                if model.record.phase not in graph.AUTOMATIC:
+                    break
+                automatic = True
+    finally:
+        graph.MACHINE.remove_model(model)
+    def facts(steps: list[Step]) -> list[tuple[object, ...]]:  # a response's message gets a fresh uuid each time
+        return [(s.trigger, s.route, s.automatic, s.notices, s.state.phase, s.state.turn_count,
+                 [(m.role, m.kind, m.content) for m in s.state.messages], s.state.terminal_reason) for s in steps]
+
+    assert facts(ours) == facts(theirs)
+    assert len(ours) == 9 and ours[-1].state.phase is Phase.STOP
+
+
 def test_the_declaration_is_sound() -> None:
     assert graph.validate() == []
 

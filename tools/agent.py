@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
-from xml.sax.saxutils import escape
 
 import attrs
 
@@ -69,6 +68,12 @@ class SubagentOutcome:
     duration_ms: int = 0
     cost_usd: float = 0.0
     transcript_path: str = ""
+
+
+def escape(text: str) -> str:
+    """``&``, ``<`` and ``>`` as XML entities (what ``xml.sax.saxutils.escape`` does, without the
+    urllib/http/email imports that module pulls into every start-up)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def task_notification(agent_id: str, description: str, status: str, result: str) -> str:

@@ -13,31 +13,57 @@ import functools
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-from jsonschema.exceptions import SchemaError, ValidationError
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+
+# ``jsonschema`` (with its referencing registry and the bundled meta-schemas) is a tenth of the
+# ``-p`` start-up; it is imported when a schema first needs it: checking a schema outside the plain
+# subset, or wording the issues of an input the fast check did not accept.
+
+
+def schema_error(exc: BaseException) -> str | None:
+    """The reason when ``exc`` is jsonschema's ``SchemaError`` (a broken schema), else None. Lets
+    callers catch it without importing jsonschema before anything could have raised it."""
+    js = sys.modules.get("jsonschema.exceptions")
+    if js is not None and isinstance(exc, js.SchemaError):
+        return str(exc.message)
+    return None
 
 
 def is_valid_schema(schema: Mapping[str, Any]) -> bool:
     """Whether ``schema`` is a JSON Schema at all (the one check every caller uses)."""
+    if _plainly_valid(schema):
+        return True
+    import jsonschema
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
-    except SchemaError:
+    except jsonschema.SchemaError:
         return False
     return True
 
 
 def check_schema(schema: Mapping[str, Any]) -> None:
     """Raise :class:`jsonschema.SchemaError` with the reason when ``schema`` is not a JSON Schema."""
+    if _plainly_valid(schema):
+        return
+    import jsonschema
+
     jsonschema.validators.validator_for(schema).check_schema(schema)
 
 
 def compile_validator(schema: Mapping[str, Any]) -> tuple[Any, Callable[[Any], bool] | None]:
-    """(validator, fast acceptance check or None) for ``schema``, shared process-wide."""
+    """(validator, fast acceptance check or None) for ``schema``, shared process-wide. A schema in
+    the plain subset (certainly valid) gets its jsonschema validator built on first use only."""
     text = json.dumps(schema, default=str)
-    return _compile_schema(text), _compile_fast(text)
+    fast = _compile_fast(text)
+    if fast is not None and _plain_schema(text):
+        return _lazy_validator(text), fast
+    return _compile_schema(text), fast
 
 
 @functools.lru_cache(maxsize=512)
@@ -45,10 +71,93 @@ def _compile_schema(schema_json: str) -> Any:
     """Validators are shared by every table (the executor builds one per response), keyed by the
     schema's JSON (key order kept: issue lines follow the schema's property order); raises
     :class:`jsonschema.SchemaError` for a broken schema."""
+    import jsonschema
+
     cls = jsonschema.Draft202012Validator
     schema = json.loads(schema_json)
     cls.check_schema(schema)
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+class _LazyValidator:
+    """A plain schema's jsonschema validator, built (and shared through :func:`_compile_schema`)
+    when an input first fails the fast check."""
+
+    __slots__ = ("_json", "schema")
+
+    def __init__(self, schema_json: str) -> None:
+        self._json = schema_json
+        self.schema = json.loads(schema_json)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_compile_schema(self._json), name)
+
+
+@functools.lru_cache(maxsize=512)
+def _lazy_validator(schema_json: str) -> _LazyValidator:
+    return _LazyValidator(schema_json)
+
+
+# --- the plain subset: schemas certainly valid without asking jsonschema ----------------------------
+#
+# A schema that only uses the fast keywords below with well-typed values is valid Draft 2020-12 by
+# construction (its meta-schema asks no more of these keywords: unique type names and required
+# names, non-negative lengths, strings for titles). ``$schema``/``$id`` (URIs, dialects) and anything
+# else go to jsonschema's own check.
+
+_TEXT_ANNOTATIONS = frozenset({"description", "title", "$comment"})
+_FLAG_ANNOTATIONS = frozenset({"deprecated", "readOnly", "writeOnly"})
+_COUNTS = frozenset({"minLength", "maxLength", "minItems", "maxItems"})
+
+
+def _plainly_valid(schema: Any) -> bool:
+    try:
+        text = json.dumps(schema)
+    except (TypeError, ValueError):
+        return False
+    return _compile_fast(text) is not None and _plain_schema(text)
+
+
+@functools.lru_cache(maxsize=512)
+def _plain_schema(schema_json: str) -> bool:
+    try:
+        return _plain(json.loads(schema_json))
+    except (TypeError, ValueError):
+        return False
+
+
+def _unique_strings(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, str) for v in values) and len(set(values)) == len(values)
+
+
+def _plain(schema: Any) -> bool:
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict) or "$schema" in schema or "$id" in schema:
+        return False
+    for key, value in schema.items():
+        if key in _TEXT_ANNOTATIONS and not isinstance(value, str):
+            return False
+        if key in _FLAG_ANNOTATIONS and not isinstance(value, bool):
+            return False
+        if key == "examples" and not isinstance(value, list):
+            return False
+        if key in _COUNTS and not (type(value) is int and value >= 0):
+            return False
+    t = schema.get("type", "object")
+    if not isinstance(t, str) and not (isinstance(t, list) and t and _unique_strings(t)):
+        return False
+    if "required" in schema and not _unique_strings(schema["required"]):
+        return False
+    subs = [*schema.get("properties", {}).values()]
+    if "items" in schema:
+        subs.append(schema["items"])
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(extra, bool | dict):  # 0 == False: the fast check alone would take it
+        return False
+    if isinstance(extra, dict):
+        subs.append(extra)
+    return all(_plain(sub) for sub in subs)
 
 
 # --- fast acceptance of plainly valid input ----------------------------------------------------

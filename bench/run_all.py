@@ -1,0 +1,174 @@
+"""Every speed figure of issue 19 in one table: each bench run as a child, its printed figures read
+back, and each set against its goal and the baseline that bench measured in the same run.
+
+    python bench/run_all.py [--quick] [--claude PATH | --no-claude]
+
+Runs, one after another (about ten minutes on two busy cores; ``--quick`` shortens the rounds):
+``cli.py`` (``-p`` CPU against Claude Code, when it is found: ``--claude``, ``$AGENTFSM_CLAUDE``, the
+oracle under /work/scratch/cc, or ``claude`` on PATH), ``startup.py`` (imports, spawn to the first
+request, result to exit), ``overhead.py`` (engine µs per iteration against the 30-line loop),
+``moves.py`` (one move against a plain table walk), ``sessions.py --scale`` with default and tuned
+gc (turns/s, p50/p99, gc share and memory at 1,000 sessions), ``critical_path.py`` (wall against
+ideal). The full output of each bench is printed above the table. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine
+
+HERE = Path(__file__).resolve().parent
+ORACLE = Path("/work/scratch/cc/node_modules/@anthropic-ai/claude-code/bin/claude.exe")
+
+Row = tuple[str, str, str, str, str]  # what, measured, baseline (same run), goal, met
+
+
+def run(script: str, *args: str) -> str:
+    """The bench's stdout (also echoed), or '' when it failed."""
+    cmd = [sys.executable, str(HERE / script), *args]
+    print(f"$ {' '.join(cmd[1:])}", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    print(proc.stdout, flush=True)
+    if proc.returncode != 0:
+        print(f"  ({script} exited {proc.returncode}: {proc.stderr[-800:]})", flush=True)
+    return proc.stdout
+
+
+def grab(pattern: str, text: str, conv: Callable[[str], float] = float) -> float | None:
+    m = re.search(pattern, text, re.MULTILINE)
+    return conv(m.group(1)) if m else None
+
+
+def yes(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("yes" if ok else "no")
+
+
+def fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def claude_path(arg: str | None, off: bool) -> str | None:
+    if off:
+        return None
+    for cand in (arg, os.environ.get("AGENTFSM_CLAUDE"), str(ORACLE) if ORACLE.exists() else None,
+                 shutil.which("claude")):
+        if cand:
+            return cand
+    return None
+
+
+def cli_rows(out: str) -> list[Row]:
+    ours = grab(r"^\s+agentfsm \(python -m agentfsm -p\)\s+([\d.]+)", out)
+    theirs = grab(r"^\s+claude \S*\s+([\d.]+)", out)
+    sdk = grab(r"^\s+python -c 'import anthropic'\s+([\d.]+)", out)
+    ratio = ours / theirs if ours and theirs else None
+    rows: list[Row] = [("`-p` read probe, whole-process CPU", fmt(ours, ".2f", " s"),
+                        f"Claude Code {fmt(theirs, '.2f', ' s')}", "≤ 0.5× Claude Code",
+                        f"{yes(None if ratio is None else ratio <= 0.5)} ({fmt(ratio, '.2f', '×')})")]
+    if ours is not None and sdk is not None:
+        own = max(0.0, ours - sdk)  # two medians of noisy runs: a negative difference means "about none"
+        rows.append(("… of which `import anthropic` alone", fmt(sdk, ".2f", " s"), "—", "—",
+                     f"agentfsm's own ≈ {own:.2f} s" + (f" = {own / theirs:.2f}× Claude Code" if theirs else "")))
+    return rows
+
+
+def startup_rows(out: str) -> list[Row]:
+    first = grab(r"spawn to first request ([\d.]+) s", out)
+    tail = grab(r"result line to exit ([\d.]+) ms", out)
+    scripted = grab(r"^\s+agentfsm -p --scripted\s+([\d.]+)", out)
+    floor = grab(r"^\s+python -c pass \(floor\)\s+([\d.]+)", out)
+    helped = grab(r"^\s+agentfsm --help\s+([\d.]+)", out)
+    heavy = re.search(r"imports of `agentfsm -p \(SDK, loopback\)`: (\d+) modules.*heavy packages imported: ([^\n]*)",
+                      out)
+    return [
+        ("`-p` spawn to first request (SDK path)", fmt(first, ".2f", " s"), "—", "≤ 0.5 s on an idle core",
+         yes(None if first is None else first <= 0.5)),
+        ("`-p` result line to process exit", fmt(tail, ".1f", " ms"), "—", "≤ 50 ms",
+         yes(None if tail is None else tail <= 50)),
+        ("`-p --scripted` (no SDK) / `--help`, CPU", f"{fmt(scripted, '.2f', ' s')} / {fmt(helped, '.2f', ' s')}",
+         f"`python -c pass` {fmt(floor, '.3f', ' s')}", "—", "—"),
+        ("`-p` (SDK) imports", f"{heavy.group(1)} modules" if heavy else "n/a", "—",
+         "no temporalio, mcp, pygraphviz, jsonschema", yes(None if heavy is None else not any(
+             p in heavy.group(2) for p in ("temporalio", "mcp", "pygraphviz", "jsonschema")))),
+    ]
+
+
+def overhead_rows(out: str) -> list[Row]:
+    bare = grab(r"bare loop \(30 lines\):\s+([\d.]+) us/iter CPU", out)
+    plain = grab(r"engine \(Session\):\s+([\d.]+) us/iter CPU", out)
+    traced = grab(r"engine, traced:\s+([\d.]+) us/iter CPU", out)
+    times = fmt(traced / bare if traced and bare else None, ".1f", "×")
+    return [("engine per iteration, traced (the default)", fmt(traced, ".0f", " µs CPU"),
+             f"30-line loop {fmt(bare, '.0f', ' µs')}", "≤ 150 µs",
+             f"{yes(None if traced is None else traced <= 150)} ({times})"),
+            ("engine per iteration, no session file", fmt(plain, ".0f", " µs CPU"),
+             f"30-line loop {fmt(bare, '.0f', ' µs')}", "—",
+             fmt(plain / bare if plain and bare else None, ".1f", "×"))]
+
+
+def moves_rows(out: str) -> list[Row]:
+    move = grab(r"LoopMachine \(MACHINE\):\s+([\d.]+) us/move", out)
+    walk = grab(r"plain table walk:\s+([\d.]+) us/move", out)
+    return [("one move of the machine", fmt(move, ".1f", " µs"), f"plain table walk {fmt(walk, '.1f', ' µs')}",
+             "≤ 2× the walk", yes(None if move is None or walk is None else move <= 2 * walk))]
+
+
+def sessions_rows(out: str, mode: str) -> list[Row]:
+    m = re.search(r"^\s+1000\s+(\d+)\s+([\d.]+)ms\s+([\d.]+)ms\s+([\d.]+)\s+([\d.]+)%\s+(\d+)", out, re.MULTILINE)
+    if not m:
+        return [(f"1,000 sessions ({mode} gc)", "n/a", "—", "—", "n/a")]
+    tps, p50, p99, spread, gcs, kib = (float(x) for x in m.groups())
+    return [(f"1,000 sessions ({mode} gc): turns/s", f"{tps:.0f}", "—", "≥ 2,000", yes(tps >= 2000)),
+            (f"1,000 sessions ({mode} gc): p99 / p50 turn", f"{p99:.0f} / {p50:.0f} ms", "—", "≤ 3×",
+             f"{yes(spread <= 3)} ({spread:.2f}×)"),
+            (f"1,000 sessions ({mode} gc): gc share of wall", f"{gcs:.1f} %", "—", "< 5 %", yes(gcs < 5)),
+            (f"1,000 sessions ({mode} gc): memory per session", f"{kib:.0f} KiB", "—", "≤ 200 KiB", yes(kib <= 200))]
+
+
+def critical_rows(out: str) -> list[Row]:
+    r = grab(r"wall/ideal = ([\d.]+)", out)
+    return [("critical path (tools start at block stop)", fmt(r, ".3f", "× ideal"), "ideal measured in the run",
+             "≤ 1.02× ideal", yes(None if r is None else r <= 1.02))]
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = ("what", "measured", "baseline (same run)", "goal", "met")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and repeats")
+    ap.add_argument("--claude", default=None, metavar="PATH", help="the Claude Code binary for cli.py")
+    ap.add_argument("--no-claude", action="store_true")
+    args = ap.parse_args(argv)
+    q = args.quick
+    rows: list[Row] = []
+    claude = claude_path(args.claude, args.no_claude)
+    rows += cli_rows(run("cli.py", "--repeats", "3" if q else "5", "--claude-repeats", "3" if q else "5",
+                         *(["--claude", claude] if claude else ["--no-claude"])))
+    rows += startup_rows(run("startup.py", "--repeats", "3" if q else "5"))
+    rows += overhead_rows(run("overhead.py", *(["--n", "100", "--rounds", "3"] if q else ["--rounds", "5"])))
+    rows += moves_rows(run("moves.py", *(["--n", "1000", "--rounds", "3"] if q else [])))
+    for mode in ("default", "tuned"):
+        rows += sessions_rows(run("sessions.py", "--scale", "--gc", mode), mode)
+    rows += critical_rows(run("critical_path.py", "--repeats", "3" if q else "5"))
+    print(f"machine: {machine()}")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
