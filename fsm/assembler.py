@@ -4,6 +4,11 @@ A block is complete at its ``content_block_stop``; that is the moment a ``tool_u
 executor — before ``message_stop`` (docs/behaviour.md §3 step 3). ``stop_reason`` is recorded but never trusted
 alone to decide whether tools exist (docs/behaviour.md §3): the blocks themselves decide.
 
+A ``tool_use`` whose id is missing, already in the conversation (``taken_ids``) or repeated within the
+response gets a fresh id at its ``content_block_start`` — before it can run, be saved or be sent back —
+so one bad id can neither confuse result pairing nor poison the session with a request the API
+refuses. The renames are listed in ``renamed_ids``.
+
 A sequence the Messages protocol does not allow (a delta for a block that is not open, a second
 ``message_start``, ``message_stop`` with blocks still open or without any ``stop_reason``, anything
 after ``message_stop``) raises :class:`StreamProtocolError`; the loop ends ``model_error`` on it.
@@ -12,6 +17,7 @@ after ``message_stop``) raises :class:`StreamProtocolError`; the loop ends ``mod
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 from agentfsm.events import ModelResponse
@@ -31,7 +37,9 @@ class StreamProtocolError(Exception):
 
 
 class ResponseAssembler:
-    def __init__(self) -> None:
+    def __init__(self, taken_ids: Iterable[str] = ()) -> None:
+        self._taken: set[str] = set(taken_ids)
+        self.renamed_ids: dict[str, str] = {}
         self._open: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
         self.blocks: list[dict[str, Any]] = []
@@ -63,6 +71,7 @@ class ResponseAssembler:
             if block.get("type") == "tool_use":
                 self._json[event.index] = []
                 block["input"] = {}
+                block["id"] = self._unique_id(block.get("id"))
             elif block.get("type") == "text":
                 block.setdefault("text", "")
             elif block.get("type") == "thinking":
@@ -120,6 +129,22 @@ class ResponseAssembler:
             self.stopped = True
             return None
         raise StreamProtocolError(f"unknown stream event {event!r}")
+
+    @property
+    def has_content(self) -> bool:
+        """A content block has started (something of the answer was seen)."""
+        return bool(self.blocks or self._open)
+
+    def _unique_id(self, ident: Any) -> str:
+        base = ident if isinstance(ident, str) and ident else "toolu_agentfsm"
+        fresh, n = base, 1
+        while fresh in self._taken:
+            n += 1
+            fresh = f"{base}_{n}"
+        if fresh != ident:
+            self.renamed_ids[str(ident)] = fresh
+        self._taken.add(fresh)
+        return fresh
 
     def finish(self) -> ModelResponse:
         incomplete = sum(1 for b in self._open.values() if b.get("type") == "tool_use")

@@ -27,12 +27,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from agentfsm import claude_code
+from agentfsm.checks import (
+    CODES,
+    ERROR,
+    INFO,
+    WARNING,
+    WARNING_CODES,
+    Finding,
+    MoveAt,
+    Report,
+    check_pairs,
+    check_request,
+    merge_roles,
+    read_numbered,
+    severity_of,
+)
+from agentfsm.claude_code_audit import replay
 from agentfsm.coverage import Coverage, Move, coverage, declared_moves, trace_files
 from agentfsm.events import EventRecordError, from_record, message_skeleton
 from agentfsm.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step, UndeclaredMove, advance
@@ -48,55 +66,9 @@ from agentfsm.state import (
 )
 from agentfsm.trace import PROMPT_KINDS, TRACE_VERSION, RunStarts, SnapshotReader, graph_digest
 
-__all__ = ["CODES", "Coverage", "Finding", "Move", "NotATrace", "audit", "audit_file", "check_request",
-           "coverage", "declared_moves", "main", "read_numbered", "trace_files"]
-
-ERROR = "error"
-WARNING = "warning"
-
-# code -> what it means (`agentfsm audit --codes` lists them)
-CODES: Mapping[str, str] = {
-    "unreadable_line": "a line (not the last) that is not a JSON record with a 'type'",
-    "undecodable_line": "a line that is not valid UTF-8 (its bad bytes are replaced to read on)",
-    "unknown_state": "a transition names a state the graph does not have",
-    "unknown_trigger": "a transition's trigger is not a declared edge",
-    "undeclared_move": "a transition's from/to is not declared for its trigger, or the machine refuses it",
-    "kind_mismatch": "a transition's recorded edge kind differs from the declared one",
-    "discontinuous": "a transition does not start where the previous one ended",
-    "counter_over_cap": "a counter exceeds the Limits field that caps it",
-    "turn_over_cap": "the turn exceeds max_turns",
-    "counter_negative": "a counter below zero",
-    "counter_jump": "a counter rose by more than one in one move",
-    "counter_backwards": "a counter fell without being reset to 0",
-    "counter_without_edge": "a counter rose on a move whose edge never raises it",
-    "bad_event": "a transition's event record cannot be read",
-    "missing_event": "a transition without its event where the machine had nothing to decide on its own",
-    "replay_mismatch": "re-deciding the recorded event gives another move or state than recorded",
-    "message_mismatch": "a message record differs from what the replayed move added (roles, tool ids, results)",
-    "message_missing": "the replayed move added a message the file does not record",
-    "bad_terminal_reason": "a move into stop without a terminal reason its edge allows",
-    "result_before_stop": "a result record while the loop is not at stop",
-    "result_mismatch": "the result's terminal_reason differs from the last move into stop",
-    "result_subtype": "the result's subtype/is_error disagree with TERMINAL_INFO",
-    "duplicate_result": "a second result record in one run",
-    "transition_after_result": "a transition after the run's result record",
-    "request_after_stop": "a request after the loop reached stop without stop_hook_blocking",
-    "bad_request": "a request record without a list of messages",
-    "role_order": "request messages do not alternate user/assistant starting with user",
-    "duplicate_tool_use": "a tool_use id occurs more than once in one request",
-    "unpaired_tool_use": "a tool_use without a tool_result in the next message",
-    "duplicate_tool_result": "a tool_use with more than one tool_result",
-    "orphan_tool_result": "a tool_result without its tool_use in the previous message",
-    "seq_order": "record seq numbers are not consecutive (records missing or reordered)",
-    # warnings
-    "graph_changed": "the session was recorded under another declaration (digest differs): not replayed",
-    "no_replay": "a format-1 trace records no events: moves are checked, not replayed",
-    "torn_last_line": "the last line was cut off mid-write (a crash or a truncated copy); it is skipped",
-    "no_session_record": "records before any session record; default limits are used",
-    "incomplete_run": "a run without a result record (crashed or still running)",
-}
-WARNING_CODES: frozenset[str] = frozenset(
-    {"graph_changed", "no_replay", "torn_last_line", "no_session_record", "incomplete_run"})
+__all__ = ["AGENTFSM", "CODES", "ERROR", "INFO", "WARNING", "WARNING_CODES", "Coverage", "Finding", "Move",
+           "MoveAt", "NotATrace", "Report", "audit", "audit_file", "audit_report", "check_pairs", "check_request",
+           "coverage", "declared_moves", "main", "read_numbered", "recognise", "trace_files"]
 
 # Which edges may raise each counter (by exactly one): the structural check for every trace format.
 RAISED_BY: Mapping[str, frozenset[str]] = {
@@ -112,31 +84,6 @@ RAISED_BY: Mapping[str, frozenset[str]] = {
 }
 
 
-@attrs.frozen
-class Finding:
-    """One problem in a trace. ``line`` is the 1-based line of the record in the file."""
-
-    line: int
-    code: str
-    message: str
-    severity: str = attrs.field()
-
-    @severity.default
-    def _severity(self) -> str:
-        return WARNING if self.code in WARNING_CODES else ERROR
-
-    @property
-    def is_error(self) -> bool:
-        return self.severity == ERROR
-
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.severity} [{self.code}] {self.message}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"line": self.line, "code": self.code, "severity": self.severity, "level": self.severity,
-                "message": self.message}
-
-
 class NotATrace(ValueError):
     """The input cannot be read as an agentfsm trace at all (empty, binary, another format)."""
 
@@ -146,6 +93,10 @@ _REASONS = frozenset(r.value for r in TerminalReason)
 _START = Phase.ASSEMBLE.value
 _STOP = Phase.STOP.value
 _REENTER_FROM_STOP = "stop_hook_blocking"
+AGENTFSM = "agentfsm"
+SOURCES: Mapping[str, str] = {AGENTFSM: "agentfsm trace", claude_code.TRANSCRIPT: "Claude Code transcript",
+                              claude_code.STREAM_JSON: "Claude Code stream-json output"}
+_KNOWN = "not an agentfsm trace, a Claude Code transcript or a Claude Code stream-json output"
 _OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request",
                         "result"})
 
@@ -153,64 +104,37 @@ _OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_bounda
 # --- reading -----------------------------------------------------------------------------------
 
 
-def read_numbered(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Finding]]:
-    """Records of a session file with their 1-based line numbers, and findings about the file itself.
-
-    A torn last line (a crash mid-write) is reported and skipped; a broken line in the middle is
-    reported (nothing the writer does produces one); bytes that are not UTF-8 are replaced and the
-    line reported, so one bad byte never hides the rest of the file.
-    """
-    records: list[tuple[int, dict[str, Any]]] = []
-    findings: list[Finding] = []
-    with open(path, "rb") as fh:
-        lines = fh.readlines()
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.endswith(b"\n"):
-            findings.append(Finding(lineno, "torn_last_line",
-                                    f"the last line ({len(raw)} bytes, no newline) was cut off mid-write; skipped"))
-            break
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw.decode("utf-8", errors="replace")
-            findings.append(Finding(lineno, "undecodable_line", f"not UTF-8 at byte {exc.start}; read with the "
-                                                                 "bad bytes replaced"))
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            findings.append(Finding(lineno, "unreadable_line", f"not JSON ({exc.msg} at column {exc.colno})"))
-            continue
-        if not isinstance(rec, dict) or "type" not in rec:
-            findings.append(Finding(lineno, "unreadable_line", "not a record: a JSON object with a 'type' is required"))
-            continue
-        records.append((lineno, rec))
-    return records, findings
-
-
-def recognise(path: Path) -> None:
-    """Raise :class:`NotATrace` unless ``path`` reads as an agentfsm session file."""
+def recognise(path: Path) -> str:
+    """Which kind of input ``path`` is: :data:`AGENTFSM` (a session file), :data:`claude_code.TRANSCRIPT`
+    or :data:`claude_code.STREAM_JSON`. Raises :class:`NotATrace` for anything else."""
     if not path.is_file():
         raise NotATrace(f"{path}: no such file")
     with open(path, "rb") as fh:
         head = fh.read(65536)
     if not head.strip():
-        raise NotATrace(f"{path}: empty file, not an agentfsm trace")
+        raise NotATrace(f"{path}: empty file, {_KNOWN}")
     if b"\x00" in head:
-        raise NotATrace(f"{path}: binary file, not an agentfsm trace")
+        raise NotATrace(f"{path}: binary file, {_KNOWN}")
+    parsed: list[dict[str, Any]] = []
     for raw in head.splitlines()[:50]:
         try:
             rec = json.loads(raw)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("type") in _OUR_TYPES and "seq" in rec:
+        if not isinstance(rec, dict):
+            continue
+        if rec.get("type") in _OUR_TYPES and "seq" in rec:
             if rec.get("type") == "session" and isinstance(rec.get("version"), int) \
                     and rec["version"] > TRACE_VERSION:
                 raise NotATrace(f"{path}: recorded by a newer agentfsm (trace format {rec['version']}; this "
                                 f"version reads formats 1 to {TRACE_VERSION})")
-            return
-    raise NotATrace(f"{path}: not an agentfsm trace (no agentfsm session, message or transition records)")
+            return AGENTFSM
+        parsed.append(rec)
+    kind = claude_code.kind_of(parsed)
+    if kind is not None:
+        return kind
+    raise NotATrace(f"{path}: {_KNOWN} (no agentfsm session, message or transition records; no Claude Code "
+                    "transcript or stream-json records)")
 
 
 # --- auditing ----------------------------------------------------------------------------------
@@ -224,13 +148,45 @@ def audit(records: Iterable[Mapping[str, Any]], *, limits: Limits | Mapping[str,
 
 
 def audit_file(path: Path | str, *, limits: Limits | Mapping[str, Any] | None = None) -> list[Finding]:
-    """Audit one session file; findings are sorted by line. Raises :class:`NotATrace` for a file
-    that is not an agentfsm trace."""
+    """Audit one input — an agentfsm session file, a Claude Code transcript or stream-json output —
+    and return its findings sorted by line (errors, warnings and remarks). Raises :class:`NotATrace`
+    for a file that is none of those."""
+    return list(audit_report(path, limits=limits).findings)
+
+
+def audit_report(path: Path | str, *, limits: Limits | Mapping[str, Any] | None = None) -> Report:
+    """Audit one input (see :func:`audit_file`) and report its kind, the moves it took, how it ended,
+    its counters and findings. For a Claude Code input, ``limits`` replaces
+    :data:`agentfsm.claude_code.CLAUDE_CODE_LIMITS`; for an agentfsm trace, the caps its session
+    records."""
     path = Path(path)
-    recognise(path)
+    source = recognise(path)
     numbered, findings = read_numbered(path)
+    if source != AGENTFSM:
+        override = limits if isinstance(limits, Limits) or limits is None else _limits_record(limits)
+        reading = claude_code.read(numbered, source, limits=override)
+        report = replay(reading, str(path))
+        return attrs.evolve(report, findings=tuple(sorted((*findings, *report.findings), key=lambda f: f.line)))
     findings.extend(_Auditor(limits).run(numbered))
-    return sorted(findings, key=lambda f: f.line)
+    moves: list[MoveAt] = []
+    reason: Any = None
+    counters: Mapping[str, Any] = {}
+    for line, rec in numbered:
+        if rec.get("type") == "transition":
+            frm, to, trig = str(rec.get("from")), str(rec.get("to")), str(rec.get("trigger"))
+            edge = EDGES_BY_TRIGGER.get(trig)
+            declared = edge is not None and frm in _STATES and Phase(frm) in edge.sources and edge.dest.value == to
+            event = rec.get("event")
+            reason_here = rec.get("terminal_reason") if to == _STOP else None
+            moves.append(MoveAt(trig, frm, to, line, declared, reason=reason_here,
+                                event=event if isinstance(event, Mapping) else None))
+            if isinstance(rec.get("counters"), Mapping):
+                counters = rec["counters"]
+            reason = rec.get("terminal_reason") if to == _STOP else None
+        elif rec.get("type") == "result":
+            reason = rec.get("terminal_reason", reason)
+    return Report(str(path), AGENTFSM, tuple(moves), reason if isinstance(reason, str) else None, counters,
+                  tuple(sorted(findings, key=lambda f: f.line)))
 
 
 def _is_number(value: Any) -> bool:
@@ -629,7 +585,7 @@ class _Auditor:
                 if problem not in self.reported:
                     self.reported.add(problem)
                     self.add(line, *problem)
-        wire = [{"role": m.role, "blocks": list(m.content)} for m in _merged(self.view[:count])]
+        wire = [{"role": m.role, "blocks": list(m.content)} for m in merge_roles(self.view[:count])]
         for code, message in check_request(wire):
             if (code, message) not in self.reported:  # a problem carried on by later requests is one problem
                 self.reported.add((code, message))
@@ -642,32 +598,14 @@ def _brief(skel: Mapping[str, Any]) -> str:
     return f"{skel.get('role')} {skel.get('kind')} [{blocks}]"
 
 
-def _merged(messages: Sequence[Message]) -> list[Message]:
-    """Consecutive messages of one role travel as one (queued input after the tool results)."""
-    out: list[Message] = []
-    for m in messages:
-        if out and out[-1].role == m.role:
-            out[-1] = Message(m.role, (*out[-1].content, *m.content), kind=out[-1].kind, uuid=out[-1].uuid)
-        else:
-            out.append(m)
-    return out
-
-
-def check_pairs(messages: Sequence[Message]) -> Iterator[tuple[str, str]]:
-    """Pairing problems of a conversation (every tool_use answered once in the next message)."""
-    merged = [{"role": m.role, "blocks": list(m.content)} for m in _merged(messages)]
-    for code, message in check_request(merged):
-        if code in ("unpaired_tool_use", "duplicate_tool_result", "orphan_tool_result", "duplicate_tool_use"):
-            yield code, message
-
-
 def _restore(state: LoopState, phase: str, snap: Mapping[str, Any]) -> LoopState:
     """A state at ``phase`` carrying a recorded snapshot's counters (to resume replay after a move
     that could not be replayed)."""
     fields: dict[str, Any] = {"phase": Phase(phase) if phase in _STATES else Phase.ASSEMBLE}
     for name in ("turn_count", "max_output_tokens_recovery_count", "malformed_tool_use_retry_count",
                  "structured_output_retry_count", "stream_retry_count", "model_index",
-                 "has_attempted_reactive_compact", "thinking_only_nudged", "stop_hook_active",
+                 "has_attempted_reactive_compact", "thinking_only_nudged", "empty_response_nudged",
+                 "non_streaming", "stop_hook_active",
                  "stop_hook_blocking_count", "stop_hooks_due", "transition"):
         if name in snap:
             fields[name] = snap[name]
@@ -685,69 +623,23 @@ def _restore(state: LoopState, phase: str, snap: Mapping[str, Any]) -> LoopState
         return state
 
 
-def _blocks(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    blocks = message.get("blocks", message.get("content", []))
-    return [b for b in blocks if isinstance(b, Mapping)] if isinstance(blocks, list) else []
-
-
-def check_request(messages: Sequence[Mapping[str, Any]]) -> Iterator[tuple[str, str]]:
-    """(code, message) for each problem of one request's message skeleton (or wire messages)."""
-    for i, m in enumerate(messages):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if m.get("role") != expected:
-            prev = f"after {messages[i - 1].get('role')!r} " if i else ""
-            yield ("role_order",
-                   f"messages[{i}] has role {m.get('role')!r} {prev}where {expected!r} is due: roles must "
-                   "alternate user/assistant starting with user")
-            break  # every later message is shifted: one finding says it
-    seen: set[str] = set()
-    for i, m in enumerate(messages):
-        blocks = _blocks(m)
-        if m.get("role") == "assistant":
-            uses = [(b.get("id"), b.get("name")) for b in blocks if b.get("type") == "tool_use"]
-            nxt = messages[i + 1] if i + 1 < len(messages) else None
-            results = ([b.get("tool_use_id") for b in _blocks(nxt) if b.get("type") == "tool_result"]
-                       if nxt is not None and nxt.get("role") == "user" else [])
-            for use_id, name in uses:
-                if use_id in seen:
-                    yield ("duplicate_tool_use",
-                           f"tool_use id {use_id!r} ({name}) occurs again in messages[{i}]")
-                    continue
-                seen.add(use_id)
-                n = results.count(use_id)
-                if n == 0:
-                    where = f"messages[{i + 1}]" if nxt is not None else "a next message (there is none)"
-                    yield ("unpaired_tool_use",
-                           f"tool_use {use_id!r} ({name}) in messages[{i}] has no tool_result in {where}")
-                elif n > 1:
-                    yield ("duplicate_tool_result",
-                           f"tool_use {use_id!r} ({name}) in messages[{i}] has {n} tool_results "
-                           f"in messages[{i + 1}]")
-        elif m.get("role") == "user":
-            prev = messages[i - 1] if i else None
-            calls = ({b.get("id") for b in _blocks(prev) if b.get("type") == "tool_use"}
-                     if prev is not None and prev.get("role") == "assistant" else set())
-            where = f"messages[{i - 1}]" if i else "a previous message (there is none)"
-            for b in blocks:
-                if b.get("type") == "tool_result" and b.get("tool_use_id") not in calls:
-                    yield ("orphan_tool_result",
-                           f"tool_result for {b.get('tool_use_id')!r} in messages[{i}] has no tool_use with "
-                           f"that id in {where}")
-
-
-
 # --- CLI ---------------------------------------------------------------------------------------
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="agentfsm audit",
-        description="Check session traces (JSONL) against the declared graph, replaying every recorded event; "
-                    "or, with --coverage, report which declared edges and terminal reasons a set of traces "
-                    "exercised. Exit 0: no problems; 1: problems found; 2: an input is not a trace.")
+        description="Check runs against the declared graph: agentfsm session traces (every recorded event "
+                    "replayed), Claude Code session transcripts (~/.claude/projects/<cwd>/<session>.jsonl) and "
+                    "Claude Code stream-json output (-p --output-format stream-json --verbose), whose events are "
+                    "inferred from the records and replayed through the same machine; or, with --coverage, "
+                    "report which declared edges and terminal reasons a set of runs exercised. "
+                    "Exit 0: no problems; 1: problems found; 2: an input is none of those.")
     p.add_argument("traces", nargs="*", type=Path, metavar="TRACE",
-                   help="session files (.jsonl); a directory means every .jsonl below it")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+                   help="session files, transcripts or stream-json files (.jsonl); a directory means every "
+                        ".jsonl below it")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable output: one JSON object per input, one per line")
     p.add_argument("--coverage", action="store_true", help="report edge and terminal-reason coverage")
     p.add_argument("--require-full", action="store_true",
                    help="with --coverage: exit 1 unless every edge and every terminal reason was exercised")
@@ -759,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.codes:
         for code, doc in CODES.items():
-            print(f"{code:24} {WARNING if code in WARNING_CODES else ERROR:8} {doc}")
+            print(f"{code:36} {severity_of(code):8} {doc}")
         return 0
     if not args.traces:
         _parser().error("give at least one TRACE")
@@ -773,41 +665,74 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         files.extend(found)
     try:
-        for f in files:
-            recognise(f)
+        kinds = {f: recognise(f) for f in files}
     except NotATrace as exc:
         print(f"agentfsm audit: {exc}", file=sys.stderr)
         return 2
     if args.coverage:
-        return _main_coverage(files, as_json=args.json, require_full=args.require_full)
+        return _main_coverage(kinds, as_json=args.json, require_full=args.require_full)
     return _main_audit(files, as_json=args.json)
 
 
+def _counted(labels: Iterable[str]) -> str:
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{label} ×{n}" for label, n in counts.items())
+
+
+def summary_line(report: Report) -> str:
+    """One line saying what was read and how it went (the text format's last line per input)."""
+    n_err, n_warn = report.errors, report.warnings
+    verdict = "ok" if not n_err else f"{n_err} error{'s' * (n_err != 1)}"
+    if n_warn:
+        verdict += f", {n_warn} warning{'s' * (n_warn != 1)}"
+    if report.source == AGENTFSM:
+        return f"{report.path}: agentfsm trace, {verdict}"
+    kinds = {m.label: EDGES_BY_TRIGGER[m.label].kind if m.label in EDGES_BY_TRIGGER else "?" for m in report.moves}
+    reentries = _counted(m.label for m in report.moves if kinds[m.label] == "reentry")
+    retries = _counted(m.label for m in report.moves if kinds[m.label] == "retry")
+    parts = [f"{len(report.moves)} moves", f"re-entries: {reentries or 'none'}"]
+    if retries:
+        parts.append(f"retries: {retries}")
+    last = next((m for m in reversed(report.moves) if m.dest == _STOP), None)
+    parts.append(f"ended {report.terminal_reason} ({last.label})" if report.terminal_reason and last is not None
+                 else "did not reach stop")
+    version = f" {report.version}" if report.version else ""
+    return f"{report.path}: {SOURCES[report.source]}{version}, {'; '.join(parts)}; {verdict}"
+
+
 def _main_audit(files: list[Path], *, as_json: bool) -> int:
-    results = {str(f): audit_file(f) for f in files}
-    errors = sum(f.is_error for fs in results.values() for f in fs)
-    warnings = sum(not f.is_error for fs in results.values() for f in fs)
-    if as_json:
-        found = [{"path": path, **f.to_json()} for path, fs in results.items() for f in fs]
-        print(json.dumps({"source": "agentfsm", "errors": errors, "warnings": warnings, "findings": found},
-                         indent=2))
-    else:
-        for path, fs in results.items():
-            for f in fs:
-                print(f"{path}:{f.line}: {f.severity} [{f.code}] {f.message}")
-            n_err = sum(f.is_error for f in fs)
-            summary = "ok" if not n_err else f"{n_err} error{'s' * (n_err != 1)}"
-            n_warn = len(fs) - n_err
-            print(f"{path}: agentfsm trace, {summary}" + (f", {n_warn} warning{'s' * (n_warn != 1)}" if n_warn else ""))
-    return 1 if errors else 0
+    reports = [audit_report(f) for f in files]
+    for report in reports:
+        if as_json:
+            print(json.dumps(report.to_json(), ensure_ascii=False))
+            continue
+        for f in report.findings:
+            print(f"{report.path}:{f.line}: {f.severity} [{f.code}] {f.message}")
+        if report.source != AGENTFSM and report.moves:
+            print(f"{report.path}: path: " + " → ".join(m.label for m in report.moves))
+        print(summary_line(report))
+    return 1 if any(r.errors for r in reports) else 0
 
 
 def _move_json(m: Move) -> dict[str, str]:
     return {"trigger": m.trigger, "from": m.source, "to": m.dest}
 
 
-def _main_coverage(files: list[Path], *, as_json: bool, require_full: bool) -> int:
-    cov = coverage(files)
+def _main_coverage(kinds: Mapping[Path, str], *, as_json: bool, require_full: bool) -> int:
+    ours = [f for f, kind in kinds.items() if kind == AGENTFSM]
+    cov = coverage(ours)
+    taken, reasons = Counter(cov.taken_edges), Counter(cov.reasons)
+    for f, kind in kinds.items():
+        if kind != AGENTFSM:
+            report = audit_report(f)
+            taken.update(Move(m.label, m.source, m.dest) for m in report.moves if m.declared)
+            if report.terminal_reason is not None:
+                reasons[report.terminal_reason] += 1
+    cov = Coverage(taken, reasons, [m for m in declared_moves() if m not in taken],
+                   [r.value for r in TerminalReason if r.value not in reasons])
+    files = list(kinds)
     moves = declared_moves()
     full = not cov.missing_edges and not cov.missing_reasons
     if as_json:

@@ -1,7 +1,8 @@
 """``agentfsm``: Claude Code's headless command line, plus subcommands for the other jobs.
 
-``agentfsm -p PROMPT [flags]`` runs the loop; ``demo``, ``serve-scripted``, ``diagram`` and ``audit``
-are subcommands. Only what the ``-p`` path needs is imported on it (no diagram code, no hypothesis).
+``agentfsm -p PROMPT [flags]`` runs the loop; ``demo``, ``serve-scripted``, ``diagram``, ``audit``,
+``worker`` and ``batch`` are subcommands. Only what the ``-p`` path needs is imported on it (no diagram
+code, no hypothesis, no Temporal SDK unless ``--temporal`` is given).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit")
+from agentfsm.textsafe import json_line, printable
+
+SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
+TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
 
 class UsageError(Exception):
@@ -106,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--thinking", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir", "--add-dir"):
         p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
+                   help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
+    p.add_argument("--task-queue", default="agentfsm", help="the workers' task queue (with --temporal)")
     return p
 
 
@@ -230,17 +237,17 @@ class Printer:
             init = msg.get("type") == "system" and msg.get("subtype") == "init"
             if init and self.session_states:
                 self._state("running", msg.get("session_id"))
-            self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+            self.out.write(json_line(msg) + "\n")
             if msg.get("type") == "result" and self.session_states:
                 self._state("idle", msg.get("session_id"))
         elif self.fmt == "json" and self.verbose:
             self.collected.append(msg)
         elif msg.get("type") == "result":
             if self.fmt == "json":
-                self.out.write(json.dumps(msg, ensure_ascii=False) + "\n")
+                self.out.write(json_line(msg) + "\n")
             else:
                 text = msg.get("result") if "result" in msg else "\n".join(msg.get("errors", []))
-                self.out.write((text or "") + "\n")
+                self.out.write(printable(text or "") + "\n")
 
     def _state(self, state: str, session_id: Any) -> None:
         # what the SDK asks for with CLAUDE_CODE_SDK_READS_SESSION_STATE=1 (it swallows these frames)
@@ -251,7 +258,7 @@ class Printer:
     def finish(self) -> None:
         """``--output-format json --verbose``: every message, as one JSON array."""
         if self.fmt == "json" and self.verbose and self.collected:
-            self.out.write(json.dumps(self.collected, ensure_ascii=False) + "\n")
+            self.out.write(json_line(self.collected) + "\n")
 
 
 def _read_prompt(args: argparse.Namespace) -> str | None:
@@ -266,7 +273,9 @@ def _read_prompt(args: argparse.Namespace) -> str | None:
         return None
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt: pass one as an argument or on stdin")
-    data = sys.stdin.read()
+    # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    data = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
     if not data.strip():
         raise UsageError("no prompt: stdin was empty")
     return data
@@ -288,7 +297,10 @@ async def _stdin_messages() -> AsyncIterator[Any]:
 
     def read() -> None:
         try:
-            for n, line in enumerate(sys.stdin, 1):
+            source = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else sys.stdin
+            for n, raw in enumerate(source, 1):
+                # bytes that are not UTF-8 become lone surrogates: data, never the end of the input
+                line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
                 if line.strip():
                     post((n, line))
         except (OSError, ValueError):
@@ -320,6 +332,12 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
         raise UsageError(str(exc)) from None
     mcp_configs = _mcp_configs(args, options)
     prompt = _read_prompt(args)
+    if args.temporal:
+        unsupported = (("--mcp-config", args.mcp_config), ("--permission-prompt-tool", args.permission_prompt_tool))
+        for flag, given in unsupported:
+            if given:
+                raise UsageError(f"{flag} is not supported with --temporal")
+        return await _run_temporal(args, options, prompt)
     out = Stdout()
     printer = Printer(args.output_format, args.verbose, out, session_states=(
         args.input_format == "stream-json" and os.environ.get("CLAUDE_CODE_SDK_READS_SESSION_STATE") == "1"))
@@ -354,6 +372,11 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
             session = open_session(options, client=client, emit=printer)
         except (ValueError, FileNotFoundError) as exc:
             raise UsageError(str(exc)) from None
+        if session.file_problems:
+            shown = "; ".join(str(p) for p in session.file_problems[:5])
+            more = f" (and {len(session.file_problems) - 5} more)" if len(session.file_problems) > 5 else ""
+            sys.stderr.write(printable(f"agentfsm: warning: the session file had {len(session.file_problems)} "
+                                       f"unusable part(s), skipped: {shown}{more}\n"))
         if args.debug:
             log.configure("console", level="debug")
         elif session.trace_path is not None:
@@ -460,6 +483,30 @@ def _stop_on_signals(session: Any) -> None:
             break
 
 
+async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None) -> int:
+    """The same run as a workflow on Temporal workers (agentfsm.temporal), printed the same way."""
+    from agentfsm.resume import plan_session
+
+    if prompt is None:
+        raise UsageError("--input-format stream-json is not supported with --temporal; pass the prompt")
+    scripted = None
+    if args.scripted:
+        from agentfsm.testing.scenario import load_scenario, scenario_path
+
+        try:
+            path = scenario_path(args.scripted)
+            load_scenario(path, ws=str(options.cwd))  # a bad scenario is a usage error here, not on a worker
+            scripted = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--scripted: {exc}") from None
+    try:
+        from agentfsm.temporal.commands import print_run
+    except ImportError as exc:
+        raise UsageError(f"--temporal needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})") from None
+    return await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
+                           Printer(args.output_format, args.verbose), scripted=scripted)
+
+
 def _exit_now(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -470,7 +517,12 @@ def _exit_now(code: int) -> None:
 
 
 def entry() -> int:
-    """The console script: :func:`main`, ending the process as soon as the run is over."""
+    """The console script: :func:`main`, ending the process as soon as the run is over. What start-up
+    imported is frozen out of garbage collection: modules and classes are never garbage, and
+    scanning them again on every collection is the process's biggest GC cost."""
+    import gc
+
+    gc.freeze()
     return main(exit_at_once=True)
 
 
@@ -533,6 +585,14 @@ def _subcommand(name: str, argv: list[str]) -> int:
         from agentfsm.diagram import main as diagram_main
 
         return diagram_main(argv)
+    if name in ("worker", "batch"):
+        try:
+            from agentfsm.temporal.commands import batch_main
+            from agentfsm.temporal.worker import main as worker_main
+        except ImportError as exc:
+            sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
+            return 2
+        return (worker_main if name == "worker" else batch_main)(argv)
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)

@@ -29,7 +29,7 @@ from agentfsm import log as fsm_log
 from agentfsm.hooks import HOOK_EVENTS, HookMatcher, PermissionAllow, PermissionDeny
 from agentfsm.hooks.runner import DEFAULT_PYTHON_TIMEOUT_S
 from agentfsm.options import AgentDefinition, Options
-from agentfsm.session import CLAUDE_CODE_VERSION, api_key_source
+from agentfsm.phases import CLAUDE_CODE_VERSION, api_key_source
 
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
 _END = object()

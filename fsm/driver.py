@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-import attrs
-import jsonschema
-
-from agentfsm import graph, log, prompts
+from agentfsm import graph, log, phases
 from agentfsm.assembler import ResponseAssembler, StreamProtocolError
-from agentfsm.compact import chars_of, compact, estimate_tokens
+from agentfsm.compact import compact
 from agentfsm.events import (
     Aborted,
     Assembled,
@@ -50,27 +47,25 @@ from agentfsm.events import (
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
-    ToolsDrained,
 )
 from agentfsm.executor import StreamingToolExecutor
 from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
-from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, synthetic_result
+from agentfsm.pipeline import STREAMING_FALLBACK, CallResult
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import WireCache
 from agentfsm.result import RunAccount, RunResult, build_result
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
-from agentfsm.tools.base import ToolContext
-from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
-from agentfsm.trace import TraceWriter, appended
+from agentfsm.tools.base import FileAccess, ToolContext
+from agentfsm.trace import TraceWriter
 
 Emit = Callable[[dict[str, Any]], None]
 # Asked before every model request with the loop state; a truthy answer ends the foreground loop
 # with `background_requested` (a string answer is the reason).
 StopBeforeCall = Callable[[LoopState], Any]
 T = TypeVar("T")
-STREAM_FAILED = "stream_failed"
+STREAM_FAILED = phases.STREAM_FAILED
 DEFERRED_RESULTS = graph.DEFERRED_RESULTS
 
 
@@ -102,6 +97,17 @@ class _LogSteps:
                       **after.counters())
 
 
+async def _unstreamed(client: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+    """The events of one request made without streaming (``client.create``), in stream form."""
+    for event in await client.create(request):
+        yield event
+
+
+def _tool_use_ids(messages: Sequence[Message]) -> set[str]:
+    return {b["id"] for m in messages if m.role == "assistant" for b in m.content
+            if b.get("type") == "tool_use" and isinstance(b.get("id"), str)}
+
+
 class Driver:
     """Runs one loop (one prompt to one result) of a session; see the module docstring."""
 
@@ -110,18 +116,13 @@ class Driver:
                  trace: TraceWriter | None = None, emit: Emit | None = None,
                  queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
                  should_stop_before_next_call: StopBeforeCall | None = None,
-                 observers: Sequence[StepObserver] = ()) -> None:
+                 observers: Sequence[StepObserver] = (),
+                 file_access: Callable[[], FileAccess] | None = None) -> None:
         self.options = options
         self.limits = options.limits
         self.client = client
         # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
-        self._setup_error: str | None = None
-        try:
-            self.registry = _with_structured_output(registry, options.json_schema)
-        except jsonschema.SchemaError as exc:
-            self.registry = registry
-            self._setup_error = ("Turn setup failed: the JSON schema for structured output is invalid: "
-                                 f"{exc.message}")
+        self.registry, self._setup_error = phases.structured_output_setup(registry, options.json_schema)
         self.session_id = session_id
         self.system = system
         self.gate = gate
@@ -130,6 +131,8 @@ class Driver:
         self.emit: Emit = emit or (lambda _m: None)
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
+        # the permission settings' file-access policy, one per call; without it file tools deny every path
+        self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
             should_stop_before_next_call or options.should_stop_before_next_call)
         # Tools see the abort signal (ToolContext.abort) and may set it too; one watcher per run turns
@@ -218,27 +221,16 @@ class Driver:
         mode = getattr(self.gate, "permission_mode", None) or self.options.permission_mode or "default"
         ctx = ToolUseContext(cwd=str(self.options.cwd), permission_mode=mode,
                              tool_names=tuple(self.registry.names()))
-        content = prompt if not isinstance(prompt, str) else ({"type": "text", "text": prompt},)
-        first = Message("user", tuple(content), kind="prompt")
-        text = prompt if isinstance(prompt, str) else "".join(b.get("text", "") for b in content)
+        first, text = phases.first_message(prompt)
         setup_failure: SetupFailed | None = None
         erased = False
         if self._setup_error is not None:
             setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
         else:
-            submitted = await self.hooks.user_prompt_submit(text)
-            if submitted.blocked or submitted.stop:
-                # a blocked prompt (exit 2, decision block) or `continue: false` is erased: it never
-                # reaches the model or the history
-                reason = (submitted.stop_reason if submitted.stop else submitted.reason) or "prompt blocked by hook"
-                setup_failure = SetupFailed(TerminalReason.HOOK_STOPPED, reason)
-                erased = True
-            elif submitted.additional_context:
-                first = attrs.evolve(first, content=first.content + prompts.reminder_blocks(
-                    submitted.additional_context))
+            first, setup_failure, erased = phases.prompt_verdict(first, await self.hooks.user_prompt_submit(text))
         # the prompt record marks where this run starts in the file (before anything the run
         # writes); an erased one is recorded as such, and resume leaves it out of the history
-        self.trace.message(attrs.evolve(first, kind="erased_prompt") if erased else first)
+        self.trace.message(phases.recorded_prompt(first, erased))
         if setup_failure is None:
             history, setup_failure = await self._resume_deferred(tuple(history), first)
         messages: tuple[Message, ...] = tuple(history) if erased else (*history, first)
@@ -294,15 +286,12 @@ class Driver:
         """What a step asks of the world: warnings reported, input taken, what a retry withdrew."""
         for notice in step.notices:
             self.account.warnings.append(notice)
-            self.emit({"type": "system", "subtype": "warning", "message": notice, "session_id": self.session_id})
+            self.emit(phases.warning_message(self.session_id, notice))
         if step.trigger == "open_stream" and self._pending_input:
             self.queue.take_items(self._pending_input)
-        if step.state.messages is not before.messages and not appended(before.messages, step.state.messages):
-            compaction = getattr(event, "compaction", None)
+        if phases.rewrote_history(before, step):
             self.account.anchor(None, 0)
-            self.emit({"type": "system", "subtype": "compact_boundary", "session_id": self.session_id,
-                       "compact_metadata": {"trigger": "manual" if compaction and compaction.trigger == "manual"
-                                            else "auto", "pre_tokens": compaction.pre_tokens if compaction else 0}})
+            self.emit(phases.compact_boundary_message(self.session_id, event))
         if step.edge.kind == "retry" and before.phase is Phase.STREAM:
             # what this response showed is withdrawn; a retry from call_model showed nothing
             self._tombstone()
@@ -341,18 +330,14 @@ class Driver:
         partial = results = None
         if state.phase in (Phase.STREAM, Phase.DISPATCH_TOOLS) and self._asm is not None:
             blocks = tuple(self._asm.blocks)
-            if blocks:
-                partial = Message("assistant", blocks, kind="assistant")
-                ids = partial.tool_use_ids()
-                if ids:
-                    executor = self._executor
-                    got = {r.tool_use_id: r for r in (executor.abort("user_interrupted") if executor else [])}
-                    if executor is not None:
-                        self._discarded.append(executor)
-                    res_blocks = tuple(got[i].block if i in got else _interrupted(i) for i in ids)
-                    results = Message("user", res_blocks, kind="tool_results")
-                    for b in res_blocks:
-                        self._emit_result(b)
+            got: dict[str, Mapping[str, Any]] = {}
+            executor = self._executor
+            if executor is not None and any(b.get("type") == "tool_use" for b in blocks):
+                got = {r.tool_use_id: r.block for r in executor.abort("user_interrupted")}
+                self._discarded.append(executor)
+            partial, results = phases.pair_cut_off(blocks, got)
+            for b in results.content if results is not None else ():
+                self._emit_result(b)
         self._executor = None
         return Aborted(partial, results)
 
@@ -384,21 +369,19 @@ class Driver:
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
     def _estimate(self, messages: Sequence[Message]) -> int:
-        acct = self.account
-        return estimate_tokens(messages, acct.last_usage, acct.counted_upto, static_tokens=self._static_tokens())
+        return phases.estimate(self.account, messages, self._static_tokens())
 
     def _static_tokens(self) -> int:
         """System prompt and tool schemas: part of every request, in no message (fixed for a run)."""
         if self._static is None:
-            self._static = (chars_of(list(self.system)) + chars_of(self.registry.api_schemas())) // 4
+            self._static = phases.static_tokens(self.system, self.registry.api_schemas())
         return self._static
 
     def _model(self, state: LoopState) -> str:
-        models = self.options.models
-        return models[min(state.model_index, len(models) - 1)]
+        return phases.model_for(self.options.models, state)
 
     def _metadata(self) -> dict[str, str]:
-        return {"user_id": f"session_{self.session_id}"}
+        return phases.request_metadata(self.session_id)
 
     # --- call_model ----------------------------------------------------------------------------
 
@@ -414,18 +397,19 @@ class Driver:
         if refused is not None:
             self.log.info("model.refused", reason=refused.reason.value, detail=refused.detail)
             return refused
-        wire = self._wire.wire(outgoing)
         model = self._model(state)
-        request = ModelRequest(model=model, system=self.system, messages=tuple(wire),
-                               tools=tuple(self.registry.api_schemas()),
-                               max_tokens=self.limits.max_output_tokens, metadata=self._metadata())
+        request = phases.build_request(outgoing, model=model, system=self.system, tools=self.registry.api_schemas(),
+                                       limits=self.limits, metadata=self._metadata(), wire=self._wire.wire(outgoing))
+        wire = request.messages
         self.trace.request(model, state.query_tracking.depth, state.messages, sent)
         self.log.info("model.request", model=model, messages=len(wire),
                       chain_id=state.query_tracking.chain_id, depth=state.query_tracking.depth)
         self._request_messages = len(outgoing)
         self._pending_input = pending
         self._t_request = time.monotonic()
-        self._stream = self.client.stream(request)
+        # after a stream that broke or came garbled before any content, the same request unstreamed
+        self._stream = (_unstreamed(self.client, request) if state.non_streaming and self._can_unstream()
+                        else self.client.stream(request))
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
             self._first = await self._until_stopped(self._first_event(), stop_wins=False)
@@ -433,17 +417,14 @@ class Driver:
             self._api_ms_since_request()
             await self._close_stream()
             return self._abort_event_for(state)
-        except StopAsyncIteration:
+        except (StopAsyncIteration, ModelCallError) as exc:
             self._api_ms_since_request()
-            return await self._failed(state, ModelError("connection", "The API returned an empty stream", None, True))
-        except ModelCallError as exc:
-            self._api_ms_since_request()
-            return await self._failed(state, exc.error)
+            return await self._failed(state, phases.open_error(exc))
         except Exception as exc:
             # outside the transport's error contract: a client bug, not a retryable fault
             self._api_ms_since_request()
             self.log.error("model.client_failed", error=repr(exc), exc_info=True)
-            return await self._failed(state, ModelError("model", f"Model call failed: {type(exc).__name__}: {exc}"))
+            return await self._failed(state, phases.open_error(exc))
         self.log.info("model.first_event", model=model, ms=round((time.monotonic() - self._t_request) * 1000, 1))
         return StreamOpened(model, sent_input=sent)
 
@@ -461,13 +442,17 @@ class Driver:
         self.account.api_ms += (time.monotonic() - self._t_request) * 1000
 
     def _has_fallback(self, state: LoopState) -> bool:
-        return state.model_index + 1 < len(self.options.models)
+        return phases.has_fallback(self.options.models, state)
+
+    def _can_unstream(self) -> bool:
+        """The client can make a request without streaming (``create``)."""
+        return callable(getattr(self.client, "create", None))
 
     async def _failed(self, state: LoopState, error: ModelError, partial: Message | None = None,
                       partial_results: Message | None = None) -> CallFailed:
         await self._close_stream()
         compaction = None
-        if error.kind == "prompt_too_long" and graph.may_reactive_compact(state):
+        if phases.wants_reactive_compact(state, error):
             # held back from the user: only a failed compaction lets the error through
             await self.hooks.pre_compact("auto", None)
             self.log.info("compact.start", trigger="reactive", error=error.message)
@@ -479,12 +464,15 @@ class Driver:
                          retryable=error.retryable)
         self.account.api_error_status = error.status
         return CallFailed(error, compaction=compaction, fallback_available=self._has_fallback(state),
-                          partial=partial, partial_results=partial_results)
+                          partial=partial, partial_results=partial_results,
+                          non_streaming_available=self._can_unstream())
 
     # --- stream --------------------------------------------------------------------------------
 
     async def _consume_stream(self, state: LoopState) -> Event:
-        asm = self._asm = ResponseAssembler()
+        # a tool_use id already in the conversation (or twice in this response) is renamed before the
+        # block reaches the executor or the session file: the API refuses duplicate ids
+        asm = self._asm = ResponseAssembler(taken_ids=_tool_use_ids(state.messages))
         executor = self._executor = self._new_executor()
         self._emitted_results = set()
         it, first = self._stream, self._first
@@ -498,14 +486,12 @@ class Driver:
                 return await self._stopped_mid_stream(state)
         except (ModelCallError, StreamProtocolError) as exc:
             self._api_ms_since_request()
-            error = exc.error if isinstance(exc, ModelCallError) else ModelError(
-                "model", f"Malformed stream from the API: {exc}")
-            return await self._stream_failed(state, error, asm, executor)
+            return await self._stream_failed(state, phases.stream_error(exc, has_content=asm.has_content),
+                                             asm, executor)
         except Exception as exc:
             self._api_ms_since_request()
             self.log.error("model.stream_failed_unexpectedly", error=repr(exc), exc_info=True)
-            error = ModelError("model", f"Model stream failed: {type(exc).__name__}: {exc}")
-            return await self._stream_failed(state, error, asm, executor)
+            return await self._stream_failed(state, phases.stream_error(exc), asm, executor)
         finally:
             await self._close_stream()
         self._api_ms_since_request()
@@ -513,8 +499,9 @@ class Driver:
         self._account(response)
         self.log.info("model.stream_end", stop_reason=response.stop_reason, blocks=len(response.blocks),
                       tool_uses=len(response.tool_uses()))
-        return StreamEnded(response, json_schema=self.options.json_schema is not None,
-                           structured_output_ids=_calls_of(response.tool_uses(), STRUCTURED_OUTPUT))
+        if asm.renamed_ids:
+            self.log.warning("model.duplicate_tool_use_ids", renamed=asm.renamed_ids)
+        return phases.stream_ended(response, json_schema=self.options.json_schema is not None)
 
     async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
         """The stream was cut by a stop. On the user's interrupt, ``block`` tools the response already
@@ -540,22 +527,17 @@ class Driver:
         if asm.usage:
             # the input was processed (and billed) even though the answer is lost
             self.account.spend(asm.model or self._model(state), asm.usage)
-        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits)
+        retry = graph.retry_trigger(state, error, self._has_fallback(state), self.limits, self._can_unstream())
         aborted = {r.tool_use_id: r for r in executor.abort(STREAMING_FALLBACK if retry else STREAM_FAILED)}
         self._discarded.append(executor)
         self._executor = None
         self.log.warning("model.stream_broken", kind=error.kind, retry=retry, blocks=len(asm.blocks),
                          tools_aborted=len(aborted))
         partial = results = None
-        blocks = tuple(asm.blocks)
-        if blocks and retry is None:
-            partial = Message("assistant", blocks, kind="assistant")
-            ids = partial.tool_use_ids()
-            if ids:
-                results = Message("user", tuple(aborted[i].block if i in aborted else _interrupted(i)
-                                                for i in ids), kind="tool_results")
-                for b in results.content:
-                    self._emit_result(b)
+        if retry is None:
+            partial, results = phases.pair_cut_off(tuple(asm.blocks), {i: r.block for i, r in aborted.items()})
+            for b in results.content if results is not None else ():
+                self._emit_result(b)
         return await self._failed(state, error, partial, results)
 
     async def _read_stream(self, it: Any, first: StreamEvent | None, asm: ResponseAssembler,
@@ -565,24 +547,19 @@ class Driver:
         async for ev in it:
             self._on_event(ev, asm, executor)
         if not asm.stopped:
-            raise ModelCallError(ModelError("connection", "The stream ended before message_stop", None, True))
+            raise ModelCallError(phases.ENDED_EARLY)
 
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)
         if block is None:
             return
-        self.emit({"type": "assistant", "message": {
-            "id": asm.message_id, "type": "message", "role": "assistant", "model": asm.model,
-            "content": [block], "stop_reason": None, "usage": dict(asm.usage)},
-            "parent_tool_use_id": None, "session_id": self.session_id})
+        self.emit(phases.assistant_block_message(asm.message_id, asm.model, block, asm.usage, self.session_id))
         if block.get("type") == "tool_use":
             executor.add_tool(block, invalid_json=asm.invalid_tool_inputs.get(block["id"]))
             self._emit_ready(executor)
 
     def _account(self, response: ModelResponse) -> None:
-        self.account.spend(response.model or self.options.model, response.usage)
-        self.account.stop_reason, self.account.api_error_status = response.stop_reason, None
-        self.account.anchor(response.usage, self._request_messages)
+        phases.account_response(self.account, response, self.options.model, self._request_messages)
 
     # --- dispatch_tools ------------------------------------------------------------------------
 
@@ -595,28 +572,11 @@ class Driver:
             return self._abort_event_for(state)
         self._executor = None
         assistant = asm.finish().as_message()
-        by_id = {r.tool_use_id: r for r in results}
-        ordered = [by_id[i] for i in assistant.tool_use_ids()]
-        for r in ordered:
-            if r.permission_denial is not None:
-                self.account.denials.append(r.permission_denial)
-            if r.tool_name == STRUCTURED_OUTPUT and not r.is_error:
-                self.account.structured_output = r.output_data
-        user = Message("user", tuple(r.block for r in ordered), kind="tool_results")
-        stop = next((r for r in ordered if r.stop), None)
-        if interrupted:
-            return ToolsDrained(assistant=assistant, results=user, aborted=True)
-        post = await self.hooks.post_tool_batch(
-            [{"tool_name": r.tool_name, "tool_input": dict(_input_of(assistant, r.tool_use_id)),
-              "tool_use_id": r.tool_use_id, "tool_response": r.block.get("content")} for r in ordered])
-        if post.additional_context:
-            user = attrs.evolve(user, content=user.content + prompts.reminder_blocks(post.additional_context))
-        return ToolsDrained(
-            assistant=assistant, results=user, deferred_ids=tuple(r.tool_use_id for r in ordered if r.deferred),
-            hook_stopped=stop is not None, hook_stop_reason=stop.stop_reason if stop else "",
-            ends_turn=any(r.ends_turn for r in ordered), post_batch_blocked=post.blocked or post.stop,
-            post_batch_reason=post.reason or post.stop_reason, context_layers=executor.context_layers(),
-            structured_output_ids=_calls_of(assistant.content, STRUCTURED_OUTPUT))
+        ordered = phases.in_model_order(assistant, results)
+        phases.account_batch(self.account, ordered)
+        post = None if interrupted else await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
+        return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post,
+                                    context_layers=executor.context_layers())
 
     async def _drain(self, executor: StreamingToolExecutor) -> tuple[list[CallResult], bool]:
         """Every result of the batch (each is shown as soon as it may be, by the executor's
@@ -656,17 +616,18 @@ class Driver:
         if tid in self._emitted_results:
             return
         self._emitted_results.add(tid)
-        self.emit({"type": "user", "message": {"role": "user", "content": [dict(block)]},
-                   "parent_tool_use_id": None, "session_id": self.session_id})
+        self.emit(phases.result_message(block, self.session_id))
 
     def _new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
             return ToolContext(cwd=self.options.cwd, session_id=self.session_id, tool_use_id=tool_use_id,
-                               abort=self.abort_event, read_files=self.read_files, services=self.services)
+                               abort=self.abort_event, read_files=self.read_files, services=self.services,
+                               file_access=self.file_access() if self.file_access is not None else None)
 
         executor = StreamingToolExecutor(lookup=self.registry, gate=self.gate, ctx_factory=make_ctx,
                                          max_concurrency=self.limits.max_tool_concurrency)
-        executor.on_ready = lambda: self._emit_ready(executor)
+        # a bound method, not a closure over the executor: no executor -> callback -> executor cycle
+        executor.on_ready = self._emit_ready
         return executor
 
     # --- stop ----------------------------------------------------------------------------------
@@ -674,13 +635,12 @@ class Driver:
     async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn: they may block (re-enter) or prevent the
         end. A stop while they run lets the end stand."""
-        last = next((m for m in reversed(state.messages) if m.role == "assistant"), None)
         try:
-            outcome = await self._until_stopped(self.hooks.stop(last.text() if last else "", state.stop_hook_active))
+            outcome = await self._until_stopped(self.hooks.stop(phases.last_assistant_text(state.messages),
+                                                                state.stop_hook_active))
         except _Stopped:
             return StopHookVerdict()
-        return StopHookVerdict(blocked=outcome.blocked, reason=outcome.reason, prevented=outcome.prevented,
-                               stop_reason=outcome.stop_reason)
+        return phases.stop_verdict(outcome)
 
     # --- a resumed deferral --------------------------------------------------------------------
 
@@ -690,37 +650,28 @@ class Driver:
         are asked again) and puts the real result where the deferral's stood. A call whose tool this
         session no longer offers cannot be resumed: ``tool_deferred_unavailable``. Deferred again:
         the run ends ``tool_deferred`` once more, before any request."""
-        if len(history) < 2 or history[-1].kind != DEFERRED_RESULTS or history[-2].role != "assistant":
+        calls = phases.deferred_calls(history)
+        if not calls:
             return history, None
-        assistant = history[-2]
-        calls = [b for b in assistant.content if b.get("type") == "tool_use"]
-        missing = [b["name"] for b in calls if self.registry.get(b["name"]) is None]
-        if missing:
-            self.log.warning("tool.deferred_unavailable", tools=missing)
-            return history, SetupFailed(
-                TerminalReason.TOOL_DEFERRED_UNAVAILABLE,
-                f"The deferred tool call cannot be resumed: {', '.join(missing)} is no longer available "
-                f"(available tools: {', '.join(self.registry.names()) or 'none'}).")
+        unavailable = phases.deferred_unavailable(calls, self.registry)
+        if unavailable is not None:
+            self.log.warning("tool.deferred_unavailable",
+                             tools=[b["name"] for b in calls if self.registry.get(b["name"]) is None])
+            return history, unavailable
         executor = self._new_executor()
         for block in calls:
             executor.add_tool(block)
         results = await executor.remaining()
         self.log.info("tool.deferred_resumed", tools=[b["name"] for b in calls])
-        deferred = len(results) == 1 and results[0].deferred
-        replaced = Message("user", tuple(r.block for r in results),
-                           kind=DEFERRED_RESULTS if deferred else "tool_results")
         for r in results:
             self._emit_result(r.block)
-        messages = (*history[:-1], replaced)
+        messages, failure = phases.deferred_resumed(history, results)
         # The session file's history view is rewritten from here on (agentfsm.resume.load_history
         # reads what follows the last boundary); the run's prompt, already recorded, closes the new view.
         self.trace.compact_boundary("deferred_resume", 0)
         for m in (*messages, first):
             self.trace.message(m)
-        if deferred:
-            return messages, SetupFailed(TerminalReason.TOOL_DEFERRED,
-                                         "The resumed tool call was deferred again by a PreToolUse hook")
-        return messages, None
+        return messages, failure
 
     # --- clean-up ------------------------------------------------------------------------------
 
@@ -737,9 +688,7 @@ class Driver:
         the results of its tool calls (stream-json consumers drop them; they never reach history)."""
         asm = self._asm
         if asm is not None and asm.blocks:
-            ids = [b["id"] for b in asm.blocks if b.get("type") == "tool_use"]
-            self.emit({"type": "system", "subtype": "tombstone", "session_id": self.session_id,
-                       "message_id": asm.message_id, "blocks": len(asm.blocks), "tool_use_ids": ids})
+            self.emit(phases.tombstone_message(self.session_id, asm.message_id, asm.blocks))
         self._asm = None
 
     async def _close_stream(self) -> None:
@@ -751,34 +700,7 @@ class Driver:
                 self.log.debug("model.stream_close_failed")
 
 
-def _with_structured_output(registry: ToolLookup, schema: Mapping[str, Any] | None) -> ToolLookup:
-    """The registry plus the ``StructuredOutput`` tool when a JSON schema asks for it (unless the
-    session already registered one)."""
-    if schema is None or registry.get(STRUCTURED_OUTPUT) is not None:
-        return registry
-    from agentfsm.tools.registry import ToolRegistry
-    from agentfsm.tools.structured_output import StructuredOutputTool
-
-    return ToolRegistry([*registry.tools(), StructuredOutputTool(schema)])
-
-
 async def _shielded(fut: asyncio.Future[T]) -> T:
     """Await ``fut`` without cancelling it when this wait is cancelled (a stop may only cancel the
     waiting, the batch goes on or is cancelled by whoever owns it)."""
     return await asyncio.shield(fut)
-
-
-def _calls_of(blocks: Sequence[Mapping[str, Any]], name: str) -> tuple[str, ...]:
-    return tuple(b["id"] for b in blocks if b.get("type") == "tool_use" and b.get("name") == name)
-
-
-def _interrupted(tool_use_id: str) -> dict[str, Any]:
-    """The result of a tool_use the executor never saw (cut off before it was handed over)."""
-    return dict(synthetic_result(tool_use_id, "", "user_interrupted").block)
-
-
-def _input_of(assistant: Message, tool_use_id: str) -> Mapping[str, Any]:
-    for b in assistant.content:
-        if b.get("type") == "tool_use" and b.get("id") == tool_use_id:
-            return b.get("input", {})
-    return {}

@@ -21,7 +21,9 @@ class ModelError:
     """A failed model call, classified once so the graph never parses error strings.
 
     kind: ``prompt_too_long`` | ``image`` | ``api`` (a structured API error) | ``model`` (malformed
-    stream, invariant broken) | ``overloaded`` | ``connection``.
+    stream, invariant broken) | ``overloaded`` | ``connection`` | ``stream_dropped`` (the connection
+    closed before the first event) | ``stream_garbled`` (what came was not a stream: invalid event
+    JSON, an HTML page, bytes that are not SSE, before any content block).
     """
 
     kind: str
@@ -112,11 +114,13 @@ class CallFailed:
     ``compaction`` is set when a reactive compaction was tried (and succeeded) for a prompt-too-long
     error; ``fallback_available`` says another model of the fallback chain is left to try.
     ``partial`` / ``partial_results`` pair any tool_use that already ran when the loop gives up.
+    ``non_streaming_available``: the client can make the same request without streaming.
     """
 
     error: ModelError
     compaction: Compaction | None = None
     fallback_available: bool = False
+    non_streaming_available: bool = False
     partial: Message | None = None
     partial_results: Message | None = None
 

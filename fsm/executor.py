@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -89,7 +89,7 @@ class StreamingToolExecutor:
                  ctx_factory: Callable[[str], ToolContext] | None = None, max_concurrency: int = 10,
                  layers: Mapping[str, Any] | None = None,
                  on_progress: Callable[[str, Any], None] | None = None,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[StreamingToolExecutor], None] | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.table = ToolTable.of(lookup)
@@ -122,10 +122,9 @@ class StreamingToolExecutor:
         if tool_use_id in self._by_id:
             raise ValueError(f"tool_use {tool_use_id!r} was already added to this executor")
         name = str(block.get("name", ""))
-        tool = self.table.lookup(name)
-        safe, prepared = self._is_safe(tool, block, invalid_json)
+        tool, safe, prepared, interrupt = call_traits(self.table, block, invalid_json)
         entry = _Entry(len(self._entries), block, tool_use_id, tool.name if tool else name, invalid_json,
-                       safe, _interrupt_behavior(tool),
+                       safe, interrupt,
                        prepared=(tool, prepared) if tool is not None and prepared is not None else None)
         self._entries.append(entry)
         self._by_id[tool_use_id] = entry
@@ -138,34 +137,13 @@ class StreamingToolExecutor:
             return
         self._pump()
 
-    def _is_safe(self, tool: Tool | None, block: Mapping[str, Any],
-                 invalid_json: str | None) -> tuple[bool, PreparedInput | None]:
-        """The concurrency verdict, and the validated input it was reached on (None when validation
-        itself failed): the pipeline reuses it instead of validating the same block again."""
-        if tool is None or invalid_json is not None:
-            return False, None
-        prepared = None
-        try:
-            prepared = self.table.prepare_input(tool, block.get("input", {}))
-            if prepared.issues:
-                return False, prepared
-            # a copy: is_concurrency_safe must not be able to change what the tool will run with
-            return bool(tool.is_concurrency_safe(dict(prepared.input))), prepared
-        except Exception as exc:  # as Claude Code does: a verdict that cannot be reached is "unsafe"
-            log.warning("tool.concurrency_check_failed", tool_use_id=block.get("id"), tool_name=tool.name,
-                        error=repr(exc))
-            return False, prepared
-
     # --- scheduling --------------------------------------------------------------------------------
 
     def _running(self) -> list[_Entry]:
         return [e for e in self._entries if e.status == RUNNING]
 
     def _can_start(self, entry: _Entry) -> bool:
-        running = self._running()
-        if not running:
-            return True
-        return entry.safe and all(e.safe for e in running) and len(running) < self.max_concurrency
+        return may_start(entry.safe, [e.safe for e in self._running()], self.max_concurrency)
 
     def _pump(self) -> None:
         """Start whatever may start, scanning in model order; an unsafe call that cannot start yet
@@ -257,13 +235,8 @@ class StreamingToolExecutor:
     # --- delivery --------------------------------------------------------------------------------
 
     def _deliverable(self) -> list[_Entry]:
-        out = []
-        for entry in self._entries:
-            if entry.status == DONE:
-                out.append(entry)
-            elif entry.status in (RUNNING, QUEUED) and not entry.safe:
-                break  # nothing observed after an unfinished unsafe call may be handed out before it
-        return out
+        entries = self._entries
+        return [entries[i] for i in deliverable([(e.status, e.safe) for e in entries])]
 
     def _update_ready(self) -> None:
         if self._deliverable():
@@ -271,7 +244,7 @@ class StreamingToolExecutor:
             if self.on_ready is not None and not self._telling:
                 self._telling = True  # on_ready usually drains, which comes back here
                 try:
-                    self.on_ready()
+                    self.on_ready(self)
                 finally:
                     self._telling = False
         else:
@@ -399,11 +372,59 @@ class StreamingToolExecutor:
 
     async def aclose(self, timeout: float | None = 5.0) -> None:
         """Wait (bounded) for cancelled calls to unwind, so no task outlives the loop unnoticed."""
+        self.on_ready = None
         pending = [t for t in self._tasks if not t.done()]
         if pending:
             _done, still = await asyncio.wait(pending, timeout=timeout)
             if still:
                 log.warning("executor.tasks_still_running", count=len(still))
+
+
+# --- the rules, as pure functions (the executor applies them; so does a Temporal workflow) --------
+
+
+def may_start(safe: bool, running_safe: Sequence[bool], max_concurrency: int) -> bool:
+    """A queued call may start when nothing runs, or when it and every running call are
+    concurrency-safe and fewer than ``max_concurrency`` run (``running_safe``: the verdict of each
+    running call)."""
+    if not running_safe:
+        return True
+    return safe and all(running_safe) and len(running_safe) < max_concurrency
+
+
+def deliverable(calls: Sequence[tuple[str, bool]]) -> list[int]:
+    """Indices of the finished calls that may be handed out now, in model order, from
+    ``(status, safe)`` per call: past running safe calls, never past an unfinished unsafe one."""
+    out = []
+    for i, (status, safe) in enumerate(calls):
+        if status == DONE:
+            out.append(i)
+        elif status in (RUNNING, QUEUED) and not safe:
+            break  # nothing observed after an unfinished unsafe call may be handed out before it
+    return out
+
+
+def call_traits(table: ToolTable, block: Mapping[str, Any], invalid_json: str | None = None
+                ) -> tuple[Tool | None, bool, PreparedInput | None, InterruptBehavior]:
+    """What scheduling needs to know of one ``tool_use`` block: its tool, the concurrency verdict, the
+    validated input the verdict was reached on (None when validation itself failed: the pipeline
+    reuses it instead of validating the same block again) and the interrupt behaviour."""
+    tool = table.lookup(str(block.get("name", "")))
+    if tool is None or invalid_json is not None:
+        return tool, False, None, _interrupt_behavior(tool)
+    prepared = None
+    try:
+        prepared = table.prepare_input(tool, block.get("input", {}))
+        if prepared.issues:
+            safe = False
+        else:
+            # a copy: is_concurrency_safe must not be able to change what the tool will run with
+            safe = bool(tool.is_concurrency_safe(dict(prepared.input)))
+    except Exception as exc:  # as Claude Code does: a verdict that cannot be reached is "unsafe"
+        log.warning("tool.concurrency_check_failed", tool_use_id=block.get("id"), tool_name=tool.name,
+                    error=repr(exc))
+        safe = False
+    return tool, safe, prepared, _interrupt_behavior(tool)
 
 
 def _interrupt_behavior(tool: Tool | None) -> InterruptBehavior:

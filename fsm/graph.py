@@ -113,11 +113,15 @@ EDGES: tuple[Edge, ...] = (
     _edge("malformed_tool_use_retry", S, A, "reentry",
           "stop_reason tool_use without a complete tool_use block; drop it and ask again (count < cap)"),
     _edge("thinking_only_nudge", S, A, "reentry", "only thinking, no visible answer; ask once for one"),
+    _edge("empty_response_nudge", S, A, "reentry", "an answer with nothing in it; ask once for a visible one"),
     _edge("structured_output_retry", S, A, "reentry",
           "ended without the required StructuredOutput call; ask for it (count < cap)"),
     _edge("stop_hook_blocking", X, A, "reentry", "a Stop hook blocked the end (count < cap)"),
     # same request again
-    _edge("stream_retry", S, C, "retry", "the stream broke mid-way; discard it and request again"),
+    _edge("stream_retry", (C, S), C, "retry",
+          "the stream broke (or dropped before its first event); discard it and request again"),
+    _edge("non_streaming_retry", (C, S), C, "retry",
+          "the stream broke or was garbled before any content; ask for the same response without streaming"),
     _edge("fallback_retry", (C, S), C, "retry", "retries exhausted on this model; use the fallback"),
     # into stop
     _edge("setup_failed", A, X, "terminal",
@@ -246,27 +250,46 @@ def _exchanges(messages: tuple[Message, ...]) -> int:
     return sum(1 for m in messages if m.role == "assistant")
 
 
-def retry_trigger(state: LoopState, error: ModelError, fallback_available: bool, limits: Limits) -> str | None:
-    """The retry edge a failed call takes (``stream_retry`` / ``fallback_retry``), or None when the
-    failure is final. The driver asks it before deciding whether to keep what was streamed, and the
-    routes below use the same function, so the two can never disagree."""
-    # a stream that broke mid-way is requested again as a whole (its partial blocks discarded)
-    if error.retryable and state.phase is S and state.stream_retry_count < limits.stream_retries:
+def retry_trigger(state: LoopState, error: ModelError, fallback_available: bool, limits: Limits,
+                  non_streaming_available: bool = False) -> str | None:
+    """The retry edge a failed call takes (``stream_retry`` / ``non_streaming_retry`` /
+    ``fallback_retry``), or None when the failure is final. The driver asks it before deciding
+    whether to keep what was streamed, and the routes below use the same function, so the two can
+    never disagree."""
+    # a stream that broke mid-way is requested again as a whole (its partial blocks discarded); so is
+    # one whose connection closed before its first event
+    dropped = error.kind == "stream_dropped"
+    if (error.retryable and (state.phase is S or dropped) and error.kind != "stream_garbled"
+            and not state.non_streaming and state.stream_retry_count < limits.stream_retries):
         return "stream_retry"
+    # a stream still dropping, or one that came garbled (not SSE, not JSON, an HTML page) before any
+    # content: the same request once more without streaming, as Claude Code does
+    if (error.kind in ("stream_dropped", "stream_garbled") and not state.non_streaming
+            and non_streaming_available):
+        return "non_streaming_retry"
     # the transport's own retries are spent: move down the fallback chain
     if (error.retryable or error.kind == "overloaded") and fallback_available:
         return "fallback_retry"
     return None
 
 
+def _retry(s: LoopState, e: CallFailed, lim: Limits) -> str | None:
+    return retry_trigger(s, e.error, e.fallback_available, lim, e.non_streaming_available)
+
+
 @_named("stream_retry_left")
 def stream_retry_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
-    return retry_trigger(s, e.error, e.fallback_available, lim) == "stream_retry"
+    return _retry(s, e, lim) == "stream_retry"
+
+
+@_named("non_streaming_left")
+def non_streaming_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
+    return _retry(s, e, lim) == "non_streaming_retry"
 
 
 @_named("fallback_left")
 def fallback_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
-    return retry_trigger(s, e.error, e.fallback_available, lim) == "fallback_retry"
+    return _retry(s, e, lim) == "fallback_retry"
 
 
 @_named("compacted_after_prompt_too_long")
@@ -291,6 +314,16 @@ def thinking_only(s: LoopState, e: StreamEnded, lim: Limits) -> bool:
     r = e.response
     return (not r.visible_text() and r.has_thinking() and not s.thinking_only_nudged
             and lim.thinking_only_nudges > 0)
+
+
+def empty_answer(response: Any) -> bool:
+    """A response with nothing in it: no visible text, no thinking, no tool call."""
+    return not response.visible_text() and not response.has_thinking() and not response.tool_uses()
+
+
+@_named("empty_response")
+def empty_response(s: LoopState, e: StreamEnded, lim: Limits) -> bool:
+    return empty_answer(e.response) and not s.empty_response_nudged and lim.empty_response_nudges > 0
 
 
 @_named("structured_output_missing")
@@ -430,8 +463,12 @@ def stream_retried(s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[str, A
     return {"stream_retry_count": s.stream_retry_count + 1}
 
 
+def non_streaming_taken(_s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
+    return {"non_streaming": True}
+
+
 def fallback_taken(s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
-    return {"model_index": s.model_index + 1, "stream_retry_count": 0}
+    return {"model_index": s.model_index + 1, "stream_retry_count": 0, "non_streaming": False}
 
 
 def reactive_compacted(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
@@ -443,8 +480,8 @@ def reactive_compacted(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str
 
 
 def _error_reason(kind: str) -> TerminalReason:
-    return {"prompt_too_long": T.PROMPT_TOO_LONG, "image": T.IMAGE_ERROR, "model": T.MODEL_ERROR}.get(
-        kind, T.API_ERROR)
+    return {"prompt_too_long": T.PROMPT_TOO_LONG, "image": T.IMAGE_ERROR, "model": T.MODEL_ERROR,
+            "stream_garbled": T.MODEL_ERROR}.get(kind, T.API_ERROR)
 
 
 def call_failed(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
@@ -453,8 +490,8 @@ def call_failed(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
 
 
 def _ended(changes: Mapping[str, Any]) -> Mapping[str, Any]:
-    # a response that ended cleanly closes this request's stream retries
-    return {"stream_retry_count": 0, **changes}
+    # a response that ended cleanly closes this request's stream retries; the next one streams again
+    return {"stream_retry_count": 0, "non_streaming": False, **changes}
 
 
 def _kept(s: LoopState, e: StreamEnded, *extra: Message) -> tuple[Message, ...]:
@@ -493,6 +530,12 @@ def thinking_nudge(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, 
                    "thinking_only_nudged": True})
 
 
+def empty_nudge(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    # the empty answer is dropped; the nudge joins the last user message on the wire (Claude Code)
+    return _ended({"messages": (*s.messages, prompts.meta_message(prompts.EMPTY_RESPONSE_NUDGE)),
+                   "empty_response_nudged": True})
+
+
 def structured_retry(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
     return _ended({"messages": _kept(s, e, prompts.meta_message(prompts.STRUCTURED_OUTPUT_RETRY)),
                    "structured_output_retry_count": s.structured_output_retry_count + 1})
@@ -508,8 +551,15 @@ def structured_exhausted(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[s
 
 
 def answered(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
-    return _ended({"messages": _kept(s, e), "terminal_reason": T.COMPLETED, "terminal_detail": None,
+    # an empty final answer is kept as an empty text, so the result says "" rather than repeating
+    # what an earlier turn said (the block is dropped from the wire)
+    empty = (_empty_text_answer(),) if empty_answer(e.response) and not e.response.blocks else ()
+    return _ended({"messages": (*_kept(s, e), *empty), "terminal_reason": T.COMPLETED, "terminal_detail": None,
                    "stop_hooks_due": True})
+
+
+def _empty_text_answer() -> Message:
+    return Message("assistant", ({"type": "text", "text": ""},), kind="assistant")
 
 
 def collected(s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
@@ -551,6 +601,7 @@ def next_turn(s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
         "structured_output_retry_count": s.structured_output_retry_count + 1 if structured_output_failed(e) else 0,
         "has_attempted_reactive_compact": False,
         "thinking_only_nudged": False,
+        "empty_response_nudged": False,
         "stop_hook_blocking_count": 0,
         "stop_hook_active": False,
         "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1),
@@ -640,7 +691,8 @@ ROUTES: tuple[Route, ...] = (
     _route(C, Refused, None, "refuse", stop_with_event_reason),
     _route(C, StreamOpened, None, "open_stream", stream_opened),
     # a failed call, before or during the stream
-    _route(S, CallFailed, stream_retry_left, "stream_retry", stream_retried),
+    _route((C, S), CallFailed, stream_retry_left, "stream_retry", stream_retried),
+    _route((C, S), CallFailed, non_streaming_left, "non_streaming_retry", non_streaming_taken),
     _route((C, S), CallFailed, fallback_left, "fallback_retry", fallback_taken),
     _route((C, S), CallFailed, compacted_after_prompt_too_long, "reactive_compact_retry", reactive_compacted),
     _route((C, S), CallFailed, None, "call_failed", call_failed),
@@ -654,6 +706,7 @@ ROUTES: tuple[Route, ...] = (
            "malformed_tool_use_retry", malformed_retry),
     _route(S, StreamEnded, stop_reason_is("tool_use"), "recovery_exhausted", malformed_exhausted),
     _route(S, StreamEnded, thinking_only, "thinking_only_nudge", thinking_nudge),
+    _route(S, StreamEnded, empty_response, "empty_response_nudge", empty_nudge),
     _route(S, StreamEnded, structured_output_missing & under_cap("structured_output_retry_count"),
            "structured_output_retry", structured_retry),
     _route(S, StreamEnded, structured_output_missing, "recovery_exhausted", structured_exhausted),
@@ -901,6 +954,9 @@ class LoopMachine:
         if self._open:
             self._open = False
             MACHINE.remove_model(self._model)
+            # the trigger methods transitions bound on the model refer back to it: drop them, so a
+            # finished loop is freed by reference counting instead of waiting for the cycle collector
+            self._model.__dict__.clear()
 
     def __enter__(self) -> LoopMachine:
         return self
@@ -919,6 +975,23 @@ def advance(state: LoopState, event: Event, limits: Limits) -> tuple[Step, ...]:
 def decide(state: LoopState, event: Event, limits: Limits) -> Step:
     """The first move ``event`` causes from ``state`` (see :func:`advance`). Pure."""
     return advance(state, event, limits)[0]
+
+
+def follow(state: LoopState, event: Event, limits: Limits, trigger: str) -> Step | None:
+    """The move along edge ``trigger`` that a route of this phase and event makes, its guard aside;
+    None when no such route exists. This is how an auditor keeps following a recorded path after a
+    move the machine would not have chosen. It decides nothing: the counters and messages still
+    come from the route's own effect. Pure."""
+    for route in ROUTES_BY_KEY.get((state.phase, type(event)), ()):
+        if route.edge != trigger:
+            continue
+        try:
+            nxt = _next_state(state, route, event, limits)
+        except (UndeclaredMove, AssertionError):
+            continue
+        notices = route.notices(state, event, limits) if route.notices is not None else ()
+        return Step(route.edge, nxt, route.guard_name, notices, state.phase in AUTOMATIC)
+    return None
 
 
 # --- pure decisions the driver asks before doing I/O ------------------------------------------

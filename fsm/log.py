@@ -44,7 +44,8 @@ def configure(mode: str = "off", *, file: Path | None = None, level: str = "info
     else:
         if file is not None:
             file.parent.mkdir(parents=True, exist_ok=True)
-            _sink = open(file, "a", encoding="utf-8")  # lives as long as logging does
+            # lives as long as logging does; a lone surrogate in an event is escaped, never fatal
+            _sink = open(file, "a", encoding="utf-8", errors="backslashreplace")
         else:
             _sink = sys.stderr
         renderer = structlog.processors.JSONRenderer()

@@ -7,6 +7,7 @@ Both transports — :mod:`agentfsm.transport` (the ``anthropic`` SDK) and the sc
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -122,6 +123,10 @@ def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
     return min(0.5 * 2 ** (attempt - 1), 32.0) * (1 + random.random() * 0.25)
 
 
+# failures of a response that arrived (its status was 200): the loop's routes decide what follows
+_GRAPH_RETRIED = frozenset({"stream_dropped", "stream_garbled"})
+
+
 async def with_retries(open_stream: Callable[[], AsyncIterator[StreamEvent]], max_retries: int, *,
                        delay_s: Callable[[int, ModelCallError], float] = lambda n, e: backoff_s(n, e.retry_after_s),
                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -140,7 +145,9 @@ async def with_retries(open_stream: Callable[[], AsyncIterator[StreamEvent]], ma
         except ModelCallError as exc:
             await _close(stream)
             retry = exc.should_retry if exc.should_retry is not None else exc.error.retryable
-            if not retry or attempt >= max_retries:
+            # a response that came and broke before its first event is the graph's to retry
+            # (stream_retry, non_streaming_retry), not the transport's
+            if not retry or attempt >= max_retries or exc.error.kind in _GRAPH_RETRIED:
                 raise
             attempt += 1
             wait = delay_s(attempt, exc)
@@ -170,10 +177,41 @@ class ModelClient(Protocol):
 
     ``stream`` raises :class:`ModelCallError` for a failed call (before or during the stream) and
     returns normally after :class:`MessageStop`. Before its first event it may yield
-    :class:`RetryNotice` records (see :func:`with_retries`).
+    :class:`RetryNotice` records (see :func:`with_retries`). A client may also offer ``async
+    create(request) -> list[StreamEvent]``, the same request made without streaming (see
+    :func:`message_events`): the loop falls back to it after a stream that broke or came garbled
+    before any content.
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]: ...
+
+
+def message_events(message: Mapping[str, Any]) -> list[StreamEvent]:
+    """The events a stream of ``message`` (a whole Messages API response) would have carried."""
+    events: list[StreamEvent] = [MessageStart(model=str(message.get("model", "")),
+                                              usage=dict(message.get("usage") or {}),
+                                              message_id=str(message.get("id", "")))]
+    for i, block in enumerate(message.get("content") or ()):
+        kind = block.get("type")
+        if kind == "text":
+            events += [BlockStart(i, {"type": "text", "text": ""}),
+                       BlockDelta(i, {"type": "text_delta", "text": block.get("text", "")})]
+        elif kind == "tool_use":
+            start = {k: v for k, v in block.items() if k != "input"}
+            events += [BlockStart(i, {**start, "input": {}}),
+                       BlockDelta(i, {"type": "input_json_delta",
+                                      "partial_json": json.dumps(block.get("input") or {})})]
+        elif kind == "thinking":
+            events += [BlockStart(i, {"type": "thinking", "thinking": ""}),
+                       BlockDelta(i, {"type": "thinking_delta", "thinking": block.get("thinking", "")}),
+                       BlockDelta(i, {"type": "signature_delta", "signature": block.get("signature", "")})]
+        else:
+            events.append(BlockStart(i, dict(block)))
+        events.append(BlockStop(i))
+    usage = dict(message.get("usage") or {})
+    events += [MessageDelta(message.get("stop_reason"), {"output_tokens": usage.get("output_tokens", 0)}),
+               MessageStop()]
+    return events
 
 
 PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "prompt too long", "context window", "too many tokens",

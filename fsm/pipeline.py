@@ -42,6 +42,8 @@ log = fsm_log.get_logger("agentfsm.tools")
 
 USER_INTERRUPTED = "user_interrupted"
 STREAMING_FALLBACK = "streaming_fallback"
+# the process running the call died (a Temporal worker) and the call was not run again
+WORKER_LOST = "worker_lost"
 
 # Claude Code's wording for a call the user interrupted or rejected.
 REJECT_MESSAGE = (
@@ -50,6 +52,10 @@ REJECT_MESSAGE = (
     "user to tell you how to proceed."
 )
 _FALLBACK_MESSAGE = "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"
+_WORKER_LOST_MESSAGE = (
+    "<tool_use_error>Error: the tool was interrupted: the worker running it stopped before the tool "
+    "finished. It was not run again because it may have side effects; check what it did before you "
+    "retry it.</tool_use_error>")
 _INVALID_JSON_ECHO_BYTES = 200
 
 
@@ -64,6 +70,8 @@ def synthetic_text(reason: str) -> str:
         return REJECT_MESSAGE
     if reason in (STREAMING_FALLBACK, "fallback"):
         return _FALLBACK_MESSAGE
+    if reason == WORKER_LOST:
+        return _WORKER_LOST_MESSAGE
     return tool_use_error(f"Error: Tool execution discarded ({reason})")
 
 
@@ -468,6 +476,13 @@ class _Call:
 
         with clock.step(5, "validate_input"):
             verdict = await tool.validate_input(self.input, ctx)
+            if not verdict.ok and verdict.denied:
+                # the input names a file the permission settings deny: a denial, listed as one
+                # (checked before anything else about the file is said, as Claude Code does)
+                self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
+                return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
+                                  denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
+                                          "tool_input": dict(self.input)})
             if not verdict.ok:
                 self.log.info("tool.rejected_input", message=verdict.message)
                 return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))

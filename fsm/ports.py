@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from agentfsm.tools.base import Tool
+from agentfsm.tools.base import FileAccess, NoFileRules, Tool
 
 PermissionBehavior = Literal["allow", "deny", "ask"]
 
@@ -92,6 +92,10 @@ class ToolLookup(Protocol):
 class AllowAllGate:
     """No hooks, no rules: every call allowed unless a PreToolUse decision says otherwise. Only ever
     used when a caller passes it explicitly (tests, a bare engine)."""
+
+    def file_access(self) -> FileAccess:
+        """No rules on files either (pass it to the driver as ``file_access`` to say so)."""
+        return NoFileRules()
 
     async def pre_tool_use(self, tool_name: str, tool_input: Mapping[str, Any],
                            tool_use_id: str) -> PreToolOutcome:

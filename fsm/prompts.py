@@ -18,6 +18,9 @@ MALFORMED_TOOL_USE_RETRY = (
     "Your last response ended with stop_reason tool_use but contained no complete, valid tool_use "
     "block. Retry the tool call now with complete, valid JSON input."
 )
+# Claude Code 2.1.332's words, asked once after an answer with no content at all.
+EMPTY_RESPONSE_NUDGE = ("[Your previous response had no visible output. Please continue and produce a "
+                        "user-visible response.]")
 THINKING_ONLY_NUDGE = (
     "Your last response contained only thinking and no visible answer. Reply to the user now with "
     "a visible answer."

@@ -32,7 +32,7 @@ from agentfsm.model import ModelClient
 from agentfsm.options import Options
 from agentfsm.session import Session
 from agentfsm.state import Message
-from agentfsm.trace import read_records, sessions_dir
+from agentfsm.trace import FileProblem, lock_session_file, numbered_records, sessions_dir
 
 DANGLING_RESULT = ("<tool_use_error>Tool use was interrupted: the session ended before its result was "
                    "recorded</tool_use_error>")
@@ -52,9 +52,12 @@ def load_history(path: Path) -> tuple[Message, ...]:
     return load_view(path)[0]
 
 
-def load_view(path: Path) -> tuple[tuple[Message, ...], bool]:
+def load_view(path: Path, problems: list[FileProblem] | None = None) -> tuple[tuple[Message, ...], bool]:
     """The history view of a session file, repaired, and whether repairs changed it (then the view
-    the file's message records give differs from the history a resumed run starts from)."""
+    the file's message records give differs from the history a resumed run starts from). What the
+    file holds that cannot be used — bad bytes, a torn line, a record with fields of the wrong
+    shape — is skipped and reported in ``problems``; the rest is resumed."""
+    found: list[FileProblem] = problems if problems is not None else []
     messages: list[Message] = []
     streamed: list[Mapping[str, Any]] = []  # blocks of the response being streamed
     streamed_id: str | None = None
@@ -67,26 +70,32 @@ def load_view(path: Path) -> tuple[tuple[Message, ...], bool]:
             messages.append(Message("assistant", tuple(streamed), kind="assistant", uuid=str(ident)))
         streamed, streamed_id = [], None
 
-    for rec in read_records(path):
+    for lineno, rec in numbered_records(path, found):
         kind = rec.get("type")
         if kind == "compact_boundary":
             messages, streamed, streamed_id = [], [], None
         elif kind == "assistant_block":
             if rec.get("message_id") != streamed_id:
                 # a new response: whatever an earlier one streamed was retried or dropped
-                streamed, streamed_id = [], rec.get("message_id")
-            if isinstance(rec.get("block"), Mapping):
-                streamed.append(rec["block"])
+                streamed, streamed_id = [], rec.get("message_id") if isinstance(rec.get("message_id"), str) else None
+            block = valid_block(rec.get("block"), "assistant")
+            if block is not None:
+                streamed.append(block)
+            else:
+                found.append(FileProblem(lineno, "malformed_record", "an assistant_block without a usable block"))
         elif kind == "message" and rec.get("kind") == "erased_prompt":
             recover()  # a run whose prompt a UserPromptSubmit hook erased: nothing of it is history
             streamed, streamed_id = [], None
         elif kind == "message":
-            if rec.get("kind") == "prompt" and rec.get("role") == "user":
+            message = _message(rec)
+            if message is None:
+                found.append(FileProblem(lineno, "malformed_record", "a message whose role or content cannot be used"))
+                continue
+            if message.kind == "prompt" and message.role == "user":
                 recover()  # a new run starts: an unrecorded response of the last one is rebuilt
             # any other message record takes up (or, for a dropped response, supersedes) the blocks
             streamed, streamed_id = [], None
-            messages.append(Message(rec["role"], tuple(rec["content"]), kind=rec.get("kind", "prompt"),
-                                    uuid=rec.get("uuid") or str(uuid.uuid4())))
+            messages.append(message)
         elif kind == "result":
             streamed, streamed_id = [], None
     recovered = len(messages)
@@ -95,9 +104,92 @@ def load_view(path: Path) -> tuple[tuple[Message, ...], bool]:
     return repaired, len(messages) != recovered or repaired != tuple(messages)
 
 
+_BLOCK_FIELDS: Mapping[str, Mapping[str, type | tuple[type, ...]]] = {
+    "text": {"text": str},
+    "tool_use": {"id": str, "name": str, "input": dict},
+    "tool_result": {"tool_use_id": str, "content": (str, list)},
+    "thinking": {"thinking": str},
+    "redacted_thinking": {"data": str},
+    "image": {"source": dict},
+    "document": {"source": dict},
+}
+_ROLE_BLOCKS = {"assistant": frozenset({"text", "tool_use", "thinking", "redacted_thinking"}),
+                "user": frozenset({"text", "tool_result", "image", "document"})}
+
+
+def valid_block(block: Any, role: str) -> dict[str, Any] | None:
+    """``block`` if it is a content block of a known type with the fields the API requires of it."""
+    if not isinstance(block, Mapping) or block.get("type") not in _ROLE_BLOCKS.get(role, ()):
+        return None
+    fields = _BLOCK_FIELDS[block["type"]]
+    if any(not isinstance(block.get(k), t) for k, t in fields.items()):
+        return None
+    return dict(block)
+
+
+def _message(rec: Mapping[str, Any]) -> Message | None:
+    role, content = rec.get("role"), rec.get("content")
+    if role not in _ROLE_BLOCKS or not isinstance(content, list):
+        return None
+    blocks = [valid_block(b, role) for b in content]
+    kept = tuple(b for b in blocks if b is not None)
+    if not kept or len(kept) != len(blocks):
+        return None
+    kind = rec.get("kind") if isinstance(rec.get("kind"), str) else "prompt"
+    ident = rec.get("uuid") if isinstance(rec.get("uuid"), str) else str(uuid.uuid4())
+    return Message(role, kept, kind=kind, uuid=ident)
+
+
+def unique_tool_ids(messages: Sequence[Message]) -> list[Message]:
+    """``messages`` with every repeated tool_use id renamed (``id_2``…) and the results answering the
+    repeats renamed with them, in order: a session saved before ids were made unique resumes into a
+    request the API accepts."""
+    seen: set[str] = set()
+    pending: dict[str, list[str]] = {}
+    out: list[Message] = []
+    for m in messages:
+        if m.role == "assistant":
+            pending = {}
+            blocks: list[Mapping[str, Any]] = []
+            for b in m.content:
+                if b.get("type") == "tool_use":
+                    orig = b["id"]
+                    new, n = orig, 1
+                    while new in seen:
+                        n += 1
+                        new = f"{orig}_{n}"
+                    seen.add(new)
+                    pending.setdefault(orig, []).append(new)
+                    if new != orig:
+                        b = {**b, "id": new}
+                blocks.append(b)
+            if blocks != list(m.content):
+                m = attrs.evolve(m, content=tuple(blocks))
+        elif m.role == "user" and pending:
+            blocks = []
+            for b in m.content:
+                queue = pending.get(b.get("tool_use_id", "")) if b.get("type") == "tool_result" else None
+                if queue:
+                    new = queue.pop(0)
+                    if new != b["tool_use_id"]:
+                        b = {**b, "tool_use_id": new}
+                blocks.append(b)
+            if blocks != list(m.content):
+                m = attrs.evolve(m, content=tuple(blocks))
+            pending = {}
+        out.append(m)
+    return out
+
+
 def repair(messages: Sequence[Message]) -> tuple[Message, ...]:
-    """``messages`` with every tool_use answered (a synthetic error result for each one without a
-    result) and every tool_result that answers no tool_use of the message before it dropped."""
+    """``messages`` with unique tool_use ids (:func:`unique_tool_ids`), every tool_use answered (a
+    synthetic error result for each one without a result) and every tool_result that answers no
+    tool_use of the message before it dropped."""
+    messages = unique_tool_ids(messages)
+    # a conversation starts with the user: what precedes the first user message (its record lost to
+    # damage) cannot be sent
+    first_user = next((k for k, m in enumerate(messages) if m.role == "user" and not m.tool_result_ids()), None)
+    messages = messages[first_user:] if first_user is not None else []
     out: list[Message] = []
     i = 0
     while i < len(messages):
@@ -130,16 +222,17 @@ def repair(messages: Sequence[Message]) -> tuple[Message, ...]:
     return tuple(out)
 
 
-def heal_tail(path: Path) -> None:
+def heal_tail(path: Path) -> int:
     """Cut a torn last line (a crash mid-write) off ``path`` so records appended on resume start on a
-    line of their own instead of being glued to the fragment (and lost with it)."""
+    line of their own instead of being glued to the fragment (and lost with it). Returns how many
+    bytes were cut."""
     with open(path, "rb+") as fh:
         size = fh.seek(0, os.SEEK_END)
         if size == 0:
-            return
+            return 0
         fh.seek(size - 1)
         if fh.read(1) == b"\n":
-            return
+            return 0
         # find the last newline, reading backwards in chunks
         pos = size
         while pos > 0:
@@ -150,8 +243,9 @@ def heal_tail(path: Path) -> None:
             nl = chunk.rfind(b"\n")
             if nl >= 0:
                 fh.truncate(pos + nl + 1)
-                return
+                return size - (pos + nl + 1)
         fh.truncate(0)
+        return size
 
 
 @attrs.frozen
@@ -201,14 +295,28 @@ def open_session(options: Options, *, client: ModelClient | None = None, emit: E
     if plan.source is None:
         return Session(options, **kwargs)
     source_id = plan.source.stem
+    problems: list[FileProblem] = []
     if plan.fork:
         forked = attrs.evolve(options, session_id=options.session_id or None, resume=None,
                               continue_session=False, parent_session_id=source_id)
-        return Session(forked, history=load_history(plan.source), **kwargs)
-    heal_tail(plan.source)
+        session = Session(forked, history=load_view(plan.source, problems)[0], **kwargs)
+        session.file_problems = tuple(problems)
+        return session
     resumed = attrs.evolve(options, session_id=source_id, resume=source_id, continue_session=False)
-    history, repaired = load_view(plan.source)
-    session = Session(resumed, history=history, **kwargs)
+    # locked before anything is read or healed: a second run resuming the same session stops here
+    handle = lock_session_file(plan.source) if options.write_trace else None
+    try:
+        cut = heal_tail(plan.source)
+        if cut:
+            problems.append(FileProblem(0, "torn_last_line", f"a torn last line ({cut} bytes, a crash mid-write) "
+                                                              "was cut off"))
+        history, repaired = load_view(plan.source, problems)
+        session = Session(resumed, history=history, trace_handle=handle, **kwargs)
+    except BaseException:
+        if handle is not None:
+            handle.close()
+        raise
+    session.file_problems = tuple(problems)
     session.resumed = True  # the file already holds the header and these messages
     # a crash left the file's view incomplete: the first run records the repaired view (appended,
     # after a boundary), so the file again holds what the next request carries

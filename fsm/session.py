@@ -17,16 +17,15 @@ Sessions share nothing mutable, so many can run at once on one event loop.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import attrs
 
-from agentfsm import log, prompts
+from agentfsm import log, phases, prompts
 from agentfsm.compose import build_policy, build_registry
 from agentfsm.cost import add_usage
 from agentfsm.driver import Driver, Emit, StepObserver
@@ -40,15 +39,6 @@ from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
 from agentfsm.trace import TraceWriter, sessions_dir
 
 Prompt = str | Sequence[Mapping[str, Any]]
-# The Claude Code release whose headless protocol this loop speaks. The Agent SDK reads it from
-# `system/init` and warns when it is older than what the SDK needs (2.1.248 for SDK 0.2.189).
-CLAUDE_CODE_VERSION = "2.1.332"
-
-
-def api_key_source() -> str:
-    return next((n for n in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN") if os.environ.get(n)), "none")
-
-
 class Session:
     """Runs prompts on one conversation; see the module docstring for what one run is.
 
@@ -63,7 +53,7 @@ class Session:
                  queue: InputQueue | None = None, history: Sequence[Message] = (),
                  registry: Any = None, owns_client: bool = True, depth: int = 0,
                  subagent: SubagentIdentity | None = None, parent_hooks: Any = None,
-                 observers: Sequence[StepObserver] = ()) -> None:
+                 observers: Sequence[StepObserver] = (), trace_handle: IO[str] | None = None) -> None:
         self.options = options
         self.session_id = options.session_id or str(uuid.uuid4())
         self.history: tuple[Message, ...] = tuple(history)
@@ -78,7 +68,9 @@ class Session:
         self.sessions_dir: Path = sessions_dir(options)
         self.trace_path: Path | None = (
             self.sessions_dir / f"{self.session_id}.jsonl") if options.write_trace else None
-        self.trace = TraceWriter(self.trace_path)
+        # one writer per session: the file is locked (agentfsm.trace.lock_session_file); a resume
+        # passes the handle it locked before it read the file
+        self.trace = TraceWriter(self.trace_path, handle=trace_handle if self.trace_path is not None else None)
         # fails closed: settings or hooks that cannot be loaded stop the session here
         self.gate, self.registry = build_policy(
             options, registry if registry is not None else build_registry(options), session_id=self.session_id,
@@ -91,6 +83,8 @@ class Session:
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history
         self.repaired = False  # set by agentfsm.resume when resuming repaired the file's history
+        # what agentfsm.resume skipped in the session file it resumed or forked (FileProblem records)
+        self.file_problems: tuple[Any, ...] = ()
         self._header_written = False
         self._running = False
         self._interrupted = False
@@ -129,16 +123,11 @@ class Session:
             self.emit(msg)
 
     def init_message(self) -> dict[str, Any]:
-        """``system/init``, with the fields of Claude Code's that the Agent SDK and its users read;
-        ``claude_code_version`` is the protocol release this loop speaks (the SDK checks it)."""
-        return {"type": "system", "subtype": "init", "cwd": str(self.options.cwd),
-                "session_id": self.session_id, "tools": list(self.registry.names()),
-                "mcp_servers": [], "model": self.options.model, "permissionMode": self.permission_mode,
-                "slash_commands": [], "apiKeySource": api_key_source(),
-                "claude_code_version": CLAUDE_CODE_VERSION, "output_style": "default",
-                "agents": list(self.subagents.definitions()), "skills": [], "plugins": [],
-                "uuid": str(uuid.uuid4()), "agentfsm_version": _version(),
-                "transcript_path": str(self.trace_path or "")}
+        """``system/init`` (see :func:`agentfsm.phases.init_message`)."""
+        return phases.init_message(cwd=str(self.options.cwd), session_id=self.session_id,
+                                   tools=self.registry.names(), model=self.options.model,
+                                   permission_mode=self.permission_mode, agents=self.subagents.definitions(),
+                                   transcript_path=str(self.trace_path or ""))
 
     # --- runs ------------------------------------------------------------------------------------
 
@@ -202,7 +191,8 @@ class Session:
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
                              trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.subagents.run}, observers=self.observers)
+                             services={"run_subagent": self.subagents.run}, observers=self.observers,
+                             file_access=self.gate.file_access)
         self.driver.read_files = self._read_files
         if self._interrupted:
             self.driver.interrupt()
@@ -321,9 +311,3 @@ def _merged_model_usage(results: Sequence[RunResult]) -> dict[str, dict[str, Any
         for model, entry in r.model_usage.items():
             out[model] = merge_model_usage(out.get(model), entry)
     return out
-
-
-def _version() -> str:
-    from agentfsm import __version__
-
-    return __version__

@@ -9,10 +9,26 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+
+# Where new record ids come from. The machine itself makes ids (a meta message's uuid, a query chain's
+# id); a host that replays the machine and needs the same ids again (a Temporal workflow) installs a
+# deterministic source with :func:`set_id_source`.
+_id_source: Callable[[], uuid.UUID] = uuid.uuid4
+
+
+def set_id_source(source: Callable[[], uuid.UUID] | None) -> None:
+    """Make every id the records mint come from ``source`` (None: :func:`uuid.uuid4` again)."""
+    global _id_source
+    _id_source = source or uuid.uuid4
+
+
+def new_id() -> uuid.UUID:
+    """A fresh id from the installed source."""
+    return _id_source()
 
 
 class Phase(enum.StrEnum):
@@ -104,6 +120,8 @@ class Limits:
     # an earlier Claude Code (2.1.235) retried once; 2.1.332 retries twice
     malformed_tool_use_retries: int = attrs.field(default=1, validator=_non_negative)
     thinking_only_nudges: int = attrs.field(default=1, validator=_non_negative)
+    # an answer with nothing in it is asked for again this many times (Claude Code 2.1.332: once)
+    empty_response_nudges: int = attrs.field(default=1, validator=_non_negative)
     stop_hook_block_cap: int = attrs.field(default=8, validator=_non_negative)
     structured_output_retries: int = attrs.field(default=5, validator=_non_negative)
     max_tool_concurrency: int = attrs.field(default=10, validator=_positive_or_none)
@@ -181,7 +199,7 @@ class Message:
     role: str = attrs.field(validator=attrs.validators.in_(("user", "assistant")))
     content: tuple[Mapping[str, Any], ...] = attrs.field(converter=_block_tuple)
     kind: str = "prompt"
-    uuid: str = attrs.field(factory=lambda: str(uuid.uuid4()))
+    uuid: str = attrs.field(factory=lambda: str(new_id()))
 
     def tool_use_ids(self) -> list[str]:
         return [b["id"] for b in self.content if b.get("type") == "tool_use"]
@@ -208,7 +226,7 @@ class CompactTracking:
 class QueryTracking:
     """Correlates every model call and tool event of one user turn (seed: queryTracking)."""
 
-    chain_id: str = attrs.field(factory=lambda: uuid.uuid4().hex[:16])
+    chain_id: str = attrs.field(factory=lambda: new_id().hex[:16])
     depth: int = -1
 
 
@@ -241,6 +259,9 @@ class LoopState:
     model_index: int = 0
     has_attempted_reactive_compact: bool = False
     thinking_only_nudged: bool = False
+    empty_response_nudged: bool = False
+    # the stream broke or was garbled before any content: the next request is made without streaming
+    non_streaming: bool = False
     stop_hook_active: bool = False
     stop_hook_blocking_count: int = 0
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet
@@ -261,6 +282,8 @@ class LoopState:
             "model_index": self.model_index,
             "has_attempted_reactive_compact": self.has_attempted_reactive_compact,
             "thinking_only_nudged": self.thinking_only_nudged,
+            "empty_response_nudged": self.empty_response_nudged,
+            "non_streaming": self.non_streaming,
             "stop_hook_active": self.stop_hook_active,
             "stop_hook_blocking_count": self.stop_hook_blocking_count,
             "consecutive_compact_failures": self.compact_tracking.consecutive_failures,
@@ -294,3 +317,8 @@ COUNTER_CAPS: Mapping[str, str] = {
     "rapid_refill_count": "rapid_refill_max",
     "consecutive_compact_failures": "max_consecutive_compact_failures",
 }
+
+
+def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
+    """``new`` is ``old`` with messages added at the end (not a rewritten history)."""
+    return len(new) >= len(old) and new[:len(old)] == old

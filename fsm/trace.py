@@ -7,7 +7,8 @@ flushed when written, so a crash leaves at most one torn last line, which reader
 Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 
 ``session``      ``session_id``, ``version``, ``limits`` (Limits fields), ``graph`` (digest of the
-                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``
+                 declared edges), ``cwd``, ``model``, ``parent_session_id`` (fork/subagent), ``ts``;
+                 a session run as a Temporal workflow adds ``workflow_id`` and ``run_id``
 ``message``      ``uuid``, ``role``, ``kind``, ``content`` (wire blocks) — the transcript
 ``assistant_block`` ``message_id``, ``block``: one streamed content block as soon as it is complete,
                  so a crash while its tools run still leaves the ``tool_use`` to repair on resume
@@ -38,14 +39,20 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
 
 from agentfsm.events import to_record
-from agentfsm.state import Limits, LoopState, Message
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - no advisory locks on this platform
+    fcntl = None  # type: ignore[assignment]
+from agentfsm.state import Limits, LoopState, Message, appended
+from agentfsm.textsafe import json_line
 
 # 1: transitions without events (audited structurally); 2: events and full snapshots (replayed);
 # 3: what changed since the previous record (replayed; linear in the run's length)
@@ -63,58 +70,98 @@ def graph_digest() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class SessionBusy(ValueError):
+    """Another run holds the session file: one writer per session."""
+
+
+def lock_session_file(path: Path) -> IO[str]:
+    """``path`` opened for appending under an exclusive advisory lock (held until it is closed);
+    :class:`SessionBusy` when another run holds it. Two runs writing one session would interleave
+    into a history neither had."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a", encoding="utf-8")
+    if fcntl is not None:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            raise SessionBusy(f"Session {path.stem} is in use by another agentfsm run (its session file is "
+                              "locked). Wait for that run to end, or add --fork-session to continue the "
+                              "conversation in a new session.") from None
+    return fh
+
+
 class TraceWriter:
     """Appends records to one session file; ``path=None`` keeps nothing (a pure in-memory run).
+    The file is locked while the writer holds it (:func:`lock_session_file`); ``handle`` is a file
+    already opened and locked that way.
 
     Each record method returns before building its record when there is no file: the loop calls
     them on every move, and a run without a trace should not pay for dicts nobody writes."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, handle: IO[str] | None = None, *,
+                 sink: Callable[[dict[str, Any]], None] | None = None, seq: int = 0,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``handle``: ``path`` already opened and locked (:func:`lock_session_file`). ``sink``: hand
+        each finished record (``seq`` set) to this callable instead of the file — a host that writes
+        the file elsewhere (a Temporal workflow, through an activity) builds the same records; ``seq``
+        is then the number of the first record and ``clock`` gives ``ts``."""
         self.path = path
-        self._seq = 0
+        self._seq = seq
         self._chain: str | None = None
         self._snap_of: Any = None  # the state whose snapshot _snap is
         self._snap: dict[str, Any] = {}
         self._fh: IO[str] | None = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(path, "a", encoding="utf-8")
+        self._sink = sink
+        self._clock = clock
+        if sink is None and path is not None:
+            self._fh = handle if handle is not None else lock_session_file(path)
             self._seq = _next_seq(path)
+        self._on = self._fh is not None or sink is not None
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
 
     def write(self, record: Mapping[str, Any], *, flush: bool = True) -> None:
         """Append one record. ``flush=False`` leaves it in the buffer for a caller that writes several
         records of one step and flushes once after them (a crash then loses the step whole)."""
-        if self._fh is None:
+        if not self._on:
             return
         rec = {"type": record["type"], "seq": self._seq, **{k: v for k, v in record.items() if k != "type"}}
         self._seq += 1
-        self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+        if self._sink is not None:
+            self._sink(rec)
+            return
+        assert self._fh is not None
+        self._fh.write(json_line(rec) + "\n")
         if flush:
             self._fh.flush()
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
-                parent_session_id: str | None = None) -> None:
-        if self._fh is None:
+                parent_session_id: str | None = None, **extra: Any) -> None:
+        """The header; ``extra`` adds fields (a workflow-backed session names its workflow)."""
+        if not self._on:
             return
         self.write({"type": "session", "session_id": session_id, "version": TRACE_VERSION,
                     "limits": attrs.asdict(limits), "graph": graph_digest(), "cwd": cwd, "model": model,
-                    "parent_session_id": parent_session_id, "ts": time.time()})
+                    "parent_session_id": parent_session_id, "ts": self._clock(), **extra})
 
     def message(self, msg: Message, *, flush: bool = True) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
                     "content": [dict(b) for b in msg.content]}, flush=flush)
 
     def compact_boundary(self, trigger: str, pre_tokens: int, *, flush: bool = True) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens}, flush=flush)
 
     def on_step(self, before: LoopState, step: Any, event: Any) -> None:
         """A step of the loop (the driver's observer): its transition record, then the messages it
         added — or, when it replaced the history (compaction), a boundary and the new view."""
-        if self._fh is None:
+        if not self._on:
             return
         after = step.state
         rec: dict[str, Any] = {
@@ -146,18 +193,19 @@ class TraceWriter:
                 for m in new:
                     self.message(m, flush=False)
         # one flush for the step: its records reach the file together
-        self._fh.flush()
+        if self._fh is not None:
+            self._fh.flush()
 
     def request(self, model: str, depth: int, messages: Any, queued: Any = ()) -> None:
         """A request was sent: it carried ``messages`` (the conversation: every message record since
         the last boundary) and ``queued`` input. Referenced, not copied."""
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "request", "model": model, "depth": depth, "messages": len(messages),
                     "last": messages[-1].uuid if messages else None, "queued": [m.uuid for m in queued]})
 
     def result(self, result: Mapping[str, Any]) -> None:
-        if self._fh is None:
+        if not self._on:
             return
         self.write({"type": "result", **result})
 
@@ -171,11 +219,7 @@ class TraceWriter:
                 pass
             self._fh.close()
             self._fh = None
-
-
-def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
-    """``new`` is ``old`` with messages added at the end (not a rewritten history)."""
-    return len(new) >= len(old) and new[:len(old)] == old
+        self._on = self._sink is not None
 
 
 # The snapshot of a loop that has not moved yet: what format 3 records are differences from.
@@ -254,24 +298,65 @@ def sessions_dir(options: Any) -> Path:
 def _next_seq(path: Path) -> int:
     last = -1
     for rec in read_records(path):
-        last = rec.get("seq", last)
+        seq = rec.get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and seq > last:
+            last = seq
     return last + 1
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Every whole record of a session file; a torn line (crash mid-write) is skipped."""
+@attrs.frozen
+class FileProblem:
+    """Something a reader of a session file skipped or repaired, by 1-based line: ``torn_last_line``
+    (a crash mid-write), ``undecodable_line`` (bytes that are not UTF-8, read with U+FFFD in their
+    place), ``unreadable_line`` (not a JSON record), ``malformed_record`` (a record whose fields a
+    reader cannot use)."""
+
+    line: int
+    code: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.detail}"
+
+
+def read_records(path: Path, problems: list[FileProblem] | None = None) -> Iterator[dict[str, Any]]:
+    """Every whole record of a session file, in order. Nothing in the file stops the reader: a torn
+    last line, bytes that are not UTF-8, a line that is not a JSON object with a ``type`` are
+    skipped (or, for bad bytes, read with replacement characters) and, when ``problems`` is given,
+    reported there."""
+    return (rec for _line, rec in numbered_records(path, problems))
+
+
+def numbered_records(path: Path, problems: list[FileProblem] | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`read_records` with each record's 1-based line number."""
     if not path.exists():
         return
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break  # torn last line
+
+    def note(line: int, code: str, detail: str) -> None:
+        if problems is not None:
+            problems.append(FileProblem(line, code, detail))
+
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            if not raw.endswith(b"\n"):
+                note(lineno, "torn_last_line", f"the last line ({len(raw)} bytes, no newline) was cut off mid-write")
+                break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                line = raw.decode("utf-8", errors="replace")
+                note(lineno, "undecodable_line", f"not UTF-8 at byte {exc.start}; read with the bad bytes replaced")
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError) as exc:
+                note(lineno, "unreadable_line", f"not JSON ({exc})"[:200])
                 continue
-            if isinstance(rec, dict) and "type" in rec:
-                yield rec
+            if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
+                note(lineno, "unreadable_line", "not a record: a JSON object with a 'type' is required")
+                continue
+            yield lineno, rec
 
 
 def default_sessions_dir(cwd: Path) -> Path:

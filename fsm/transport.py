@@ -26,8 +26,10 @@ from agentfsm.model import (
     RetryNotice,
     StreamEvent,
     classify_error,
+    message_events,
     with_retries,
 )
+from agentfsm.textsafe import scrub
 
 
 class MissingCredentials(Exception):
@@ -64,7 +66,8 @@ class AnthropicTransport:
 
     async def _once(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         a = self._anthropic
-        body = request.body()
+        # a lone surrogate (model output, a non-UTF-8 file name) cannot be encoded: send U+FFFD instead
+        body = scrub(request.body())
         body.pop("stream")
         try:
             raw = await self.client.messages.create(**body, stream=True)
@@ -73,24 +76,50 @@ class AnthropicTransport:
             raise ModelCallError(_status_error(exc), should_retry=should, retry_after_s=after) from exc
         except (a.APIConnectionError, a.APITimeoutError) as exc:
             raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
+        started = False  # an event came: failures after it are the stream's, before it the request's
         try:
             async for ev in raw:
                 mapped = _map_event(ev)
                 if mapped is not None:
+                    started = True
                     yield mapped
         except a.APIError as exc:
             # mid-stream the SDK raises APIError for an SSE `error` event (an APIStatusError carrying
             # the 200 of the stream's response) and for a dropped connection
-            raise ModelCallError(_stream_error(a, exc)) from exc
+            error = _stream_error(a, exc)
+            if not started and error.kind == "connection":
+                error = ModelError("stream_dropped", error.message, None, True)
+            raise ModelCallError(error) from exc
         except ModelCallError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            # undecodable SSE data (JSONDecodeError is a ValueError) or an event missing its fields
+            # undecodable SSE data (JSONDecodeError is a ValueError) or an event missing its fields;
+            # before any event it is not a stream at all (an HTML page, garbage): ask again unstreamed
+            if not started:
+                raise ModelCallError(ModelError("stream_garbled", f"Malformed stream from the API: {exc}",
+                                                None, True)) from exc
             raise ModelCallError(ModelError("model", f"Malformed stream from the API: {exc}")) from exc
         except Exception as exc:  # httpx/httpcore read errors surface as their own types
-            raise ModelCallError(ModelError("connection", f"Stream interrupted: {exc}", None, True)) from exc
+            kind = "connection" if started else "stream_dropped"
+            raise ModelCallError(ModelError(kind, f"Stream interrupted: {exc}", None, True)) from exc
         finally:
             await raw.close()
+
+    async def create(self, request: ModelRequest) -> list[StreamEvent]:
+        """The same request without streaming (after a stream that broke or came garbled before any
+        content), its message given back as the events a stream of it would have carried."""
+        a = self._anthropic
+        body = scrub(request.body())
+        body.pop("stream")
+        try:
+            message = await self.client.messages.create(**body)
+        except a.APIStatusError as exc:
+            raise ModelCallError(_status_error(exc)) from exc
+        except (a.APIConnectionError, a.APITimeoutError) as exc:
+            raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelCallError(ModelError("model", f"Malformed response from the API: {exc}")) from exc
+        return message_events(_dump(message))
 
 
 def _retry_headers(exc: Any) -> tuple[bool | None, float | None]:

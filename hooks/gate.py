@@ -45,7 +45,7 @@ from agentfsm.ports import (
     PromptOutcome,
     StopOutcome,
 )
-from agentfsm.tools.base import Tool
+from agentfsm.tools.base import FileAccess, Tool
 
 log = fsm_log.get_logger("agentfsm.permissions")
 
@@ -114,6 +114,11 @@ class HookGate:
     def visible_tools(self, names: Sequence[str]) -> list[str]:
         return self.policy.visible_tools(names)
 
+    def file_access(self) -> FileAccess:
+        """The file-access policy of one tool call (:class:`agentfsm.tools.base.FileAccess`): what the
+        deny rules keep Read, Write, Edit, Glob and Grep from reading and writing."""
+        return self.policy.file_access()
+
     def filter_registry(self, registry: Any) -> Any:
         """``registry`` (a :class:`agentfsm.tools.registry.ToolRegistry`) without the tools a bare deny rule
         forbids, so the model is never offered them."""
@@ -157,10 +162,10 @@ class HookGate:
             return self._log_permission(tool, outcome, start)
         effective = pre.updated_input if pre.updated_input is not None else tool_input
         if pre.updated_input is not None:
-            rule = self.policy.deny_rule_for(tool, tool_input)
-            if rule is not None:
-                outcome = PermissionOutcome("deny", f"Permission to use {tool.name} has been denied by rule "
-                                                    f"{rule} ({rule.source}).", rule=rule.label)
+            denied = await self.policy.evaluate_off_loop(tool, tool_input)
+            if denied.behavior == "deny" and denied.decided_by == "rule":
+                outcome = PermissionOutcome("deny", denied.reason,
+                                            rule=denied.rule.label if denied.rule is not None else "rule")
                 return self._log_permission(tool, outcome, start)
         decision = await self.policy.decide(tool, effective, hook_decision=pre.decision,
                                             hook_reason=pre.reason, can_use_tool=self.can_use_tool)

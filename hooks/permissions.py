@@ -17,20 +17,31 @@ A call is judged in this order; the first step that decides wins:
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import attrs
 
+from agentfsm.hooks.bash_policy import (
+    Match,
+    denied_text,
+    file_rule,
+    parts_allowed,
+    program_rule,
+    spec_matches,
+    wildcard,
+)
+from agentfsm.hooks.file_access import PathChecker, PolicyFileAccess, path_rule_matches
 from agentfsm.modes import normalize_mode
-from agentfsm.tools.base import Tool
-from agentfsm.tools.pathmatch import has_magic, path_rule_matcher
-from agentfsm.tools.shell import command_variants, split_compound_command
+from agentfsm.tools.base import Access, Tool
+from agentfsm.tools.pathmatch import has_magic
+from agentfsm.tools.shell import analyse
 
 RuleBehavior = Literal["allow", "ask", "deny"]
 
@@ -43,6 +54,10 @@ _PATH_FAMILIES: Mapping[str, frozenset[str]] = {
     **{name: frozenset({name}) for name in (EDIT_TOOLS | READ_TOOLS) - {"Edit", "Read"}},
 }
 _SEARCH_TOOLS = frozenset({"Grep", "Glob", "LS"})
+# The rules a Bash command's file reads and writes answer to.
+BASH_READ_RULES = frozenset({"Read"})
+#: Longest a permission check of one Bash command may take before the call is denied.
+CHECK_BUDGET_S = 30.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,7 +191,7 @@ def _rule_hits(rule: PermissionRule, tool: Tool, tool_input: Mapping[str, Any], 
         paths = _subject_paths(tool, tool_input, cwd)
         if not paths:
             return False
-        hits = [_path_rule_matches(rule.specifier, p, cwd, rule.root) for p in paths]
+        hits = [path_rule_matches(rule.specifier, p, cwd, rule.root) for p in paths]
         return all(hits) if strict else any(hits)
     if not rule.names_tool(tool):
         return False
@@ -184,13 +199,14 @@ def _rule_hits(rule: PermissionRule, tool: Tool, tool_input: Mapping[str, Any], 
         command = tool_input.get("command")
         if not isinstance(command, str):
             return False
+        analysis = analyse(command, str(cwd))
         if strict:
-            return _bash_all_parts_match([rule.specifier], command)
-        return _bash_any_part_matches(rule.specifier, command)
+            return parts_allowed([rule.specifier], command, analysis)
+        return program_rule(rule.specifier, command, analysis) is not None
     if rule.tool == "WebFetch" and rule.specifier.startswith("domain:"):
         return _domain_matches(rule.specifier[len("domain:"):], tool_input.get("url"))
     subject = _generic_subject(tool, tool_input)
-    return subject is not None and _wildcard(rule.specifier).fullmatch(subject.strip()) is not None
+    return subject is not None and wildcard(rule.specifier).fullmatch(subject.strip()) is not None
 
 
 def _generic_subject(tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
@@ -210,63 +226,6 @@ def _domain_matches(domain: str, url: Any) -> bool:
     if domain.startswith("*."):
         return host.endswith(domain[1:])
     return host == domain or host.endswith("." + domain)
-
-
-# ----------------------------------------------------------------------------------------------
-# Bash specifiers
-
-def _wildcard(spec: str) -> re.Pattern[str]:
-    """``*`` matches anything (newlines too); ``\\*`` is a literal star. A trailing `` *`` also
-    matches nothing at all, so ``ls *`` covers ``ls`` and ``ls -la`` but not ``lsof``."""
-    out: list[str] = []
-    i, n = 0, len(spec)
-    while i < n:
-        c = spec[i]
-        if c == "\\" and i + 1 < n and spec[i + 1] in "*\\":
-            out.append(re.escape(spec[i + 1]))
-            i += 2
-            continue
-        if c == "*":
-            if i == n - 1 and out and out[-1] == re.escape(" "):
-                out[-1] = "(?: .*)?"
-            else:
-                out.append(".*")
-            i += 1
-            continue
-        out.append(re.escape(c))
-        i += 1
-    return re.compile("".join(out), re.DOTALL)
-
-
-def _bash_spec_matches(spec: str, command: str) -> bool:
-    command = command.strip()
-    spec = spec.strip()
-    if spec.endswith(":*"):
-        # Legacy prefix rule: a whole-word prefix (`npm run test:*` does not cover `npm run testing`).
-        prefix = spec[:-2].rstrip()
-        return command == prefix or command.startswith(prefix + " ") or command.startswith(prefix + "\t")
-    if re.search(r"(?<!\\)\*", spec):
-        return _wildcard(spec).fullmatch(command) is not None
-    return command == spec.replace("\\*", "*")
-
-
-def _bash_any_part_matches(spec: str, command: str) -> bool:
-    candidates = {command.strip()}
-    parts, _ = split_compound_command(command)
-    for part in parts:
-        candidates.update(command_variants(part))
-    return any(_bash_spec_matches(spec, c) for c in candidates if c)
-
-
-def _bash_all_parts_match(specs: Sequence[str], command: str) -> bool:
-    command = command.strip()
-    # A rule written as the whole (compound) command, without wildcards, allows exactly that text.
-    if any(command == s.strip() for s in specs if "*" not in s):
-        return True
-    parts, ok = split_compound_command(command)
-    if not ok or not parts:
-        return False  # unparsable shell is never pre-approved
-    return all(any(_bash_spec_matches(s, p) for s in specs) for p in parts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,27 +273,21 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
     return out
 
 
-def _path_rule_matches(spec: str, path: str, cwd: Path, root: Path | None) -> bool:
-    """``//abs`` from the root, ``~/p`` from home, ``/p`` from the rule's project, ``./p`` and
-    ``a/b`` from the cwd; a pattern without a slash matches a name at any depth below the cwd.
-    A rule matching a directory matches everything inside it, as in gitignore."""
-    anchored = True
-    if spec.startswith("//"):
-        base, pat = Path("/"), spec[2:]
-    elif spec == "~" or spec.startswith("~/"):
-        base, pat = Path.home(), spec[2:]
-    elif spec.startswith("/"):
-        base, pat = (root or cwd), spec[1:]
-    elif spec.startswith("./"):
-        base, pat = cwd, spec[2:]
-    else:
-        base, pat = cwd, spec
-        anchored = "/" in spec.rstrip("/")
-    try:
-        rel = PurePosixPath(path).relative_to(os.path.normpath(str(base)))
-    except ValueError:
-        return False
-    return path_rule_matcher(pat, anchored=anchored).match("/".join(rel.parts))
+def _file_subject(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> tuple[str, Access, bool] | None:
+    """(absolute path as given, access, whether the whole tree below it is meant) of a file tool's
+    call: a search (Grep, Glob) reads its directory and what the pattern's fixed prefix adds."""
+    names = _tool_names(tool)
+    if names & _SEARCH_TOOLS:
+        paths = _subject_paths(tool, tool_input, cwd)
+        return (paths[0], "read", True) if paths else None
+    raw = next((tool_input[k] for k in ("file_path", "notebook_path", "path")
+                if isinstance(tool_input.get(k), str) and tool_input[k]), None)
+    if raw is None:
+        return None
+    path = Path(os.path.expanduser(raw))
+    if not path.is_absolute():
+        path = cwd / path
+    return os.path.normpath(str(path)), ("write" if names & EDIT_TOOLS else "read"), False
 
 
 def _inside(paths: Sequence[str], dirs: Sequence[Path]) -> bool:
@@ -495,10 +448,85 @@ class PermissionPolicy:
     # -- queries --------------------------------------------------------------------------------
 
     def deny_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
-        return next((r for r in self.deny if _rule_hits(r, tool, tool_input, self.cwd, strict=False)), None)
+        decision = self.rule_decision(tool, tool_input, "deny")
+        return decision.rule if decision is not None else None
 
     def ask_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
-        return next((r for r in self.ask if _rule_hits(r, tool, tool_input, self.cwd, strict=False)), None)
+        decision = self.rule_decision(tool, tool_input, "ask")
+        return decision.rule if decision is not None else None
+
+    def rule_decision(self, tool: Tool, tool_input: Mapping[str, Any],
+                      behavior: Literal["deny", "ask"]) -> PermissionDecision | None:
+        """The first deny (or ask) rule that applies to the call, as a decision with the text the
+        model sees. Bash is judged on the analysis of its command, file tools on their paths in
+        every spelling (:mod:`agentfsm.hooks.file_access`), everything else on its subject."""
+        rules = self.deny if behavior == "deny" else self.ask
+        if not rules:
+            return None
+        names = _tool_names(tool)
+        if "Bash" in names:
+            command = tool_input.get("command")
+            if isinstance(command, str):
+                return self._bash_decision(tool, command, rules, behavior)
+        elif names & (READ_TOOLS | EDIT_TOOLS):
+            decision = self._file_decision(tool, tool_input, rules, behavior)
+            if decision is not None:
+                return decision
+        for r in rules:
+            if _rule_hits(r, tool, tool_input, self.cwd, strict=False):
+                return self._decision(behavior, r, f"Permission to use {tool.name} has been denied.")
+        return None
+
+    def _decision(self, behavior: Literal["deny", "ask"], rule: PermissionRule, text: str) -> PermissionDecision:
+        if behavior == "ask":
+            return PermissionDecision("ask", f"Rule {rule} ({rule.source}) requires approval.", rule, "rule")
+        return PermissionDecision("deny", text, rule, "rule")
+
+    def _bash_decision(self, tool: Tool, command: str, rules: Sequence[PermissionRule],
+                       behavior: Literal["deny", "ask"]) -> PermissionDecision | None:
+        analysis = analyse(command, str(self.cwd))
+        for r in rules:
+            if not r.names_tool(tool):
+                continue
+            match = Match(True) if r.specifier is None else program_rule(r.specifier, command, analysis)
+            if match is not None:
+                return self._decision(behavior, r, denied_text(command, match))
+        read = [r for r in rules if r.specifier is not None and r.tool in BASH_READ_RULES]
+        write = [r for r in rules if r.specifier is not None and r.tool in EDIT_TOOLS]
+        found = file_rule(analysis, PathChecker(self.cwd, read), PathChecker(self.cwd, write))
+        if found is None:
+            return None
+        denial, match = found
+        candidates = [*read, *write]
+        rule = next((r for r in candidates if denial is not None and str(r) == denial.rule), None)
+        if rule is None:
+            rule = (read or write)[0] if not match.definite or denial is None else candidates[0]
+        return self._decision(behavior, rule, denied_text(command, match))
+
+    def _file_decision(self, tool: Tool, tool_input: Mapping[str, Any], rules: Sequence[PermissionRule],
+                       behavior: Literal["deny", "ask"]) -> PermissionDecision | None:
+        names = _tool_names(tool)
+        covering = [r for r in rules if r.specifier is not None and r.tool in _PATH_FAMILIES
+                    and names & _PATH_FAMILIES[r.tool]]
+        if not covering:
+            return None
+        subject = _file_subject(tool, tool_input, self.cwd)
+        if subject is None:
+            return None
+        path, access, tree = subject
+        checker = PathChecker(self.cwd, covering)
+        found = checker.check_tree(path) if tree else checker.check(path)
+        if found is None:
+            return None
+        rule = next((r for r in covering if str(r) == found.rule), covering[0])
+        return self._decision(behavior, rule, found.message(access, search=tree))
+
+    def file_access(self) -> PolicyFileAccess:
+        """The file-access policy tools ask (:class:`agentfsm.tools.base.FileAccess`): ``Read(...)``
+        deny rules on reading, ``Edit(...)`` deny rules on writing. One per tool call."""
+        return PolicyFileAccess(
+            self.cwd, read=[r for r in self.deny if r.specifier is not None and r.tool == "Read"],
+            write=[r for r in self.deny if r.specifier is not None and r.tool == "Edit"])
 
     def allow_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
         """The allow rule that pre-approves the call. A compound Bash command is approved when each
@@ -511,13 +539,15 @@ class PermissionPolicy:
             specs = [r for r in self.allow if r.specifier is not None and r.names_tool(tool)]
             if not isinstance(command, str) or not specs:
                 return None
-            if not _bash_all_parts_match([r.specifier or "" for r in specs], command):
+            analysis = analyse(command, str(self.cwd))
+            if not parts_allowed([r.specifier or "" for r in specs], command, analysis):
                 return None
             # Report the rule that approved the first part: the one a reader will look for.
-            parts, _ = split_compound_command(command)
-            first = command if any((r.specifier or "").strip() == command.strip() for r in specs) else (
-                parts[0] if parts else command)
-            return next((r for r in specs if _bash_spec_matches(r.specifier or "", first)), specs[0])
+            if any((r.specifier or "").strip() == command.strip() for r in specs):
+                first = command
+            else:
+                first = next((c.text for c in analysis.commands if c.part and c.text), command)
+            return next((r for r in specs if spec_matches(r.specifier or "", first)), specs[0])
         return next((r for r in self.allow if _rule_hits(r, tool, tool_input, self.cwd, strict=True)), None)
 
     def visible_tools(self, names: Iterable[str]) -> list[str]:
@@ -541,10 +571,9 @@ class PermissionPolicy:
                  hook_decision: str | None = None, hook_reason: str = "") -> PermissionDecision:
         """Rules, hook decision and mode (steps 1–7 of the module doc, plus dontAsk). The result
         may be ``ask``; :meth:`decide` resolves that."""
-        rule = self.deny_rule_for(tool, tool_input)
-        if rule is not None:
-            return PermissionDecision("deny", f"Permission to use {tool.name} has been denied by rule "
-                                              f"{rule} ({rule.source}).", rule, "rule")
+        denied = self.rule_decision(tool, tool_input, "deny")
+        if denied is not None:
+            return denied
         if hook_decision == "deny":
             return PermissionDecision("deny", hook_reason or f"{tool.name} was denied by a PreToolUse hook.",
                                       None, "hook")
@@ -561,9 +590,9 @@ class PermissionPolicy:
 
     def _evaluate_open(self, tool: Tool, tool_input: Mapping[str, Any], read_only: bool,
                        hook_decision: str | None, hook_reason: str) -> PermissionDecision:
-        rule = self.ask_rule_for(tool, tool_input)
-        if rule is not None:
-            return PermissionDecision("ask", f"Rule {rule} ({rule.source}) requires approval.", rule, "rule")
+        asked = self.rule_decision(tool, tool_input, "ask")
+        if asked is not None:
+            return asked
         if hook_decision in ("ask", "defer"):
             return PermissionDecision("ask", hook_reason or "A PreToolUse hook asked for approval.",
                                       None, "hook")
@@ -581,11 +610,28 @@ class PermissionPolicy:
         return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
                                   None, "mode")
 
+    async def evaluate_off_loop(self, tool: Tool, tool_input: Mapping[str, Any], *,
+                                hook_decision: str | None = None, hook_reason: str = "") -> PermissionDecision:
+        """:meth:`evaluate`, in a worker thread for Bash (see :meth:`decide`)."""
+        if "Bash" not in _tool_names(tool):
+            return self.evaluate(tool, tool_input, hook_decision=hook_decision, hook_reason=hook_reason)
+        work = asyncio.to_thread(self.evaluate, tool, tool_input, hook_decision=hook_decision,
+                                 hook_reason=hook_reason)
+        try:
+            return await asyncio.wait_for(work, CHECK_BUDGET_S)
+        except TimeoutError:
+            return PermissionDecision("deny", f"Permission to use {tool.name} has been denied: the command "
+                                              f"could not be checked within {CHECK_BUDGET_S:g}s.", None, "rule")
+
     async def decide(self, tool: Tool, tool_input: Mapping[str, Any], *, hook_decision: str | None = None,
                      hook_reason: str = "", can_use_tool: CanUseTool | None = None,
                      tool_use_id: str = "") -> PermissionDecision:
-        """The final allow/deny: :meth:`evaluate`, then the callback for an ``ask``."""
-        decision = self.evaluate(tool, tool_input, hook_decision=hook_decision, hook_reason=hook_reason)
+        """The final allow/deny: :meth:`evaluate`, then the callback for an ``ask``. A Bash command
+        is judged in a worker thread (parsing it and looking at the files it names is linear in its
+        length, but a long one would still stall every other session on the event loop), within
+        :data:`CHECK_BUDGET_S`; a check that does not finish in time denies."""
+        decision = await self.evaluate_off_loop(tool, tool_input, hook_decision=hook_decision,
+                                                hook_reason=hook_reason)
         if decision.behavior != "ask":
             return decision
         if can_use_tool is None:
@@ -612,8 +658,7 @@ class PermissionPolicy:
                                       None, "callback", interrupt=answer.interrupt)
         if answer.updated_input is not None:
             # The approved input is what will run, so deny rules are judged on it once more.
-            rule = self.deny_rule_for(tool, answer.updated_input)
-            if rule is not None:
-                return PermissionDecision("deny", f"Permission to use {tool.name} has been denied by rule "
-                                                  f"{rule} ({rule.source}).", rule, "rule")
+            denied = await asyncio.to_thread(self.rule_decision, tool, answer.updated_input, "deny")
+            if denied is not None:
+                return denied
         return PermissionDecision("allow", "", None, "callback", updated_input=answer.updated_input)

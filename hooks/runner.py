@@ -16,6 +16,7 @@ import json
 import os
 import re
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,13 +34,16 @@ from agentfsm.hooks.inputs import (
     HookOutput,
     parse_hook_output,
 )
+from agentfsm.tools.environment import child_environment
 
 log = fsm_log.get_logger("agentfsm.hooks")
 
 DEFAULT_COMMAND_TIMEOUT_S = 600.0
 DEFAULT_PYTHON_TIMEOUT_S = 60.0
-# After a timeout kill, how long to wait for the pipes to close before giving up on the output.
+# After a kill, how long to wait for the hook to be reaped.
 _KILL_GRACE_S = 2.0
+#: Bytes of a hook's stdout (and of its stderr) read back; the rest is dropped.
+MAX_OUTPUT_BYTES = 1 << 20
 
 HookFn = Callable[[Any], Any]
 """A Python hook: ``fn(input_record) -> HookOutput | dict | str | None`` (sync or async)."""
@@ -291,6 +295,36 @@ def _hook_label(hook: Hook) -> str:
     return getattr(hook, "__qualname__", None) or getattr(hook, "__name__", None) or repr(hook)
 
 
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    """Write the event JSON to the hook's stdin and close it; a hook that does not read it is fine."""
+    stdin = proc.stdin
+    if stdin is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
+        stdin.write(data)
+        await stdin.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
+        stdin.close()
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(TimeoutError, ProcessLookupError):
+        await asyncio.wait_for(proc.wait(), _KILL_GRACE_S)
+
+
+def _read_capped(fh: Any) -> bytes:
+    """What a hook wrote, at most :data:`MAX_OUTPUT_BYTES` (a hook printing gigabytes costs disk)."""
+    fh.seek(0)
+    data = fh.read(MAX_OUTPUT_BYTES + 1)
+    if len(data) > MAX_OUTPUT_BYTES:
+        return data[:MAX_OUTPUT_BYTES] + b"\n[output truncated]"
+    return data
+
+
+def _read_both(out_f: Any, err_f: Any) -> tuple[bytes, bytes]:
+    return _read_capped(out_f), _read_capped(err_f)
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     # The hook runs in its own session, so its pgid is its pid; killing the group also reaches the
     # children a shell hook spawned (a `sleep` under `bash -c` would otherwise outlive it).
@@ -370,59 +404,51 @@ class HookRunner:
     async def _run_command(self, hook: CommandHook, record: HookInput) -> HookResult:
         label = hook.label
         data = record.to_json().encode("utf-8")
-        env = {**os.environ, **self.env, "CLAUDE_PROJECT_DIR": str(self.project_dir)}
+        # our credentials stay with us (agentfsm.tools.environment)
+        env = child_environment({**self.env, "CLAUDE_PROJECT_DIR": str(self.project_dir)})
         cwd = record.cwd if record.cwd and Path(record.cwd).is_dir() else str(self.project_dir)
         start = time.perf_counter()
 
         def elapsed() -> float:
             return (time.perf_counter() - start) * 1000
 
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *hook.argv(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
-            )
-        except OSError as exc:
-            return HookResult(label, "command", "non_blocking_error", notes=(f"could not start: {exc}",),
-                              duration_ms=elapsed())
-
-        comm = asyncio.ensure_future(proc.communicate(data))
-        try:
-            out_b, err_b = await asyncio.wait_for(asyncio.shield(comm), hook.timeout)
-        except TimeoutError:
-            _kill_group(proc)
-            out_b, err_b = await self._collect_after_kill(comm)
-            return HookResult(label, "command", "timeout", exit_code=proc.returncode,
-                              stdout=_decode(out_b), stderr=_decode(err_b),
-                              notes=(f"timed out after {hook.timeout:g}s and was killed",),
-                              duration_ms=elapsed())
-        except asyncio.CancelledError:
-            # The run was aborted: the hook must not outlive it.
-            _kill_group(proc)
-            await self._collect_after_kill(comm)
-            raise
+        # stdout and stderr go to files, not pipes: a background child the hook leaves behind keeps
+        # its copy of them, and with a pipe the call would wait for that child to exit
+        with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *hook.argv(), stdin=asyncio.subprocess.PIPE, stdout=out_f, stderr=err_f, cwd=cwd, env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                return HookResult(label, "command", "non_blocking_error", notes=(f"could not start: {exc}",),
+                                  duration_ms=elapsed())
+            feed = asyncio.ensure_future(_feed(proc, data))
+            try:
+                await asyncio.wait_for(asyncio.shield(proc.wait()), hook.timeout)
+            except TimeoutError:
+                _kill_group(proc)
+                await _reap(proc)
+                feed.cancel()
+                out_b, err_b = await asyncio.to_thread(_read_both, out_f, err_f)
+                return HookResult(label, "command", "timeout", exit_code=proc.returncode,
+                                  stdout=_decode(out_b), stderr=_decode(err_b),
+                                  notes=(f"timed out after {hook.timeout:g}s and was killed",),
+                                  duration_ms=elapsed())
+            except asyncio.CancelledError:
+                # The run was aborted: the hook must not outlive it.
+                _kill_group(proc)
+                feed.cancel()
+                await asyncio.shield(_reap(proc))
+                raise
+            feed.cancel()
+            out_b, err_b = await asyncio.to_thread(_read_both, out_f, err_f)
 
         stdout, stderr = _decode(out_b), _decode(err_b)
         code = proc.returncode if proc.returncode is not None else -1
         outcome, output, plain, notes = interpret_command_result(record.event, code, stdout, stderr)
         return HookResult(label, "command", outcome, exit_code=code, stdout=stdout, stderr=stderr,
                           output=output, plain_output=plain, notes=notes, duration_ms=elapsed())
-
-    @staticmethod
-    async def _collect_after_kill(comm: asyncio.Future[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-        try:
-            return await asyncio.wait_for(asyncio.shield(comm), _KILL_GRACE_S)
-        except TimeoutError:
-            # A descendant escaped the process group and holds a pipe open; stop waiting for it.
-            comm.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await comm
-            return b"", b""
-        except asyncio.CancelledError:
-            comm.cancel()
-            raise
-        except Exception:
-            return b"", b""
 
     async def _run_python(self, fn: HookFn, timeout: float, record: HookInput) -> HookResult:
         label = _hook_label(fn)

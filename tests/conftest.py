@@ -28,6 +28,10 @@ from hypothesis import HealthCheck, Phase, settings
 # the testing kit's fixtures are opt-in: a project asks for them by name, as this suite does
 pytest_plugins = ("agentfsm.testing.plugin",)
 
+# AGENTFSM_TEMPORAL sends every `agentfsm -p` to Temporal workers: the suite's local runs stay local
+# (tests/test_temporal.py starts its own server and names it)
+os.environ.pop("AGENTFSM_TEMPORAL", None)
+
 settings.register_profile("ci", max_examples=100, print_blob=True)
 settings.register_profile("nightly", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -42,6 +42,7 @@ def test_one_top_level_name(installed: Path) -> None:
     assert tops == {"agentfsm"}
     assert (installed / "agentfsm" / "tools" / "read.py").exists()
     assert (installed / "agentfsm" / "hooks" / "gate.py").exists()
+    assert (installed / "agentfsm" / "claude_code" / "transcript.py").exists()
     assert (installed / "agentfsm" / "hooks" / "examples" / "block_dangerous_bash.py").exists()
 
 

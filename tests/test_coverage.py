@@ -88,13 +88,18 @@ class Faulty:
     The scripted model still sees (and answers) every request, so the harness checks them all.
     """
 
-    def __init__(self, fault: str, at: int = 0) -> None:
+    def __init__(self, fault: str, at: int = 0, *, unstreamed: bool = False) -> None:
         self.fault, self.at = fault, at
         self._main = itertools.count()
+        if unstreamed:  # the client can also answer without streaming (the loop's fallback)
+            self.create = self._create
 
     def __call__(self, inner: ScriptedModel) -> Faulty:
         self.inner = inner
         return self
+
+    async def _create(self, request: ModelRequest) -> list[StreamEvent]:
+        return await self.inner.create(request)
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
         compaction = _is_compaction(request)
@@ -322,10 +327,33 @@ def _protocol_violation(d: Path) -> LoopRun:
     return run_path(d, [DONE], fault=Faulty("protocol"))
 
 
-@rare("empty stream", T.API_ERROR, "call_failed:call_model")
+@rare("empty stream", T.MODEL_ERROR, "call_failed:call_model")
 def _empty_stream(d: Path) -> LoopRun:
-    # a connection that closed before its first event: retryable, but no retry is left here
+    # a body that held no event at all (not a stream), from a client that cannot ask unstreamed
     return run_path(d, [DONE], fault=Faulty("empty"), limits=Limits(stream_retries=0))
+
+
+@rare("protocol violation before any content, unstreamed", T.COMPLETED, "non_streaming_retry:stream",
+      "end_turn:stream")
+def _protocol_violation_unstreamed(d: Path) -> LoopRun:
+    return run_path(d, [DONE, DONE], fault=Faulty("protocol", unstreamed=True))
+
+
+@rare("stream dropped before its first event, retried", T.COMPLETED, "stream_retry:call_model",
+      "end_turn:stream")
+def _dropped_before_first_event(d: Path) -> LoopRun:
+    return run_path(d, [StreamedResponse(blocks=(TextBlock("lost"),), fault="drop"), DONE])
+
+
+@rare("garbled stream, asked again unstreamed", T.COMPLETED, "non_streaming_retry:call_model",
+      "end_turn:stream")
+def _garbled_unstreamed(d: Path) -> LoopRun:
+    return run_path(d, [StreamedResponse(blocks=(TextBlock("not SSE"),), fault="html"), DONE])
+
+
+@rare("empty answer, asked again", T.COMPLETED, "empty_response_nudge:stream", "end_turn:stream")
+def _empty_answer(d: Path) -> LoopRun:
+    return run_path(d, [StreamedResponse(blocks=()), DONE])
 
 
 @rare("stream error, final", T.API_ERROR, "call_failed:stream")
@@ -577,3 +605,26 @@ def test_every_trace_of_the_union_passes_the_audit(union: Union, property_traces
     bad = {f: xs for f, xs in bad.items() if xs}
     first = dict(itertools.islice(bad.items(), 3))
     assert not bad, f"{len(bad)} of {len(files)} traces fail the audit, e.g. {first}"
+
+
+def test_every_trace_of_the_union_can_be_drawn(union: Union, property_traces: Any) -> None:
+    """`agentfsm diagram --trace` on every trace the suite produced: over the overview (DOT and Mermaid)
+    and as a sequence diagram in the Mermaid grammar."""
+    from mermaid_grammar import flowchart_problems, sequence_problems
+
+    from agentfsm import diagram
+    from agentfsm.diagram import dot as dot_views
+    from agentfsm.diagram import mermaid as mermaid_views
+    from agentfsm.diagram import sequence
+
+    files = trace_files([property_traces.dir])
+    bad: dict[str, list[str]] = {}
+    for f in files:
+        path = diagram.trace_path(f)
+        problems = sequence_problems(sequence.render(path)) + flowchart_problems(mermaid_views.render_overview(path))
+        if path.steps and "digraph overview" not in dot_views.render_overview(path):
+            problems.append("no DOT overview")
+        if problems:
+            bad[str(f)] = problems
+    first = dict(itertools.islice(bad.items(), 3))
+    assert not bad, f"{len(bad)} of {len(files)} traces do not draw, e.g. {first}"

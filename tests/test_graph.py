@@ -426,3 +426,47 @@ def test_random_runs_respect_caps_and_declared_moves(limits: Limits, data: st.Da
             assert after.messages[0].role == "user"
             before = after
     m.close()
+
+
+def test_an_empty_answer_is_asked_for_once_then_the_result_is_empty() -> None:
+    empty = StreamEnded(ModelResponse((), "end_turn"))
+    s, m = to_stream()
+    step, s = fire(m, empty, LIM)
+    assert step.trigger == "empty_response_nudge" and s.empty_response_nudged
+    assert prompts.EMPTY_RESPONSE_NUDGE in s.messages[-1].text()  # the empty answer is dropped
+    fire(m, Assembled(), LIM)
+    fire(m, StreamOpened(), LIM)
+    step, s = fire(m, empty, LIM)
+    assert step.trigger == "end_turn" and s.messages[-1].role == "assistant" and s.messages[-1].text() == ""
+    s, m = to_stream()
+    step, _ = fire(m, empty, Limits(empty_response_nudges=0))
+    assert step.trigger == "end_turn"
+
+
+def _call_model() -> LoopMachine:
+    m = LoopMachine(start())
+    m.fire(Assembled(), LIM)
+    return m
+
+
+def test_a_stream_dropped_before_its_first_event_is_retried_then_asked_unstreamed() -> None:
+    dropped = CallFailed(ModelError("stream_dropped", "closed", None, True), non_streaming_available=True)
+    m = _call_model()
+    triggers = [fire(m, dropped, Limits(stream_retries=2))[0].trigger for _ in range(3)]
+    assert triggers == ["stream_retry", "stream_retry", "non_streaming_retry"] and m.state.non_streaming
+    step, s = fire(m, dropped, Limits(stream_retries=2))  # the unstreamed request failed too: final
+    assert step.trigger == "call_failed" and s.terminal_reason is TerminalReason.API_ERROR
+
+
+def test_a_garbled_stream_is_asked_unstreamed_at_once_and_streams_again_after() -> None:
+    garbled = CallFailed(ModelError("stream_garbled", "not SSE", None, True), non_streaming_available=True)
+    m = _call_model()
+    step, s = fire(m, garbled, LIM)
+    assert step.trigger == "non_streaming_retry" and s.non_streaming and s.stream_retry_count == 0
+    fire(m, StreamOpened(), LIM)
+    _, s = fire(m, StreamEnded(ModelResponse(USE, "tool_use")), LIM)
+    assert not s.non_streaming  # the next request streams again
+    # a client that cannot ask unstreamed ends the run: a garbled stream is a model error
+    m = _call_model()
+    step, s = fire(m, CallFailed(ModelError("stream_garbled", "not SSE", None, True)), LIM)
+    assert step.trigger == "call_failed" and s.terminal_reason is TerminalReason.MODEL_ERROR

@@ -495,3 +495,34 @@ def test_command_hook_validates() -> None:
         CommandHook()
     with pytest.raises(ValueError):
         CommandHook("true", timeout=0)
+
+
+# --- hostile hooks: a background child, huge output, our credentials ------------------------------
+
+
+async def test_a_background_child_holding_stdout_does_not_stall_the_call(tmp_path: Path) -> None:
+    # the hook exits at once, leaving `sleep` with its stdout and stderr: the call must not wait for it
+    hook = CommandHook("(sleep 30 &) ; echo '{}'")
+    start = time.perf_counter()
+    res = await runner("PreToolUse", hook, tmp=tmp_path).run(pre())
+    assert time.perf_counter() - start < 5
+    assert res.results[0].outcome == "success"
+
+
+async def test_huge_hook_output_is_capped(tmp_path: Path) -> None:
+    from agentfsm.hooks.runner import MAX_OUTPUT_BYTES
+
+    res = await runner("PreToolUse", CommandHook("head -c 5000000 /dev/zero | tr '\\0' a"), tmp=tmp_path).run(pre())
+    assert len(res.results[0].stdout) <= MAX_OUTPUT_BYTES + 100
+
+
+async def test_command_hooks_do_not_inherit_our_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret-hook")
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "tok-secret-hook")
+    hook = CommandHook("echo \"${ANTHROPIC_API_KEY:-unset} ${ANTHROPIC_AUTH_TOKEN:-unset} $CLAUDE_PROJECT_DIR\" >&2; "
+                       "exit 2")
+    res = await runner("PreToolUse", hook, tmp=tmp_path).run(pre())
+    assert res.reason.startswith("unset unset ")
+    monkeypatch.setenv("AGENTFSM_SHARE_CREDENTIALS", "1")  # shared only on purpose
+    res = await runner("PreToolUse", hook, tmp=tmp_path).run(pre())
+    assert res.reason.startswith("sk-secret-hook tok-secret-hook ")

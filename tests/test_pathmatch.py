@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentfsm.hooks.permissions import PermissionPolicy
-from agentfsm.tools.base import Tool, ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, Tool, ToolContext, ToolError
 from agentfsm.tools.glob import GlobTool
 from agentfsm.tools.grep import GrepTool
 from agentfsm.tools.pathmatch import (
@@ -177,7 +177,7 @@ def bracket_tree(tmp_path: Path) -> Path:
 
 
 async def glob(root: Path, pattern: str) -> str:
-    out = await GlobTool().call({"pattern": pattern}, ToolContext(cwd=root))
+    out = await GlobTool().call({"pattern": pattern}, ToolContext(cwd=root, file_access=NoFileRules()))
     return out.data
 
 
@@ -192,11 +192,12 @@ async def test_glob_tool_brackets(bracket_tree: Path) -> None:
 
 async def test_glob_tool_refuses_an_explosive_brace_pattern(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="alternatives"):
-        await GlobTool().call({"pattern": "{a,b}" * 11}, ToolContext(cwd=tmp_path))
+        await GlobTool().call({"pattern": "{a,b}" * 11}, ToolContext(cwd=tmp_path, file_access=NoFileRules()))
 
 
 async def grep_files(root: Path, backend: str, **inp: Any) -> list[str]:
-    out = await GrepTool(backend=backend).call({"pattern": "needle", **inp}, ToolContext(cwd=root))  # type: ignore[arg-type]
+    ctx = ToolContext(cwd=root, file_access=NoFileRules())
+    out = await GrepTool(backend=backend).call({"pattern": "needle", **inp}, ctx)  # type: ignore[arg-type]
     return sorted(out.data.split("\n")[1:])
 
 

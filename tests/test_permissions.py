@@ -179,7 +179,8 @@ def test_ask_rules_and_precedence(tmp_path: Path) -> None:
     assert ask.behavior == "ask" and str(ask.rule) == "Bash(git push *)"
     deny = p.evaluate(BASH, {"command": "git push --force origin main"})
     assert deny.behavior == "deny" and str(deny.rule) == "Bash(git push --force *)"
-    assert "denied by rule Bash(git push --force *)" in deny.reason
+    # Claude Code's text: the command is quoted, the rule is not named (it is in the decision and the log)
+    assert deny.reason == "Permission to use Bash with command git push --force origin main has been denied."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,3 +433,39 @@ def test_visible_tools(tmp_path: Path) -> None:
                                disallowed_tools=["WebFetch", "Edit"])
     names = ["Read", "Edit", "Write", "Bash", "WebFetch", "mcp__github__create_issue", "mcp__slack__post"]
     assert p.visible_tools(names) == ["Read", "Write", "Bash", "mcp__slack__post"]
+
+
+async def test_a_long_bash_command_is_judged_off_the_event_loop(tmp_path: Path) -> None:
+    import asyncio
+    import time
+
+    from agentfsm.tools import BashTool
+    from agentfsm.tools.shell import MAX_COMMAND_BYTES
+
+    p = policy(tmp_path, mode="bypassPermissions", deny=["Bash(rm:*)", "Read(./secret.txt)"])
+    command = "echo a && " * ((MAX_COMMAND_BYTES - 100) // 10) + "rm x"
+    worst, stop = [0.0], asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            worst[0], last = max(worst[0], now - last), now
+
+    tick = asyncio.ensure_future(ticker())
+    d = await p.decide(BashTool(), {"command": command})
+    stop.set()
+    await tick
+    assert d.behavior == "deny"  # the rm at the end of 128 KB is found
+    assert worst[0] < 0.5, f"the event loop stalled {worst[0]:.2f}s"
+
+
+@pytest.mark.parametrize("command", ["git -C . push origin main", "git --no-pager -c color.ui=false push",
+                                     "env GIT_DIR=.git git push", "cd sub && git push", "git push --force"])
+def test_subcommand_rules_see_through_global_options(tmp_path: Path, command: str) -> None:
+    from agentfsm.tools import BashTool
+
+    p = policy(tmp_path, mode="bypassPermissions", deny=["Bash(git push:*)"])
+    assert p.evaluate(BashTool(), {"command": command}).behavior == "deny"
+    assert p.evaluate(BashTool(), {"command": "git -C sub status"}).behavior == "allow"

@@ -339,7 +339,7 @@ async def test_can_use_tool_deny_with_interrupt_ends_the_turn(cli: str, tmp_path
 
 
 def test_agentfsm_speaks_the_claude_code_version_the_sdk_wants() -> None:
-    from agentfsm.session import CLAUDE_CODE_VERSION
+    from agentfsm.phases import CLAUDE_CODE_VERSION
 
     assert tuple(int(x) for x in CLAUDE_CODE_VERSION.split(".")) >= (2, 1, 248)
 

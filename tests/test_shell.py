@@ -1,71 +1,168 @@
-"""shell: the one scanner of command lines, shared by the permission rules and Bash's read-only
-classifier."""
+"""shell: the parsed analysis of a command line (programs run, files read and written, what could not
+be followed), shared by the permission rules and Bash's read-only classifier."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentfsm.tools.bash import is_read_only_command
-from agentfsm.tools.shell import command_variants, scan, split_compound_command, split_words
+from agentfsm.tools.shell import MAX_COMMAND_BYTES, analyse
+from agentfsm.tools.shell_words import ansi_c
+
+CWD, HOME = "/ws", "/home/u"
 
 
-def test_split_and_variants() -> None:
-    parts, ok = split_compound_command("a && b || c; d | e & f\ng $(h) `i` <(j)")
-    assert ok and parts == ["a", "b", "c", "d", "e", "f", "h", "i", "j", "g $(h) `i` <(j)"]
-    redirections = split_compound_command("echo hi 2>&1 | tee x &>/dev/null")
-    assert redirections == (["echo hi 2>&1", "tee x &>/dev/null"], True)
-    assert split_compound_command("echo 'a")[1] is False
-    assert split_compound_command("echo $(ls")[1] is False
-    assert "rm -rf /" in command_variants("A=1 B=2 sudo -u root /usr/bin/rm -rf /")
+def programs(command: str) -> list[str | None]:
+    return [c.program for c in analyse(command, CWD, HOME).commands]
 
 
-def test_variants_reach_into_shells_and_eval() -> None:
-    assert "rm -rf /" in command_variants("bash -c 'ls && rm -rf /'")
-    assert "rm x" in command_variants("eval rm x")
-    assert "rm -rf /" in command_variants("timeout -s KILL 5 nice -n 3 env -u X rm -rf /")
+def uses(command: str) -> set[tuple[str | None, str]]:
+    return {(u.path, u.access) for u in analyse(command, CWD, HOME).paths}
 
 
-@pytest.mark.parametrize(("command", "syntax"), [
-    ("ls -la", set()),
-    ("a && b || c; d | e & f\ng", {"&&", "||", ";", "|", "&", "\n"}),
-    ("a |& b ;; c", {"|&", ";;"}),
-    ("echo $(ls) `pwd` <(x) >(y)", {"$(", "`", "<(", ">("}),
-    ('echo "$(ls)"', {"$("}),  # substitutions run inside double quotes
-    ("echo '$(ls) && x | y > z'", set()),  # and nothing does inside single quotes
-    ("(cd x; ls)", {"(", ";"}),
-    ("ls ()(rm x)", {"(", ")"}),  # a function definition
-    ("cat <in >out 2>&1", {"<", ">"}),
-    ("cat &>log", {">"}),
+def opaque(command: str) -> bool:
+    return bool(analyse(command, CWD, HOME).opaque)
+
+
+@pytest.mark.parametrize(("command", "found"), [
+    ("a && b || c; d | e & f\ng", ["a", "b", "c", "d", "e", "f", "g"]),
+    ("echo $(h) `i` <(j) >(k)", ["echo", "h", "i", "j", "k"]),
+    ("if a; then b; elif c; then d; else e; fi", ["a", "b", "c", "d", "e"]),
+    ("for f in x; do a; done; while b; do c; done; until d; do e; done", ["a", "b", "c", "d", "e"]),
+    ("case x in y) a;; *) b;; esac", ["a", "b"]),
+    ("f(){ a; }; function g { b; }", ["a", "b"]),
+    ("(a; { b; })", ["a", "b"]),
+    ("echo ${u:-$(a)} ${v[$(b)]}", ["echo", "a", "b"]),
+    ("cat <<EOF\n$(a)\nEOF", ["cat", "a"]),
+    ("cat <<'EOF'\n$(not-run)\nEOF", ["cat"]),  # a quoted heredoc is text
+    ("echo 'a && b' \"$(c)\"", ["echo", "c"]),
+    ("A=1 B=2 a x", ["a"]),
+    ("export X=$(a); local y=$(b)", ["export", "a", "local", "b"]),
 ])
-def test_scan_reports_the_syntax_outside_quotes(command: str, syntax: set[str]) -> None:
-    assert set(scan(command).syntax) == syntax
+def test_every_command_bash_runs_is_found(command: str, found: list[str]) -> None:
+    assert sorted(p for p in programs(command) if p is not None) == sorted(found)
 
 
-def test_split_words() -> None:
-    assert split_words("grep -e 'a b' \"c\"d #x") == ["grep", "-e", "a b", "cd", "#x"]
-    assert split_words("echo 'open") is None
-
-
-# --- the read-only classifier splits with the same scanner ----------------------------------------
-
-
-@pytest.mark.parametrize(("command", "read_only"), [
-    ("ls 'a\nb'", True),  # a newline inside quotes is part of a word, not a second command
-    ("ls \\\n  -la", True),  # a line continuation
-    ("ls ()(rm -rf x)\nls", False),  # defines `ls` as a function that deletes, then calls it
-    ("echo ';'", False),  # an operator in quotes is refused rather than told apart
-    ("grep -E '(a|b)' f", True),  # but quoted text that merely contains operator characters is fine
-    ("ls\rrm x", False),  # bash does not split words at a carriage return
-    ("cat < in", False), ("cat <<EOF", False), ("(ls)", False), ("sleep 1 &", False), ("ls |& cat", False),
+@pytest.mark.parametrize(("command", "inner"), [
+    ("/usr/bin/env -i A=1 rm x", "rm"), ("sudo -Eu root rm x", "rm"), ("timeout -s KILL 5 rm x", "rm"),
+    ("nice -n 5 nohup setsid rm x", "rm"), ("xargs -n1 rm", "rm"), ("find . -exec rm {} \\;", "rm"),
+    ("bash -lc 'rm x'", "rm"), ("sh -xc \"ls; rm x\"", "rm"), ("eval 'rm x'", "rm"), ("env -S 'rm x'", "rm"),
+    ("bash <<< 'rm x'", "rm"), ("bash <<'EOF'\nrm x\nEOF", "rm"), ("trap 'rm x' EXIT", "rm"),
+    ("awk 'BEGIN{system(\"rm x\")}'", "rm"), ("$'\\x72m' x", "rm"), ("\\rm x", "rm"), ("r''m x", "rm"),
+    ("busybox rm x", "rm"), ("chroot / rm x", "rm"), ("flock /tmp/l rm x", "rm"), ("script -qc 'rm x' /dev/null", "rm"),
 ])
-def test_classifier_uses_the_scanner(command: str, read_only: bool) -> None:
-    assert is_read_only_command(command) is read_only
+def test_wrappers_are_seen_through(command: str, inner: str) -> None:
+    assert inner in programs(command), programs(command)
+
+
+@pytest.mark.parametrize("command", [
+    "a=rm; $a x", "$(echo rm) x", "`echo rm` x", "${UNSET:-rm} x", "echo 'rm x' | bash", "source <(echo rm x)",
+    "bash -c \"$(echo rm x)\"", "bash -c '$0 x' rm", "eval \"$cmd\"", "v='a[$(rm x)]'; [[ $v -eq 1 ]]",
+    "shopt -s expand_aliases\nalias r=rm\nr x", "time { rm x; }", "coproc { rm x; }", "r\\\nm x", "echo 'unclosed",
+    "cat <<-EOF\n\t$(rm x)\n\tEOF", "echo \"${u:-`rm x`}\"", "BASH_ENV=./e.sh bash -c true", "PS4='$(rm x)' bash -xc :",
+    "git -c alias.zz='!rm x' zz", "GIT_EXTERNAL_DIFF=rm git diff", "/usr/bin/r[m] x", "{r,}m x",
+    "awk '{ print | \"sh\" }'", "echo x | xargs -I{} sh -c '{}'",
+])
+def test_what_cannot_be_followed_is_reported(command: str) -> None:
+    a = analyse(command, CWD, HOME)
+    assert a.opaque or any(c.program is None for c in a.commands), (command, a)
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("cat secret.txt", {("/ws/secret.txt", "read")}),
+    ("cat < in > out 2>> err", {("/ws/in", "read"), ("/ws/out", "write"), ("/ws/err", "write")}),
+    ("echo x 2>&1 >/dev/null", set()),
+    ("sed -i s/a/b/ f", {("/ws/f", "read"), ("/ws/f", "write")}),
+    ("sed -n 1,5p f", {("/ws/f", "read")}),
+    # a target may be a directory: the sources land in it under their own names
+    ("cp a b c/", {("/ws/a", "read"), ("/ws/b", "read"), ("/ws/c", "write"), ("/ws/c/a", "write"),
+                   ("/ws/c/b", "write")}),
+    ("mv a b", {("/ws/a", "read"), ("/ws/a", "write"), ("/ws/b", "write"), ("/ws/b/a", "write")}),
+    ("echo x | tee -a t1 t2", {("/ws/t1", "write"), ("/ws/t2", "write")}),
+    ("dd if=a of=b bs=1", {("/ws/a", "read"), ("/ws/b", "write")}),
+    # an option's value may be taken for a file: an extra path can only make a rule match more
+    ("grep -e x f1 f2", {("/ws/x", "read"), ("/ws/f1", "read"), ("/ws/f2", "read")}),
+    ("grep pattern f", {("/ws/f", "read")}),
+    ("cat ~/notes ../up", {("/home/u/notes", "read"), ("/up", "read")}),
+    ("cd sub && cat f", {("/ws/f", "read"), ("/ws/sub/f", "read")}),
+    ("cat {a,b}.txt", {("/ws/a.txt", "read"), ("/ws/b.txt", "read")}),
+    ("truncate -s 0 p", {("/ws/p", "write")}),
+    ("awk '{print > \"o\"}' i", {("/ws/o", "write"), ("/ws/i", "read")}),
+    ("sed 'w out' in", {("/ws/out", "write"), ("/ws/in", "read")}),
+    ("ls -la; pwd; echo hi", set()),
+])
+def test_files_read_and_written(command: str, expected: set[tuple[str, str]]) -> None:
+    assert uses(command) == expected
+
+
+def test_paths_not_static_and_inline_code_are_unknown() -> None:
+    assert (None, "read") in uses("cat \"$f\"")
+    assert (None, "read") in uses("ls | xargs cat")
+    assert {(None, "read"), (None, "write")} <= uses("python3 -c 'open(\"x\").read()'")
+    assert (None, "read") not in uses("python3 script.py")  # a program: trusted with its own files
+
+
+def test_globs_stay_patterns_and_quoted_globs_are_text() -> None:
+    [u] = analyse("cat secre?.txt", CWD, HOME).paths
+    assert u.glob and u.path == "/ws/secre?.txt"
+    [u] = analyse("cat 'secre?.txt'", CWD, HOME).paths
+    assert not u.glob and u.path == "/ws/secre?.txt"
+
+
+def test_recursive_reads() -> None:
+    [u] = analyse("grep -rn TODO src", CWD, HOME).paths
+    assert (u.path, u.recursive) == ("/ws/src", True)
+    assert {(p.path, p.access, p.recursive) for p in analyse("tar czf o.tgz d", CWD, HOME).paths} == {
+        ("/ws/o.tgz", "write", False), ("/ws/d", "read", True)}
+    assert [(p.path, p.recursive) for p in analyse("rg x", CWD, HOME).paths] == [("/ws", True)]
+
+
+def test_environment_printers() -> None:
+    for command in ("env", "printenv HOME", "echo $X", "echo ${X:-y}", "set", "export -p", "declare -p",
+                    "cat /proc/self/environ", "env | grep KEY"):
+        assert analyse(command, CWD, HOME).environment, command
+    for command in ("env A=1 make", "export A=1", "echo hi"):
+        assert not analyse(command, CWD, HOME).environment, command
+
+
+def test_ansi_c_strings() -> None:
+    assert ansi_c(r"\x72m\t\101\cA\u00e9") == "rm\tA\x01é"
+
+
+def test_allow_parts_are_the_commands_as_written() -> None:
+    a = analyse("timeout 5 make && echo $(git status)", CWD, HOME)
+    assert [c.text for c in a.commands if c.part] == ["timeout 5 make", "echo $(git status)", "git status"]
+
+
+# --- hostile input: bounded time, no crash -------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["echo a && ", "rm x; ", "cat | ", "$(echo ", "( ", "{ ", "if true; then ",
+                                   "echo aaaa", "\\"])
+def test_pathological_commands_are_analysed_in_bounded_time(shape: str) -> None:
+    command = shape * (MAX_COMMAND_BYTES // len(shape))
+    start = time.perf_counter()
+    a = analyse(command + " ", CWD, HOME)
+    assert time.perf_counter() - start < 30
+    assert a is not None
+    too_long = analyse(command * 2, CWD, HOME)
+    assert too_long.opaque  # over the cap: not analysed, so never trusted
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([*list("ab $`'\"\\(){};|&<>\n#*?[]=!~-"), "rm", "x"]), max_size=40).map("".join))
+def test_any_text_is_analysed_without_error(command: str) -> None:
+    a = analyse(command, CWD, HOME)
+    if a.complete and not a.opaque and "rm" not in command:
+        assert all(c.program != "rm" for c in a.commands)
 
 
 SAFE = ["ls", "cat a", "git status", "grep -n x .", "wc -l", "echo 'a b'", "rg 'x|y'", "pwd"]
-UNSAFE = ["rm -rf x", "git push", "python -c 1", "sh -c ls", "FOO=1 ls", "(ls)", "ls &", "cat <x"]
+UNSAFE = ["rm -rf x", "git push", "python -c 1", "sh -c ls", "FOO=1 ls", "ls &", "cat >x", "echo $HOME", "env"]
 SEPARATORS = [" && ", " || ", "; ", " | ", "\n"]
 
 
@@ -75,9 +172,54 @@ def test_a_read_only_command_is_read_only_part_by_part(parts: list[str], seps: l
     command = parts[0]
     for sep, part in zip(seps, parts[1:], strict=False):
         command += sep + part
-    verdict = is_read_only_command(command)
-    assert verdict is all(p in SAFE for p in parts)
-    if verdict:
-        # what the classifier vouched for is exactly what the permission rules see
-        split, ok = split_compound_command(command)
-        assert ok and split == parts
+    assert is_read_only_command(command) is all(p in SAFE for p in parts)
+
+
+# tree-sitter-bash's scanner passes the code point after ``{`` to glibc's isdigit, whose table ends at
+# 0xFF: a higher one read out of bounds and segfaulted the interpreter now and then (not on every
+# layout, so no crash test can be relied on). What can be relied on: the parser never sees such a byte.
+@given(st.text(max_size=40))
+def test_the_parser_is_only_ever_handed_ascii(text: str) -> None:
+    import tree_sitter
+
+    from agentfsm.tools import shell
+
+    handed: list[bytes] = []
+
+    class Spy:
+        def __init__(self, language: tree_sitter.Language) -> None:
+            self.real = tree_sitter.Parser(language)
+
+        def parse(self, read, *args, **kwargs):  # type: ignore[no-untyped-def]
+            def spy(offset: int, point: object) -> bytes:
+                chunk = read(offset, point)
+                handed.append(chunk)
+                return chunk
+            return self.real.parse(spy, *args, **kwargs)
+
+    real = shell.Parser
+    shell.Parser = Spy  # type: ignore[misc]
+    try:
+        shell.parse(("{" + text).encode("utf-8", "surrogatepass"))
+    finally:
+        shell.Parser = real  # type: ignore[misc]
+    assert handed and all(chunk.isascii() for chunk in handed)
+
+
+@pytest.mark.parametrize("command, program", [("é {ü", "é"), ("ｒｍ -rf /", "ｒｍ"), ("echo a\u00a0b", "echo")])
+def test_non_ascii_words_keep_their_own_text(command: str, program: str) -> None:
+    # the parser sees masked bytes; every word is still read from the command itself
+    found = analyse(command, "/tmp", "/root")
+    assert found.commands[0].program == program
+    assert not found.opaque
+
+
+_plain_words = st.text(alphabet=st.characters(min_codepoint=0x21, exclude_characters="\\'\"$`|&;<>(){}[]*?!#~=%^",
+                                             exclude_categories=("Cs", "Zs", "Zl", "Zp", "Cc")),
+                      min_size=1, max_size=6)
+
+
+@given(st.lists(_plain_words, min_size=1, max_size=4))
+def test_non_ascii_words_are_read_as_typed(words: list[str]) -> None:
+    found = analyse("printf " + " ".join(words), "/tmp", "/root")
+    assert [c.argv for c in found.commands] == [("printf", *words)]

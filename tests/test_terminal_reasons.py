@@ -96,7 +96,8 @@ class Loop:
 
         driver = Driver(options=options, client=model, registry=gate.filter_registry(registry),
                         session_id="s-1", system=system_blocks(self.ws, system_prompt=None, append=None),
-                        gate=gate, hooks=loop_hooks or gate, trace=trace, emit=emit, **driver_kw)
+                        gate=gate, hooks=loop_hooks or gate, trace=trace, emit=emit,
+                        file_access=gate.file_access, **driver_kw)
         holder.append(driver)
         task = asyncio.ensure_future(driver.run(prompt, tuple(history)))
         if during is not None:

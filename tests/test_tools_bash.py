@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import ToolContext, ToolOutput
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolOutput
 from agentfsm.tools.bash import (
     ABORTED,
     BACKGROUND_JOBS,
@@ -20,13 +20,14 @@ from agentfsm.tools.bash import (
     BashTool,
     format_duration,
     is_read_only_command,
+    start_background,
     stop_background,
 )
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 async def bash(ctx: ToolContext, command: str, **kw: object) -> ToolOutput:
@@ -206,19 +207,23 @@ READ_ONLY = [
     "ls", "ls -la src", "cat a.txt | grep foo | wc -l", "cd src && ls", "git status", "git log --oneline -5",
     "git diff HEAD~1 -- src", "git show HEAD:README.md", "git branch", "git branch -a",
     "git branch --list 'f*'", "find . -name '*.py' -type f", "rg TODO src", "head -n 5 a; tail -n 5 a", "pwd",
-    "date +%Y", "which python", "env", "printenv HOME", "sort a | uniq -c", "du -sh .", "stat a",
+    "date +%Y", "which python", "sort a | uniq -c", "du -sh .", "stat a",
     "grep -rn 'x' . || echo none", "tr a-z A-Z", "uname -a",
+    # the parser tells a descriptor copy from a file, a group from a word, a comment from a command
+    "ls 2>&1", "(ls)", "{ ls; }", "ls #; rm x", "cat < a.txt",
 ]
 NOT_READ_ONLY = [
-    "", "rm -rf /", "ls > out.txt", "ls >> out.txt", "ls 2>&1", "cat a | tee b", "ls; rm x", "ls && rm x",
+    "", "rm -rf /", "ls > out.txt", "ls >> out.txt", "ls 2>out", "cat a | tee b", "ls; rm x", "ls && rm x",
     "ls || rm x", "ls | sh", "ls\nrm x", "ls & rm x", "sleep 1 &", "echo $(rm x)", "echo `rm x`",
     "cat <(rm x)", "git commit -m x", "git push", "git branch new-feature", "git branch -D main",
     "git -c core.pager=sh log", "git diff --output=x", "find . -delete", "find . -exec rm {} \\;",
     "sort -o out in", "sort -uo out in", "rg --pre cat x", "date -s tomorrow", "date 010203042030",
-    "env rm x", "FOO=1 ls", "/bin/ls", "./script.sh", "$CMD", "python -c 'print(1)'", "xargs rm", "(ls)",
-    "{ ls; }",
+    "env rm x", "FOO=1 ls", "/bin/ls", "./script.sh", "$CMD", "python -c 'print(1)'", "xargs rm",
     "cat <<EOF", "uniq in out", "ls 'unclosed", "sed -i s/a/b/ f", "awk '{print}' f", "hostname evil",
-    "command rm x", "ls #; rm x",
+    "command rm x", "ls #\nrm x", "GIT_EXTERNAL_DIFF=rm git diff",
+    # they print environment variables, a secret among them: Claude Code asks first
+    "env", "printenv HOME", "printenv", "echo $ANTHROPIC_API_KEY", "echo ${HOME:-x}", "set", "export -p",
+    "declare -p", "cat /proc/self/environ", "cat /proc/1/environ | tr '\\0' '\\n'",
 ]
 
 
@@ -227,10 +232,11 @@ def test_read_only_commands(command: str) -> None:
     assert is_read_only_command(command)
 
 
-def test_quoted_operators_are_still_refused() -> None:
-    # Conservative on purpose: telling quoted text from a redirection is not worth the risk.
-    assert not is_read_only_command("echo 'a > b'")
-    assert not is_read_only_command("grep ';' rm")
+def test_quoted_operators_are_text() -> None:
+    # a real parser tells quoted text from a redirection or an operator
+    assert is_read_only_command("echo 'a > b'")
+    assert is_read_only_command("grep ';' rm")
+    assert not is_read_only_command("echo a > b")
 
 
 @pytest.mark.parametrize("command", NOT_READ_ONLY)
@@ -273,3 +279,14 @@ def test_chains_of_read_only_programs_are_read_only(parts: list[tuple[str, list[
     for sep, seg in zip(seps, segments[1:], strict=False):
         command += sep + seg
     assert is_read_only_command(command)
+
+
+async def test_bash_children_do_not_see_our_credentials(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-secret-bash")
+    out = await bash(ctx, "echo ${ANTHROPIC_API_KEY:-unset}; env | grep -c sk-secret-bash || true")
+    assert out.data == "unset\n0"
+    job = start_background("echo ${ANTHROPIC_API_KEY:-unset}", ctx, None)
+    job.process.wait()
+    assert job.output_path.read_text().strip() == "unset"
+    monkeypatch.setenv("AGENTFSM_SHARE_CREDENTIALS", "1")
+    assert (await bash(ctx, "echo ${ANTHROPIC_API_KEY:-unset}")).data == "sk-secret-bash"

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.edit import EditTool, apply_edit
 from agentfsm.tools.read import ReadTool
 
@@ -25,7 +25,7 @@ SAME = "No changes to make: old_string and new_string are exactly the same."
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 async def read_first(ctx: ToolContext, path: Path) -> None:
@@ -228,7 +228,7 @@ def test_edit_tool_on_disk_agrees_with_str_replace(parts: list[str], old: str, n
     with tempfile.TemporaryDirectory() as d:
         path = Path(d, "f.txt")
         path.write_text(text, encoding="utf-8", newline="")
-        ctx = ToolContext(cwd=Path(d))
+        ctx = ToolContext(cwd=Path(d), file_access=NoFileRules())
 
         async def run() -> None:
             await ReadTool().call({"file_path": str(path)}, ctx)
@@ -237,3 +237,21 @@ def test_edit_tool_on_disk_agrees_with_str_replace(parts: list[str], old: str, n
 
         asyncio.run(run())
         assert path.read_bytes().decode() == text.replace(old, new, -1 if replace_all else 1)
+
+
+async def test_edit_and_write_refuse_special_files_without_blocking(ctx: ToolContext, tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    from agentfsm.tools.read import record_read
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    record_read(ctx, fifo)
+    edit = await asyncio.wait_for(EditTool().validate_input(
+        {"file_path": str(fifo), "old_string": "a", "new_string": "b"}, ctx), 5)
+    assert not edit.ok and "not a regular file" in edit.message
+    from agentfsm.tools.write import WriteTool
+
+    write = await asyncio.wait_for(WriteTool().validate_input({"file_path": str(fifo), "content": "x"}, ctx), 5)
+    assert not write.ok and "not a regular file" in write.message

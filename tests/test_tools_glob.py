@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.glob import MAX_RESULTS, GlobTool, run_stoppable
 from agentfsm.tools.pathmatch import expand_braces, glob_tool_matcher
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 def touch(path: Path, mtime: float | None = None) -> Path:
@@ -70,10 +70,10 @@ async def test_vcs_directories_are_skipped_unless_named(ctx: ToolContext, tree: 
 
 async def test_path_parameter_and_absolute_results_outside_cwd(
         tree: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    elsewhere = ToolContext(cwd=tmp_path_factory.mktemp("elsewhere"))
+    elsewhere = ToolContext(cwd=tmp_path_factory.mktemp("elsewhere"), file_access=NoFileRules())
     out = await glob(elsewhere, "*.py", str(tree / "src"))
     assert out == str(tree / "src" / "a.py")
-    assert await glob(ToolContext(cwd=tree), "*.py", "src") == "src/a.py"
+    assert await glob(ToolContext(cwd=tree, file_access=NoFileRules()), "*.py", "src") == "src/a.py"
 
 
 async def test_absolute_pattern(ctx: ToolContext, tree: Path) -> None:

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import agentfsm.tools.grep as grep_mod
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.grep import GrepTool, Query, may_match_newline, names_a_newline, rg_args, split_globs
 
 HAVE_RG = shutil.which("rg") is not None
@@ -50,7 +50,7 @@ def tree(tmp_path: Path) -> Path:
 
 
 async def grep(root: Path, backend: str, **inp: Any) -> str:
-    out = await GrepTool(backend=backend).call(inp, ToolContext(cwd=root))  # type: ignore[arg-type]
+    out = await GrepTool(backend=backend).call(inp, ToolContext(cwd=root, file_access=NoFileRules()))  # type: ignore[arg-type]
     assert not out.is_error
     return out.data
 
@@ -253,7 +253,7 @@ async def test_results_outside_cwd_are_absolute(tree: Path, backend: str,
                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     out = await GrepTool(backend=backend).call(  # type: ignore[arg-type]
-        {"pattern": "import", "path": str(tree)}, ToolContext(cwd=elsewhere))
+        {"pattern": "import", "path": str(tree)}, ToolContext(cwd=elsewhere, file_access=NoFileRules()))
     assert out.data == f"Found 1 file\n{tree / 'src' / 'm.py'}"
 
 
@@ -303,7 +303,7 @@ def test_backend_selection(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_fallback_runs_when_rg_is_absent(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(grep_mod.shutil, "which", lambda _: None)
-    out = await GrepTool().call({"pattern": "import"}, ToolContext(cwd=tree))
+    out = await GrepTool().call({"pattern": "import"}, ToolContext(cwd=tree, file_access=NoFileRules()))
     assert out.data == "Found 1 file\nsrc/m.py"
 
 
@@ -405,3 +405,15 @@ def test_random_searches_agree(files: list[list[str]], pattern: str, mode: str, 
         rg_out = asyncio.run(grep(root, "rg", **inp))
         py_out = asyncio.run(grep(root, "python", **inp))
         assert rg_out == py_out
+
+
+async def test_grep_refuses_special_files_without_blocking(tmp_path: Path) -> None:
+    import asyncio
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules())
+    for path in ("/dev/zero", str(fifo)):
+        with pytest.raises(ToolError, match="not a regular file or a directory"):
+            await asyncio.wait_for(GrepTool(backend="python").call({"pattern": "x", "path": path}, ctx), 5)

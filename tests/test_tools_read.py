@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.read import DEFAULT_LIMIT, EMPTY_FILE_WARNING, MAX_LINE_CHARS, ReadTool, render
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 async def read(ctx: ToolContext, file_path: str | Path, **kw: int) -> str:
@@ -151,7 +151,7 @@ def test_tool_traits_and_schema() -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["required"] == ["file_path"]
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"file_path", "offset", "limit"}
+    assert set(schema["properties"]) == {"file_path", "offset", "limit", "allow_large"}
     v = jsonschema.Draft202012Validator(schema)
     assert not v.is_valid({})
     assert not v.is_valid({"file_path": "/x", "extra": 1})
@@ -197,8 +197,69 @@ def test_reading_a_file_matches_the_reference(lines: list[str], offset: int | No
             inp["offset"] = offset
         if limit is not None:
             inp["limit"] = limit
-        out = asyncio.run(ReadTool().call(inp, ToolContext(cwd=Path(d)))).data
+        out = asyncio.run(ReadTool().call(inp, ToolContext(cwd=Path(d), file_access=NoFileRules()))).data
         if (offset or 1) > len(lines):
             assert "shorter than the provided offset" in out
         else:
             assert out.split("\n") == _reference(lines, offset, limit)
+
+
+# --- resource guards: special files, the size cap, ranges of huge files -----------------------------
+
+
+async def test_devices_fifos_and_sockets_are_refused_without_blocking(ctx: ToolContext, tmp_path: Path) -> None:
+    import os
+    import socket
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sock_path = tmp_path / "sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock_path))
+    try:
+        for path, kind in (("/dev/zero", "a device"), (fifo, "a FIFO"), (sock_path, "a socket"),
+                           ("/dev/urandom", "a device")):
+            with pytest.raises(ToolError, match=f"is {kind}, not a regular file"):
+                await asyncio.wait_for(ReadTool().call({"file_path": str(path)}, ctx), 5)
+    finally:
+        server.close()
+
+
+async def test_a_file_over_the_cap_is_refused_with_claude_codes_text(ctx: ToolContext, tmp_path: Path) -> None:
+    big = tmp_path / "big.txt"
+    big.write_text(("x" * 379 + "\n") * 1000)  # 380,000 bytes, 1000 lines
+    with pytest.raises(ToolError) as err:
+        await ReadTool().call({"file_path": str(big)}, ctx)
+    assert str(err.value) == (
+        "File content (371.1KB) exceeds maximum allowed size (256KB). Use offset and limit parameters to read "
+        "specific portions of the file, or search for specific content instead of reading the whole file. To "
+        "read it anyway, up to what still fits in your context, call Read again with allow_large: true \u2014 "
+        "only if you genuinely need all of it or the user asked for the whole file.")
+    # a range is read without the cap, and so is the whole file with allow_large
+    assert await read(ctx, big, offset=1, limit=3) == "\n".join(f"{i}\t{'x' * 379}" for i in (1, 2, 3))
+    out = await ReadTool().call({"file_path": str(big), "allow_large": True}, ctx)
+    assert out.data.startswith("1\t") and "1000\t" in out.data
+    # the cap is a setting
+    assert "(1KB)" in str(await _error(ReadTool(max_bytes=1024), ctx, big))
+
+
+async def _error(tool: ReadTool, ctx: ToolContext, path: Path) -> ToolError:
+    with pytest.raises(ToolError) as err:
+        await tool.call({"file_path": str(path)}, ctx)
+    return err.value
+
+
+@pytest.mark.slow
+async def test_a_range_of_a_huge_file_costs_the_range_not_the_file(ctx: ToolContext, tmp_path: Path) -> None:
+    import resource
+
+    huge = tmp_path / "huge.txt"
+    with huge.open("wb") as fh:
+        line = b"y" * 99 + b"\n"
+        for _ in range(200):
+            fh.write(line * 10_000)  # 200 MB
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out = await read(ctx, huge, offset=1_000_000, limit=2000)
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert out.startswith("1000000\t") and out.count("\n") == 1999
+    assert grown_kb < 64 * 1024, f"reading 2000 lines grew the process by {grown_kb} KB"

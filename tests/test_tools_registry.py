@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from agentfsm.tools import ToolRegistry, builtin_tools, tool
-from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import NoFileRules, Tool, ToolContext, ToolError, ToolOutput
 
 BUILTIN = ["Agent", "Bash", "Glob", "Grep", "Read", "Edit", "Write"]
 
@@ -115,7 +115,7 @@ def test_api_schemas() -> None:
 
 
 async def test_a_decorated_tool_runs(tmp_path: Path) -> None:
-    ctx = ToolContext(cwd=tmp_path)
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules())
     assert await shout.call({"text": "hi"}, ctx) == ToolOutput("HI")
     with pytest.raises(ToolError, match="Nothing to shout"):
         await shout.call({"text": ""}, ctx)

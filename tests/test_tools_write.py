@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from agentfsm.tools.base import ToolContext, ToolError
+from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
 from agentfsm.tools.read import ReadTool
 from agentfsm.tools.write import WriteTool
 
@@ -19,7 +19,7 @@ MODIFIED = ("File has been modified since read, either by the user or by a linte
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
-    return ToolContext(cwd=tmp_path)
+    return ToolContext(cwd=tmp_path, file_access=NoFileRules())
 
 
 async def write(ctx: ToolContext, path: Path | str, content: str) -> str:

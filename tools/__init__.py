@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from agentfsm.tools.agent import AgentTool
-from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
+from agentfsm.tools.base import (
+    FileAccess,
+    NoFileRules,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolOutput,
+    ValidationResult,
+    tool,
+)
 from agentfsm.tools.bash import BashTool, is_read_only_command
 from agentfsm.tools.edit import EditTool
 from agentfsm.tools.glob import GlobTool
@@ -32,8 +41,10 @@ __all__ = [
     "AgentTool",
     "BashTool",
     "EditTool",
+    "FileAccess",
     "GlobTool",
     "GrepTool",
+    "NoFileRules",
     "ReadTool",
     "StructuredOutputTool",
     "Tool",

@@ -11,17 +11,22 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import attrs
 
 InterruptBehavior = Literal["cancel", "block"]
+Access = Literal["read", "write"]
 
 
 @attrs.frozen
 class ValidationResult:
+    """A tool's verdict on its input. ``denied``: the input names a file the permission settings
+    deny; the call is then reported as a permission denial, not as bad input."""
+
     ok: bool
     message: str = ""
+    denied: bool = False
 
     @classmethod
     def valid(cls) -> ValidationResult:
@@ -30,6 +35,78 @@ class ValidationResult:
     @classmethod
     def invalid(cls, message: str) -> ValidationResult:
         return cls(False, message)
+
+    @classmethod
+    def deny(cls, message: str) -> ValidationResult:
+        return cls(False, message, denied=True)
+
+
+# --- file access: the port through which every file tool asks the permission settings -----------
+
+# Claude Code's texts: a path a rule denies as given, and one reached through a link or searched.
+FILE_DENIED = "File is in a directory that is denied by your permission settings."
+
+
+def read_denied(path: str) -> str:
+    return f"Permission to read {path} has been denied."
+
+
+def write_denied(path: str) -> str:
+    return f"Permission to write {path} has been denied."
+
+
+@attrs.frozen
+class AccessDenial:
+    """Why a path may not be read or written: the deny ``rule`` (its text, for logs), and whether the
+    path reached it only once resolved (``through_link``: a symlink or a hard link)."""
+
+    path: str
+    rule: str
+    through_link: bool = False
+
+    def message(self, access: Access, *, search: bool = False) -> str:
+        """The text the model sees (Claude Code's wording; it marks only the first as a tool error)."""
+        if search or self.through_link:
+            return read_denied(self.path) if access == "read" else write_denied(self.path)
+        return f"<tool_use_error>{FILE_DENIED}</tool_use_error>"
+
+
+class FileAccess(Protocol):
+    """The file-access policy a tool call runs under (implemented by :mod:`agentfsm.hooks`, wired in
+    by the composition root). Paths are absolute; links are resolved by the policy, not the caller."""
+
+    def denial(self, path: str, access: Access) -> AccessDenial | None:
+        """Why ``path`` may not be read (``access="read"``) or written, or None."""
+
+    def tree_denial(self, directory: str, access: Access) -> AccessDenial | None:
+        """Why nothing below ``directory`` may be read or written as a whole — the directory itself
+        is denied, or every path inside it is — or None (single entries may still be denied)."""
+
+
+class NoFileRules:
+    """A file-access policy without rules: everything may be read and written. Only ever used when a
+    caller passes it explicitly (tests, a bare engine)."""
+
+    def denial(self, path: str, access: Access) -> AccessDenial | None:
+        return None
+
+    def tree_denial(self, directory: str, access: Access) -> AccessDenial | None:
+        return None
+
+
+class _NoPolicy:
+    """What a tool sees when nobody wired a file-access policy: every path is denied (fail closed)."""
+
+    RULE = "no file-access policy was configured"
+
+    def denial(self, path: str, access: Access) -> AccessDenial | None:
+        return AccessDenial(path, self.RULE)
+
+    def tree_denial(self, directory: str, access: Access) -> AccessDenial | None:
+        return AccessDenial(directory, self.RULE)
+
+
+NO_POLICY: FileAccess = _NoPolicy()
 
 
 @attrs.frozen
@@ -65,6 +142,13 @@ class ToolContext:
     on_progress: Callable[[str, Any], None] | None = None
     # services the host provides (e.g. "run_subagent" for the Agent tool)
     services: Mapping[str, Any] = attrs.field(factory=dict)
+    # the permission settings' file-access policy; None (nobody wired one) denies every path
+    file_access: FileAccess | None = None
+
+    @property
+    def access(self) -> FileAccess:
+        """The file-access policy to ask; fails closed when none was given."""
+        return self.file_access if self.file_access is not None else NO_POLICY
 
     def progress(self, data: Any) -> None:
         if self.on_progress is not None:

@@ -26,9 +26,12 @@ from typing import Any
 import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
-from agentfsm.tools.shell import scan, split_words
+from agentfsm.tools.environment import child_environment
+from agentfsm.tools.shell import Analysis, analyse
 
 DEFAULT_TIMEOUT_MS = 120_000
+#: Longest command the concurrency verdict analyses on the event loop.
+INLINE_ANALYSIS_CHARS = 8192
 MAX_TIMEOUT_MS = 600_000
 MAX_OUTPUT_CHARS = 30_000
 # Bytes read back from the output file: enough for MAX_OUTPUT_CHARS of 4-byte UTF-8.
@@ -42,12 +45,11 @@ ABORTED = "<error>Command was aborted before completion</error>"
 # Programs that only read, whatever their arguments.
 _ANY_ARGS = frozenset({
     "ls", "cat", "head", "tail", "wc", "grep", "egrep", "fgrep", "pwd", "echo", "printf", "which",
-    "whereis", "stat", "du", "df", "printenv", "uname", "whoami", "id", "groups", "cut", "tr", "nl",
+    "whereis", "stat", "du", "df", "uname", "whoami", "id", "groups", "cut", "tr", "nl",
     "tac", "rev", "basename", "dirname", "realpath", "readlink", "true", "false", "sleep", "seq",
     "test", "[", "type", "diff", "cmp", "comm", "md5sum", "sha1sum", "sha256sum", "sha512sum",
     "cksum", "b2sum", "strings", "od", "hexdump", "column", "fold", "expand", "unexpand", "jq", "ps",
-    "pgrep", "cd", "file", "tree", "sort", "uniq", "rg", "find", "date", "env", "hostname",
-    "command", "git",
+    "pgrep", "cd", "file", "tree", "sort", "uniq", "rg", "find", "date", "hostname", "command", "git",
 })
 # Flags that make an otherwise read-only program write, run other programs or change the system.
 _FORBIDDEN_FLAGS: dict[str, tuple[str, ...]] = {
@@ -68,11 +70,6 @@ _GIT_LISTING_FLAGS = {
     "tag": frozenset({"-l", "--list", "-n", "--sort", "--format", "--merged", "--no-merged", "--contains",
                       "--no-contains", "--points-at", "--column", "--no-column", "--color"}),
 }
-# The only shell syntax a read-only command may use: sequences, and-or lists and pipes.
-_SEPARATORS = frozenset({"&&", "||", ";", "|", "\n"})
-_OPERATOR_CHARS = frozenset("();<>|&")
-# Anywhere in the text, even quoted: substitutions run code, ">" may write a file.
-_UNSAFE_TEXT = ("`", "$(", "<(", ">(", ">")
 
 
 def _flag_name(arg: str) -> str:
@@ -128,16 +125,18 @@ def _date_read_only(args: list[str]) -> bool:
 _ARG_CHECKS: dict[str, Callable[[list[str]], bool]] = {
     "git": _git_read_only,
     "date": _date_read_only,
-    "env": lambda args: not args,  # "env CMD" runs CMD
     "hostname": lambda args: not args,  # "hostname NAME" renames the machine
     "command": lambda args: bool(args) and args[0] in ("-v", "-V"),
     "uniq": lambda args: len([a for a in args if not a.startswith("-")]) <= 1,  # "uniq IN OUT" writes OUT
 }
 
 
-def _segment_read_only(words: list[str]) -> bool:
+def _segment_read_only(argv: tuple[str | None, ...]) -> bool:
+    if None in argv:
+        return False
+    words = [w for w in argv if w is not None]
     program, args = words[0], words[1:]
-    # "/usr/bin/x", "./x", "VAR=1 x", "$CMD" and "{" never name a known program
+    # "/usr/bin/x", "./x" and "{" never name a known program
     if program not in _ANY_ARGS:
         return False
     if _has_flag(args, _FORBIDDEN_FLAGS.get(program, ())):
@@ -146,27 +145,27 @@ def _segment_read_only(words: list[str]) -> bool:
     return check(args) if check is not None else True
 
 
-def is_read_only_command(command: str) -> bool:
-    """True only when every part of ``command`` is a known read-only program with harmless flags.
+def is_read_only_command(command: str, cwd: str | Path = "/") -> bool:
+    """True only when every command bash would run for ``command`` is a known read-only program with
+    harmless flags, nothing is written (no redirection to a file), no variable is expanded and no
+    environment is printed (``env``, ``printenv``, ``$VAR``: a secret may be among them).
 
     Conservative by design: a false "no" only costs parallelism or a permission prompt, a false
-    "yes" could run a write concurrently with other tools or unasked in plan mode.
+    "yes" could run a write concurrently with other tools or unasked in plan mode. The verdict comes
+    from :func:`agentfsm.tools.shell.analyse`, the same analysis the permission rules use.
     """
-    # "\r": bash reads it as part of a word where shlex splits there, so what the words are is unsure
-    if not command.strip() or "\r" in command or any(t in command for t in _UNSAFE_TEXT):
+    # "\r": bash reads it as part of a word, so what the words are is unsure
+    if not command.strip() or "\r" in command:
         return False
-    line = scan(command)
-    if not line.ok or line.syntax - _SEPARATORS:
-        return False  # "&", "(", "<", "<<", "|&", ";;", ...: background jobs, subshells, redirections
-    for part in line.parts:
-        words = split_words(part)
-        if not words:
-            return False
-        if any(w and set(w) <= _OPERATOR_CHARS for w in words):
-            return False  # an operator in quotes: telling it from a real one is not worth the risk
-        if not _segment_read_only(words):
-            return False
-    return bool(line.parts)
+    return analysis_read_only(analyse(command, str(cwd)))
+
+
+def analysis_read_only(analysis: Analysis) -> bool:
+    """The read-only verdict of :func:`is_read_only_command` on an analysis already made."""
+    if (not analysis.commands or analysis.opaque or analysis.environment or analysis.background
+            or analysis.assigns or analysis.redirects_output):
+        return False
+    return all(_segment_read_only(c.argv) for c in analysis.commands)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -222,7 +221,8 @@ def _shell() -> str:
 
 
 def _environment() -> dict[str, str]:
-    env = dict(os.environ)
+    # our credentials stay with us (tools/environment.py)
+    env = child_environment()
     # A command that would open an editor (git commit without -m) must not wait for a human.
     env.setdefault("GIT_EDITOR", "true")
     return env
@@ -235,15 +235,25 @@ def _timeout_ms(input: Mapping[str, Any]) -> float:
     return min(float(value), MAX_TIMEOUT_MS)
 
 
+# A host that must not leave a command running after it dies (a Temporal worker killed mid-call)
+# puts a guard in ``ctx.services[PROCESS_GUARD]``: its ``preexec()`` runs in the child before the
+# shell starts (e.g. asking the kernel to kill the child with its parent), and ``started(pgid)`` is
+# told the command's process group as soon as it exists (so a later attempt can kill what is left).
+PROCESS_GUARD = "process_guard"
+
+
 async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float) -> ToolOutput:
     fd, name = tempfile.mkstemp(prefix="agentfsm-bash-", suffix=".out")
     out_path = Path(name)
+    guard = ctx.services.get(PROCESS_GUARD)
     try:
         with os.fdopen(fd, "wb") as out:
             proc = await asyncio.create_subprocess_shell(
                 command, executable=_shell(), cwd=str(ctx.cwd), env=_environment(),
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=guard.preexec if guard is not None else None)
+        if guard is not None:
+            guard.started(proc.pid)
         waiter = asyncio.ensure_future(proc.wait())
         aborted = asyncio.ensure_future(ctx.abort.wait())
         try:
@@ -349,6 +359,13 @@ class BashTool(Tool):
     }
 
     def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        command = input.get("command")
+        # asked on the event loop: a long command is not analysed here (the permission check, in a
+        # worker thread, still analyses it); it just runs alone
+        return isinstance(command, str) and len(command) <= INLINE_ANALYSIS_CHARS and is_read_only_command(command)
+
+    def is_read_only(self, input: Mapping[str, Any]) -> bool:
+        # asked by the permission check, off the event loop: any length is analysed
         command = input.get("command")
         return isinstance(command, str) and is_read_only_command(command)
 

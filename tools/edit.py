@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,16 @@ from agentfsm.tools.read import (
     check_fresh,
     not_found_message,
     number_lines,
+    open_regular,
     record_read,
+    require_access,
     split_lines,
+    validate_access,
 )
 
 SNIPPET_CONTEXT = 4
+#: Largest file Edit reads into memory to change it.
+MAX_EDIT_BYTES = 64 * 1024 * 1024
 SAME_STRINGS = "No changes to make: old_string and new_string are exactly the same."
 ALREADY_EXISTS = "Cannot create new file - file already exists."
 NOT_FOUND = "String to replace not found in file."
@@ -117,7 +123,12 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
         if old == "":
             return PlannedEdit(path, new, 0, new, creates=True, crlf=False, bom=False)
         raise ToolError(not_found_message(ctx, path))
-    raw = path.read_bytes()
+    with open_regular(ctx, path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_EDIT_BYTES:
+            raise ToolError(f"File is too large to edit ({size / 1024 / 1024:.1f} MB; Edit changes files up to "
+                            f"{MAX_EDIT_BYTES // 1024 // 1024} MB). Use a shell command such as sed instead.")
+        raw = fh.read(MAX_EDIT_BYTES + 1)
     bom = raw.startswith(b"\xef\xbb\xbf")
     body = raw[3 if bom else 0:]
     if old == "":
@@ -171,6 +182,12 @@ class EditTool(Tool):
     }
 
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        # the permission settings first: a denied file gets no word about its state. Edit reads the
+        # file too (its result quotes the edited lines), so a file it may not read is denied as well.
+        path = absolute(ctx, input["file_path"])
+        denied = await asyncio.to_thread(validate_access, ctx, path, "write", "read")
+        if denied is not None:
+            return denied
         try:
             await asyncio.to_thread(plan_edit, ctx, input)
         except ToolError as exc:
@@ -179,6 +196,7 @@ class EditTool(Tool):
 
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         # Planned afresh: hooks and permission prompts run between validation and the call.
+        await asyncio.to_thread(require_access, ctx, absolute(ctx, input["file_path"]), "write", "read")
         plan = await asyncio.to_thread(plan_edit, ctx, input)
         await asyncio.to_thread(_write, plan)
         record_read(ctx, plan.path)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import FileAccess, ReadOnlyTool, ToolContext, ToolError, ToolOutput, ValidationResult
 from agentfsm.tools.pathmatch import Matcher, PatternError, expand_braces, glob_tool_matcher, has_magic
 from agentfsm.tools.read import CWD_NOTE
 
@@ -64,6 +64,24 @@ def _walk(root: str, matcher: Matcher, max_depth: int | None, skip: frozenset[st
                 continue
 
 
+def search_root_denial(ctx: ToolContext, given: str | None) -> ValidationResult | None:
+    """A search (Glob, Grep) of a directory the permission settings deny as a whole — or of a file
+    they deny — is refused outright, in Claude Code's words: ``Permission to read PATH has been
+    denied.`` (a path that exists but is only partly denied is searched, its denied files left out)."""
+    root = os.path.normpath(ctx.resolve(given)) if given else os.path.abspath(ctx.cwd)
+    denial = ctx.access.tree_denial(root, "read")
+    if denial is None:
+        return None
+    return ValidationResult.deny(denial.message("read", search=True) if given else
+                                 f"Permission to read {root} has been denied.")
+
+
+def visible(access: FileAccess, path: str) -> bool:
+    """Whether a search may show ``path``: it, what it links to, and its other hard-linked names are
+    all readable."""
+    return access.denial(path, "read") is None
+
+
 def find_files(root: str, pattern: str, stop: threading.Event | None = None) -> list[tuple[str, float]]:
     """(path, mtime) of files under ``root`` matching ``pattern``, unordered."""
     stop = stop or threading.Event()
@@ -106,6 +124,11 @@ class GlobTool(ReadOnlyTool):
         path = input.get("path")
         return path if isinstance(path, str) else None
 
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        given = input.get("path")
+        denied = await asyncio.to_thread(search_root_denial, ctx, given if isinstance(given, str) else None)
+        return denied or ValidationResult.valid()
+
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         pattern: str = input["pattern"]
         if not pattern.strip():
@@ -117,9 +140,18 @@ class GlobTool(ReadOnlyTool):
                 raise ToolError(f"Directory does not exist: {given}. {CWD_NOTE} {ctx.cwd}.")
             if not os.path.isdir(root):
                 raise ToolError(f"Path is not a directory: {given}")
+        denied = search_root_denial(ctx, given)
+        if denied is not None:
+            raise ToolError(denied.message)
         stop = threading.Event()
+        access = ctx.access
+
+        def search() -> list[tuple[str, float]]:
+            # what the permission settings deny is left out, as if it were not there
+            return [(p, m) for p, m in find_files(root, pattern, stop) if visible(access, p)]
+
         try:
-            found = await run_stoppable(ctx, stop, lambda: find_files(root, pattern, stop))
+            found = await run_stoppable(ctx, stop, search)
         except PatternError as exc:
             raise ToolError(str(exc)) from exc
         if not found:

@@ -30,8 +30,8 @@ from typing import Any, Literal, cast
 
 import attrs
 
-from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
-from agentfsm.tools.glob import VCS_DIRS, display_path, run_stoppable
+from agentfsm.tools.base import FileAccess, ReadOnlyTool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.glob import VCS_DIRS, display_path, run_stoppable, search_root_denial, visible
 from agentfsm.tools.pathmatch import IgnoreRule, PatternError, expand_braces, ignore_rule
 from agentfsm.tools.read import CWD_NOTE, decode_text
 
@@ -41,6 +41,8 @@ OutputMode = Literal["content", "files_with_matches", "count"]
 #: Process-wide default; tests set it to ``"python"`` to exercise the fallback with rg installed.
 BACKEND: Backend = "auto"
 DEFAULT_HEAD_LIMIT = 250
+#: Largest file the pure-Python fallback searches (it reads a file whole).
+MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_CHARS = 500
 
 # Globs of the file types the fallback knows (copied from ripgrep's own type table).
@@ -517,7 +519,10 @@ def search_python(q: Query, stop: threading.Event) -> Found:
         if stop.is_set():
             break
         try:
-            data = Path(path).read_bytes()
+            with open(path, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
+                    continue  # ripgrep streams such a file; this fallback will not hold it in memory
+                data = fh.read(MAX_FILE_BYTES + 1)
         except OSError:
             continue
         binary_at = data.find(b"\0")
@@ -537,6 +542,22 @@ def search_python(q: Query, stop: threading.Event) -> Found:
                 found.binary_offset = binary_at if binary_at >= 0 else None
                 hits.append(found)
     return files if q.mode == "files_with_matches" else counts if q.mode == "count" else hits
+
+
+def only_visible(access: FileAccess, mode: OutputMode, found: Found) -> Found:
+    """``found`` without the files the permission settings deny (by path, link target or hard link)."""
+    seen: dict[str, bool] = {}
+
+    def shown(path: str) -> bool:
+        if path not in seen:
+            seen[path] = visible(access, os.path.abspath(path))
+        return seen[path]
+
+    if mode == "files_with_matches":
+        return [p for p in cast(list[str], found) if shown(p)]
+    if mode == "count":
+        return [(p, n) for p, n in cast(list[tuple[str, int]], found) if shown(p)]
+    return [h for h in cast(list[FileHits], found) if shown(h.path)]
 
 
 # --- formatting (shared by both backends) ----------------------------------------------------
@@ -743,11 +764,21 @@ class GrepTool(ReadOnlyTool):
             return True
         return shutil.which("rg") is not None
 
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        given = input.get("path")
+        denied = await asyncio.to_thread(search_root_denial, ctx, given if isinstance(given, str) else None)
+        return denied or ValidationResult.valid()
+
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         given = input.get("path")
         root = os.path.normpath(ctx.resolve(given)) if given else os.path.abspath(ctx.cwd)
         if not os.path.exists(root):
             raise ToolError(f"Path does not exist: {given}. {CWD_NOTE} {ctx.cwd}.")
+        if not os.path.isdir(root) and not os.path.isfile(root):
+            raise ToolError(f"{given} is not a regular file or a directory: Grep searches files.")
+        denied = await asyncio.to_thread(search_root_denial, ctx, given)
+        if denied is not None:
+            raise ToolError(denied.message)
         mode: OutputMode = input.get("output_mode") or "files_with_matches"
         before, after = _context(input) if mode == "content" else (0, 0)
         q = Query(
@@ -760,6 +791,8 @@ class GrepTool(ReadOnlyTool):
         else:
             stop = threading.Event()
             result = await run_stoppable(ctx, stop, lambda: search_python(q, stop))
+        # what the permission settings deny is left out before anything is counted or paged
+        result = await asyncio.to_thread(only_visible, ctx.access, mode, result)
         head_limit: int | None = input.get("head_limit")
         offset = _count(input.get("offset"))
         if mode == "files_with_matches":

@@ -9,14 +9,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from agentfsm.tools.base import ReadOnlyTool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import Access, ReadOnlyTool, ToolContext, ToolError, ToolOutput, ValidationResult
 
 DEFAULT_LIMIT = 2000
 MAX_LINE_CHARS = 2000
+#: Largest file Read returns whole (Claude Code's 256 KB); ``AGENTFSM_READ_MAX_BYTES`` changes it.
+DEFAULT_MAX_BYTES = 256 * 1024
+#: Largest file (or range of one) Read returns with ``allow_large: true``.
+LARGE_MAX_BYTES = 4 * 1024 * 1024
 CWD_NOTE = "Note: your current working directory is"
 EMPTY_FILE_WARNING = "<system-reminder>Warning: the file exists but the contents are empty.</system-reminder>"
 NOT_READ_YET = "File has not been read yet. Read it first before writing to it."
@@ -53,6 +58,28 @@ def _state_keys(path: Path) -> list[str]:
     if real != keys[0]:
         keys.append(real)
     return keys
+
+
+def access_denied(ctx: ToolContext, path: Path, *accesses: Access) -> str | None:
+    """The text denying ``path`` to the call (Claude Code's wording), or None: the permission
+    settings' file-access policy is asked for each access, and fails closed when none was wired."""
+    for access in accesses:
+        denial = ctx.access.denial(str(path), access)
+        if denial is not None:
+            return denial.message(access)
+    return None
+
+
+def validate_access(ctx: ToolContext, path: Path, *accesses: Access) -> ValidationResult | None:
+    text = access_denied(ctx, path, *accesses)
+    return ValidationResult.deny(text) if text is not None else None
+
+
+def require_access(ctx: ToolContext, path: Path, *accesses: Access) -> None:
+    """Raise the denial (checked again when the call runs: a hook may have changed the input)."""
+    text = access_denied(ctx, path, *accesses)
+    if text is not None:
+        raise ToolError(text)
 
 
 def record_read(ctx: ToolContext, path: Path) -> None:
@@ -126,6 +153,78 @@ def looks_binary(path: Path, head: bytes) -> bool:
     return b"\0" in head[:8192] and not head.startswith((b"\xff\xfe", b"\xfe\xff"))
 
 
+def max_read_bytes() -> int:
+    """The size cap of one Read (the ``AGENTFSM_READ_MAX_BYTES`` setting, else 256 KB)."""
+    try:
+        value = int(os.environ.get("AGENTFSM_READ_MAX_BYTES", ""))
+    except ValueError:
+        return DEFAULT_MAX_BYTES
+    return value if value > 0 else DEFAULT_MAX_BYTES
+
+
+def _kb(n: int) -> str:
+    return f"{n / 1024:.1f}".rstrip("0").rstrip(".") + "KB"
+
+
+def too_large(size: int, cap: int, allow_large: bool) -> str:
+    """Claude Code's text for a file over the cap (its size in KB with one decimal)."""
+    if allow_large:
+        return (f"File content ({size / 1024:.1f}KB) exceeds the maximum size Read returns even with "
+                f"allow_large ({_kb(cap)}). Use offset and limit parameters to read specific portions of "
+                "the file, or search for specific content instead of reading the whole file.")
+    return (f"File content ({size / 1024:.1f}KB) exceeds maximum allowed size ({_kb(cap)}). Use offset and limit "
+            "parameters to read specific portions of the file, or search for specific content instead of "
+            "reading the whole file. To read it anyway, up to what still fits in your context, call Read again "
+            "with allow_large: true \u2014 only if you genuinely need all of it or the user asked for the whole "
+            "file.")
+
+
+def open_regular(ctx: ToolContext, path: Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file; a directory, a device, a FIFO or a
+    socket is refused before anything is read (opened without blocking: a FIFO with no writer
+    would otherwise hang the call, and ``/dev/zero`` never ends)."""
+    try:
+        _check_regular(path, os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError as exc:
+        raise ToolError(not_found_message(ctx, path)) from exc
+    except IsADirectoryError as exc:
+        raise ToolError(f"{path} is a directory, not a file. Use Bash (ls) or Glob to list a directory.") from exc
+    except PermissionError as exc:
+        raise ToolError(f"Permission denied: {path}") from exc
+    except OSError as exc:
+        raise ToolError(f"Could not read {path}: {exc.strerror or exc}") from exc
+    try:
+        _check_regular(path, os.fstat(fd).st_mode)  # again: it may have been replaced since
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_regular(path: Path, mode: int) -> None:
+    if stat.S_ISDIR(mode):
+        raise ToolError(f"{path} is a directory, not a file. Use Bash (ls) or Glob to list a directory.")
+    if not stat.S_ISREG(mode):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise ToolError(f"{path} is {kind}, not a regular file: Read only reads regular files.")
+
+
+def _lines_of(fh: IO[bytes]) -> Iterator[str]:
+    """The file's lines as :func:`split_lines` gives them, read one at a time."""
+    first = True
+    for raw in fh:
+        if first:
+            first = False
+            if raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+        line = raw.decode("utf-8", errors="replace")
+        if line.endswith("\n"):
+            line = line[:-1]
+        yield line[:-1] if line.endswith("\r") else line
+
+
 # --- the tool --------------------------------------------------------------------------------
 
 
@@ -136,7 +235,8 @@ class ReadTool(ReadOnlyTool):
         f"{DEFAULT_LIMIT} lines are returned from the start of the file; pass offset (1-based line "
         "number) and limit to page through longer files. Lines come back as `N<TAB>text` with N the "
         f"line number; lines longer than {MAX_LINE_CHARS} characters are cut. PNG, JPEG, GIF and WebP "
-        "files are returned as images. Reading a directory is an error: use Bash `ls` or Glob instead."
+        "files are returned as images. Reading a directory is an error: use Bash `ls` or Glob instead. "
+        "A file over 256 KB is refused unless a range (offset, limit) is given or allow_large is true."
     )
     input_schema: Mapping[str, Any] = {
         "type": "object",
@@ -148,46 +248,92 @@ class ReadTool(ReadOnlyTool):
             "limit": {"type": "integer", "minimum": 1,
                       "description": "The number of lines to read. Only provide if the file is too "
                                      "large to read at once."},
+            "allow_large": {"type": "boolean",
+                            "description": "Set to true to read a text file, or a line range of one, that is "
+                                           "over the usual size limits, up to what still fits in your context. "
+                                           "Only use this when you genuinely need all of it or the user asked "
+                                           "for the whole file; otherwise read it in parts with offset and "
+                                           "limit, or search it."},
         },
         "required": ["file_path"],
         "additionalProperties": False,
     }
 
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        path = absolute(ctx, input["file_path"])
+        return await asyncio.to_thread(validate_access, ctx, path, "read") or ValidationResult.valid()
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         path = absolute(ctx, input["file_path"])
+        await asyncio.to_thread(require_access, ctx, path, "read")
         offset: int | None = input.get("offset")
         limit: int | None = input.get("limit")
         # File I/O off the loop: a large file or a slow mount must not stall concurrent tools.
-        return await asyncio.to_thread(self._read, ctx, path, offset, limit)
+        return await asyncio.to_thread(self._read, ctx, path, offset, limit, bool(input.get("allow_large")))
 
-    def _read(self, ctx: ToolContext, path: Path, offset: int | None, limit: int | None) -> ToolOutput:
-        if not path.exists():
-            raise ToolError(not_found_message(ctx, path))
-        if path.is_dir():
-            raise ToolError(f"{path} is a directory, not a file. Use Bash (ls) or Glob to list a directory.")
-        try:
-            data = path.read_bytes()
-        except PermissionError as exc:
-            raise ToolError(f"Permission denied: {path}") from exc
-        except OSError as exc:
-            raise ToolError(f"Could not read {path}: {exc.strerror or exc}") from exc
-
-        media_type = IMAGE_TYPES.get(path.suffix.lower())
-        if media_type is not None:
-            if len(data) > MAX_IMAGE_BYTES:
-                raise ToolError(f"Image file is too large to read ({len(data)} bytes; the maximum is "
-                                f"{MAX_IMAGE_BYTES} bytes).")
-            record_read(ctx, path)
-            return ToolOutput([{"type": "image", "source": {
-                "type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode("ascii")}}])
-        if looks_binary(path, data):
-            raise ToolError(f"This tool cannot read binary files. The file appears to be a binary "
-                            f"{path.suffix or '(no extension)'} file. Use a shell command or script that "
-                            "can read the format.")
-
-        lines = split_lines(decode_text(data))
+    def _read(self, ctx: ToolContext, path: Path, offset: int | None, limit: int | None,
+              allow_large: bool = False) -> ToolOutput:
+        cap = LARGE_MAX_BYTES if allow_large else (self.max_bytes or max_read_bytes())
+        with open_regular(ctx, path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            media_type = IMAGE_TYPES.get(path.suffix.lower())
+            if media_type is not None:
+                data = fh.read(MAX_IMAGE_BYTES + 1)
+                if len(data) > MAX_IMAGE_BYTES:
+                    raise ToolError(f"Image file is too large to read ({size} bytes; the maximum is "
+                                    f"{MAX_IMAGE_BYTES} bytes).")
+                record_read(ctx, path)
+                return ToolOutput([{"type": "image", "source": {
+                    "type": "base64", "media_type": media_type, "data": base64.b64encode(data).decode("ascii")}}])
+            head = fh.read(8192)
+            if looks_binary(path, head):
+                raise ToolError(f"This tool cannot read binary files. The file appears to be a binary "
+                                f"{path.suffix or '(no extension)'} file. Use a shell command or script that "
+                                "can read the format.")
+            fh.seek(0)
+            utf16 = head.startswith((b"\xff\xfe", b"\xfe\xff"))
+            if (offset is None and limit is None) or utf16:
+                if size > cap:
+                    raise ToolError(too_large(size, cap, allow_large))
+                data = fh.read(cap + 1)
+                if len(data) > cap:  # it grew while we looked
+                    raise ToolError(too_large(len(data), cap, allow_large))
+                text = render(split_lines(decode_text(data)), offset, limit)
+            else:
+                text = _render_range(fh, offset, limit, cap, allow_large)
         record_read(ctx, path)
-        return ToolOutput(render(lines, offset, limit))
+        return ToolOutput(text)
+
+
+def _render_range(fh: IO[bytes], offset: int | None, limit: int | None, cap: int, allow_large: bool) -> str:
+    """:func:`render` of a range, reading the file one line at a time: memory holds the range, never
+    the file (a 200 MB file costs what its 2000 lines cost)."""
+    first = max(offset or 1, 1)
+    count = limit if limit is not None else DEFAULT_LIMIT
+    window: list[str] = []
+    held = 0
+    total = 0
+    for line in _lines_of(fh):
+        total += 1
+        if first <= total < first + count:
+            held += len(line)
+            if held > cap:
+                raise ToolError(too_large(held, cap, allow_large))
+            window.append(line)
+    if total == 0:
+        return EMPTY_FILE_WARNING
+    if first > total:
+        return (f"<system-reminder>Warning: the file exists but is shorter than the provided offset "
+                f"({first}). The file has {total} lines.</system-reminder>")
+    text = number_lines([_clip(line) for line in window], first)
+    last = first + len(window) - 1
+    if limit is None and last < total:
+        text += (f"\n\n[Showing lines {first}-{last} of {total}. Call Read with offset={last + 1} "
+                 "to read further.]")
+    return text
 
 
 def render(lines: list[str], offset: int | None, limit: int | None) -> str:

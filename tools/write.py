@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
-from agentfsm.tools.read import absolute, check_fresh, record_read
+from agentfsm.tools.read import absolute, check_fresh, record_read, require_access, validate_access
 
 
 class WriteTool(Tool):
@@ -32,8 +32,13 @@ class WriteTool(Tool):
     }
 
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        path = absolute(ctx, input["file_path"])
+        # the permission settings first: a denied file gets no word about its state
+        denied = await asyncio.to_thread(validate_access, ctx, path, "write")
+        if denied is not None:
+            return denied
         try:
-            _check(ctx, absolute(ctx, input["file_path"]))
+            _check(ctx, path)
         except ToolError as exc:
             return ValidationResult.invalid(str(exc))
         return ValidationResult.valid()
@@ -41,6 +46,7 @@ class WriteTool(Tool):
     async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         path = absolute(ctx, input["file_path"])
         # Checked again: hooks and permission prompts run between validation and the call.
+        await asyncio.to_thread(require_access, ctx, path, "write")
         existed = _check(ctx, path)
         await asyncio.to_thread(_write, path, input["content"])
         record_read(ctx, path)
@@ -55,6 +61,8 @@ def _check(ctx: ToolContext, path: Path) -> bool:
         raise ToolError(f"{path} is a directory; Write needs a file path.")
     if not path.exists():
         return False
+    if not path.is_file():  # a FIFO would block the write until a reader came, a device never ends
+        raise ToolError(f"{path} is not a regular file; Write only writes regular files.")
     check_fresh(ctx, path)
     return True
 

@@ -128,7 +128,10 @@ class StreamedResponse:
     ``message_start``); with ``break_mid_block`` the next block is also started and given its first
     delta before the cut. ``sse_error``: send an ``error`` event at the cut point (after
     ``break_after`` blocks, else after every block) instead of dropping the connection.
-    ``stop_reason`` None sends a ``message_delta`` without one (a malformed stream).
+    ``stop_reason`` None sends a ``message_delta`` without one (a malformed stream). ``fault``: a
+    stream that fails before its first event — ``drop`` (the connection closes after the headers),
+    ``invalid_json`` (a ``message_start`` whose data is not JSON), ``html`` (a 200 with an HTML page),
+    ``garbage`` (bytes that are not SSE); a non-streamed request gets the message itself.
     """
 
     blocks: tuple[Block, ...] = attrs.field(default=(), converter=tuple)
@@ -139,6 +142,8 @@ class StreamedResponse:
     break_after: int | None = None
     break_mid_block: bool = False
     sse_error: SseError | None = None
+    fault: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(("drop", "invalid_json", "html", "garbage"))))
 
     def __attrs_post_init__(self) -> None:
         if self.break_after is not None and not 0 <= self.break_after <= len(self.blocks):
@@ -153,7 +158,7 @@ class StreamedResponse:
 
     @property
     def complete(self) -> bool:
-        return self.break_after is None and self.sse_error is None
+        return self.break_after is None and self.sse_error is None and self.fault is None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"blocks": [b.to_dict() for b in self.blocks], "stop_reason": self.stop_reason}
@@ -169,6 +174,8 @@ class StreamedResponse:
             out["break_mid_block"] = True
         if self.sse_error is not None:
             out["sse_error"] = self.sse_error.to_dict()
+        if self.fault is not None:
+            out["fault"] = self.fault
         return out
 
 
@@ -299,6 +306,7 @@ _STREAMED_SCHEMA: dict[str, Any] = {
         "block_delay_s": _NUM,
         "break_after": {"type": "integer", "minimum": 0},
         "break_mid_block": {"type": "boolean"},
+        "fault": {"enum": ["drop", "invalid_json", "html", "garbage"]},
         "sse_error": {
             "oneOf": [
                 {"type": "string", "minLength": 1},
@@ -400,6 +408,7 @@ def parse_response(raw: Mapping[str, Any] | Response, where: str = "response") -
             break_after=raw.get("break_after"),
             break_mid_block=bool(raw.get("break_mid_block", False)),
             sse_error=sse_error,
+            fault=raw.get("fault"),
         )
     except ScenarioError as e:
         raise ScenarioError(f"{where}.{e}") from None

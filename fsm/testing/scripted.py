@@ -14,6 +14,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from agentfsm.events import ModelError
 from agentfsm.model import ModelCallError, ModelRequest, RetryNotice, StreamEvent, classify_error, with_retries
 from agentfsm.testing.scenario import (
@@ -90,6 +92,11 @@ def stream_error(resp: StreamedResponse) -> ModelError:
     """What the SDK transport makes of a cut stream (kept in step with :mod:`agentfsm.transport`): an SSE
     ``overloaded_error`` is an overload (as a 529), an SSE ``api_error`` or a dropped connection is a
     retryable ``connection`` error, any other SSE error is classified like an API error."""
+    if resp.fault is not None:
+        if resp.fault == "drop":
+            return ModelError("stream_dropped", "Stream interrupted: the connection closed before the first event",
+                              None, True)
+        return ModelError("stream_garbled", f"Malformed stream from the API: a {resp.fault} body", None, True)
     if resp.sse_error is not None:
         etype, message = resp.sse_error.type, resp.sse_error.message
         if etype == "api_error":
@@ -156,22 +163,28 @@ class ScriptedModel:
 
     def events_for(self, request: ModelRequest) -> tuple[Response, list[WireEvent]]:
         """Take the next response for ``request`` (recording it) and the events it streams."""
+        serial, resp = self._take(request)
+        if isinstance(resp, HttpErrorResponse):
+            return resp, []
+        return resp, self._events(resp, request, serial)
+
+    def _take(self, request: ModelRequest) -> tuple[int, Response]:
         if self.keep_requests:
             with self._lock:
                 self._requests.append(request)
         key = session_key(request.metadata) if self.per_session else None
         _, serial, resp = self._source.take(request, key)
-        if isinstance(resp, HttpErrorResponse):
-            return resp, []
+        return serial, resp
+
+    def _events(self, resp: StreamedResponse, request: ModelRequest, serial: int) -> list[WireEvent]:
         # the estimate serialises the whole request: only when the script does not give the count
         given = (resp.usage or {}).get("input_tokens")
-        events = response_events(
+        return response_events(
             resp,
             self.model or request.model,
             input_tokens=given if given is not None else estimate_input_tokens(request.body()),
             message_id=f"msg_scripted_{serial:06d}",
         )
-        return resp, events
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent | RetryNotice]:
         # the transports' retry rule (agentfsm.model.with_retries); a scripted wait is the answer's
@@ -185,9 +198,31 @@ class ScriptedModel:
         if isinstance(resp, HttpErrorResponse):
             raise ModelCallError(classify_error(resp.status, resp.error_type, resp.message),
                                  should_retry=resp.sdk_retries, retry_after_s=resp.retry_after_s)
+        if isinstance(resp, StreamedResponse) and resp.fault is not None:
+            raise ModelCallError(stream_error(resp))  # before the first event
         for event in events:
             if event.record is not None:
                 yield event.record
             await self._sleep(event.pause_s)
         if not resp.complete:
             raise ModelCallError(stream_error(resp))
+
+    async def create(self, request: ModelRequest) -> list[StreamEvent]:
+        """The next response answered without streaming (as the server answers ``stream: false``):
+        a stream fault does not apply; a cut one closes the connection, an SSE error is an HTTP error."""
+        attempts = 0
+        while True:
+            serial, resp = self._take(request)
+            await self._sleep(resp.delay_s)
+            if isinstance(resp, HttpErrorResponse):
+                if resp.sdk_retries and attempts < self.max_retries:
+                    attempts += 1
+                    continue
+                raise ModelCallError(classify_error(resp.status, resp.error_type, resp.message))
+            break
+        if resp.sse_error is not None:
+            raise ModelCallError(stream_error(attrs.evolve(resp, break_after=None, fault=None)))
+        if resp.breaks:
+            raise ModelCallError(ModelError("connection", "Connection error: closed without an answer", None, True))
+        events = self._events(attrs.evolve(resp, fault=None), request, serial)
+        return [e.record for e in events if e.record is not None]

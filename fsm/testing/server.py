@@ -434,6 +434,8 @@ class ScriptedServer:
             f"request-id: {request_id}\r\n"
             f"connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
         )
+        if resp.fault is not None:
+            return await self._fault(writer, resp.fault, head)
         writer.write(head.encode("latin-1"))
         for event in response_events(resp, model, input_tokens=input_tokens, message_id=message_id):
             frame = event.sse()
@@ -446,6 +448,25 @@ class ScriptedServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return keep_alive
+
+    async def _fault(self, writer: asyncio.StreamWriter, fault: str, head: str) -> bool:
+        """A stream that fails before its first event (see ``StreamedResponse.fault``)."""
+        if fault == "html":
+            page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n"
+                         b"connection: close\r\n\r\n%s" % (len(page), page))
+            await writer.drain()
+            return False
+        writer.write(head.encode("latin-1"))
+        frames = {"drop": b"",
+                  "invalid_json": b"event: message_start\ndata: {\"type\": \"message_start\", \"message\": {\n\n",
+                  "garbage": b"\x00\x01garbage that is not server-sent events\xff\n\n"}[fault]
+        if frames:
+            writer.write(b"%x\r\n%s\r\n" % (len(frames), frames))
+        if fault != "drop":
+            writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return False
 
     async def _send_json(
         self,

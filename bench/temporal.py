@@ -1,0 +1,140 @@
+"""Many sessions on Temporal: N scripted sessions on 1, 2 and 4 worker processes, against the same N
+sessions run concurrently in one process by the in-process API (the baseline, same run).
+
+Each session is the read probe: the scripted model asks for a Read of a fixture file, then answers
+(two model requests and one tool call). On Temporal that is one workflow run with its activities:
+open the run, two model calls, the tool, the end; the session file is written by the workflow.
+The dev server (``temporal server start-dev``, in memory) and the workers are separate processes
+on this machine; their CPU time is read from ``/proc`` and reported next to wall time, since wall
+time on a shared machine also counts other people's work.
+
+Printed per setup: wall time, sessions/s, CPU seconds (server, workers, this client) and CPU per
+session; then the per-session overhead Temporal adds: its CPU per session minus the in-process one.
+
+    python bench/temporal.py [--n 1000] [--workers 1,2,4] [--parallel 200] [--no-trace] [--no-sandbox]
+
+With the defaults it runs 4,000 sessions (about five minutes on 2 cores); ``--n 200`` for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import machine
+
+from agentfsm import query
+from agentfsm.options import Options
+from agentfsm.testing.scenario import load_embedded_scenario, populate_workspace
+from agentfsm.testing.scripted import ScriptedModel
+
+
+def cpu_of(pid: int) -> float:
+    """User + system CPU seconds of a live process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def in_process(n: int, ws: Path, sessions: Path, parallel: int, trace: bool) -> dict[str, float]:
+    """The baseline: n sessions on one event loop, the scripted model in-process."""
+    scenario = load_embedded_scenario(ws=ws)
+    gate = asyncio.Semaphore(parallel)
+
+    async def one() -> bool:
+        async with gate:
+            opts = Options(cwd=ws, sessions_dir=sessions, setting_sources=(), write_trace=trace)
+            last: dict[str, Any] = {}
+            async for msg in query(scenario.prompt or "go", options=opts, client=ScriptedModel(scenario, time_scale=0)):
+                last = msg
+            return last.get("subtype") == "success"
+
+    cpu0, t0 = own_cpu(), time.monotonic()
+    ok = sum(await asyncio.gather(*(one() for _ in range(n))))
+    return {"wall": time.monotonic() - t0, "cpu_client": own_cpu() - cpu0, "ok": ok}
+
+
+def on_temporal(address: str, n: int, workers: int, ws: Path, sessions: Path, parallel: int, trace: bool,
+                server_pid: int, sandbox: bool) -> dict[str, float]:
+    from agentfsm.temporal.client import BatchItem, run_batch, spawn_workers, stop_workers
+    from agentfsm.temporal.worker import connect
+
+    scenario = json.dumps(load_embedded_scenario().to_dict() | {"prompt": "AGENT_LOOP_INITIAL_MARKER"})
+    queue = f"bench-{workers}-{os.getpid()}"
+    procs = spawn_workers(address, workers, task_queue=queue, concurrency=parallel,
+                          extra=() if sandbox else ("--no-sandbox",))
+    try:
+        opts = Options(cwd=ws, sessions_dir=sessions, setting_sources=(), write_trace=trace)
+        items = [BatchItem(f"s{i}", "AGENT_LOOP_INITIAL_MARKER", scenario) for i in range(n)]
+
+        async def go() -> list[dict[str, Any]]:
+            client = await connect(address)
+            return await run_batch(client, items, opts, task_queue=queue, parallel=parallel)
+
+        before = {p.pid: cpu_of(p.pid) for p in procs}
+        server0, cpu0, t0 = cpu_of(server_pid), own_cpu(), time.monotonic()
+        results = asyncio.run(go())
+        wall = time.monotonic() - t0
+        return {"wall": wall, "cpu_client": own_cpu() - cpu0, "cpu_server": cpu_of(server_pid) - server0,
+                "cpu_workers": sum(cpu_of(p.pid) - before[p.pid] for p in procs),
+                "ok": sum(1 for r in results if r.get("subtype") == "success")}
+    finally:
+        stop_workers(procs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--workers", default="1,2,4", help="comma-separated worker process counts")
+    p.add_argument("--parallel", type=int, default=200, help="sessions in flight at once")
+    p.add_argument("--no-trace", action="store_true", help="write no session files")
+    p.add_argument("--no-sandbox", action="store_true", help="workers run workflows outside Temporal's sandbox")
+    args = p.parse_args()
+    from agentfsm.temporal.devserver import start_dev_server
+
+    trace = not args.no_trace
+    root = Path(tempfile.mkdtemp(prefix="agentfsm-bench-temporal-"))
+    ws = populate_workspace(root / "ws")
+    print(f"machine: {machine()}")
+    print(f"{args.n} sessions (read probe: 2 model requests, 1 Read), {args.parallel} in flight, "
+          f"session files {'on' if trace else 'off'}, workflow sandbox {'off' if args.no_sandbox else 'on'}")
+    base = asyncio.run(in_process(args.n, ws, root / "local", args.parallel, trace))
+    base_per = base["cpu_client"] / args.n
+    print(f"{'setup':<22}{'wall s':>8}{'sessions/s':>12}{'CPU s srv/wrk/cli':>22}{'CPU ms/session':>16}{'ok':>6}")
+    print(f"{'in-process API':<22}{base['wall']:>8.1f}{args.n / base['wall']:>12.1f}"
+          f"{'-/-/' + format(base['cpu_client'], '.1f'):>22}{base_per * 1000:>16.1f}{base['ok']:>6}")
+    rows = []
+    with start_dev_server() as server:
+        for k in (int(x) for x in args.workers.split(",")):
+            r = on_temporal(server.address, args.n, k, ws, root / f"t{k}", args.parallel, trace, server.process.pid,
+                            not args.no_sandbox)
+            cpu = r["cpu_server"] + r["cpu_workers"] + r["cpu_client"]
+            rows.append((k, r, cpu))
+            label = f"Temporal, {k} worker{'s' if k > 1 else ''}"
+            split = f"{r['cpu_server']:.1f}/{r['cpu_workers']:.1f}/{r['cpu_client']:.1f}"
+            print(f"{label:<22}{r['wall']:>8.1f}{args.n / r['wall']:>12.1f}{split:>22}"
+                  f"{cpu / args.n * 1000:>16.1f}{r['ok']:>6}", flush=True)
+    print("\nper-session overhead Temporal adds (CPU per session minus the in-process API's; ratio of throughput):")
+    for k, r, cpu in rows:
+        print(f"  {k} worker(s): +{(cpu / args.n - base_per) * 1000:.1f} ms CPU per session "
+              f"({cpu / args.n / base_per:.1f}x); throughput {base['wall'] / r['wall']:.2f}x of in-process")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The Claude Code auditor: replays a Claude Code run's events through the declared machine.
+
+:mod:`agentfsm.claude_code` reads a transcript or a stream-json output into events, each with the edge the
+client's records show it took. Here every event goes through :func:`agentfsm.graph.advance` from the
+state the previous move left — the same machine, guards, effects and counters that run agentfsm — and the
+machine's move is compared with the client's:
+
+* the same edge: the move is recorded, the replayed state carries on;
+* another edge: ``replay_mismatch`` at the record's line (the client took an edge the machine would
+  not take here: e.g. a fourth max-tokens recovery where the cap is three), and the audit follows the
+  client's edge through its route's own effect (:func:`agentfsm.graph.follow`) so the counters stay
+  those of the path the client really took;
+* no route of this phase takes that edge at all: ``undeclared_move``.
+
+After every move, counters over their caps (``counter_over_cap``) and turns over ``max_turns`` are
+reported. A run that does not reach ``stop`` is ``incomplete_run``; stream-json's result must carry the
+terminal reason the replay reached (``result_mismatch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from agentfsm.checks import Finding, MoveAt, Report
+from agentfsm.claude_code import Internal, Observation, Reading, RunEnd, RunStart
+from agentfsm.events import to_record
+from agentfsm.graph import AUTOMATIC, EDGES_BY_TRIGGER, Step, UndeclaredMove, advance, counter_value, follow
+from agentfsm.state import COUNTER_CAPS, Limits, LoopState, Phase
+
+
+class _Replay:
+    def __init__(self, reading: Reading) -> None:
+        self.limits: Limits = reading.limits
+        self.findings: list[Finding] = list(reading.findings)
+        self.moves: list[MoveAt] = []
+        self.internal: list[tuple[int, str, str]] = []
+        self.state: LoopState | None = None
+        self.run_line = 1
+        self.over: set[str] = set()
+        self.recorded: Observation | None = None  # the observation whose event the last move carried
+
+    def add(self, line: int, code: str, message: str) -> None:
+        self.findings.append(Finding(line, code, message))
+
+    # runs
+
+    def start(self, item: RunStart) -> None:
+        self.end_run()
+        history = self.state.messages if self.state is not None else ()
+        self.state = LoopState(messages=(*history, item.prompt) if item.prompt is not None else history)
+        self.run_line = item.line
+        self.over = set()
+
+    def end_run(self) -> None:
+        s = self.state
+        if s is not None and (s.phase is not Phase.STOP or s.stop_hooks_due):
+            self.add(self.run_line, "incomplete_run", f"the run starting at line {self.run_line} does not reach stop "
+                                                      f"(last position: {s.phase.value})")
+
+    def result(self, item: RunEnd) -> None:
+        s = self.state
+        if s is None or s.phase is not Phase.STOP or s.stop_hooks_due:
+            where = s.phase.value if s is not None else "nowhere"
+            self.add(item.line, "result_before_stop", f"result (terminal_reason {item.terminal_reason!r}) while the "
+                                                      f"replayed loop is at {where}")
+            return
+        reached = s.terminal_reason.value if s.terminal_reason is not None else None
+        if item.terminal_reason != reached:
+            self.add(item.line, "result_mismatch", f"the result says terminal_reason {item.terminal_reason!r}; the "
+                                                   f"replayed path ends with {reached!r}")
+
+    # moves
+
+    def event_of(self, obs: Observation) -> Mapping[str, Any] | None:
+        """The observation's event in record form on the first move it causes; later ones (a phase that
+        decides on its own) carry none, as in a trace."""
+        if self.recorded is obs:
+            return None
+        self.recorded = obs
+        return to_record(obs.event)
+
+    def observe(self, obs: Observation) -> None:
+        if self.state is None:
+            self.state = LoopState()
+        state = self.state
+        try:
+            expected = list(advance(state, obs.event, self.limits))
+            refusal = ""
+        except (UndeclaredMove, AssertionError) as exc:
+            expected, refusal = [], str(exc)
+        for k, want in enumerate(obs.observed):
+            step = expected.pop(0) if expected else None
+            if step is not None and (want is None or step.trigger == want):
+                state = self.take(obs, state, step)
+                continue
+            if want is None:
+                break
+            what = f"Claude Code took {want!r} from {state.phase.value} ({type(obs.event).__name__})"
+            if step is not None:
+                self.add(obs.line, "replay_mismatch", f"{what}; the declared machine takes {step.trigger!r} here "
+                                                      f"(route [{step.route}])")
+            forced = follow(state, obs.event, self.limits, want)
+            if forced is not None:
+                if step is None:
+                    self.add(obs.line, "replay_mismatch", f"{what}; the machine would not move here: {refusal}")
+                state = self.take(obs, state, forced)
+            else:
+                state = self.jump(obs, state, want, refusal)
+            expected = []
+            if state.phase in AUTOMATIC and k + 1 < len(obs.observed):
+                try:
+                    expected = list(advance(state, obs.event, self.limits))
+                except (UndeclaredMove, AssertionError) as exc:
+                    refusal = str(exc)
+        # moves the machine makes on its own that the records said nothing about
+        for step in expected:
+            state = self.take(obs, state, step)
+        self.state = state
+
+    def take(self, obs: Observation, before: LoopState, step: Step) -> LoopState:
+        reason = step.state.terminal_reason
+        self.moves.append(MoveAt(step.trigger, before.phase.value, step.state.phase.value, obs.line,
+                                 reason=reason.value if reason is not None and step.edge.dest is Phase.STOP else None,
+                                 event=self.event_of(obs)))
+        self.check_caps(obs.line, step.trigger, step.state)
+        return step.state
+
+    def jump(self, obs: Observation, state: LoopState, want: str, refusal: str) -> LoopState:
+        """The client took an edge no route of this phase and event takes: record it as it was."""
+        edge = EDGES_BY_TRIGGER.get(want)
+        dest = edge.dest if edge is not None else state.phase
+        declared = edge is not None and state.phase in edge.sources
+        why = (f"{want!r} is not declared from {state.phase.value}" if not declared else
+               f"no route takes {want!r} on {type(obs.event).__name__} in {state.phase.value}")
+        self.add(obs.line, "undeclared_move", f"Claude Code took {want!r} ({state.phase.value} → {dest.value}): {why}"
+                                              + (f" ({refusal})" if refusal and declared else ""))
+        self.moves.append(MoveAt(want, state.phase.value, dest.value, obs.line, declared=declared,
+                                 event=self.event_of(obs)))
+        changes: dict[str, Any] = {"phase": dest}
+        if edge is not None and edge.kind == "reentry":
+            changes.update(transition=want, terminal_reason=None)
+        return attrs.evolve(state, **changes)
+
+    def check_caps(self, line: int, trigger: str, state: LoopState) -> None:
+        for name, field in COUNTER_CAPS.items():
+            value, cap = counter_value(state, name), getattr(self.limits, field)
+            over = value > cap
+            if over and name not in self.over:
+                self.add(line, "counter_over_cap", f"counter {name}={value} exceeds its cap {field}={cap} after "
+                                                   f"{trigger!r}")
+            (self.over.add if over else self.over.discard)(name)
+        cap = self.limits.max_turns
+        over = cap is not None and state.turn_count > cap
+        if over and "turn" not in self.over:
+            self.add(line, "turn_over_cap", f"turn {state.turn_count} exceeds max_turns={cap} after {trigger!r}")
+        (self.over.add if over else self.over.discard)("turn")
+
+    def run(self, reading: Reading, path: str) -> Report:
+        for item in reading.items:
+            if isinstance(item, RunStart):
+                self.start(item)
+            elif isinstance(item, Observation):
+                self.observe(item)
+            elif isinstance(item, RunEnd):
+                self.result(item)
+            elif isinstance(item, Internal):
+                self.internal.append((item.line, item.action, item.detail))
+        self.end_run()
+        s = self.state
+        reason = s.terminal_reason.value if s is not None and s.phase is Phase.STOP and s.terminal_reason else None
+        findings = tuple(sorted(self.findings, key=lambda f: f.line))
+        return Report(path, reading.source, tuple(self.moves), reason, s.counters() if s is not None else {},
+                      findings, tuple(self.internal), reading.version)
+
+
+def replay(reading: Reading, path: str = "") -> Report:
+    """Replay a Claude Code input's events through the declared machine (see the module docstring)."""
+    return _Replay(reading).run(reading, path)

@@ -1,0 +1,242 @@
+"""What each diagram shows, derived from the declaration (:mod:`agentfsm.graph`) and nothing else — and the
+path one run took, read from an agentfsm trace or from the audit of a Claude Code run.
+
+* the **overview**: the phases, with the working ones inside a composite *running* state; one arrow per
+  (source, destination, kind) carrying every trigger of that move, and one ``abort`` arrow from
+  *running* for the edge every running phase declares;
+* the **recovery** view: every route out of ``call_model`` and ``stream``, as ``Event [guard] → edge``
+  (:attr:`agentfsm.graph.Route.label`), in the order the machine tries them;
+* the **terminal** view: which edge into ``stop`` carries which terminal reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from agentfsm.checks import Report
+from agentfsm.graph import EDGES, EDGES_BY_TRIGGER, ROUTES, RUNNING, STATES
+from agentfsm.state import TERMINAL_INFO, Phase
+
+# one colour per edge kind, the same in every view and format
+KIND_COLOURS: Mapping[str, str] = {
+    "forward": "#2c3e50",
+    "reentry": "#1f77b4",
+    "retry": "#d35400",
+    "terminal": "#c0392b",
+}
+DASHED_KINDS = frozenset({"reentry", "retry"})
+GREY, GREY_TEXT = "#c8c8c8", "#9a9a9a"
+UNDECLARED = "#8e44ad"  # moves a run took that the graph does not declare
+NODE_FILL, NODE_LINE, NODE_TEXT = "#eef3fb", "#4a6fa5", "#1b2a41"
+STOP_FILL, STOP_LINE = "#fde2e1", "#c0392b"
+CLUSTER_LINE = "#95a5a6"
+LEGEND = "solid: forward · dashed blue: re-entry · dashed orange: retry of the same request · red: into stop"
+COMPOSITE = "running"  # the composite state around the phases an abort can interrupt
+STOP = Phase.STOP.value
+
+
+# --- the overview ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Group:
+    """One arrow of the overview: the declared moves of one kind from ``source`` to ``dest``."""
+
+    source: str
+    dest: str
+    kind: str
+    triggers: tuple[str, ...]
+
+
+def phases() -> tuple[str, ...]:
+    return tuple(p.value for p in STATES)
+
+
+def running_phases() -> tuple[str, ...]:
+    return tuple(p.value for p in RUNNING)
+
+
+def overview_groups() -> tuple[Group, ...]:
+    """The overview's arrows, in declaration order. An edge declared from every running phase is one
+    arrow from the composite state."""
+    running = frozenset(RUNNING)
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for edge in EDGES:
+        composite = len(edge.sources) > 1 and frozenset(edge.sources) == running
+        sources = (COMPOSITE,) if composite else tuple(s.value for s in edge.sources)
+        for source in sources:
+            grouped.setdefault((source, edge.dest.value, edge.kind), []).append(edge.trigger)
+    return tuple(Group(s, d, k, tuple(ts)) for (s, d, k), ts in grouped.items())
+
+
+# --- the recovery view -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RouteRow:
+    """One route out of ``source``: its label (``Event [guard] → edge``), its rank among the routes of its
+    (phase, event) — the order the machine tries them — and where its edge leads."""
+
+    source: str
+    rank: int
+    event: str
+    guard: str | None
+    edge: str
+    kind: str
+    dest: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.event} [{self.guard}] → {self.edge}" if self.guard else f"{self.event} → {self.edge}"
+
+
+RECOVERY_SOURCES: tuple[Phase, ...] = (Phase.CALL_MODEL, Phase.STREAM)
+
+
+def recovery_rows() -> tuple[RouteRow, ...]:
+    """Every route out of call_model and stream, in declaration order (the order they are tried)."""
+    rows = []
+    for source in RECOVERY_SOURCES:
+        ranks: Counter[type] = Counter()
+        for route in ROUTES:
+            if source not in route.sources:
+                continue
+            ranks[route.event] += 1
+            edge = EDGES_BY_TRIGGER[route.edge]
+            row = RouteRow(source.value, ranks[route.event], route.event.__name__,
+                           route.guard.name if route.guard is not None else None, route.edge, edge.kind,
+                           edge.dest.value)
+            assert row.label == route.label  # the view shows exactly the routes table's labels
+            rows.append(row)
+    return tuple(rows)
+
+
+# --- the terminal view -------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TerminalRow:
+    """One edge into stop: where it leaves from and the terminal reasons it may carry."""
+
+    trigger: str
+    sources: tuple[str, ...]
+    reasons: tuple[tuple[str, str, bool], ...]  # (reason, result subtype, is_error)
+
+
+def terminal_rows() -> tuple[TerminalRow, ...]:
+    running = frozenset(RUNNING)
+    rows = []
+    for edge in EDGES:
+        if edge.kind != "terminal":
+            continue
+        composite = len(edge.sources) > 1 and frozenset(edge.sources) == running
+        sources = (COMPOSITE,) if composite else tuple(s.value for s in edge.sources)
+        # sorted: the reasons are a frozenset, whose order follows the hash seed
+        reasons = tuple((r.value, TERMINAL_INFO[r].subtype, TERMINAL_INFO[r].is_error)
+                        for r in sorted(edge.reasons, key=lambda r: r.value))
+        rows.append(TerminalRow(edge.trigger, sources, reasons))
+    return tuple(rows)
+
+
+# --- one run's path ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Taken:
+    """The ``n``-th move of a run (from 1)."""
+
+    n: int
+    label: str
+    source: str
+    dest: str
+    line: int = 0
+    declared: bool = True
+    reason: str | None = None
+    event: Mapping[str, Any] | None = attrs.field(default=None, eq=False, repr=False)
+
+
+@attrs.frozen
+class RunPath:
+    """The moves one input took, in order, and what to call it."""
+
+    name: str
+    steps: tuple[Taken, ...]
+    internal: tuple[tuple[int, str, str], ...] = ()
+
+    def counts(self) -> Counter[tuple[str, str, str]]:
+        return Counter((s.label, s.source, s.dest) for s in self.steps)
+
+    def order(self, label: str, source: str, dest: str) -> list[int]:
+        return [s.n for s in self.steps if (s.label, s.source, s.dest) == (label, source, dest)]
+
+    def taken_along(self, trigger: str, group: Group) -> list[int]:
+        """The steps at which the run took ``trigger`` along ``group`` (from any running phase for the
+        composite state's arrow)."""
+        running = set(running_phases())
+        return [s.n for s in self.steps if s.declared and s.label == trigger and s.dest == group.dest
+                and (s.source == group.source or (group.source == COMPOSITE and s.source in running))]
+
+    def undeclared_moves(self) -> dict[tuple[str, str, str], list[int]]:
+        """Each distinct undeclared move (trigger, source, dest) and the steps it was taken at."""
+        seen: dict[tuple[str, str, str], list[int]] = {}
+        for s in self.undeclared():
+            seen.setdefault((s.label, s.source, s.dest), []).append(s.n)
+        return seen
+
+    def undeclared(self) -> list[Taken]:
+        return [s for s in self.steps if not s.declared]
+
+    def reasons(self) -> Counter[str]:
+        """How each run of the path ended: the reason of the last move into stop before the loop left it
+        (a Stop hook's re-entry) or the path ended."""
+        ends = [s for i, s in enumerate(self.steps) if s.dest == STOP and s.reason
+                and (i + 1 == len(self.steps) or self.steps[i + 1].source != STOP)]
+        return Counter(s.reason for s in ends if s.reason)
+
+    def visited(self) -> frozenset[str]:
+        return frozenset(p for s in self.steps for p in (s.source, s.dest))
+
+    def title(self) -> str:
+        ended = ", ".join(f"{r} ×{n}" if n > 1 else r for r, n in sorted(self.reasons().items())) or "not at stop"
+        return f"{self.name}: {len(self.steps)} moves, ended {ended}"
+
+
+def _declared(label: str, source: str, dest: str) -> bool:
+    edge = EDGES_BY_TRIGGER.get(label)
+    return edge is not None and edge.dest.value == dest and source in {s.value for s in edge.sources}
+
+
+def path_from_records(records: Iterable[Mapping[str, Any]], name: str = "") -> RunPath:
+    """An agentfsm trace's path, from its transition records (other records are passed over, so a
+    newer or older trace format still draws)."""
+    steps: list[Taken] = []
+    session = None
+    for line, rec in enumerate(records, 1):
+        if rec.get("type") == "session" and session is None:
+            session = rec.get("session_id")
+        if rec.get("type") != "transition":
+            continue
+        label, source, dest = str(rec.get("trigger")), str(rec.get("from")), str(rec.get("to"))
+        reason = rec.get("terminal_reason")
+        event = rec.get("event")
+        steps.append(Taken(len(steps) + 1, label, source, dest, line, _declared(label, source, dest),
+                           str(reason) if reason and dest == STOP else None,
+                           event if isinstance(event, Mapping) else None))
+    return RunPath(name or f"trace {session or '(no session record)'}", tuple(steps))
+
+
+def path_from_report(report: Report, name: str) -> RunPath:
+    """The path the auditor reconstructed (a Claude Code transcript or stream-json output)."""
+    steps = tuple(Taken(i, m.label, m.source, m.dest, m.line, m.declared, m.reason, m.event)
+                  for i, m in enumerate(report.moves, 1))
+    return RunPath(name, steps, report.internal)
+
+
+def steps_text(order: Sequence[int], limit: int = 3) -> str:
+    """``1, 6, 11, …`` — where in the run a move was taken."""
+    shown = ", ".join(str(n) for n in order[:limit])
+    return shown + (", …" if len(order) > limit else "")

@@ -1,0 +1,673 @@
+"""The activities: everything a session does that touches the world, run on any worker.
+
+Each activity performs one piece of phase work the same way the local driver does (the shared code is
+:mod:`agentfsm.phases`, :func:`agentfsm.pipeline.run_tool_call`, :func:`agentfsm.compact.compact`, the
+session's gate and hooks from :mod:`agentfsm.compose`), and returns what it observed as a record. The
+workflow decides; activities never do.
+
+Failures, by activity (docs/behaviour.md §11):
+
+* ``call_model`` — a model request is idempotent, so an attempt lost with its worker is simply made
+  again (after the heartbeat timeout); what the lost attempt showed is withdrawn with a tombstone.
+  Classified model errors are results, never exceptions: the graph decides about retries.
+* ``run_tool`` — a call whose worker died is **not** run again unless the tool says it is read-only:
+  the next attempt kills what is left of the lost attempt's process group (same host), and answers
+  with an ``is_error`` result saying the call was interrupted (:data:`agentfsm.pipeline.WORKER_LOST`)
+  — unless the lost attempt had already finished and left its outcome file, which is then returned.
+  Side effects happen at most once; every tool_use still gets exactly one tool_result.
+* ``append_trace`` (a local activity) — appends session-file lines idempotently by record number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from agentfsm import log, phases
+from agentfsm.assembler import ResponseAssembler
+from agentfsm.compact import compact, split_for_compaction
+from agentfsm.events import ModelError, SetupFailed, StopHookVerdict
+from agentfsm.executor import call_traits
+from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
+from agentfsm.options import Options
+from agentfsm.pipeline import WORKER_LOST, CallResult, ToolTable, run_tool_call, synthetic_result
+from agentfsm.request import system_blocks
+from agentfsm.resume import heal_tail, load_history
+from agentfsm.state import Message, TerminalReason
+from agentfsm.temporal import NON_RETRYABLE
+from agentfsm.temporal.convert import CONVERTER
+from agentfsm.temporal.records import (
+    HOOK_EVENTS,
+    CompactInput,
+    CompactOutcome,
+    MessageRef,
+    ModelCallInput,
+    ModelCallOutcome,
+    OpenRunInput,
+    PostBatchInput,
+    PostBatchOutcome,
+    RunSetup,
+    SessionSpec,
+    StopInput,
+    ToolCallInput,
+    ToolCallOutcome,
+    ToolTraits,
+    TraceBatch,
+    message_digest,
+)
+from agentfsm.tools.base import ToolContext
+from agentfsm.tools.bash import PROCESS_GUARD
+from agentfsm.trace import read_records
+
+HOST = socket.gethostname()
+try:
+    BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+except OSError:  # not Linux: a stale process group is only killed by the same worker process
+    BOOT_ID = f"pid-{os.getpid()}"
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel kills it when the worker dies (kill -9 included)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class _ProcessGuard:
+    """The Bash tool's process guard (:data:`agentfsm.tools.bash.PROCESS_GUARD`): commands die with
+    the worker, and their process groups are reported in the heartbeat so a later attempt can kill
+    grandchildren that outlived it."""
+
+    preexec = staticmethod(_die_with_parent)
+
+    def __init__(self, details: dict[str, Any]) -> None:
+        self.details = details
+
+    def started(self, pgid: int) -> None:
+        self.details.setdefault("pgids", []).append(pgid)
+        activity.heartbeat(self.details)
+
+
+def _kill_stale(details: Mapping[str, Any]) -> list[int]:
+    """Kill the process groups a lost attempt left on this host; the ones it killed."""
+    if details.get("host") != HOST or details.get("boot_id") != BOOT_ID:
+        return []
+    killed = []
+    for pgid in details.get("pgids", ()):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pgid), signal.SIGKILL)
+            killed.append(int(pgid))
+    return killed
+
+
+@contextlib.asynccontextmanager
+async def _heartbeats(details: Callable[[], Any]) -> AsyncIterator[None]:
+    """Heartbeat while the body runs: a silent wait (the SDK's retry backoff, a quiet command) must not
+    look like a dead worker, and a heartbeat is how a cancellation reaches the activity — so at least
+    once a second, and three times per heartbeat timeout."""
+    timeout = activity.info().heartbeat_timeout
+    interval = min(1.0, max(0.2, timeout.total_seconds() / 3)) if timeout else 1.0
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat(details())
+            await asyncio.sleep(interval)
+
+    task = asyncio.ensure_future(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _previous_details() -> dict[str, Any]:
+    details = activity.info().heartbeat_details
+    first = details[0] if details else None
+    return dict(first) if isinstance(first, Mapping) else {}
+
+
+# --- a session's context on this worker ------------------------------------------------------------
+
+
+@attrs.define
+class _Context:
+    """One session's tools, gate and hooks, rebuilt on a worker from its :class:`SessionSpec`."""
+
+    options: Options
+    registry: Any
+    table: ToolTable
+    gate: Any
+    setup_error: str | None
+
+
+class _Lru(OrderedDict[Any, Any]):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def put(self, key: Any, value: Any) -> Any:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+        return value
+
+    def hit(self, key: Any) -> Any:
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+
+class _MessageIndex:
+    """The ``message`` records of one session file by uuid (the last record of a uuid wins), read
+    incrementally: the file only grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.inode: int | None = None
+        self.messages: dict[str, tuple[str, Message]] = {}
+        self.lock = threading.Lock()
+
+    def refresh(self) -> None:
+        with self.lock:
+            try:
+                st = self.path.stat()
+            except FileNotFoundError:
+                return
+            if st.st_ino != self.inode or st.st_size < self.offset:
+                self.inode, self.offset, self.messages = st.st_ino, 0, {}
+            if st.st_size == self.offset:
+                return
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+            end = data.rfind(b"\n") + 1  # whole lines only; a line being written is read next time
+            for line in data[:end].splitlines():
+                if b'"message"' not in line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("type") != "message" or not isinstance(rec.get("uuid"), str):
+                    continue
+                role, kind, content = rec.get("role"), rec.get("kind", "prompt"), rec.get("content") or []
+                self.messages[rec["uuid"]] = (message_digest(role, kind, content),
+                                              Message(role, tuple(content), kind=kind, uuid=rec["uuid"]))
+            self.offset += end
+
+    def get(self, ref: MessageRef) -> Message | None:
+        hit = self.messages.get(ref.uuid)
+        return hit[1] if hit is not None and hit[0] == ref.digest else None
+
+
+class _PinnedScript:
+    """The scripted model answering one request with the scenario's response number ``n`` — the same
+    answer on every attempt, with the message id the in-process scripted model gives the Nth request."""
+
+    def __init__(self, scenario: Any, n: int) -> None:
+        self.scenario, self.n = scenario, n
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        from agentfsm.model import classify_error
+        from agentfsm.testing.scenario import HttpErrorResponse, response_events
+        from agentfsm.testing.scripted import estimate_input_tokens, stream_error
+
+        resp = self.scenario.response_for(self.n)
+        if resp.delay_s:
+            await asyncio.sleep(resp.delay_s)
+        if isinstance(resp, HttpErrorResponse):
+            raise ModelCallError(classify_error(resp.status, resp.error_type, resp.message))
+        events = response_events(resp, request.model, input_tokens=estimate_input_tokens(request.body()),
+                                 message_id=f"msg_scripted_{self.n:06d}")
+        for event in events:
+            if event.record is not None:
+                yield event.record
+            if event.pause_s:
+                await asyncio.sleep(event.pause_s)
+        if not resp.complete:
+            raise ModelCallError(stream_error(resp))
+
+
+async def _without_notices(stream: AsyncIterator[Any], logger: Any) -> AsyncIterator[StreamEvent]:
+    """The stream's events; the transport's retry notices are logged (the activity heartbeats while
+    the transport waits, and Temporal's own retry policy is the one the workflow sees)."""
+    async for ev in stream:
+        if isinstance(ev, RetryNotice):
+            logger.warning("model.retry", attempt=ev.attempt, max_retries=ev.max_retries, delay_ms=ev.delay_ms,
+                           status=ev.status, error=ev.error)
+            continue
+        yield ev
+
+
+class _NoModel:
+    """No model to talk to on this worker: every request fails, saying why."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        raise ModelCallError(ModelError("api", self.why, None, False))
+        yield  # pragma: no cover - makes this an async generator
+
+
+class Activities:
+    """The activities of one worker process, with what it keeps between them: each session's context
+    (tools, gate, hooks), an index of each session file's messages, the model transport."""
+
+    def __init__(self, *, client: ModelClient | None = None) -> None:
+        self._client = client
+        self._contexts = _Lru(256)
+        self._indexes = _Lru(16)
+        self._scenarios = _Lru(64)
+        self._last_seq = _Lru(1024)
+        self.log = log.get_logger("agentfsm.temporal")
+
+    def all(self) -> list[Callable[..., Awaitable[Any]]]:
+        return [self.open_run, self.call_model, self.run_tool, self.compact, self.stop_hooks,
+                self.post_batch, self.close_run]
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    def context(self, spec: SessionSpec) -> _Context:
+        key = hashlib.sha256(json.dumps(CONVERTER.unstructure(spec), sort_keys=True, default=str).encode()).digest()
+        hit = self._contexts.hit(key)
+        if hit is not None:
+            return hit  # type: ignore[no-any-return]
+        from agentfsm.compose import build_policy, build_registry
+
+        options = spec.options()
+        try:
+            gate, registry = build_policy(options, build_registry(options), session_id=spec.session_id,
+                                          transcript_path=spec.trace_path or "")
+        except Exception as exc:  # settings that cannot be used: the session cannot run anywhere
+            raise ApplicationError(f"the session's settings cannot be used: {exc}", type=NON_RETRYABLE,
+                                   non_retryable=True) from exc
+        if registry.get("Agent") is not None:
+            # a subagent would be a loop of its own inside one tool call: not offered on workers yet
+            registry = registry.without(["Agent"])
+        registry, error = phases.structured_output_setup(registry, options.json_schema)
+        return self._contexts.put(key, _Context(options, registry, ToolTable.of(registry), gate, error))  # type: ignore[no-any-return]
+
+    def _model_client(self, spec: SessionSpec, request_no: int) -> ModelClient:
+        if spec.scripted is not None:
+            scenario = self._scenarios.hit((spec.scripted, spec.cwd))
+            if scenario is None:
+                from agentfsm.testing.scenario import load_scenario
+
+                scenario = self._scenarios.put((spec.scripted, spec.cwd),
+                                               load_scenario(json.loads(spec.scripted), ws=spec.cwd))
+            return _PinnedScript(scenario, request_no)
+        if self._client is None:
+            from agentfsm.transport import AnthropicTransport, MissingCredentials
+
+            try:
+                self._client = AnthropicTransport(max_retries=spec.limits.api_max_retries)
+            except MissingCredentials as exc:
+                return _NoModel(f"the worker has no model to talk to: {exc}")
+        return self._client
+
+    def _messages(self, spec: SessionSpec, refs: Sequence[MessageRef]) -> list[Message]:
+        """The messages a request names, read back from the session file where not inline."""
+        out: list[Message] = []
+        index: _MessageIndex | None = None
+        for ref in refs:
+            if ref.message is not None:
+                out.append(ref.message)
+                continue
+            if index is None:
+                if spec.trace_path is None:
+                    raise ApplicationError("a message was passed by reference but the session writes no file",
+                                           type=NON_RETRYABLE, non_retryable=True)
+                index = self._indexes.hit(spec.trace_path) or self._indexes.put(
+                    spec.trace_path, _MessageIndex(Path(spec.trace_path)))
+                index.refresh()
+            found = index.get(ref)
+            if found is None:
+                index.refresh()
+                found = index.get(ref)
+            if found is None:
+                raise ApplicationError(
+                    f"message {ref.uuid} is not in the session file {spec.trace_path} as the workflow recorded "
+                    "it: every worker needs the sessions directory at the same path (shared storage)",
+                    type=NON_RETRYABLE, non_retryable=True)
+            out.append(found)
+        return out
+
+    async def _push(self, inp: ModelCallInput, signal_name: str, payload: Any) -> None:
+        handle = activity.client().get_workflow_handle(inp.workflow_id, run_id=inp.run_id)
+        await handle.signal(signal_name, payload)
+
+    # --- open and close a run ----------------------------------------------------------------------
+
+    @activity.defn(name="agentfsm.open_run")
+    async def open_run(self, inp: OpenRunInput) -> RunSetup:
+        """Set a run up: system prompt, tools, the init message, the restored history, SessionStart
+        and UserPromptSubmit hooks (the first run of a session, as :class:`agentfsm.session.Session`
+        does)."""
+        spec = inp.spec
+        ctx = self.context(spec)
+        options = ctx.options
+        system = system_blocks(options.cwd, system_prompt=options.system_prompt, append=options.append_system_prompt)
+        mode = getattr(ctx.gate, "permission_mode", None) or options.permission_mode or "default"
+        from agentfsm.tools.agent import builtin_agents
+
+        init = phases.init_message(cwd=str(options.cwd), session_id=spec.session_id, tools=ctx.registry.names(),
+                                   model=options.model, permission_mode=mode,
+                                   agents=list(dict.fromkeys([*builtin_agents(), *options.agents])),
+                                   transcript_path=spec.trace_path or "", workflow_id=inp.workflow_id)
+        history: tuple[Message, ...] = ()
+        next_seq = 0
+        recorded: dict[str, str] = {}
+        if inp.resume_path is not None:
+            source = Path(inp.resume_path)
+            if inp.resumed:
+                heal_tail(source)
+            history = load_history(source)
+            if inp.resumed:
+                index = _MessageIndex(source)
+                index.refresh()
+                for m in history:
+                    digest = message_digest(m.role, m.kind, [dict(b) for b in m.content])
+                    hit = index.messages.get(m.uuid)
+                    if hit is not None and hit[0] == digest:
+                        recorded[m.uuid] = digest
+                next_seq = max((r.get("seq", -1) for r in read_records(source)), default=-1) + 1
+        prompt: Any = list(inp.prompt)
+        start = getattr(ctx.gate, "session_start", None)
+        if start is not None:
+            source_kind = "resume" if inp.resumed else ("fork" if spec.parent_session_id else "startup")
+            extra = tuple(getattr(await start(source_kind), "additional_context", ()) or ())
+            if extra:
+                from agentfsm.prompts import reminder_blocks
+
+                prompt = [*prompt, *reminder_blocks(extra)]
+        first, text = phases.first_message(prompt)
+        failed: SetupFailed | None = None
+        erased = False
+        if ctx.setup_error is not None:
+            failed = SetupFailed(TerminalReason.TURN_SETUP_FAILED, ctx.setup_error)
+        else:
+            first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
+        if failed is None and phases.deferred_calls(history):
+            failed = phases.deferred_unavailable(phases.deferred_calls(history), ctx.registry)
+        runner = getattr(ctx.gate, "runner", None)
+        hooked = tuple(e for e in HOOK_EVENTS if runner is None or runner.has_hooks(e))
+        return RunSetup(system=tuple(system), tool_names=tuple(ctx.registry.names()),
+                        static_tokens=phases.static_tokens(system, ctx.registry.api_schemas()), permission_mode=mode,
+                        init=init, first=first, history=history, setup_failed=failed, erased=erased,
+                        next_seq=next_seq, recorded=recorded, hook_events=hooked)
+
+    @activity.defn(name="agentfsm.close_run")
+    async def close_run(self, spec: SessionSpec) -> None:
+        """The end of a run: SessionEnd hooks."""
+        end = getattr(self.context(spec).gate, "session_end", None)
+        if end is not None:
+            await end("other")
+
+    # --- the model ---------------------------------------------------------------------------------
+
+    @activity.defn(name="agentfsm.call_model")
+    async def call_model(self, inp: ModelCallInput) -> ModelCallOutcome:
+        """One model request, streamed here: each finished block is shown at once (a signal to the
+        workflow), every stream event heartbeats. A lost attempt's blocks are withdrawn first."""
+        info = activity.info()
+        spec = inp.spec
+        if info.attempt > 1 and inp.live:
+            await self._push(inp, "lost", inp.request_no)
+        ctx = self.context(spec)
+        request = phases.build_request(self._messages(spec, inp.messages), model=inp.model, system=inp.system,
+                                       tools=ctx.registry.api_schemas(), limits=spec.limits,
+                                       metadata=phases.request_metadata(spec.session_id))
+        client = self._model_client(spec, inp.request_no)
+        asm = ResponseAssembler()
+        state = {"request_no": inp.request_no, "message_id": "", "events": 0}
+        started = time.monotonic()
+
+        def outcome(**kw: Any) -> ModelCallOutcome:
+            return ModelCallOutcome(model=asm.model or inp.model, message_id=asm.message_id,
+                                    api_ms=(time.monotonic() - started) * 1000, attempt=info.attempt, **kw)
+
+        stream = _without_notices(client.stream(request), self.log)
+        async with _heartbeats(lambda: state):
+            try:
+                try:
+                    ev = await anext(stream)
+                except (StopAsyncIteration, Exception) as exc:
+                    if not isinstance(exc, ModelCallError | StopAsyncIteration):
+                        self.log.error("model.client_failed", error=repr(exc), exc_info=True)
+                    return outcome(opened=False, error=phases.open_error(exc))
+                try:
+                    while True:
+                        block = asm.feed(ev)
+                        state["events"] += 1
+                        state["message_id"] = asm.message_id
+                        activity.heartbeat(state)
+                        if block is not None and inp.live:
+                            await self._push(inp, "push", {"request_no": inp.request_no, "message": (
+                                phases.assistant_block_message(asm.message_id, asm.model, block, asm.usage,
+                                                               spec.session_id))})
+                        try:
+                            ev = await anext(stream)
+                        except StopAsyncIteration:
+                            break
+                    if not asm.stopped:
+                        raise ModelCallError(phases.ENDED_EARLY)
+                except Exception as exc:  # the stream broke: the workflow asks the graph what now
+                    return outcome(opened=True, error=phases.stream_error(exc, has_content=asm.has_content),
+                                   blocks=tuple(asm.blocks), usage=dict(asm.usage))
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+        response = asm.finish()
+        traits = []
+        for block in response.tool_uses():
+            _tool, safe, _prepared, interrupt = call_traits(ctx.table, block,
+                                                            response.invalid_tool_inputs.get(block["id"]))
+            traits.append(ToolTraits(block["id"], safe, interrupt))
+        return outcome(opened=True, response=response, traits=tuple(traits))
+
+    @activity.defn(name="agentfsm.compact")
+    async def compact(self, inp: CompactInput) -> CompactOutcome:
+        """PreCompact hooks, then the summary request (auto or reactive compaction)."""
+        spec = inp.spec
+        ctx = self.context(spec)
+        messages = self._messages(spec, inp.messages)
+        requested = split_for_compaction(messages) is not None
+        await ctx.gate.pre_compact("auto", None)
+        spent: dict[str, Any] = {}
+
+        def on_usage(model: str, usage: Mapping[str, Any]) -> None:
+            spent.update(model=model, usage=dict(usage))
+
+        async with _heartbeats(lambda: {"request_no": inp.request_no}):
+            compaction = await compact(self._model_client(spec, inp.request_no), model=inp.model, system=inp.system,
+                                       messages=messages, trigger=inp.trigger,
+                                       metadata=phases.request_metadata(spec.session_id), on_usage=on_usage)
+        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}))
+
+    # --- tools -------------------------------------------------------------------------------------
+
+    @activity.defn(name="agentfsm.run_tool")
+    async def run_tool(self, inp: ToolCallInput) -> ToolCallOutcome:
+        """One tool call through the 15-step pipeline, with the session's gate and hooks."""
+        info = activity.info()
+        spec = inp.spec
+        ctx = self.context(spec)
+        block = inp.block
+        tool_use_id = str(block.get("id", ""))
+        outcome_file = _outcome_file(spec, tool_use_id)
+        if info.attempt > 1:
+            killed = _kill_stale(_previous_details())
+            done = _read_outcome(outcome_file)
+            if done is not None:
+                return attrs.evolve(done, attempt=info.attempt)
+            tool = ctx.table.lookup(str(block.get("name", "")))
+            read_only = False
+            if tool is not None and inp.invalid_json is None:
+                with contextlib.suppress(Exception):
+                    read_only = bool(tool.is_read_only(dict(block.get("input") or {})))
+            self.log.warning("tool.worker_lost", tool_use_id=tool_use_id, attempt=info.attempt, read_only=read_only,
+                             killed_groups=killed)
+            if not read_only:
+                lost = synthetic_result(tool_use_id, tool.name if tool else str(block.get("name", "")), WORKER_LOST,
+                                        block.get("input") if isinstance(block.get("input"), Mapping) else None)
+                return ToolCallOutcome(lost, interrupted=True, attempt=info.attempt)
+        details: dict[str, Any] = {"host": HOST, "boot_id": BOOT_ID, "pid": os.getpid(), "pgids": []}
+        read_files = dict(inp.read_files)
+        services = {PROCESS_GUARD: _ProcessGuard(details)}
+
+        def make_ctx(tid: str) -> ToolContext:
+            # the gate's file rules, as a local run's driver passes them (without them every file tool
+            # refuses: the port fails closed)
+            access = getattr(ctx.gate, "file_access", None)
+            return ToolContext(cwd=ctx.options.cwd, session_id=spec.session_id, tool_use_id=tid,
+                               read_files=read_files, layers=dict(inp.layers), services=services,
+                               file_access=access() if callable(access) else None)
+
+        async with _heartbeats(lambda: details):
+            result = await run_tool_call(block, lookup=ctx.table, gate=ctx.gate, ctx_factory=make_ctx,
+                                         invalid_json=inp.invalid_json)
+        changed = {k: v for k, v in read_files.items() if inp.read_files.get(k) != v}
+        done = ToolCallOutcome(_portable(result), changed, attempt=info.attempt)
+        _write_outcome(outcome_file, done)
+        return done
+
+    # --- hooks -------------------------------------------------------------------------------------
+
+    @activity.defn(name="agentfsm.stop_hooks")
+    async def stop_hooks(self, inp: StopInput) -> StopHookVerdict:
+        ctx = self.context(inp.spec)
+        return phases.stop_verdict(await ctx.gate.stop(inp.last_assistant_text, inp.stop_hook_active))
+
+    @activity.defn(name="agentfsm.post_batch")
+    async def post_batch(self, inp: PostBatchInput) -> PostBatchOutcome:
+        ctx = self.context(inp.spec)
+        post = await ctx.gate.post_tool_batch([dict(c) for c in inp.calls])
+        return PostBatchOutcome(post.blocked, post.reason, post.stop, post.stop_reason,
+                                tuple(post.additional_context))
+
+    # --- the session file --------------------------------------------------------------------------
+
+    @activity.defn(name="agentfsm.append_trace")
+    async def append_trace(self, batch: TraceBatch) -> int:
+        """Append session-file lines; lines whose record number the file already holds are skipped
+        (a workflow task lost with its worker runs its local activities again)."""
+        path = Path(batch.path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            size = fh.seek(0, os.SEEK_END)
+            known = self._last_seq.hit(batch.path)
+            if known is not None and known[1] == size:
+                last = known[0]
+            else:  # another worker wrote since (the session moved), or first sight of the file
+                heal_tail(path)
+                last = _last_seq_in(path)
+            fresh = [line for seq, line in batch.lines if seq > last]
+            if fresh:
+                fh.seek(0, os.SEEK_END)
+                fh.write("".join(line + "\n" for line in fresh).encode())
+                fh.flush()
+                last = max(seq for seq, _ in batch.lines)
+            self._last_seq.put(batch.path, (last, fh.seek(0, os.SEEK_END)))
+        outcomes = path.with_suffix(".tools")
+        for tool_use_id in batch.settled:
+            f = _outcome_file_in(outcomes, tool_use_id)
+            if f is not None:
+                f.unlink(missing_ok=True)
+        if batch.final:
+            with contextlib.suppress(OSError):
+                outcomes.rmdir()
+        return len(fresh)
+
+
+def _last_seq_in(path: Path) -> int:
+    """The record number of a session file's last line (-1 when empty), reading from the end."""
+    with open(path, "rb") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        chunk, pos = b"", end
+        while pos > 0:
+            step = min(1 << 16, pos)
+            pos -= step
+            fh.seek(pos)
+            chunk = fh.read(step) + chunk
+            lines = chunk.rstrip(b"\n").split(b"\n")
+            if len(lines) > 1 or pos == 0:
+                try:
+                    return int(json.loads(lines[-1]).get("seq", -1))
+                except (ValueError, AttributeError):
+                    return max((r.get("seq", -1) for r in read_records(path)), default=-1)
+    return -1
+
+
+def _portable(result: CallResult) -> CallResult:
+    """The result as the workflow may hold it: what a tool returned is kept only where the run reports
+    it (the structured output) and only as JSON; context layers only as JSON."""
+    from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
+
+    data = result.output_data if result.tool_name == STRUCTURED_OUTPUT and not result.is_error else None
+    return attrs.evolve(result, output_data=_json(data), context_layers=_json(dict(result.context_layers)) or {},
+                        tool_input=_json(dict(result.tool_input)) or {})
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value, ensure_ascii=False, default=str))
+
+
+def _outcomes_dir(spec: SessionSpec) -> Path | None:
+    return Path(spec.trace_path).with_suffix(".tools") if spec.trace_path else None
+
+
+def _outcome_file(spec: SessionSpec, tool_use_id: str) -> Path | None:
+    d = _outcomes_dir(spec)
+    return _outcome_file_in(d, tool_use_id) if d is not None else None
+
+
+def _outcome_file_in(directory: Path, tool_use_id: str) -> Path | None:
+    safe = "".join(c for c in tool_use_id if c.isalnum() or c in "-_")
+    return directory / f"{safe}.json" if safe else None
+
+
+def _write_outcome(path: Path | None, outcome: ToolCallOutcome) -> None:
+    """The finished call's outcome, for an attempt that runs after this worker died before it could
+    report (so the call is not called interrupted when it did finish)."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(CONVERTER.unstructure(outcome), ensure_ascii=False, default=str))
+        os.replace(tmp, path)
+
+
+def _read_outcome(path: Path | None) -> ToolCallOutcome | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        return CONVERTER.structure(json.loads(path.read_text()), ToolCallOutcome)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

@@ -1,0 +1,321 @@
+"""What crosses the workflow boundary: the session's input, and each activity's input and outcome.
+
+Every record is a frozen attrs class carried by :mod:`agentfsm.temporal.convert`. Everything here is
+in the workflow's history, so records carry **references**, not conversations: a model call names
+the messages it needs by uuid and digest (:class:`MessageRef`) and the activity reads them back from
+the session file, which the workflow has written before the call. Only what no record holds yet
+travels inline, so the history grows with what happened, not with the square of the turns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from agentfsm.events import Compaction, ModelError, ModelResponse, SetupFailed
+from agentfsm.options import Options
+from agentfsm.pipeline import CallResult
+from agentfsm.state import Limits, LoopState, Message
+
+
+@attrs.frozen
+class SessionSpec:
+    """What a worker needs to rebuild one session's tools, gate and hooks: the serialisable part of
+    :class:`agentfsm.options.Options`, the session file, and which model answers (``scripted``: a
+    scenario's JSON text, answered by the scripted model; else the Anthropic API from the worker's
+    environment)."""
+
+    session_id: str
+    cwd: str
+    model: str
+    fallback_models: tuple[str, ...] = ()
+    tools: tuple[str, ...] | None = None
+    allowed_tools: tuple[str, ...] = ()
+    disallowed_tools: tuple[str, ...] = ()
+    permission_mode: str | None = None
+    limits: Limits = attrs.field(factory=Limits)
+    system_prompt: str | None = None
+    append_system_prompt: str | None = None
+    settings: str | None = None
+    setting_sources: tuple[str, ...] = ("user", "project", "local")
+    json_schema: Mapping[str, Any] | None = None
+    sessions_dir: str | None = None
+    trace_path: str | None = None
+    parent_session_id: str | None = None
+    scripted: str | None = None
+
+    @classmethod
+    def of(cls, options: Options, *, session_id: str, trace_path: Path | None,
+           scripted: str | None = None) -> SessionSpec:
+        return cls(session_id=session_id, cwd=str(options.cwd), model=options.model,
+                   fallback_models=tuple(options.fallback_models), tools=options.tools,
+                   allowed_tools=tuple(options.allowed_tools), disallowed_tools=tuple(options.disallowed_tools),
+                   permission_mode=options.permission_mode, limits=options.limits,
+                   system_prompt=options.system_prompt, append_system_prompt=options.append_system_prompt,
+                   settings=options.settings, setting_sources=tuple(options.setting_sources),
+                   json_schema=options.json_schema,
+                   sessions_dir=str(options.sessions_dir) if options.sessions_dir else None,
+                   trace_path=str(trace_path) if trace_path else None,
+                   parent_session_id=options.parent_session_id, scripted=scripted)
+
+    def options(self) -> Options:
+        return Options(model=self.model, fallback_models=self.fallback_models, tools=self.tools,
+                       allowed_tools=self.allowed_tools, disallowed_tools=self.disallowed_tools,
+                       permission_mode=self.permission_mode, limits=self.limits, system_prompt=self.system_prompt,
+                       append_system_prompt=self.append_system_prompt, cwd=Path(self.cwd), settings=self.settings,
+                       setting_sources=self.setting_sources, session_id=self.session_id,
+                       sessions_dir=Path(self.sessions_dir) if self.sessions_dir else None,
+                       json_schema=self.json_schema, write_trace=self.trace_path is not None,
+                       parent_session_id=self.parent_session_id)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return (self.model, *self.fallback_models)
+
+
+@attrs.frozen
+class Timing:
+    """The failure-detection settings of a session's activities, in seconds. A worker that dies is
+    noticed after ``heartbeat_s`` (plus the retry's ``retry_s``); tests shorten them."""
+
+    model_heartbeat_s: float = 10.0
+    tool_heartbeat_s: float = 10.0
+    retry_s: float = 1.0
+    model_attempts: int = 4
+
+
+@attrs.frozen
+class AccountSnapshot:
+    """A run's account (:class:`agentfsm.result.RunAccount`) carried across continue-as-new."""
+
+    usage: Mapping[str, Any] = attrs.field(factory=dict)
+    cost_usd: float = 0.0
+    api_ms: float = 0.0
+    denials: tuple[Mapping[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    structured_output: Any = None
+    last_usage: Mapping[str, Any] | None = None
+    counted_upto: int = 0
+    model_usage: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    stop_reason: str | None = None
+    api_error_status: int | None = None
+
+
+# the loop's own hook points a workflow asks through an activity
+HOOK_EVENTS = ("Stop", "PostToolBatch", "SessionEnd")
+
+
+@attrs.frozen
+class RunSetup:
+    """What a run is set up with (the ``open_run`` activity): the system prompt, the tools offered, the
+    stream-json ``init`` message, the restored history of a resumed or forked session, the prompt after
+    SessionStart and UserPromptSubmit (``setup_failed``/``erased`` when a hook stopped it), where the
+    session file's record numbers go on, and which history messages the file already records as they
+    are (``recorded``: uuid → digest)."""
+
+    system: tuple[Mapping[str, Any], ...]
+    tool_names: tuple[str, ...]
+    static_tokens: int
+    permission_mode: str
+    init: Mapping[str, Any]
+    first: Message
+    history: tuple[Message, ...] = ()
+    setup_failed: SetupFailed | None = None
+    erased: bool = False
+    next_seq: int = 0
+    recorded: Mapping[str, str] = attrs.field(factory=dict)
+    # the hook events the session has hooks for (asking the others is skipped)
+    hook_events: tuple[str, ...] = HOOK_EVENTS
+
+
+@attrs.frozen
+class Carried:
+    """What a run carries into its continuation (continue-as-new): the loop where it is, and the
+    run's bookkeeping."""
+
+    state: LoopState
+    setup: RunSetup
+    account: AccountSnapshot
+    seq: int
+    recorded: Mapping[str, str]
+    requests: int
+    out_base: int
+    out_tail: tuple[Mapping[str, Any], ...]
+    started: float
+    read_files: Mapping[str, float] = attrs.field(factory=dict)
+    interrupted: bool = False
+    aborted: bool = False
+
+
+@attrs.frozen
+class SessionInput:
+    """One run of a session. ``prompt``: content blocks. ``resume_path``: the session file whose
+    history the run continues (``resumed``: it is this session's own file, which already holds the
+    header and the history; else a fork's parent). ``live``: activities show each finished block at
+    once (a signal per block); off, a response shows when it is complete. ``continue_as_new_after``:
+    history length at which the run continues as new (0: when the server suggests it)."""
+
+    spec: SessionSpec
+    prompt: tuple[Mapping[str, Any], ...]
+    resume_path: str | None = None
+    resumed: bool = False
+    live: bool = True
+    timing: Timing = attrs.field(factory=Timing)
+    continue_as_new_after: int = 0
+    carried: Carried | None = None
+
+
+@attrs.frozen
+class OpenRunInput:
+    spec: SessionSpec
+    prompt: tuple[Mapping[str, Any], ...]
+    resume_path: str | None
+    resumed: bool
+    workflow_id: str
+
+
+@attrs.frozen
+class MessageRef:
+    """One message of a request: by reference (``uuid`` and ``digest`` of a ``message`` record the
+    session file holds), or inline (``message``) when no record holds it as it is."""
+
+    uuid: str
+    digest: str = ""
+    message: Message | None = None
+
+
+def message_digest(role: str, kind: str, content: Any) -> str:
+    """The digest a :class:`MessageRef` names: role, kind and content of a message record."""
+    text = json.dumps([role, kind, content], ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@attrs.frozen
+class ToolTraits:
+    """What scheduling needs to know of a call (the worker's registry answers it): the concurrency
+    verdict and the interrupt behaviour."""
+
+    tool_use_id: str
+    safe: bool
+    interrupt: str
+
+
+@attrs.frozen
+class ModelCallInput:
+    """One model request. ``request_no``: the session's request count (a scripted model answers with
+    the scenario's response of that number, so a retried request gets the same answer)."""
+
+    spec: SessionSpec
+    workflow_id: str
+    run_id: str
+    request_no: int
+    model: str
+    system: tuple[Mapping[str, Any], ...]
+    messages: tuple[MessageRef, ...]
+    live: bool = True
+
+
+@attrs.frozen
+class ModelCallOutcome:
+    """How a model request ended: ``response`` when the stream finished; otherwise ``error``, with
+    ``opened`` telling a failure before the stream from one during it, and ``blocks``/``usage`` what a
+    broken stream had delivered. ``traits``: one per tool_use of the response."""
+
+    opened: bool
+    model: str
+    message_id: str = ""
+    response: ModelResponse | None = None
+    error: ModelError | None = None
+    blocks: tuple[Mapping[str, Any], ...] = ()
+    usage: Mapping[str, Any] = attrs.field(factory=dict)
+    api_ms: float = 0.0
+    traits: tuple[ToolTraits, ...] = ()
+    attempt: int = 1
+
+
+@attrs.frozen
+class ToolCallInput:
+    spec: SessionSpec
+    block: Mapping[str, Any]
+    invalid_json: str | None = None
+    layers: Mapping[str, Any] = attrs.field(factory=dict)
+    read_files: Mapping[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ToolCallOutcome:
+    """A call's result, what it changed in the session's Read/Edit freshness map, and whether the
+    worker running it was lost (``interrupted``: not run again, the result says so)."""
+
+    result: CallResult
+    read_files: Mapping[str, float] = attrs.field(factory=dict)
+    interrupted: bool = False
+    attempt: int = 1
+
+
+@attrs.frozen
+class CompactInput:
+    spec: SessionSpec
+    request_no: int
+    model: str
+    system: tuple[Mapping[str, Any], ...]
+    messages: tuple[MessageRef, ...]
+    trigger: str
+
+
+@attrs.frozen
+class CompactOutcome:
+    """``requested``: a summary request was sent (it used up a scripted response)."""
+
+    compaction: Compaction | None
+    requested: bool
+    model: str = ""
+    usage: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class StopInput:
+    spec: SessionSpec
+    last_assistant_text: str
+    stop_hook_active: bool
+
+
+@attrs.frozen
+class PostBatchInput:
+    spec: SessionSpec
+    calls: tuple[Mapping[str, Any], ...]
+
+
+@attrs.frozen
+class PostBatchOutcome:
+    blocked: bool = False
+    reason: str = ""
+    stop: bool = False
+    stop_reason: str = ""
+    additional_context: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class TraceBatch:
+    """Session-file lines to append, each with its record number (appending is idempotent by it);
+    ``settled``: tool calls whose outcome files are no longer needed (``final``: none are)."""
+
+    path: str
+    lines: tuple[tuple[int, str], ...]
+    settled: tuple[str, ...] = ()
+    final: bool = False
+
+
+@attrs.frozen
+class OutputPage:
+    """The stream-json messages from ``since`` on (``base``: the number of the first one this run
+    still holds, after a continue-as-new), and whether the run has ended."""
+
+    base: int
+    messages: tuple[Mapping[str, Any], ...]
+    done: bool

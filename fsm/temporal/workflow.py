@@ -1,0 +1,699 @@
+"""The session workflow: holds the loop state and fires the declared machine on every observed event.
+
+This is the local driver's loop (:mod:`agentfsm.driver`) with each phase's I/O moved into an activity
+(:mod:`agentfsm.temporal.activities`): the workflow asks the same pure questions
+(:mod:`agentfsm.graph`, :mod:`agentfsm.phases`), awaits the activity, turns its outcome into the same
+event record and fires it with :func:`agentfsm.graph.advance`. It is deterministic, as Temporal
+requires: ids come from :func:`temporalio.workflow.uuid4` (:func:`agentfsm.state.set_id_source`),
+time from :func:`temporalio.workflow.now`.
+
+What it keeps besides the state: the run's account, the stream-json messages a client follows (the
+``output`` query; activities signal each finished assistant block as it streams), and the session
+file's records, written through a local activity before each remote one and at the end. Tools run
+after the response ended, one activity per call, under the executor's scheduling rules
+(:func:`agentfsm.executor.may_start`, :func:`agentfsm.executor.deliverable`).
+
+Signals: ``interrupt`` (the user's Ctrl-C: a streaming response is cut, ``cancel`` tools are
+cancelled, ``block`` tools finish) and ``abort`` (everything stops at once) — the driver's
+:meth:`~agentfsm.driver.Driver.interrupt` and :meth:`~agentfsm.driver.Driver.abort`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    import json
+
+    import attrs
+
+    from agentfsm import graph, phases
+    from agentfsm.events import (
+        Aborted,
+        Assembled,
+        CallFailed,
+        Event,
+        ModelError,
+        SetupFailed,
+        StopHookVerdict,
+        StreamOpened,
+    )
+    from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
+    from agentfsm.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
+    from agentfsm.result import RunAccount, build_result
+    from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
+    from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME
+    from agentfsm.temporal.records import (
+        AccountSnapshot,
+        Carried,
+        CompactInput,
+        CompactOutcome,
+        MessageRef,
+        ModelCallInput,
+        ModelCallOutcome,
+        OpenRunInput,
+        OutputPage,
+        PostBatchInput,
+        PostBatchOutcome,
+        RunSetup,
+        SessionInput,
+        StopInput,
+        ToolCallInput,
+        ToolCallOutcome,
+        ToolTraits,
+        TraceBatch,
+        message_digest,
+    )
+    from agentfsm.trace import TraceWriter
+
+# a query answers at most this much at once (a client that fell behind asks again)
+_PAGE_MESSAGES = 500
+_PAGE_CHARS = 1 << 20
+# messages a continued run keeps for a client that has not read them yet
+_CARRIED_OUTPUT = 200
+
+
+class _Stopped(Exception):
+    """The awaited work was given up because the run is being stopped (``results``: what finished)."""
+
+    def __init__(self, results: Mapping[str, CallResult] | None = None) -> None:
+        super().__init__("stopped")
+        self.results = dict(results or {})
+
+
+@attrs.define
+class _Call:
+    """One tool call of the batch in progress (the executor's entry, as the workflow keeps it)."""
+
+    block: Mapping[str, Any]
+    safe: bool
+    interrupt: str
+    invalid_json: str | None
+    status: str = QUEUED
+    handle: Any = None
+    result: CallResult | None = None
+    cancel_reason: str | None = None
+
+    @property
+    def tool_use_id(self) -> str:
+        return str(self.block.get("id", ""))
+
+
+@workflow.defn(name=WORKFLOW_NAME)
+class SessionWorkflow:
+    """One run of a session (one prompt to one result); see the module docstring."""
+
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        self._inp = inp
+        self._spec = inp.spec
+        carried = inp.carried
+        self._out: list[Mapping[str, Any]] = list(carried.out_tail) if carried else []
+        self._out_base = carried.out_base if carried else 0
+        self._done = False
+        self._interrupted = carried.interrupted if carried else False
+        self._aborted = carried.aborted if carried else False
+        self._shown: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
+        self._pending: list[tuple[int, str]] = []
+        self._settled: list[str] = []  # tool calls whose outcome files may go
+        self._tools_ran = False
+        self._recorded: dict[str, str] = dict(carried.recorded) if carried else {}
+        self._requests = carried.requests if carried else 0
+        self._read_files: dict[str, float] = dict(carried.read_files) if carried else {}
+        self._emitted: set[str] = set()
+        self._given_up: set[int] = set()  # model requests the run stopped waiting for
+        self._trace: TraceWriter | None = None
+        self._outcome: ModelCallOutcome | None = None
+        self._request_no = -1
+        self._request_messages = 0
+
+    # --- what clients and activities talk to ---------------------------------------------------------
+
+    @workflow.signal
+    def push(self, item: Mapping[str, Any]) -> None:
+        """An activity finished an assistant block: show it now."""
+        n = int(item["request_no"])
+        if n in self._given_up:  # a cancelled call's last blocks, arriving after the run moved on
+            return
+        msg = item["message"]
+        body = msg["message"]
+        self._shown.setdefault(n, {}).setdefault(body["id"], []).extend(body["content"])
+        self._show(msg)
+
+    @workflow.signal
+    def lost(self, request_no: int) -> None:
+        """An attempt of this request died with its worker: withdraw what it showed."""
+        if request_no not in self._given_up:
+            self._withdraw(request_no)
+
+    def _withdraw(self, request_no: int) -> None:
+        for message_id, blocks in self._shown.pop(request_no, {}).items():
+            self._emit(phases.tombstone_message(self._spec.session_id, message_id, blocks))
+
+    @workflow.signal
+    def interrupt(self) -> None:
+        self._interrupted = True
+
+    @workflow.signal
+    def abort(self) -> None:
+        self._aborted = self._interrupted = True
+
+    @workflow.query
+    def output(self, since: int) -> OutputPage:
+        start = max(since, self._out_base)
+        page: list[Mapping[str, Any]] = []
+        size = 0
+        for msg in self._out[start - self._out_base:start - self._out_base + _PAGE_MESSAGES]:
+            size += len(json.dumps(msg, ensure_ascii=False, default=str))
+            if page and size > _PAGE_CHARS:
+                break
+            page.append(msg)
+        done = self._done and start + len(page) >= self._out_base + len(self._out)
+        return OutputPage(start, tuple(page), done)
+
+    def _emit(self, msg: Mapping[str, Any]) -> None:
+        self._out.append(msg)
+
+    def _show(self, msg: Mapping[str, Any]) -> None:
+        """An assistant block: on stream-json at once, and in the session file as soon as it is
+        complete (before its tool runs), as the local session does."""
+        self._emit(msg)
+        if self._trace is not None:
+            body = msg["message"]
+            for block in body["content"]:
+                self._trace.write({"type": "assistant_block", "message_id": body["id"], "block": block})
+
+    # --- the run -------------------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> dict[str, Any]:
+        if inp.carried is None:
+            await self._open(inp)
+        else:
+            self._restore(inp.carried)
+        await self._loop()
+        result = self._result()
+        await self._flush(final=True)
+        if self._hooked("SessionEnd"):
+            try:
+                await self._activity("agentfsm.close_run", self._spec, None, timeout=timedelta(minutes=2), local=True)
+            except ActivityError as exc:
+                workflow.logger.warning("SessionEnd hooks failed: %s", exc)
+        self._done = True
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return result
+
+    async def _open(self, inp: SessionInput) -> None:
+        spec = self._spec
+        info = workflow.info()
+        try:
+            setup: RunSetup = await self._activity(
+                "agentfsm.open_run", OpenRunInput(spec, inp.prompt, inp.resume_path, inp.resumed, info.workflow_id),
+                RunSetup, timeout=timedelta(minutes=5), local=True)
+        except ActivityError as exc:
+            raise _failure(f"the session could not be set up: {_cause(exc)}") from exc
+        self._setup = setup
+        self._started = workflow.now().timestamp()
+        self._account = RunAccount()
+        self._recorded.update(setup.recorded)
+        self._trace = self._writer(setup.next_seq)
+        if not inp.resumed:
+            # a new or forked session: its file starts with the header and the inherited history
+            self._trace.session(spec.session_id, spec.limits, spec.cwd, spec.model, spec.parent_session_id,
+                                workflow_id=info.workflow_id, run_id=info.run_id)
+            for m in setup.history:
+                self._trace.message(m)
+        self._emit(dict(setup.init))
+        first = setup.first
+        self._trace.message(phases.recorded_prompt(first, setup.erased))
+        history, failure = setup.history, setup.setup_failed
+        if failure is None and phases.deferred_calls(history):
+            history, failure = await self._resume_deferred(history, first)
+        messages = history if setup.erased else (*history, first)
+        ctx = ToolUseContext(cwd=spec.cwd, permission_mode=setup.permission_mode, tool_names=setup.tool_names)
+        self._state = LoopState(messages=tuple(messages), tool_use_context=ctx)
+        if failure is not None:
+            self._fire(failure)
+
+    def _writer(self, seq: int) -> TraceWriter:
+        sink = self._record if self._spec.trace_path else None
+        return TraceWriter(None, sink=sink, seq=seq, clock=lambda: workflow.now().timestamp())
+
+    def _record(self, rec: dict[str, Any]) -> None:
+        if rec["type"] == "message":
+            self._recorded[rec["uuid"]] = message_digest(rec["role"], rec["kind"], rec["content"])
+        self._pending.append((rec["seq"], json.dumps(rec, ensure_ascii=False, default=str)))
+
+    async def _loop(self) -> None:
+        perform = {Phase.ASSEMBLE: self._assemble, Phase.CALL_MODEL: self._call_model,
+                   Phase.STREAM: self._consume, Phase.DISPATCH_TOOLS: self._dispatch, Phase.STOP: self._stop_hooks}
+        while True:
+            state = self._state
+            if state.phase is Phase.STOP and not graph.stop_hooks_are_due(state):
+                return
+            if state.phase is Phase.ASSEMBLE and self._continue_as_new_due():
+                await self._continue_as_new()
+            if state.phase is not Phase.STOP and self._stopping():
+                event: Event = self._abort_event(state)
+            else:
+                event = await perform[state.phase](state)
+            self._fire(event)
+
+    def _fire(self, event: Event) -> None:
+        before = self._state
+        assert self._trace is not None
+        for step in graph.advance(before, event, self._spec.limits):
+            self._trace.on_step(before, step, event)
+            self._after_step(before, step, event)
+            before = step.state
+        self._state = before
+
+    def _after_step(self, before: LoopState, step: graph.Step, event: Event) -> None:
+        """What a step asks of the world: warnings reported, what a retry withdrew."""
+        sid = self._spec.session_id
+        for notice in step.notices:
+            self._account.warnings.append(notice)
+            self._emit(phases.warning_message(sid, notice))
+        if phases.rewrote_history(before, step):
+            self._account.anchor(None, 0)
+            self._emit(phases.compact_boundary_message(sid, event))
+        if step.edge.kind == "retry" and before.phase is Phase.STREAM:
+            self._withdraw(self._request_no)
+
+    def _stopping(self, *, hard: bool = False) -> bool:
+        return self._aborted or (not hard and self._interrupted)
+
+    def _abort_event(self, state: LoopState) -> Aborted:
+        """Pair every tool_use that was shown before the stop."""
+        partial = results = None
+        if state.phase in (Phase.STREAM, Phase.DISPATCH_TOOLS) and self._outcome is not None:
+            o = self._outcome
+            partial, results = phases.pair_cut_off(o.response.blocks if o.response else o.blocks, {})
+            self._emit_results(results)
+        self._outcome = None
+        return Aborted(partial, results)
+
+    # --- activities ----------------------------------------------------------------------------------
+
+    async def _activity(self, name: str, arg: Any, result_type: Any, *, timeout: timedelta,
+                        heartbeat: float | None = None, attempts: int = 3, stop: str | None = None,
+                        local: bool = False) -> Any:
+        """Run activity ``name``; with ``stop`` (``soft``/``hard``), give up on it when the run is
+        stopped: it is cancelled and :class:`_Stopped` raised. ``local``: on this worker, recorded as
+        one marker (hooks and set-up: short work that needs no heartbeat of its own)."""
+        retry = RetryPolicy(initial_interval=timedelta(seconds=self._inp.timing.retry_s), maximum_attempts=attempts,
+                            non_retryable_error_types=[NON_RETRYABLE])
+        if local:
+            handle = workflow.start_local_activity(name, arg, result_type=result_type, start_to_close_timeout=timeout,
+                                                   retry_policy=retry)
+        else:
+            handle = workflow.start_activity(
+                name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=retry,
+                heartbeat_timeout=timedelta(seconds=heartbeat) if heartbeat else None)
+        if stop is None:
+            return await handle
+        hard = stop == "hard"
+        await workflow.wait_condition(lambda: handle.done() or self._stopping(hard=hard))
+        if handle.done():
+            return handle.result()
+        handle.cancel()
+        try:
+            await handle
+        except (asyncio.CancelledError, ActivityError):
+            pass
+        raise _Stopped
+
+    async def _flush(self, *, final: bool = False) -> None:
+        """Write the pending session-file records (a local activity on this worker), and drop the
+        outcome files of tool calls whose results the history now holds."""
+        if not self._spec.trace_path or not (self._pending or self._settled or (final and self._tools_ran)):
+            self._pending.clear()
+            self._settled.clear()
+            return
+        lines, settled = tuple(self._pending), tuple(self._settled)
+        try:
+            await workflow.execute_local_activity(
+                "agentfsm.append_trace", TraceBatch(self._spec.trace_path, lines, settled, final), result_type=int,
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=RetryPolicy(maximum_attempts=5))
+        except ActivityError as exc:  # kept, and tried again with the next flush
+            workflow.logger.warning("the session file could not be written: %s", exc)
+            return
+        del self._pending[:len(lines)]
+        del self._settled[:len(settled)]
+
+    def _hooked(self, event: str) -> bool:
+        """Hooks are configured for ``event`` (else asking them is skipped: the answer would be empty)."""
+        return event in self._setup.hook_events
+
+    def _refs(self, messages: Sequence[Message]) -> tuple[MessageRef, ...]:
+        """The messages of a request: by reference where the session file records them as they are."""
+        out = []
+        for m in messages:
+            digest = self._recorded.get(m.uuid)
+            out.append(MessageRef(m.uuid, digest) if digest else MessageRef(m.uuid, message=m))
+        return tuple(out)
+
+    def _estimate(self, messages: Sequence[Message]) -> int:
+        return phases.estimate(self._account, messages, self._setup.static_tokens)
+
+    # --- assemble ------------------------------------------------------------------------------------
+
+    async def _assemble(self, state: LoopState) -> Event:
+        if not graph.should_auto_compact(state, self._estimate(state.messages), self._spec.limits):
+            return Assembled()
+        try:
+            compaction = await self._compact(state, "auto")
+        except _Stopped:
+            return self._abort_event(state)
+        except ActivityError as exc:
+            return SetupFailed(TerminalReason.TURN_SETUP_FAILED, f"Turn setup failed: {_cause(exc)}")
+        return Assembled(compaction=compaction, compact_failed=compaction is None)
+
+    async def _compact(self, state: LoopState, trigger: str) -> Any:
+        await self._flush()
+        n = self._requests
+        timing = self._inp.timing
+        out: CompactOutcome = await self._activity(
+            "agentfsm.compact",
+            CompactInput(self._spec, n, phases.model_for(self._spec.models, state), self._setup.system,
+                         self._refs(state.messages), trigger),
+            CompactOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
+            attempts=timing.model_attempts, stop="soft")
+        if out.requested:
+            self._requests += 1
+        if out.usage:
+            self._account.spend(out.model or self._spec.model, out.usage)
+        return out.compaction
+
+    # --- call_model and stream -----------------------------------------------------------------------
+
+    async def _call_model(self, state: LoopState) -> Event:
+        spec, limits = self._spec, self._spec.limits
+        self._outcome = None
+        refused = graph.preflight_refusal(background=None, cost_usd=self._account.cost_usd,
+                                          tokens=self._estimate(state.messages), limits=limits)
+        if refused is not None:
+            return refused
+        model = phases.model_for(spec.models, state)
+        assert self._trace is not None
+        self._trace.request(model, state.query_tracking.depth, state.messages)
+        self._request_messages = len(state.messages)
+        await self._flush()
+        n = self._request_no = self._requests
+        self._requests += 1
+        info, timing = workflow.info(), self._inp.timing
+        try:
+            o: ModelCallOutcome = await self._activity(
+                "agentfsm.call_model",
+                ModelCallInput(spec, info.workflow_id, info.run_id, n, model, self._setup.system,
+                               self._refs(state.messages), self._inp.live),
+                ModelCallOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
+                attempts=timing.model_attempts, stop="soft")
+        except _Stopped:
+            self._given_up.add(n)
+            blocks = [b for shown in self._shown.get(n, {}).values() for b in shown]
+            partial, results = phases.pair_cut_off(blocks, {})
+            self._emit_results(results)
+            return Aborted(partial, results)
+        except ActivityError as exc:  # every attempt was lost: nothing of them stands
+            self._given_up.add(n)
+            self._withdraw(n)
+            return await self._failed(state, ModelError("api", f"The model call failed: {_cause(exc)}"))
+        self._account.api_ms += o.api_ms
+        if not self._inp.live:
+            for block in o.response.blocks if o.response else o.blocks:
+                self._shown.setdefault(n, {}).setdefault(o.message_id, []).append(block)
+                self._show(phases.assistant_block_message(o.message_id, o.model, block, {}, spec.session_id))
+        if o.error is not None and not o.opened:
+            return await self._failed(state, o.error)
+        self._outcome = o
+        return StreamOpened(model)
+
+    async def _consume(self, state: LoopState) -> Event:
+        """The stream ran inside the model activity: report how it ended."""
+        o = self._outcome
+        assert o is not None
+        if o.response is not None:
+            phases.account_response(self._account, o.response, self._spec.model, self._request_messages)
+            return phases.stream_ended(o.response, json_schema=self._spec.json_schema is not None)
+        assert o.error is not None
+        if o.usage:  # the input was processed (and billed) even though the answer is lost
+            self._account.spend(o.model or phases.model_for(self._spec.models, state), o.usage)
+        fallback = phases.has_fallback(self._spec.models, state)
+        partial = results = None
+        if graph.retry_trigger(state, o.error, fallback, self._spec.limits) is None:
+            # no tool of this response ran: each call it showed is answered as discarded
+            failed = {b["id"]: synthetic_result(b["id"], b.get("name", ""), phases.STREAM_FAILED).block
+                      for b in o.blocks if b.get("type") == "tool_use"}
+            partial, results = phases.pair_cut_off(o.blocks, failed)
+            self._emit_results(results)
+        return await self._failed(state, o.error, partial, results)
+
+    async def _failed(self, state: LoopState, error: ModelError, partial: Message | None = None,
+                      results: Message | None = None) -> CallFailed:
+        compaction = None
+        if phases.wants_reactive_compact(state, error):
+            try:
+                compaction = await self._compact(state, "reactive")
+            except (_Stopped, ActivityError):
+                compaction = None
+        self._account.api_error_status = error.status
+        return CallFailed(error, compaction=compaction, partial=partial, partial_results=results,
+                          fallback_available=phases.has_fallback(self._spec.models, state))
+
+    # --- dispatch_tools ------------------------------------------------------------------------------
+
+    async def _dispatch(self, state: LoopState) -> Event:
+        o = self._outcome
+        assert o is not None and o.response is not None
+        response = o.response
+        assistant = response.as_message()
+        traits = {t.tool_use_id: t for t in o.traits}
+        try:
+            results, interrupted = await self._run_batch(response.tool_uses(), traits, response.invalid_tool_inputs)
+        except _Stopped as stopped:  # a hard abort while tools ran: finished calls keep their results
+            partial, paired = phases.pair_cut_off(response.blocks, {i: r.block for i, r in stopped.results.items()})
+            self._emit_results(paired)
+            self._outcome = None
+            return Aborted(partial, paired)
+        self._outcome = None
+        ordered = phases.in_model_order(assistant, results)
+        phases.account_batch(self._account, ordered)
+        post = None
+        if not interrupted and not self._hooked("PostToolBatch"):
+            post = PostBatchOutcome()
+        elif not interrupted:
+            try:
+                post = await self._activity("agentfsm.post_batch", PostBatchInput(
+                    self._spec, tuple(phases.post_batch_input(assistant, ordered))), PostBatchOutcome,
+                    timeout=timedelta(minutes=10), local=True)
+            except ActivityError as exc:
+                workflow.logger.warning("PostToolBatch hooks failed: %s", exc)
+                post = PostBatchOutcome()
+        layers: dict[str, Any] = {}
+        for r in ordered:
+            if not traits.get(r.tool_use_id, ToolTraits(r.tool_use_id, False, "block")).safe:
+                layers.update(r.context_layers)
+        return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post, context_layers=layers)
+
+    async def _run_batch(self, blocks: Sequence[Mapping[str, Any]], traits: Mapping[str, ToolTraits],
+                         invalid: Mapping[str, str]) -> tuple[list[CallResult], bool]:
+        """Every call of a response, one activity each, under the executor's rules: a call starts when
+        nothing runs or it and everything running are concurrency-safe (at most
+        ``max_tool_concurrency``); an unsafe call is a barrier; results are shown in model order, past
+        running safe calls. The user's interrupt cancels ``cancel`` calls (``block`` calls finish); a
+        hard abort cancels everything and raises :class:`_Stopped` with what finished."""
+        calls = []
+        for b in blocks:
+            t = traits.get(str(b.get("id", "")))
+            calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id"))))
+        layers: dict[str, Any] = {}
+        limit = self._spec.limits.max_tool_concurrency
+        interrupted = self._stopping()
+        timing = self._inp.timing
+
+        def finish(c: _Call, result: CallResult) -> None:
+            c.result, c.status = result, DONE
+            if not c.safe:
+                layers.update(result.context_layers)
+
+        def pump() -> None:
+            for c in calls:
+                if c.status != QUEUED:
+                    continue
+                if interrupted and c.interrupt == "cancel":
+                    c.cancel_reason = USER_INTERRUPTED
+                    finish(c, synthetic_result(c.tool_use_id, str(c.block.get("name", "")), USER_INTERRUPTED,
+                                               c.block.get("input") if isinstance(c.block.get("input"), Mapping)
+                                               else None))
+                    continue
+                if may_start(c.safe, [x.safe for x in calls if x.status == RUNNING], limit):
+                    c.status = RUNNING
+                    self._tools_ran = True
+                    c.handle = workflow.start_activity(
+                        "agentfsm.run_tool", ToolCallInput(self._spec, c.block, c.invalid_json, dict(layers),
+                                                           dict(self._read_files)),
+                        result_type=ToolCallOutcome, start_to_close_timeout=timedelta(minutes=15),
+                        heartbeat_timeout=timedelta(seconds=timing.tool_heartbeat_s),
+                        # attempt 2 exists to answer "interrupted" (or to run a read-only call again)
+                        retry_policy=RetryPolicy(initial_interval=timedelta(seconds=timing.retry_s),
+                                                 maximum_attempts=2, non_retryable_error_types=[NON_RETRYABLE]),
+                        cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+                elif not c.safe:
+                    break
+
+        def collect(c: _Call) -> None:
+            name = str(c.block.get("name", ""))
+            try:
+                out: ToolCallOutcome = c.handle.result()
+            except asyncio.CancelledError:
+                finish(c, synthetic_result(c.tool_use_id, name, c.cancel_reason or USER_INTERRUPTED))
+                return
+            except ActivityError as exc:  # no attempt could report: what the call did is unknown
+                workflow.logger.warning("tool call %s failed on every attempt: %s", c.tool_use_id, exc)
+                finish(c, synthetic_result(c.tool_use_id, name, WORKER_LOST))
+                return
+            self._read_files.update(out.read_files)
+            self._settled.append(c.tool_use_id)
+            result = out.result
+            if c.cancel_reason is not None and result.cancel_reason is not None:
+                result = synthetic_result(c.tool_use_id, result.tool_name, c.cancel_reason, result.tool_input)
+            finish(c, result)
+
+        def cancel(c: _Call, reason: str) -> None:
+            c.cancel_reason = reason
+            c.handle.cancel()
+
+        while True:
+            pump()
+            for i in deliverable([(c.status, c.safe) for c in calls]):
+                calls[i].status = DELIVERED
+                self._emit_results((calls[i].result.block,))  # type: ignore[union-attr]
+            if all(c.status == DELIVERED for c in calls):
+                return [c.result for c in calls if c.result is not None], interrupted
+            await workflow.wait_condition(
+                lambda seen=interrupted: any(c.status == RUNNING and c.handle.done() for c in calls)
+                or self._stopping(hard=True) or self._stopping() != seen)
+            for c in calls:
+                if c.status == RUNNING and c.handle.done():
+                    collect(c)
+            if self._stopping(hard=True):
+                running = [c for c in calls if c.status == RUNNING]
+                for c in running:
+                    cancel(c, USER_INTERRUPTED)
+                if running:
+                    await workflow.wait_condition(lambda running=running: all(c.handle.done() for c in running))
+                    for c in running:
+                        collect(c)
+                raise _Stopped({c.tool_use_id: c.result for c in calls if c.result is not None})
+            if self._stopping() and not interrupted:
+                interrupted = True
+                for c in calls:
+                    if c.status == RUNNING and c.interrupt == "cancel":
+                        cancel(c, USER_INTERRUPTED)
+
+    def _emit_results(self, results: Message | Sequence[Mapping[str, Any]] | None) -> None:
+        blocks = results.content if isinstance(results, Message) else results or ()
+        for block in blocks:
+            tid = block.get("tool_use_id", "")
+            if tid in self._emitted:
+                continue
+            self._emitted.add(tid)
+            self._emit(phases.result_message(block, self._spec.session_id))
+
+    async def _resume_deferred(self, history: tuple[Message, ...], first: Message
+                               ) -> tuple[tuple[Message, ...], SetupFailed | None]:
+        """A run resumed after ``tool_deferred`` first runs the deferred calls (their PreToolUse hooks
+        are asked again), as the local driver does."""
+        try:
+            results, _ = await self._run_batch(phases.deferred_calls(history), {}, {})
+        except _Stopped:
+            return history, SetupFailed(TerminalReason.TURN_SETUP_FAILED, "Stopped while resuming a deferred call")
+        messages, failure = phases.deferred_resumed(history, results)
+        assert self._trace is not None
+        self._trace.compact_boundary("deferred_resume", 0)
+        for m in (*messages, first):
+            self._trace.message(m)
+        return messages, failure
+
+    # --- stop ----------------------------------------------------------------------------------------
+
+    async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
+        """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
+        if not self._hooked("Stop"):
+            return StopHookVerdict()
+        try:
+            return await self._activity(  # type: ignore[no-any-return]
+                "agentfsm.stop_hooks", StopInput(self._spec, phases.last_assistant_text(state.messages),
+                                                 state.stop_hook_active),
+                StopHookVerdict, timeout=timedelta(minutes=10), stop="soft", local=True)
+        except (_Stopped, ActivityError):
+            return StopHookVerdict()
+
+    # --- the end, and continuing as new --------------------------------------------------------------
+
+    def _result(self) -> dict[str, Any]:
+        acct = self._account
+        duration_ms = int((workflow.now().timestamp() - self._started) * 1000)
+        result = build_result(self._state, session_id=self._spec.session_id, duration_ms=duration_ms,
+                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
+                              denials=tuple(acct.denials), structured_output=acct.structured_output,
+                              warnings=tuple(acct.warnings), account=acct)
+        record = result.to_dict()
+        assert self._trace is not None
+        self._trace.result(record)
+        self._emit(record)
+        return record
+
+    def _continue_as_new_due(self) -> bool:
+        info = workflow.info()
+        after = self._inp.continue_as_new_after
+        return bool(after and info.get_current_history_length() >= after) or info.is_continue_as_new_suggested()
+
+    async def _continue_as_new(self) -> None:
+        """Carry the loop into a fresh run (a long session's history stays within Temporal's limits)."""
+        await self._flush()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        acct = self._account
+        tail = self._out[-_CARRIED_OUTPUT:]
+        assert self._trace is not None
+        carried = Carried(
+            state=self._state, setup=self._setup,
+            account=AccountSnapshot(acct.usage, acct.cost_usd, acct.api_ms, tuple(acct.denials), tuple(acct.warnings),
+                                    acct.structured_output, acct.last_usage, acct.counted_upto,
+                                    {m: dict(u) for m, u in acct.model_usage.items()}, acct.stop_reason,
+                                    acct.api_error_status),
+            seq=self._trace.next_seq, recorded=self._recorded, requests=self._requests,
+            out_base=self._out_base + len(self._out) - len(tail), out_tail=tuple(tail), started=self._started,
+            read_files=self._read_files, interrupted=self._interrupted, aborted=self._aborted)
+        workflow.continue_as_new(attrs.evolve(self._inp, carried=carried))
+
+    def _restore(self, carried: Carried) -> None:
+        self._setup = carried.setup
+        self._state = carried.state
+        self._started = carried.started
+        a = carried.account
+        self._account = RunAccount(dict(a.usage), a.cost_usd, a.api_ms, list(a.denials), list(a.warnings),
+                                   a.structured_output, a.last_usage, a.counted_upto,
+                                   {m: dict(u) for m, u in a.model_usage.items()}, a.stop_reason, a.api_error_status)
+        self._trace = self._writer(carried.seq)
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost message of an activity failure."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return str(exc) or type(exc).__name__
+
+
+def _failure(message: str) -> Exception:
+    from temporalio.exceptions import ApplicationError
+
+    return ApplicationError(message, type=NON_RETRYABLE, non_retryable=True)

@@ -1,0 +1,349 @@
+"""Auditing Claude Code's own runs: real transcripts and stream-json output (tests/fixtures/claude_code/)
+replayed through the declared machine, and hand-tampered copies of them caught at their line."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentfsm import claude_code
+from agentfsm.audit import MoveAt, NotATrace, Report, audit_report, main, recognise
+from agentfsm.graph import EDGES_BY_TRIGGER
+
+FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
+SCENARIOS = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").is_file())
+SOURCES = {"transcript": ("transcript.jsonl", claude_code.TRANSCRIPT),
+           "stream-json": ("stream.jsonl", claude_code.STREAM_JSON)}
+
+
+def expected(scenario: str, source: str) -> dict[str, Any]:
+    return json.loads((FIXTURES / scenario / "expected.json").read_text())[source]
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def write(path: Path, recs: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf-8")
+    return path
+
+
+def counted(report: Report, kind: str) -> dict[str, int]:
+    return dict(Counter(m.label for m in report.moves if EDGES_BY_TRIGGER[m.label].kind == kind))
+
+
+def codes(report: Report) -> dict[str, int]:
+    return dict(Counter(f.code for f in report.findings))
+
+
+def test_there_are_fixtures_for_every_reentry_and_the_reasons_claude_code_reaches() -> None:
+    reentries, reasons = set(), set()
+    for scenario in SCENARIOS:
+        exp = expected(scenario, "transcript")
+        reentries |= set(exp["reentries"])
+        reasons.add(exp["terminal_reason"])
+    assert reentries == {e for e, edge in EDGES_BY_TRIGGER.items() if edge.kind == "reentry"}
+    assert reasons >= {"completed", "api_error", "malformed_tool_use_exhausted", "prompt_too_long", "max_turns",
+                       "stop_hook_prevented", "structured_output_retry_exhausted"}
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_a_real_run_replays_to_the_moves_the_scenario_implies(scenario: str, source: str) -> None:
+    name, kind = SOURCES[source]
+    path = FIXTURES / scenario / name
+    exp = expected(scenario, source)
+    assert recognise(path) == kind
+    report = audit_report(path)
+    assert report.source == kind and report.version == "2.1.332"
+    assert [m.label for m in report.moves] == exp["moves"]
+    assert counted(report, "reentry") == exp["reentries"]
+    assert counted(report, "retry") == exp["retries"]
+    assert report.terminal_reason == exp["terminal_reason"]
+    assert dict(report.counters) == exp["counters"]
+    assert codes(report) == exp["findings"], [str(f) for f in report.findings]
+    assert report.errors == 0
+    # every move is a declared edge, each starting where the previous one ended
+    assert all(m.declared for m in report.moves)
+    for a, b in zip(report.moves, report.moves[1:], strict=False):
+        assert b.source == a.dest
+    lines = len((FIXTURES / scenario / name).read_text().splitlines())
+    assert all(1 <= m.line <= lines for m in report.moves)
+
+
+# --- tampered copies ------------------------------------------------------------------------------
+
+
+def _index(recs: list[dict[str, Any]], pred: Any, nth: int = 0) -> int:
+    return [i for i, r in enumerate(recs) if pred(r)][nth]
+
+
+def _is_error_message(r: dict[str, Any]) -> bool:
+    return bool(r.get("isApiErrorMessage") or r.get("is_api_error_message"))
+
+
+def _is_tool_result(r: dict[str, Any]) -> bool:
+    content = (r.get("message") or {}).get("content")
+    return r.get("type") == "user" and isinstance(content, list) and \
+        any(b.get("type") == "tool_result" for b in content)
+
+
+def test_a_fourth_max_tokens_recovery_in_a_transcript_is_flagged_at_its_line(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "max_tokens_exhaust" / "transcript.jsonl")
+    at = _index(recs, _is_error_message)  # the client gave up here; the tampered copy resumes a fourth time
+    resume = copy.deepcopy(next(r for r in recs if r.get("isMeta")))
+    request = copy.deepcopy([r for r in recs if r["type"] == "api-request"][-1])
+    answer = copy.deepcopy(recs[at - 1])
+    resume["uuid"], request["id"] = "tampered-resume", "tampered-request"
+    answer["message"].update(id="msg_tampered", stop_reason="end_turn", content=[{"type": "text", "text": "DONE"}])
+    answer.update(uuid="tampered-answer", requestRef="tampered-request")
+    path = write(tmp_path / "t.jsonl", [*recs[:at], resume, request, answer, *recs[at + 1:]])
+    report = audit_report(path)
+    line = at + 1
+    found = {(f.code, f.line) for f in report.findings if f.is_error}
+    assert found == {("replay_mismatch", line), ("counter_over_cap", line)}
+    assert counted(report, "reentry") == {"max_output_tokens_recovery": 4}
+    assert "max_output_tokens_recovery_count=4 exceeds its cap max_output_tokens_recoveries=3" in \
+        next(f.message for f in report.findings if f.code == "counter_over_cap")
+    assert main([str(path)]) == 1
+
+
+def test_a_fourth_max_tokens_recovery_in_stream_json_is_flagged_at_its_line(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "max_tokens_exhaust" / "stream.jsonl")
+    at = _index(recs, _is_error_message)
+    resume = copy.deepcopy(next(r for r in recs if r.get("isSynthetic")))
+    answer = copy.deepcopy(next(r for r in recs if r["type"] == "assistant"))
+    answer["message"].update(id="msg_tampered", content=[{"type": "text", "text": "DONE"}])
+    result = copy.deepcopy(recs[-1])
+    result.update(terminal_reason="completed", is_error=False, stop_reason="end_turn")
+    path = write(tmp_path / "s.jsonl", [*recs[:at], resume, answer, *recs[at + 1:-1], result])
+    report = audit_report(path)
+    assert {(f.code, f.line) for f in report.findings if f.is_error} == \
+        {("replay_mismatch", at + 1), ("counter_over_cap", at + 1)}
+    assert report.terminal_reason == "completed"
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_removed_tool_result_is_flagged_at_its_tool_use(tmp_path: Path, source: str) -> None:
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "parallel_reads" / name)
+    gone = _index(recs, _is_tool_result, nth=1)
+    use_id = recs[gone]["message"]["content"][0]["tool_use_id"]
+    tool_use_line = 1 + _index(recs, lambda r: r.get("type") == "assistant" and any(
+        b.get("id") == use_id for b in r["message"]["content"]))
+    path = write(tmp_path / name, recs[:gone] + recs[gone + 1:])
+    report = audit_report(path)
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("unpaired_tool_use", tool_use_line)]
+    assert use_id in errors[0].message
+    # the path is still the one the client took
+    assert [m.label for m in report.moves] == expected("parallel_reads", source)["moves"]
+
+
+def test_a_duplicated_tool_result_and_an_orphan_are_flagged(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    at = _index(recs, _is_tool_result)
+    orphan = copy.deepcopy(recs[at])
+    orphan["message"]["content"][0]["tool_use_id"] = "toolu_nobody"
+    path = write(tmp_path / "t.jsonl", [*recs[:at + 1], copy.deepcopy(recs[at]), orphan, *recs[at + 1:]])
+    report = audit_report(path)
+    assert {(f.code, f.line) for f in report.findings if f.is_error} == \
+        {("duplicate_tool_result", at + 2), ("orphan_tool_result", at + 3)}
+
+
+def test_a_result_that_disagrees_with_the_path_is_flagged(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "max_turns_1" / "stream.jsonl")
+    recs[-1]["terminal_reason"] = "completed"
+    report = audit_report(write(tmp_path / "s.jsonl", recs))
+    assert [(f.code, f.line) for f in report.findings if f.is_error] == [("result_mismatch", len(recs))]
+
+
+def test_a_stop_hook_re_entry_past_the_cap_is_flagged(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "stop_hook_always" / "transcript.jsonl")
+    # the client honoured its cap here; make it re-enter a ninth time instead
+    at = _index(recs, lambda r: r.get("subtype") == "informational")
+    request = copy.deepcopy([r for r in recs if r["type"] == "api-request"][-1])
+    answer = copy.deepcopy([r for r in recs if r["type"] == "assistant"][-1])
+    answer["message"]["id"] = "msg_tampered"
+    path = write(tmp_path / "t.jsonl", [*recs[:at], request, answer, *recs[at + 1:]])
+    report = audit_report(path)
+    feedback = 1 + max(i for i, r in enumerate(recs[:at]) if r.get("isMeta"))  # the ninth block's message
+    assert {(f.code, f.line) for f in report.findings if f.is_error} == {("replay_mismatch", feedback),
+                                                                           ("counter_over_cap", feedback)}
+    assert any(f.code == "counter_over_cap" and "stop_hook_blocking_count=9" in f.message for f in report.findings)
+
+
+def test_an_interrupt_is_an_abort(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    at = _index(recs, _is_tool_result)
+    result = copy.deepcopy(recs[at])
+    result["message"]["content"][0].update(content="[Request interrupted by user for tool use]", is_error=True)
+    interrupt = {**copy.deepcopy(recs[at]), "uuid": "interrupt",
+                 "message": {"role": "user", "content": [{"type": "text",
+                                                          "text": "[Request interrupted by user for tool use]"}]}}
+    interrupt.pop("toolUseResult", None)
+    report = audit_report(write(tmp_path / "t.jsonl", [*recs[:at], result, interrupt]))
+    assert [m.label for m in report.moves] == ["call", "open_stream", "dispatch", "abort"]
+    assert report.moves[-1].line == at + 2 and report.terminal_reason == "aborted_tools"
+    assert report.errors == 0
+
+
+def test_records_it_cannot_interpret_are_reported_by_line(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    recs.insert(5, {"type": "brand-new-record", "sessionId": "x"})
+    recs.insert(6, {"type": "system", "subtype": "something_new", "sessionId": "x", "uuid": "u"})
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    assert {(f.code, f.line, f.severity) for f in report.findings} == {
+        ("unknown_record", 6, "warning"), ("unknown_record", 7, "warning")}
+    assert report.terminal_reason == "completed"
+
+
+def test_a_cut_off_transcript_is_an_incomplete_run(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "three_turns" / "transcript.jsonl")
+    cut = _index(recs, lambda r: r["type"] == "api-request", nth=2)
+    report = audit_report(write(tmp_path / "t.jsonl", recs[:cut]))
+    assert [f.code for f in report.findings] == ["incomplete_run"]
+    assert report.terminal_reason is None
+
+
+# --- the CLI ----------------------------------------------------------------------------------------
+
+
+def test_json_output_is_one_object_per_input(capsys: pytest.CaptureFixture[str]) -> None:
+    paths = [FIXTURES / "max_tokens_exhaust" / "transcript.jsonl", FIXTURES / "stop_hook_once" / "stream.jsonl"]
+    assert main(["--json", *map(str, paths)]) == 0
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [d["source"] for d in docs] == ["claude-code-transcript", "claude-code-stream-json"]
+    first = docs[0]
+    assert {"source", "moves", "terminal_reason", "counters", "errors", "warnings", "findings"} <= set(first)
+    assert first["terminal_reason"] == "api_error" and first["errors"] == 0
+    assert first["moves"][0] == {"from": "assemble", "to": "call_model", "label": "call", "line": 13}
+    assert first["moves"][-1]["label"] == "recovery_exhausted"
+    assert first["counters"]["max_output_tokens_recovery_count"] == 3
+
+
+def test_text_output_says_what_it_read(capsys: pytest.CaptureFixture[str]) -> None:
+    path = FIXTURES / "stop_hook_once" / "transcript.jsonl"
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == (f"{path}: Claude Code transcript 2.1.332, 8 moves; re-entries: stop_hook_blocking ×1; "
+                       "ended completed (settle); ok")
+    assert out[-2] == (f"{path}: path: call → open_stream → end_turn → stop_hook_blocking → call → open_stream → "
+                       "end_turn → settle")
+
+
+def test_divergences_are_warnings_and_do_not_fail(capsys: pytest.CaptureFixture[str]) -> None:
+    path = FIXTURES / "api_error_400_repeated" / "transcript.jsonl"
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning [cc_unmodelled_retry]" in out and "2 warnings" in out
+
+
+def test_codes_lists_the_claude_code_findings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--codes"]) == 0
+    out = capsys.readouterr().out
+    for code in ("cc_mid_stream_resume", "unknown_record", "read_as_stream_retry", "out_of_place"):
+        assert code in out
+
+
+def test_coverage_counts_claude_code_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--coverage", "--json", str(FIXTURES / "stop_hook_always")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    edges = {(e["trigger"], e["from"]): e["count"] for e in doc["edges"]}
+    assert edges[("stop_hook_blocking", "stop")] == 16  # eight in the transcript, eight in the stream
+
+
+@pytest.mark.parametrize("content", [
+    b'{"type": "user", "sessionId": "x"}\n',  # no message, no uuid: not a transcript record
+    b'{"type": "assistant", "message": {"content": []}}\n',
+    b'{"session_id": "x", "type": "system", "subtype": "other"}\n',
+])
+def test_other_jsonl_is_still_refused(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(NotATrace):
+        recognise(path)
+    assert main([str(path)]) == 2
+
+
+# --- robustness: any damage is reported, nothing crashes ----------------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scenario=st.sampled_from(SCENARIOS), source=st.sampled_from(sorted(SOURCES)), data=st.data())
+def test_dropping_or_cutting_records_never_crashes(tmp_path: Path, scenario: str, source: str,
+                                                   data: st.DataObject) -> None:
+    name, _ = SOURCES[source]
+    lines = (FIXTURES / scenario / name).read_text(encoding="utf-8").splitlines(keepends=True)
+    keep = data.draw(st.integers(2, len(lines)), label="keep")
+    drop = data.draw(st.integers(0, keep - 1), label="drop")
+    damaged = lines[:drop] + lines[drop + 1:keep]
+    path = tmp_path / name
+    path.write_text("".join(damaged), encoding="utf-8")
+    try:
+        report = audit_report(path)
+    except NotATrace:
+        return  # what is left no longer reads as Claude Code output (e.g. only bookkeeping records)
+    assert all(1 <= f.line <= len(damaged) for f in report.findings)
+    assert all(m.source and m.dest for m in report.moves)
+    if damaged == lines:
+        assert report.errors == 0
+
+
+# --- the path drawn over the graph ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_diagram_trace_draws_a_claude_code_run(tmp_path: Path, source: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from agentfsm import diagram
+
+    name, _ = SOURCES[source]
+    path = FIXTURES / "max_tokens_exhaust" / name
+    assert diagram.main(["--trace", str(path)]) == 0
+    mmd = capsys.readouterr().out
+    assert "max_output_tokens_recovery ×3 · " in mmd and "recovery_exhausted ×1 · " in mmd and "call ×4 · " in mmd
+    assert "ended api_error" in mmd and "UNDECLARED" not in mmd
+    out = tmp_path / "run.dot"
+    assert diagram.main(["--trace", str(path), "--output", str(out)]) == 0
+    assert "<b>max_output_tokens_recovery ×3 · " in out.read_text()
+
+
+def test_diagram_trace_shows_a_tampered_move_as_undeclared(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from agentfsm import diagram
+
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    meta = {"type": "user", "isMeta": True, "uuid": "m", "sessionId": "s",
+            "message": {"role": "user", "content": "[Your previous response had no visible output. Please "
+                                                   "continue and produce a user-visible response.]"}}
+    at = _index(recs, _is_tool_result)
+    path = write(tmp_path / "t.jsonl", [*recs[:at + 1], meta, *recs[at + 1:]])
+    report = audit_report(path)
+    # a nudge while the tools were dispatched: the client went dispatch_tools → assemble, no edge does
+    assert [(f.code, f.line) for f in report.findings if f.is_error] == [("undeclared_move", at + 2)]
+    assert [m for m in report.moves if not m.declared] == [
+        MoveAt("thinking_only_nudge", "dispatch_tools", "assemble", at + 2, declared=False)]
+    assert diagram.main(["--trace", str(path)]) == 0
+    assert 'dispatch_tools ==>|"thinking_only_nudge ×1 UNDECLARED · 4"| assemble' in capsys.readouterr().out
+
+
+def test_the_readme_picture_of_a_claude_code_run_is_current() -> None:
+    from agentfsm import diagram
+    from agentfsm.diagram import dot as dot_views
+
+    root = Path(__file__).parent.parent
+    png = root / "docs" / "claude_code_run.png"
+    rel = Path("tests/fixtures/claude_code/ptl_after_tools/transcript.jsonl")
+    path = diagram.trace_path(root / rel)
+    dot = dot_views.render_overview(path, header=path.title())
+    assert diagram.stamp_of(png.read_bytes()) == diagram.dot_digest(dot), (
+        f"docs/claude_code_run.png is stale: agentfsm diagram --trace {rel} --output docs/claude_code_run.png")

