@@ -636,14 +636,13 @@ async def test_ready_is_told_once_per_readiness_and_never_reentered(lab: Lab) ->
     listener that reacts by aborting does not hear about the abort's results while it is still running)."""
     calls: list[int] = []
     depth = [0]
-    ex: StreamingToolExecutor
 
-    def on_ready() -> None:
+    def on_ready(told: StreamingToolExecutor) -> None:
         depth[0] += 1
         calls.append(depth[0])
         if len(calls) == 2:
-            ex.abort()  # reacting to the second result by giving up on the rest
-        ex.drain_ready()
+            told.abort()  # reacting to the second result by giving up on the rest
+        told.drain_ready()
         depth[0] -= 1
 
     ex = make(lab, on_ready=on_ready)

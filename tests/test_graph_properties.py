@@ -74,14 +74,17 @@ REASONS: dict[str, frozenset[TerminalReason]] = {
     "abort": frozenset({T.ABORTED_STREAMING, T.ABORTED_TOOLS}),
 }
 DEST: dict[str, Phase] = {
-    "call": C, "open_stream": S, "dispatch": D, "collect": F, "stream_retry": C, "fallback_retry": C,
+    "call": C, "open_stream": S, "dispatch": D, "collect": F, "stream_retry": C, "non_streaming_retry": C,
+    "fallback_retry": C,
     **dict.fromkeys(("next_turn", "reactive_compact_retry", "max_output_tokens_recovery",
-                     "malformed_tool_use_retry", "thinking_only_nudge", "structured_output_retry",
+                     "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
+                     "structured_output_retry",
                      "stop_hook_blocking"), A),
     **dict.fromkeys(REASONS, X),
 }
 REENTRIES = frozenset(t for t, d in DEST.items() if d is A)
-ERROR_REASONS = {"prompt_too_long": T.PROMPT_TOO_LONG, "image": T.IMAGE_ERROR, "model": T.MODEL_ERROR}
+ERROR_REASONS = {"prompt_too_long": T.PROMPT_TOO_LONG, "image": T.IMAGE_ERROR, "model": T.MODEL_ERROR,
+                 "stream_garbled": T.MODEL_ERROR}  # what came was not a stream: the model's fault
 
 
 NOTICE = "notices"  # a rule's key for what the step reports besides the state
@@ -172,10 +175,17 @@ def _assemble(s: LoopState, e: Any, lim: Limits) -> tuple[str, dict[str, Any]]:
 
 def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[str, Any]]:
     err = e.error
-    if s.phase is S and err.retryable and s.stream_retry_count < lim.stream_retries:
+    # a stream that broke mid-way, or dropped before its first event, is requested again while retries
+    # are left; never one that came garbled, and never once the loop fell back to a plain request
+    dropped, garbled = err.kind == "stream_dropped", err.kind == "stream_garbled"
+    if (s.phase is S or dropped) and err.retryable and not garbled and not s.non_streaming \
+            and s.stream_retry_count < lim.stream_retries:
         return "stream_retry", {"stream_retry_count": s.stream_retry_count + 1}
+    # still dropping, or garbled: once more without streaming, when the client can
+    if (dropped or garbled) and not s.non_streaming and e.non_streaming_available:
+        return "non_streaming_retry", {"non_streaming": True}
     if (err.retryable or err.kind == "overloaded") and e.fallback_available:
-        return "fallback_retry", {"model_index": s.model_index + 1, "stream_retry_count": 0}
+        return "fallback_retry", {"model_index": s.model_index + 1, "stream_retry_count": 0, "non_streaming": False}
     if err.kind == "prompt_too_long" and e.compaction is not None and not s.has_attempted_reactive_compact \
             and _assistants(s.messages) > 1:
         return "reactive_compact_retry", {"has_attempted_reactive_compact": True, "messages": e.compaction.messages,
@@ -186,7 +196,8 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
 
 def _stream_ended(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[str, Any]]:
     trigger, changes = _response_rule(s, e, lim)
-    return trigger, {"stream_retry_count": 0, **changes}  # a stream that ended closes its retries
+    # a stream that ended closes its retries, and the next request streams again
+    return trigger, {"stream_retry_count": 0, "non_streaming": False, **changes}
 
 
 def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[str, Any]]:
@@ -212,6 +223,11 @@ def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict
     if not _visible(r.blocks) and thinking and not s.thinking_only_nudged and lim.thinking_only_nudges > 0:
         return "thinking_only_nudge", {"messages": (*s.messages, prompts.meta_message(prompts.THINKING_ONLY_NUDGE)),
                                        "thinking_only_nudged": True}
+    empty = not _visible(r.blocks) and not thinking and not any(b.get("type") == "tool_use" for b in r.blocks)
+    if empty and not s.empty_response_nudged and lim.empty_response_nudges > 0:
+        # the empty answer is dropped; one nudge per turn asks for a visible one
+        return "empty_response_nudge", {"messages": (*s.messages, prompts.meta_message(prompts.EMPTY_RESPONSE_NUDGE)),
+                                        "empty_response_nudged": True}
     if e.json_schema and not e.structured_output_ids:
         detail = f"No valid structured output after {lim.structured_output_retries} retries."
         if s.structured_output_retry_count < lim.structured_output_retries:
@@ -220,7 +236,9 @@ def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict
                 "structured_output_retry_count": s.structured_output_retry_count + 1}
         return "recovery_exhausted", {"messages": _kept(s, r), "terminal_reason": T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED,
                                       "terminal_detail": detail}
-    return "end_turn", {"messages": _kept(s, r), "terminal_reason": T.COMPLETED, "terminal_detail": None,
+    # an empty final answer without blocks is kept as an empty text, so the result is "" (§3.4)
+    blank = (Message("assistant", ({"type": "text", "text": ""},), kind="assistant"),) if empty and not r.blocks else ()
+    return "end_turn", {"messages": (*_kept(s, r), *blank), "terminal_reason": T.COMPLETED, "terminal_detail": None,
                         "stop_hooks_due": True}
 
 
@@ -267,7 +285,8 @@ def _feedback(s: LoopState, e: ToolsDrained, lim: Limits) -> tuple[str, dict[str
     return "next_turn", {
         "turn_count": s.turn_count + 1, "max_output_tokens_recovery_count": 0, "malformed_tool_use_retry_count": 0,
         "structured_output_retry_count": s.structured_output_retry_count + 1 if failed else 0,
-        "has_attempted_reactive_compact": False, "thinking_only_nudged": False, "stop_hook_blocking_count": 0,
+        "has_attempted_reactive_compact": False, "thinking_only_nudged": False, "empty_response_nudged": False,
+        "stop_hook_blocking_count": 0,
         "stop_hook_active": False, "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
 
 
@@ -375,6 +394,7 @@ def limits_st(draw: st.DrawFn) -> Limits:
                   max_output_tokens_recoveries=draw(st.integers(0, 3)),
                   malformed_tool_use_retries=draw(st.integers(0, 3)),
                   thinking_only_nudges=draw(st.integers(0, 2)),
+                  empty_response_nudges=draw(st.integers(0, 2)),
                   stop_hook_block_cap=draw(st.integers(0, 3)),
                   structured_output_retries=draw(st.integers(0, 3)),
                   stream_retries=draw(st.integers(0, 3)),
@@ -424,6 +444,8 @@ def state_st(draw: st.DrawFn, phase: Phase, lim: Limits) -> LoopState:
         model_index=draw(st.integers(0, 2)),
         has_attempted_reactive_compact=draw(st.booleans()),
         thinking_only_nudged=draw(st.booleans()),
+        empty_response_nudged=draw(st.booleans()),
+        non_streaming=draw(st.booleans()),
         stop_hook_active=draw(st.booleans()),
         stop_hook_blocking_count=draw(near(lim.stop_hook_block_cap)),
         stop_hooks_due=due,
@@ -436,8 +458,8 @@ def state_st(draw: st.DrawFn, phase: Phase, lim: Limits) -> LoopState:
 compaction_st = st.builds(Compaction, messages=st.just((Message("user", "summary", kind="compact_summary"),
                                                         Message("user", "q-last"))),
                           trigger=st.sampled_from(["auto", "reactive"]))
-errors = st.builds(ModelError, kind=st.sampled_from(["prompt_too_long", "image", "api", "model", "overloaded",
-                                                     "connection"]),
+KINDS = ["prompt_too_long", "image", "api", "model", "overloaded", "connection", "stream_dropped", "stream_garbled"]
+errors = st.builds(ModelError, kind=st.sampled_from(KINDS),
                    message=st.sampled_from(["boom", "prompt is too long"]),
                    status=st.sampled_from([None, 400, 413, 529]), retryable=st.booleans())
 results_for = {
@@ -457,7 +479,8 @@ partials = st.sampled_from([
 def call_failed_st(draw: st.DrawFn) -> CallFailed:
     partial, results = draw(partials)
     return CallFailed(draw(errors), compaction=draw(st.one_of(st.none(), compaction_st)),
-                      fallback_available=draw(st.booleans()), partial=partial, partial_results=results)
+                      fallback_available=draw(st.booleans()), non_streaming_available=draw(st.booleans()),
+                      partial=partial, partial_results=results)
 
 
 @st.composite
@@ -481,6 +504,7 @@ _SHAPES = st.one_of(
                                                                            "model_context_window_exceeded"])),
     st.tuples(_blocks([THINK, REDACTED], [BLANK]), st.sampled_from(["end_turn", "stop_sequence", None])),
     st.tuples(_blocks([TEXT], [THINK, BLANK, SO]), st.sampled_from(["end_turn", "stop_sequence", None])),
+    st.tuples(_blocks([BLANK]), st.sampled_from(["end_turn", "stop_sequence", None])),  # an empty answer
     st.tuples(_blocks([TEXT, BLANK, THINK, REDACTED, USE_1, USE_2, SO]),
               st.sampled_from(["end_turn", "tool_use", "max_tokens", "model_context_window_exceeded", None])),
 )
@@ -594,6 +618,11 @@ CAPPED: dict[str, tuple[Phase, Any, str, str]] = {
     "max_turns_at_a_stop_hook_block": (X, StopHookVerdict(blocked=True, reason="again"), "turn_count", "max_turns"),
     # a flag, not a counter: one nudge at most, and none when the limit is 0
     "thinking_only": (S, StreamEnded(ModelResponse((THINK, BLANK), "end_turn")), "", "thinking_only_nudges"),
+    "empty_answer": (S, StreamEnded(ModelResponse((BLANK,), "end_turn")), "", "empty_response_nudges"),
+    "empty_answer_without_blocks": (S, StreamEnded(ModelResponse((), None)), "", "empty_response_nudges"),
+    # a connection that closed before the first event is retried from call_model too
+    "stream_dropped": (C, CallFailed(ModelError("stream_dropped", "closed", None, retryable=True),
+                                     non_streaming_available=True), "stream_retry_count", "stream_retries"),
 }
 
 
@@ -608,7 +637,8 @@ def test_every_cap_on_both_sides(family: str) -> None:
     for cap in range(lowest, 4):
         for value in range(lowest if counter == "turn_count" else 0, cap + 2):
             for flag in (False, True):
-                state = base(phase, **({counter: value} if counter else {}), thinking_only_nudged=flag)
+                state = base(phase, **({counter: value} if counter else {}), thinking_only_nudged=flag,
+                             empty_response_nudged=flag)
                 seen.add(tuple(check(state, event, Limits(**{cap_field: cap}))))
     assert len(seen) >= 2, seen  # both sides of the cap were taken
 
@@ -647,16 +677,15 @@ def test_every_failed_call(phase: Phase) -> None:
     """Every kind of failure, retryable or not, with and without a fallback model, a compaction, history to
     compact, stream retries left: stream retry, then fallback, then reactive compaction, then the error."""
     moved = set()
-    for kind, retryable, fallback, compaction, exchanges, attempted, count in itertools.product(
-            ["prompt_too_long", "image", "api", "model", "overloaded", "connection"], [False, True], [False, True],
-            [None, SUMMARY], [1, 2], [False, True], [0, 1, 2]):
+    for kind, retryable, fallback, compaction, exchanges, attempted, count, plain, plain_left in itertools.product(
+            KINDS, [False, True], [False, True], [None, SUMMARY], [1, 2], [False, True], [0, 1, 2],
+            [False, True], [False, True]):
         state = base(phase, messages=conversation(exchanges), has_attempted_reactive_compact=attempted,
-                     stream_retry_count=count)
+                     stream_retry_count=count, non_streaming=plain)
         event = CallFailed(ModelError(kind, f"{kind} failed", 500, retryable), compaction=compaction,
-                           fallback_available=fallback)
+                           fallback_available=fallback, non_streaming_available=plain_left)
         moved.update(check(state, event, Limits(stream_retries=1)))
-    retried = {"stream_retry"} if phase is S else set()
-    assert moved == {"call_failed", "fallback_retry", "reactive_compact_retry", *retried}
+    assert moved == {"call_failed", "fallback_retry", "reactive_compact_retry", "stream_retry", "non_streaming_retry"}
 
 
 def test_every_kind_of_response() -> None:
@@ -674,12 +703,13 @@ def test_every_kind_of_response() -> None:
                 for schema, at_cap, nudged in itertools.product([False, True], [False, True], [False, True]):
                     n = 1 if at_cap else 0
                     state = base(S, max_output_tokens_recovery_count=n, malformed_tool_use_retry_count=n,
-                                 structured_output_retry_count=n, thinking_only_nudged=nudged, stream_retry_count=1)
+                                 structured_output_retry_count=n, thinking_only_nudged=nudged,
+                                 empty_response_nudged=nudged, stream_retry_count=1, non_streaming=True)
                     moved.update(check(state, StreamEnded(response, json_schema=schema, structured_output_ids=ids),
                                        Limits(max_output_tokens_recoveries=1, malformed_tool_use_retries=1,
                                               structured_output_retries=1)))
     assert moved == {"dispatch", "max_output_tokens_recovery", "malformed_tool_use_retry", "thinking_only_nudge",
-                     "structured_output_retry", "recovery_exhausted", "end_turn"}
+                     "empty_response_nudge", "structured_output_retry", "recovery_exhausted", "end_turn"}
 
 
 def test_every_way_a_batch_ends() -> None:
