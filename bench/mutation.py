@@ -31,6 +31,7 @@ import argparse
 import compileall
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -402,6 +403,17 @@ class Score:
         denominator = self.mutants - self.equivalent - self.pending - self.errors
         return 100.0 * self.killed / denominator if denominator else 100.0
 
+    @property
+    def interval(self) -> tuple[float, float]:
+        """Wilson's 95 % interval of the score when only a sample was tested (percent)."""
+        n = self.mutants - self.equivalent - self.pending - self.errors
+        if not n:
+            return (0.0, 100.0)
+        z, p = 1.96, self.killed / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+        return (100 * max(0.0, centre - half), 100 * min(1.0, centre + half))
+
 
 def score(config: Config, module: str, seconds: float = 0.0) -> Score:
     rel = config.modules[module]["path"]
@@ -433,31 +445,35 @@ def score(config: Config, module: str, seconds: float = 0.0) -> Score:
 
 
 def run(config: Config, modules: Sequence[str], *, jobs: int, budget_s: float, fresh: bool,
-        rerun_survivors: bool, max_mutants: int | None = None) -> dict[str, float]:
+        rerun_survivors: bool, max_mutants: int | None = None, sample: int | None = None,
+        seed: int = 0) -> dict[str, float]:
     """Test every pending mutant of ``modules``; returns the seconds spent per module."""
     WORK.mkdir(exist_ok=True)
     (WORK / ".gitignore").write_text("*\n")
     workers = [Worker(make_tree(WORK / f"tree-{i}")) for i in range(jobs)]
     try:
         return _run_modules(config, modules, workers, budget_s=budget_s, fresh=fresh,
-                            rerun_survivors=rerun_survivors, max_mutants=max_mutants)
+                            rerun_survivors=rerun_survivors, max_mutants=max_mutants, sample=sample, seed=seed)
     finally:
         for worker in workers:
             worker.close()
 
 
 def _run_modules(config: Config, modules: Sequence[str], workers: list[Worker], *, budget_s: float, fresh: bool,
-                 rerun_survivors: bool, max_mutants: int | None) -> dict[str, float]:
+                 rerun_survivors: bool, max_mutants: int | None, sample: int | None = None,
+                 seed: int = 0) -> dict[str, float]:
     deadline = time.monotonic() + budget_s
     spent: dict[str, float] = {}
     for module in modules:
         start = time.monotonic()
-        if fresh or not db_path(module).exists():
+        new = fresh or not db_path(module).exists()
+        if new:
             counted, skipped = init_session(config, module)
             print(f"{module}: {counted} mutants ({sum(skipped.values())} not counted: "
                   + ", ".join(f"{n} {why}" for why, n in skipped.most_common()) + ")", flush=True)
-        elif rerun_survivors:
-            _reset_survivors(module)
+        retest: set[str] | None = None
+        if rerun_survivors and not new:
+            retest = set(_reset_survivors(module))
         absent = [t for t in config.modules[module]["tests"] if not (workers[0].tree / t).exists()]
         if absent:
             print(f"{module}: warning: no such test file {', '.join(absent)}", flush=True)
@@ -469,7 +485,10 @@ def _run_modules(config: Config, modules: Sequence[str], workers: list[Worker], 
         timeout = max(config.min_timeout, config.timeout_factor * took)
         test_map = TestMap(config, module, coverage_map(workers[0], config, module))
         with use_db(str(db_path(module)), WorkDB.Mode.open) as db:
-            pending = sorted(db.pending_work_items, key=lambda i: (i.mutations[0].start_pos, i.job_id))
+            pending = list(db.pending_work_items)
+            if retest is not None:  # the survivors only (a sampled run leaves the rest pending)
+                pending = [i for i in pending if i.job_id in retest]
+            pending = choose(pending, module, sample=None if retest is not None else sample, seed=seed)
             pending = pending[:max_mutants] if max_mutants is not None else pending
             print(f"{module}: baseline {took:.1f}s, timeout {timeout:.0f}s, {len(pending)} to test", flush=True)
             _test_all(db, pending, workers, config, module, timeout, deadline, test_map)
@@ -478,6 +497,22 @@ def _run_modules(config: Config, modules: Sequence[str], workers: list[Worker], 
             print(f"time budget of {budget_s / 60:.0f} min spent", flush=True)
             break
     return spent
+
+
+def _order(item: WorkItem) -> tuple[Any, ...]:
+    # cosmic-ray's job ids are random: order by what the mutant is, so a run is the same every time
+    spec = item.mutations[0]
+    return (tuple(spec.start_pos), tuple(spec.end_pos), spec.operator_name, spec.occurrence)
+
+
+def choose(pending: list[WorkItem], module: str, *, sample: int | None, seed: int) -> list[WorkItem]:
+    """The mutants to test, in source order: all of them, or a sample of ``sample`` drawn with a fixed
+    seed (the same mutants for the same source, seed and module every time)."""
+    pending = sorted(pending, key=_order)
+    if sample is not None and sample < len(pending):
+        picked = random.Random(f"{seed}:{module}").sample(range(len(pending)), sample)
+        pending = [pending[i] for i in sorted(picked)]
+    return pending
 
 
 def _test_all(db: WorkDB, pending: list[WorkItem], workers: list[Worker], config: Config, module: str,
@@ -503,7 +538,7 @@ def _test_all(db: WorkDB, pending: list[WorkItem], workers: list[Worker], config
                     print(f"  {module}: {done}/{len(pending)}", flush=True)
 
 
-def _reset_survivors(module: str) -> None:
+def _reset_survivors(module: str) -> list[str]:
     """Forget the survivors' results so they are tested again (after new tests were written)."""
     import sqlalchemy
 
@@ -515,6 +550,7 @@ def _reset_survivors(module: str) -> None:
                 session.execute(sqlalchemy.text("DELETE FROM work_results WHERE job_id IN ("
                                                 + ",".join(f"'{i}'" for i in ids[chunk:chunk + 500]) + ")"))
     print(f"{module}: {len(ids)} survivors to test again", flush=True)
+    return ids
 
 
 # --- reporting -------------------------------------------------------------------------------------
@@ -528,7 +564,8 @@ def report(scores: Iterable[Score], config: Config) -> bool:
     for s in scores:
         flag = ""
         if s.pending or s.score < config.threshold:
-            ok, flag = False, "  <- " + ("incomplete" if s.pending else f"under {config.threshold:g} %")
+            ok, flag = False, "  <- " + (f"sample, 95 % interval {s.interval[0]:.0f}-{s.interval[1]:.0f} %"
+                                         if s.pending else f"under {config.threshold:g} %")
         path = config.modules[s.module]["path"]
         print(f"{path:<14}{s.mutants:>8}{s.killed:>8}{s.timeouts:>8}{len(s.survivors):>9}{s.equivalent:>7}"
               f"{s.pending:>8}{s.errors:>7}{s.score:>7.1f}%{_minutes(s.seconds):>8}{flag}")
@@ -572,6 +609,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rerun-survivors", action="store_true", help="test the last run's survivors again")
     p.add_argument("--work", type=Path, default=WORK, help="scratch directory (default %(default)s)")
     p.add_argument("--max-mutants", type=int, default=None, help="test at most this many per module (a smoke run)")
+    p.add_argument("--sample", type=int, default=None,
+                   help="test a reproducible random sample of this many mutants per module (the score is then "
+                        "an estimate, printed with its 95%% interval)")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed (default %(default)s)")
     p.add_argument("--report", action="store_true", help="print the last run's scores; test nothing")
     p.add_argument("--survivors", action="store_true", help="print the last run's unlisted survivors")
     p.add_argument("--all-survivors", action="store_true", help="print every survivor, listed ones too")
@@ -590,7 +631,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{os.getloadavg()[0]:.1f}; budget {args.budget:g} min; {args.jobs} job(s)", flush=True)
         spent = run(config, modules, jobs=max(1, args.jobs), budget_s=60 * args.budget,
                     fresh=not (args.resume or args.rerun_survivors), rerun_survivors=args.rerun_survivors,
-                    max_mutants=args.max_mutants)
+                    max_mutants=args.max_mutants, sample=args.sample, seed=args.seed)
     missing = [m for m in modules if not db_path(m).exists()]
     if missing:
         print(f"no session for {', '.join(missing)}: run `python bench/mutation.py {' '.join(missing)}` first")
