@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from agentfsm import graph
 from agentfsm.audit import (
     CODES,
+    RAISED_BY,
     WARNING_CODES,
     Finding,
     Move,
@@ -759,6 +760,20 @@ def test_recovery_counter_without_its_edge_is_caught(tmp_path: Path) -> None:
     assert f.line == line
     assert "malformed_tool_use_retry_count rose 0 → 1 on transition 'dispatch'" in f.message
     assert "only malformed_tool_use_retry raise it" in f.message
+
+
+@pytest.mark.parametrize("counter", sorted(RAISED_BY))
+def test_every_counter_rising_on_an_edge_that_never_raises_it_is_caught(tmp_path: Path, counter: str) -> None:
+    """``dispatch`` raises no counter: each counter raised on it is reported, naming the edges that may."""
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("dispatch"))
+    old = {id(r): snap for r, snap in transition_snapshots(recs)}[id(recs[line - 1])][counter]
+    _set_counter(recs[line - 1], counter, old + 1)
+    rewrite(path, recs)
+    found = [f for f in audit_file(path) if f.code == "counter_without_edge" and f.line == line]
+    assert len(found) == 1 and f"{counter} rose {old} → {old + 1} on transition 'dispatch'" in found[0].message
+    assert f"only {', '.join(sorted(RAISED_BY[counter]))} raise it" in found[0].message
 
 
 def test_label_not_matching_the_move_is_caught(tmp_path: Path) -> None:

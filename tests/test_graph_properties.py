@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentfsm import graph, prompts
+from agentfsm.audit import RAISED_BY
 from agentfsm.events import (
     EVENT_TYPES,
     Aborted,
@@ -1019,3 +1020,66 @@ def test_a_table_that_does_not_validate_never_loads() -> None:
     module = importlib.util.module_from_spec(spec)
     with pytest.raises(ImportError, match=r"declaration is unsound:\n  route Assembled → teleport: edge 'teleport'"):
         exec(compile(broken, graph.__file__, "exec"), module.__dict__)
+
+
+# --- the auditor's table of which edge raises which counter, against the graph ---------------------
+
+
+def _rises(state: LoopState, event: Any, lim: Limits) -> set[tuple[str, str]]:
+    """(counter, edge) for every numeric counter a move of ``event`` raises."""
+    pairs = set()
+    before = state.counters()
+    for step in graph.advance(state, event, lim):
+        after = step.state.counters()
+        pairs |= {(name, step.trigger) for name, value in after.items()
+                  if not isinstance(value, bool) and value > before[name]}
+        before = after
+    return pairs
+
+
+def _rapid(count: int) -> LoopState:
+    return base(A, compact_tracking=CompactTracking(turns_since_compact=0, rapid_refill_count=count, compactions=1))
+
+
+# one move for each way a counter rises (the graph's, not the auditor's, word for it)
+RISES: list[tuple[LoopState, Any, Limits]] = [
+    (base(F), _drained(), Limits()),
+    (base(F), _drained(failed_structured=True), Limits()),
+    (base(X), StopHookVerdict(blocked=True, reason="again"), Limits()),
+    (base(S), StreamEnded(CUT), Limits()),
+    (base(S), StreamEnded(BROKEN), Limits()),
+    (base(S), StreamEnded(ModelResponse((TEXT,), "end_turn"), json_schema=True), Limits()),
+    (base(S), CallFailed(BROKE), Limits()),
+    (base(C), CallFailed(BROKE, fallback_available=True), Limits()),
+    (base(A), Assembled(compact_failed=True), Limits()),
+    (_rapid(0), Assembled(compaction=SUMMARY), Limits()),
+    (_rapid(2), Assembled(compaction=SUMMARY), Limits()),
+]
+
+
+def test_the_auditor_names_exactly_the_edges_that_raise_each_counter() -> None:
+    """The auditor flags a counter that rises on any other edge (audit.RAISED_BY): its table must hold
+    every (counter, edge) the graph raises, and nothing the graph never does."""
+    seen = set().union(*(_rises(*case) for case in RISES))
+    assert seen == {(name, edge) for name, edges in RAISED_BY.items() for edge in edges}
+
+
+@settings(max_examples=300)
+@given(data=st.data())
+def test_no_move_raises_a_counter_the_auditor_does_not_expect(data: st.DataObject) -> None:
+    """Over generated moves from every phase: each rise is one the auditor's table allows, by one."""
+    phase = data.draw(st.sampled_from([A, C, S, D, F, X]))
+    lim = data.draw(limits_st())
+    state, event = data.draw(state_st(phase, lim)), data.draw(EVENTS[phase])
+    try:
+        steps = graph.advance(state, event, lim)
+    except UndeclaredMove:
+        return
+    before = state.counters()
+    for step in steps:
+        after = step.state.counters()
+        for name, value in after.items():
+            if not isinstance(value, bool) and value > before[name]:
+                assert step.trigger in RAISED_BY.get(name, ()), (name, step.trigger)
+                assert value == before[name] + 1, (name, before[name], value)
+        before = after
