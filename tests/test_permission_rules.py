@@ -120,3 +120,14 @@ def test_bypass_mode_disabled_by_settings_cannot_be_chosen(tmp_path: Path) -> No
     assert PermissionPolicy.from_settings(off, tmp_path, mode="acceptEdits").mode == "acceptEdits"
     on = Settings(permissions=PermissionSettings())
     assert PermissionPolicy.from_settings(on, tmp_path, mode="bypassPermissions").mode == "bypassPermissions"
+
+
+@SETTINGS
+@given(denied=names, asked=names)
+def test_a_notebook_is_judged_by_its_notebook_path_and_a_search_without_a_path_by_the_cwd(
+        tmp_path: Path, denied: str, asked: str) -> None:
+    rule = PermissionRule.parse(f"Read(./{denied})", "deny")
+    assert rule.matches(FakeTool("NotebookRead"), {"notebook_path": asked}, tmp_path) == (asked == denied)
+    # a Grep without a path searches the working directory, whatever its pattern says
+    assert not rule.matches(GREP, {"pattern": asked}, tmp_path)
+    assert rule.matches(GREP, {"pattern": "x", "path": asked}, tmp_path) == (asked == denied)
