@@ -131,3 +131,23 @@ def test_a_notebook_is_judged_by_its_notebook_path_and_a_search_without_a_path_b
     # a Grep without a path searches the working directory, whatever its pattern says
     assert not rule.matches(GREP, {"pattern": asked}, tmp_path)
     assert rule.matches(GREP, {"pattern": "x", "path": asked}, tmp_path) == (asked == denied)
+
+
+@pytest.mark.parametrize(("allow", "command", "reported"), [
+    (["Bash(ls)", "Bash(git status)"], "git status && ls", "Bash(git status)"),  # the first part's rule
+    (["Bash(ls)", "Bash(git status)"], "ls && git status", "Bash(ls)"),
+    (["Bash(git status)", "Bash(git status && make)"], "git status && make", "Bash(git status && make)"),  # exact
+])
+def test_the_allow_rule_reported_is_the_one_for_the_first_part_or_the_exact_command(
+        tmp_path: Path, allow: list[str], command: str, reported: str) -> None:
+    p = PermissionPolicy.build(tmp_path, allow=allow)
+    assert str(p.allow_rule_for(BASH, {"command": command})) == reported
+
+
+@SETTINGS
+@given(denied=names, written=names)
+def test_a_command_writing_a_file_does_not_answer_to_the_read_rules(tmp_path: Path, denied: str, written: str) -> None:
+    """Writes answer to Edit rules only; a read of the same file answers to the Read rules."""
+    p = PermissionPolicy.build(tmp_path, mode="bypassPermissions", deny=[f"Read(./{denied})", "Bash(curl *)"])
+    assert p.evaluate(BASH, {"command": f"echo x > {written}"}).behavior == "allow"
+    assert (p.evaluate(BASH, {"command": f"cat {written}"}).behavior == "deny") == (written == denied)
