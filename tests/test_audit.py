@@ -24,12 +24,15 @@ from agentfsm.audit import (
     WARNING_CODES,
     Finding,
     Move,
+    NotATrace,
     audit,
     audit_file,
+    audit_report,
     check_request,
     coverage,
     declared_moves,
     main,
+    recognise,
 )
 from agentfsm.events import (
     Aborted,
@@ -904,3 +907,60 @@ def test_format_1_is_checked_without_replay_and_a_newer_format_is_refused(
     rewrite(path, recs)
     assert main([str(path)]) == 2
     assert "trace format 99" in capsys.readouterr().err
+
+
+
+# --- reading what the auditor is given ---------------------------------------------------------
+
+OUR_TYPES = ["session", "message", "assistant_block", "compact_boundary", "transition", "request", "result"]
+
+
+@pytest.mark.parametrize("first", OUR_TYPES)
+def test_a_file_opening_with_any_of_our_records_is_an_agentfsm_trace(tmp_path: Path, first: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"type": first, "seq": 1}) + "\n")
+    assert recognise(path) == "agentfsm"
+    path.write_text(json.dumps({"type": first}) + "\n")  # without a sequence number it is not ours
+    with pytest.raises(NotATrace):
+        recognise(path)
+
+
+def test_records_before_any_session_are_audited_against_the_default_caps(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
+    recs = records(path)
+    assert recs[0]["type"] == "session"
+    findings = audit(recs[1:])
+    assert [f.code for f in findings if f.is_error] == []
+    assert the(findings, "no_session_record").line == 1
+    # the default caps hold; a cap of none is overstepped by the first recovery
+    assert any(f.code == "counter_over_cap" for f in audit(recs[1:], limits={"max_output_tokens_recoveries": 0}))
+
+
+def test_an_unreadable_event_is_reported_not_raised(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("dispatch"))
+    recs[line - 1]["event"] = {"type": "stream_ended", "response": "not a response"}
+    rewrite(path, recs)
+    found = [f for f in audit_file(path) if f.code == "bad_event"]
+    assert [f.line for f in found] == [line]
+
+
+def test_a_report_names_the_reason_on_the_move_into_stop_only(tmp_path: Path) -> None:
+    report = audit_report(write_scenario(tmp_path / "t.jsonl", "max_tokens"))
+    assert report.moves and report.terminal_reason is not None
+    for move in report.moves:
+        assert move.reason == (report.terminal_reason if move.dest == "stop" else None), move
+
+
+CC_RUN = Path(__file__).parent / "fixtures" / "claude_code" / "json_schema_retry"
+
+
+@pytest.mark.parametrize("name", ["transcript.jsonl", "stream.jsonl"])
+def test_a_claude_code_run_is_audited_against_caps_given_as_a_record_or_a_mapping(name: str) -> None:
+    plain = audit_report(CC_RUN / name)
+    assert plain.errors == 0
+    strict = audit_report(CC_RUN / name, limits=Limits(structured_output_retries=0))
+    assert strict.errors > 0
+    as_mapping = audit_report(CC_RUN / name, limits={"structured_output_retries": 0})
+    assert [str(f) for f in as_mapping.findings] == [str(f) for f in strict.findings]
