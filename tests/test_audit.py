@@ -840,7 +840,9 @@ def test_a_missing_message_record_is_caught(tool_trace: Trace) -> None:
     line = line_of(recs, lambda r: r["type"] == "message" and r["kind"] == "tool_results")
     del recs[line - 1]
     rewrite(path, recs)
-    assert "added 1 message(s) the file does not record" in the(audit_file(path), "message_missing").message
+    message = the(audit_file(path), "message_missing").message
+    assert "added 1 message(s) the file does not record" in message
+    assert "(first: user tool_results [tool_result:toolu_" in message, message
 
 
 def test_reordered_records_are_caught(tool_trace: Trace) -> None:

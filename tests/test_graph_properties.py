@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentfsm import graph, prompts
+from agentfsm import audit, graph, prompts
 from agentfsm.audit import RAISED_BY
 from agentfsm.events import (
     EVENT_TYPES,
@@ -1083,3 +1083,19 @@ def test_no_move_raises_a_counter_the_auditor_does_not_expect(data: st.DataObjec
                 assert step.trigger in RAISED_BY.get(name, ()), (name, step.trigger)
                 assert value == before[name] + 1, (name, before[name], value)
         before = after
+
+
+@given(data=st.data())
+def test_the_auditor_restores_what_a_snapshot_records(data: st.DataObject) -> None:
+    """After a move it cannot replay, the auditor carries on from the recorded snapshot: every counter,
+    flag, the phase and the terminal reason come back as they were."""
+    phase = data.draw(st.sampled_from([A, C, S, D, F, X]))
+    lim = data.draw(limits_st())
+    state = data.draw(state_st(phase, lim))
+    restored = audit._restore(LoopState(messages=(), tool_use_context=ToolUseContext()), phase.value,
+                              state.snapshot())
+    assert restored.counters() == state.counters()
+    assert (restored.phase, restored.terminal_reason, restored.stop_hooks_due, restored.transition) == \
+        (state.phase, state.terminal_reason, state.stop_hooks_due, state.transition)
+    t, r = state.compact_tracking, restored.compact_tracking
+    assert (r.turns_since_compact, r.compactions) == (t.turns_since_compact, t.compactions)
