@@ -133,3 +133,35 @@ def test_a_hard_link_is_judged_by_its_other_names_within_budget(tmp_path: Path, 
         assert found is None
         hit = PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "innocent"))
         assert hit is not None and hit.through_link and hit.rule == "Read(./secrets/**)"
+
+
+def test_a_symlink_loop_is_walked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link back up the tree is entered once (by where it leads), so the walk stays within budget."""
+    monkeypatch.setattr(file_access, "WALK_LIMIT", 10)
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (tmp_path / "d" / name).write_text("x")
+    (tmp_path / "d" / "sub" / "up").symlink_to(tmp_path / "d")
+    assert PathChecker(tmp_path, deny("./elsewhere")).check_below(str(tmp_path / "d")) is None
+    found = PathChecker(tmp_path, deny("./d/b")).check_below(str(tmp_path / "d"))
+    assert found is not None and found.rule == "Read(./d/b)"
+
+
+def test_the_hard_link_search_skips_what_it_cannot_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule whose directory does not exist, or an entry that vanished while the search ran, is
+    skipped: the other names found still decide."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "key").write_text("k")
+    (secrets / "gone").write_text("g")
+    os.link(secrets / "key", tmp_path / "innocent")
+    real_lstat = os.lstat
+
+    def vanishing(path: object, *args: object, **kw: object) -> os.stat_result:
+        if str(path).endswith("gone"):
+            raise FileNotFoundError(path)
+        return real_lstat(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(file_access.os, "lstat", vanishing)
+    found = PathChecker(tmp_path, deny("./missing/**", "./secrets/**")).check(str(tmp_path / "innocent"))
+    assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
