@@ -8,7 +8,8 @@ killed; one they pass with survived. Printed, per module: mutants, killed, survi
 as equivalent in ``bench/mutation.toml`` (each with its reason), the score (killed / (mutants − listed
 equivalents)) and the time taken.
 
-    python bench/mutation.py                      # every module (about 1.5-2 h on 2 busy cores)
+    python bench/mutation.py                      # every module, every mutant (hours on 2 busy cores: nightly)
+    python bench/mutation.py --sample 40          # a seeded sample per module (about 5 min a module)
     python bench/mutation.py graph state          # some modules
     python bench/mutation.py --jobs 2             # two mutants at a time (two scratch copies)
     python bench/mutation.py --survivors graph    # the last run's unlisted survivors, as diffs
