@@ -165,3 +165,21 @@ def test_the_hard_link_search_skips_what_it_cannot_read(tmp_path: Path, monkeypa
     monkeypatch.setattr(file_access.os, "lstat", vanishing)
     found = PathChecker(tmp_path, deny("./missing/**", "./secrets/**")).check(str(tmp_path / "innocent"))
     assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 4])
+def test_a_glob_expands_up_to_its_budget_and_is_unknown_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                count: int) -> None:
+    """Every match up to GLOB_LIMIT (exactly at it included); one more and the expansion is unknown
+    (None); no match leaves the pattern as bash does, unescaped."""
+    monkeypatch.setattr(file_access, "GLOB_LIMIT", 3)
+    for i in range(count):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    got = file_access.expand_glob(str(tmp_path / "f*.txt"))
+    if count == 0:
+        assert got == [str(tmp_path / "f*.txt")]
+        assert file_access.expand_glob(str(tmp_path / "g\\*.txt")) == [str(tmp_path / "g*.txt")]
+    elif count <= 3:
+        assert sorted(got or ()) == [str(tmp_path / f"f{i}.txt") for i in range(count)]
+    else:
+        assert got is None
