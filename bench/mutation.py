@@ -73,6 +73,8 @@ class Equivalent:
     original: str
     mutated: str
     why: str
+    # for a line that occurs more than once: text of one of the two lines before it
+    near: str = ""
 
 
 @attrs.frozen
@@ -432,8 +434,9 @@ def score(config: Config, module: str, seconds: float = 0.0) -> Score:
                 errors += 1
             elif result.test_outcome == TestOutcome.SURVIVED:
                 before, after = _mutant_lines(original, spec)
+                lead = "\n".join(original.splitlines()[max(0, spec.start_pos[0] - 3):spec.start_pos[0] - 1])
                 match = next((e for e in config.equivalents if e.module == module and e.operator == spec.operator_name
-                              and e.original == before and e.mutated == after), None)
+                              and e.original == before and e.mutated == after and e.near in lead), None)
                 survivors.append(Survivor(module, spec.operator_name, spec.start_pos[0], before, after, match))
             else:
                 killed += 1

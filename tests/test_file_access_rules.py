@@ -183,3 +183,13 @@ def test_a_glob_expands_up_to_its_budget_and_is_unknown_past_it(tmp_path: Path, 
         assert sorted(got or ()) == [str(tmp_path / f"f{i}.txt") for i in range(count)]
     else:
         assert got is None
+
+
+@pytest.mark.parametrize("entries", [0, 2])
+def test_everything_below_a_denied_directory_is_denied_by_the_directory(tmp_path: Path, entries: int) -> None:
+    """Empty or not, a directory a rule covers is denied as itself (not through what is inside)."""
+    (tmp_path / "secrets").mkdir()
+    for i in range(entries):
+        (tmp_path / "secrets" / f"k{i}").write_text("k")
+    found = PathChecker(tmp_path, deny("./secrets")).check_below(str(tmp_path / "secrets"))
+    assert found is not None and found.rule == "Read(./secrets)" and not found.through_link
