@@ -563,7 +563,7 @@ def _reset_survivors(module: str) -> list[str]:
 def report(scores: Iterable[Score], config: Config) -> bool:
     scores = list(scores)
     ok = True
-    print(f"\n{'module':<14}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'equiv.':>7}"
+    print(f"\n{'module':<22}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'equiv.':>7}"
           f"{'pending':>8}{'errors':>7}{'score':>8}{'time':>8}")
     for s in scores:
         flag = ""
@@ -571,12 +571,12 @@ def report(scores: Iterable[Score], config: Config) -> bool:
             ok, flag = False, "  <- " + (f"sample, 95 % interval {s.interval[0]:.0f}-{s.interval[1]:.0f} %"
                                          if s.pending else f"under {config.threshold:g} %")
         path = config.modules[s.module]["path"]
-        print(f"{path:<14}{s.mutants:>8}{s.killed:>8}{s.timeouts:>8}{len(s.survivors):>9}{s.equivalent:>7}"
+        print(f"{path:<22}{s.mutants:>8}{s.killed:>8}{s.timeouts:>8}{len(s.survivors):>9}{s.equivalent:>7}"
               f"{s.pending:>8}{s.errors:>7}{s.score:>7.1f}%{_minutes(s.seconds):>8}{flag}")
     total_m = sum(s.mutants - s.equivalent - s.pending - s.errors for s in scores)
     total_k = sum(s.killed for s in scores)
     if total_m:
-        print(f"{'all':<14}{'':>8}{total_k:>8}{'':>8}{'':>9}{'':>7}{'':>8}{'':>7}"
+        print(f"{'all':<22}{'':>8}{total_k:>8}{'':>8}{'':>9}{'':>7}{'':>8}{'':>7}"
               f"{100.0 * total_k / total_m:>7.1f}%{_minutes(sum(s.seconds for s in scores)):>8}")
     used = {(e.module, e.operator, e.original, e.mutated) for s in scores for v in s.survivors
             if (e := v.equivalent) is not None}
