@@ -1099,3 +1099,24 @@ def test_the_auditor_restores_what_a_snapshot_records(data: st.DataObject) -> No
         (state.phase, state.terminal_reason, state.stop_hooks_due, state.transition)
     t, r = state.compact_tracking, restored.compact_tracking
     assert (r.turns_since_compact, r.compactions) == (t.turns_since_compact, t.compactions)
+
+
+@settings(max_examples=200)
+@given(data=st.data())
+def test_following_the_edge_the_machine_chose_is_the_move_it_made(data: st.DataObject) -> None:
+    """graph.follow (the auditor's way along a recorded edge) taken along the decided edge gives the
+    same step — state, route and notices — wherever one route has that edge."""
+    phase = data.draw(st.sampled_from([A, C, S, D, F, X]))
+    lim = data.draw(limits_st())
+    state, event = data.draw(state_st(phase, lim)), data.draw(EVENTS[phase])
+    try:
+        step = graph.decide(state, event, lim)
+    except UndeclaredMove:
+        return
+    followed = graph.follow(state, event, lim, step.trigger)
+    assert followed is not None and followed.trigger == step.trigger
+    # where several routes share the edge, follow takes the first of them (its guard aside)
+    if [r.edge for r in graph.ROUTES_BY_KEY[(state.phase, type(event))]].count(step.trigger) == 1:
+        assert (followed.route, followed.notices) == (step.route, step.notices)
+        assert observable(followed.state) == observable(step.state)
+
