@@ -966,3 +966,50 @@ def test_a_claude_code_run_is_audited_against_caps_given_as_a_record_or_a_mappin
     assert strict.errors > 0
     as_mapping = audit_report(CC_RUN / name, limits={"structured_output_retries": 0})
     assert [str(f) for f in as_mapping.findings] == [str(f) for f in strict.findings]
+
+
+def test_a_move_recorded_under_another_kind_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("next_turn"))
+    recs[line - 1]["kind"] = "terminal"
+    rewrite(path, recs)
+    found = [f for f in audit_file(path) if f.code == "kind_mismatch"]
+    assert [f.line for f in found] == [line] and "the edge is 'reentry'" in found[0].message
+
+
+def test_a_counter_that_is_not_a_number_is_left_to_the_replay(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("next_turn"))
+    _set_counter(recs[line - 1], "stream_retry_count", "two")
+    rewrite(path, recs)
+    codes_ = {f.code for f in audit_file(path) if f.line == line}
+    assert not codes_ & {"counter_jump", "counter_without_edge", "counter_backwards"}
+
+
+def test_a_second_result_record_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "completed")
+    recs = records(path)
+    result = line_of(recs, lambda r: r["type"] == "result")
+    recs.insert(result, {**recs[result - 1], "seq": recs[result - 1]["seq"] + 1})
+    for later in recs[result + 1:]:
+        later["seq"] += 1
+    rewrite(path, recs)
+    found = the(audit_file(path), "duplicate_result")
+    assert found.line == result + 1 and f"the first is at line {result}" in found.message
+
+
+def test_without_a_result_record_the_report_ends_with_the_last_move_into_stop(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_turns")
+    rewrite(path, [r for r in records(path) if r["type"] != "result"])
+    assert audit_report(path).terminal_reason == "max_turns"
+
+
+def test_a_snapshot_without_a_phase_or_compaction_counts_restores_to_the_start() -> None:
+    from agentfsm.audit import _restore
+
+    restored = _restore(LoopState(messages=()), "nowhere", {})
+    assert restored.phase is Phase.ASSEMBLE
+    t = restored.compact_tracking
+    assert (t.turns_since_compact, t.compactions, t.consecutive_failures, t.rapid_refill_count) == (0, 0, 0, 0)
