@@ -1013,3 +1013,18 @@ def test_a_snapshot_without_a_phase_or_compaction_counts_restores_to_the_start()
     assert restored.phase is Phase.ASSEMBLE
     t = restored.compact_tracking
     assert (t.turns_since_compact, t.compactions, t.consecutive_failures, t.rapid_refill_count) == (0, 0, 0, 0)
+
+
+def test_the_cli_prints_a_claude_code_runs_path_and_counts_traces(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A Claude Code run's path is printed (an agentfsm trace's is its transitions); the coverage
+    summary counts one trace or several."""
+    ours = write_scenario(tmp_path / "t.jsonl", "completed")
+    main([str(ours)])
+    assert ": path: " not in capsys.readouterr().out
+    main([str(CC_RUN / "transcript.jsonl")])
+    assert f"{CC_RUN / 'transcript.jsonl'}: path: " in capsys.readouterr().out
+    main(["--coverage", str(ours)])
+    assert "(1 trace)" in capsys.readouterr().out
+    main(["--coverage", str(ours), str(write_scenario(tmp_path / "u.jsonl", "tool_turn"))])
+    assert "(2 traces)" in capsys.readouterr().out
