@@ -151,3 +151,32 @@ def test_a_command_writing_a_file_does_not_answer_to_the_read_rules(tmp_path: Pa
     p = PermissionPolicy.build(tmp_path, mode="bypassPermissions", deny=[f"Read(./{denied})", "Bash(curl *)"])
     assert p.evaluate(BASH, {"command": f"echo x > {written}"}).behavior == "allow"
     assert (p.evaluate(BASH, {"command": f"cat {written}"}).behavior == "deny") == (written == denied)
+
+
+@pytest.mark.parametrize("text", ["", "   "])
+def test_an_empty_rule_is_an_error(text: str) -> None:
+    with pytest.raises(ValueError, match="empty permission rule"):
+        PermissionRule.parse(text, "deny")
+
+
+@pytest.mark.parametrize(("answer", "allowed"), [
+    ({"behavior": "allow"}, True), ({"behavior": "deny", "message": "no"}, False), (True, True), (False, False)])
+def test_a_callback_answer_is_read_as_it_says(answer: object, allowed: bool) -> None:
+    from agentfsm.hooks.permissions import PermissionAllow, PermissionDeny, _coerce_answer
+
+    got = _coerce_answer(answer)
+    assert isinstance(got, PermissionAllow if allowed else PermissionDeny)
+    with pytest.raises(TypeError):
+        _coerce_answer({"behavior": "maybe"})
+
+
+@SETTINGS
+@given(denied=names, asked=names)
+def test_the_file_access_policy_denies_reads_by_read_rules_and_writes_by_edit_rules(
+        tmp_path: Path, denied: str, asked: str) -> None:
+    p = PermissionPolicy.build(tmp_path, deny=[f"Read(./{denied})", "Bash(rm *)", "WebFetch"])
+    access = p.file_access()
+    assert (access.denial(str(tmp_path / asked), "read") is not None) == (asked == denied)
+    assert access.denial(str(tmp_path / asked), "write") is None
+    q = PermissionPolicy.build(tmp_path, deny=[f"Edit(./{denied})", "Read"])
+    assert (q.file_access().denial(str(tmp_path / asked), "write") is not None) == (asked == denied)
