@@ -22,6 +22,11 @@ the tree itself: tests and editing go on while a campaign runs. A copy imports `
 session databases (``.mutation/<module>.sqlite``) are ordinary cosmic-ray sessions: ``cr-report`` and
 ``cr-html`` read them.
 
+Why cosmic-ray, driven as a library, rather than a whole tool: its operators and sessions are kept
+up, but its own runner starts the test command afresh per mutant over every configured test, and
+mutmut runs from its own copy of the project, which pyproject's ``fsm/`` -> ``agentfsm`` mapping does
+not fit; here a mutant costs one fork and the tests that execute its lines.
+
 Exit status 0 when every module ran to the end and reached the threshold; 1 otherwise (a failing
 baseline, the time budget spent, a score under the threshold, a stale equivalence entry).
 """
