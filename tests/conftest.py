@@ -6,7 +6,11 @@ Profiles (``HYPOTHESIS_PROFILE=ci|nightly``, default ``ci``):
 * ``ci`` — hypothesis' usual 100 examples per test, so CI stays within its time budget; the
   property suite (``tests/test_properties.py``) scales its own example counts from this number;
 * ``nightly`` — ten times as many examples everywhere (the property suite runs tens of thousands
-  of loops), no deadline, and no per-test timeout for the property suite.
+  of loops), no deadline, and no per-test timeout for the property suite;
+* ``mutation`` — what ``bench/mutation.py`` runs each mutant's tests with: ``ci``'s example counts,
+  derandomized and without the example database (a mutant's verdict must not depend on luck or on
+  the mutants tested before it), no deadline (a slow machine must not kill a mutant), and no
+  shrinking (a failure is all a mutant's verdict needs).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 import attrs
 import pytest
 import structlog
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 # the testing kit's fixtures are opt-in: a project asks for them by name, as this suite does
 pytest_plugins = ("agentfsm.testing.plugin",)
@@ -31,6 +35,9 @@ os.environ.pop("AGENTFSM_TEMPORAL", None)
 settings.register_profile("ci", max_examples=100, print_blob=True)
 settings.register_profile("nightly", max_examples=1000, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("mutation", max_examples=100, derandomize=True, database=None, deadline=None,
+                          print_blob=False, suppress_health_check=[HealthCheck.too_slow],
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
 

@@ -20,15 +20,19 @@ from hypothesis import strategies as st
 from agentfsm import graph
 from agentfsm.audit import (
     CODES,
+    RAISED_BY,
     WARNING_CODES,
     Finding,
     Move,
+    NotATrace,
     audit,
     audit_file,
+    audit_report,
     check_request,
     coverage,
     declared_moves,
     main,
+    recognise,
 )
 from agentfsm.events import (
     Aborted,
@@ -761,6 +765,20 @@ def test_recovery_counter_without_its_edge_is_caught(tmp_path: Path) -> None:
     assert "only malformed_tool_use_retry raise it" in f.message
 
 
+@pytest.mark.parametrize("counter", sorted(RAISED_BY))
+def test_every_counter_rising_on_an_edge_that_never_raises_it_is_caught(tmp_path: Path, counter: str) -> None:
+    """``dispatch`` raises no counter: each counter raised on it is reported, naming the edges that may."""
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("dispatch"))
+    old = {id(r): snap for r, snap in transition_snapshots(recs)}[id(recs[line - 1])][counter]
+    _set_counter(recs[line - 1], counter, old + 1)
+    rewrite(path, recs)
+    found = [f for f in audit_file(path) if f.code == "counter_without_edge" and f.line == line]
+    assert len(found) == 1 and f"{counter} rose {old} → {old + 1} on transition 'dispatch'" in found[0].message
+    assert f"only {', '.join(sorted(RAISED_BY[counter]))} raise it" in found[0].message
+
+
 def test_label_not_matching_the_move_is_caught(tmp_path: Path) -> None:
     """Both are declared stream → assemble re-entries: only replaying the event tells them apart."""
     path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
@@ -822,7 +840,9 @@ def test_a_missing_message_record_is_caught(tool_trace: Trace) -> None:
     line = line_of(recs, lambda r: r["type"] == "message" and r["kind"] == "tool_results")
     del recs[line - 1]
     rewrite(path, recs)
-    assert "added 1 message(s) the file does not record" in the(audit_file(path), "message_missing").message
+    message = the(audit_file(path), "message_missing").message
+    assert "added 1 message(s) the file does not record" in message
+    assert "(first: user tool_results [tool_result:toolu_" in message, message
 
 
 def test_reordered_records_are_caught(tool_trace: Trace) -> None:
@@ -889,3 +909,122 @@ def test_format_1_is_checked_without_replay_and_a_newer_format_is_refused(
     rewrite(path, recs)
     assert main([str(path)]) == 2
     assert "trace format 99" in capsys.readouterr().err
+
+
+
+# --- reading what the auditor is given ---------------------------------------------------------
+
+OUR_TYPES = ["session", "message", "assistant_block", "compact_boundary", "transition", "request", "result"]
+
+
+@pytest.mark.parametrize("first", OUR_TYPES)
+def test_a_file_opening_with_any_of_our_records_is_an_agentfsm_trace(tmp_path: Path, first: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"type": first, "seq": 1}) + "\n")
+    assert recognise(path) == "agentfsm"
+    path.write_text(json.dumps({"type": first}) + "\n")  # without a sequence number it is not ours
+    with pytest.raises(NotATrace):
+        recognise(path)
+
+
+def test_records_before_any_session_are_audited_against_the_default_caps(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_tokens")
+    recs = records(path)
+    assert recs[0]["type"] == "session"
+    findings = audit(recs[1:])
+    assert [f.code for f in findings if f.is_error] == []
+    assert the(findings, "no_session_record").line == 1
+    # the default caps hold; a cap of none is overstepped by the first recovery
+    assert any(f.code == "counter_over_cap" for f in audit(recs[1:], limits={"max_output_tokens_recoveries": 0}))
+
+
+def test_an_unreadable_event_is_reported_not_raised(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("dispatch"))
+    recs[line - 1]["event"] = {"type": "stream_ended", "response": "not a response"}
+    rewrite(path, recs)
+    found = [f for f in audit_file(path) if f.code == "bad_event"]
+    assert [f.line for f in found] == [line]
+
+
+def test_a_report_names_the_reason_on_the_move_into_stop_only(tmp_path: Path) -> None:
+    report = audit_report(write_scenario(tmp_path / "t.jsonl", "max_tokens"))
+    assert report.moves and report.terminal_reason is not None
+    for move in report.moves:
+        assert move.reason == (report.terminal_reason if move.dest == "stop" else None), move
+
+
+CC_RUN = Path(__file__).parent / "fixtures" / "claude_code" / "json_schema_retry"
+
+
+@pytest.mark.parametrize("name", ["transcript.jsonl", "stream.jsonl"])
+def test_a_claude_code_run_is_audited_against_caps_given_as_a_record_or_a_mapping(name: str) -> None:
+    plain = audit_report(CC_RUN / name)
+    assert plain.errors == 0
+    strict = audit_report(CC_RUN / name, limits=Limits(structured_output_retries=0))
+    assert strict.errors > 0
+    as_mapping = audit_report(CC_RUN / name, limits={"structured_output_retries": 0})
+    assert [str(f) for f in as_mapping.findings] == [str(f) for f in strict.findings]
+
+
+def test_a_move_recorded_under_another_kind_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("next_turn"))
+    recs[line - 1]["kind"] = "terminal"
+    rewrite(path, recs)
+    found = [f for f in audit_file(path) if f.code == "kind_mismatch"]
+    assert [f.line for f in found] == [line] and "the edge is 'reentry'" in found[0].message
+
+
+def test_a_counter_that_is_not_a_number_is_left_to_the_replay(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "tool_turn")
+    recs = records(path)
+    line = line_of(recs, is_move("next_turn"))
+    _set_counter(recs[line - 1], "stream_retry_count", "two")
+    rewrite(path, recs)
+    codes_ = {f.code for f in audit_file(path) if f.line == line}
+    assert not codes_ & {"counter_jump", "counter_without_edge", "counter_backwards"}
+
+
+def test_a_second_result_record_is_caught(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "completed")
+    recs = records(path)
+    result = line_of(recs, lambda r: r["type"] == "result")
+    recs.insert(result, {**recs[result - 1], "seq": recs[result - 1]["seq"] + 1})
+    for later in recs[result + 1:]:
+        later["seq"] += 1
+    rewrite(path, recs)
+    found = the(audit_file(path), "duplicate_result")
+    assert found.line == result + 1 and f"the first is at line {result}" in found.message
+
+
+def test_without_a_result_record_the_report_ends_with_the_last_move_into_stop(tmp_path: Path) -> None:
+    path = write_scenario(tmp_path / "t.jsonl", "max_turns")
+    rewrite(path, [r for r in records(path) if r["type"] != "result"])
+    assert audit_report(path).terminal_reason == "max_turns"
+
+
+def test_a_snapshot_without_a_phase_or_compaction_counts_restores_to_the_start() -> None:
+    from agentfsm.audit import _restore
+
+    restored = _restore(LoopState(messages=()), "nowhere", {})
+    assert restored.phase is Phase.ASSEMBLE
+    t = restored.compact_tracking
+    assert (t.turns_since_compact, t.compactions, t.consecutive_failures, t.rapid_refill_count) == (0, 0, 0, 0)
+
+
+def test_the_cli_prints_a_claude_code_runs_path_and_counts_traces(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A Claude Code run's path is printed (an agentfsm trace's is its transitions); the coverage
+    summary counts one trace or several."""
+    ours = write_scenario(tmp_path / "t.jsonl", "completed")
+    main([str(ours)])
+    assert ": path: " not in capsys.readouterr().out
+    main([str(CC_RUN / "transcript.jsonl")])
+    assert f"{CC_RUN / 'transcript.jsonl'}: path: " in capsys.readouterr().out
+    main(["--coverage", str(ours)])
+    assert "(1 trace)" in capsys.readouterr().out
+    main(["--coverage", str(ours), str(write_scenario(tmp_path / "u.jsonl", "tool_turn"))])
+    assert "(2 traces)" in capsys.readouterr().out

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from agentfsm.executor import StreamingToolExecutor
-from agentfsm.pipeline import REJECT_MESSAGE, CallResult
+from agentfsm.pipeline import REJECT_MESSAGE, CallResult, ToolTable
 from agentfsm.ports import AllowAllGate
 from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolOutput
 
@@ -490,3 +490,275 @@ async def test_abort_reason_text_for_other_reasons(lab: Lab) -> None:
     assert r.block["content"] == ("<tool_use_error>Error: Tool execution discarded (stream_failed)"
                                   "</tool_use_error>")
     await ex.aclose()
+
+
+# --- the rules at their edges ----------------------------------------------------------------------
+
+
+def test_the_default_cap_is_the_documented_limit() -> None:
+    from agentfsm.state import Limits
+
+    assert StreamingToolExecutor([], gate=AllowAllGate()).max_concurrency == Limits().max_tool_concurrency
+
+
+async def test_a_call_with_invalid_input_is_unsafe_even_for_a_safe_tool(lab: Lab) -> None:
+    """A verdict reached on input that does not validate is "unsafe": the call waits for the running safe
+    call and is a barrier for the next one."""
+    ex = make(lab)
+    ex.add_tool(use("s", "Safe"))
+    await lab.wait_started("s")
+    ex.add_tool(use("bad", "Safe", {"unexpected": 1}))
+    ex.add_tool(use("q", "Quick"))
+    await settle()
+    assert (ex.status("bad"), ex.status("q")) == ("queued", "queued")
+    lab.release("s")
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert [r.is_error for r in results] == [False, True, False] and "q" in lab.started
+
+
+class CountingTable(ToolTable):
+    """Records each schema validation of a call's input (step 4)."""
+
+    def __init__(self, source: Any) -> None:
+        super().__init__(source)
+        self.validated: list[Any] = []
+
+    def input_issues(self, tool: Tool, value: Any) -> list[str]:
+        self.validated.append(value)
+        return super().input_issues(tool, value)
+
+
+async def test_each_input_is_prepared_once_per_call(lab: Lab) -> None:
+    """The safety check's validated input is handed to the pipeline: the schema runs once per call."""
+    table = CountingTable([Probe(lab, "Quick", hold=False), Probe(lab, "QuickUnsafe", safe=False, hold=False)])
+    ex = StreamingToolExecutor(table, gate=AllowAllGate())
+    ex.add_tool(use("a", "Quick", {"n": 1}))
+    ex.add_tool(use("b", "QuickUnsafe", {"n": 2}))
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert not any(r.is_error for r in results)
+    assert table.validated == [{"n": 1}, {"n": 2}]
+
+
+async def test_an_interrupt_scans_past_a_cancelled_queued_call(lab: Lab) -> None:
+    """A queued cancel call answered by the interrupt no longer holds back the safe call behind it."""
+    ex = make(lab, Probe(lab, "CU", safe=False, interrupt="cancel"))
+    ex.add_tool(use("s", "Safe"))
+    await lab.wait_started("s")
+    ex.add_tool(use("cu", "CU"))  # unsafe: queued behind the running safe call, a barrier
+    ex.add_tool(use("s2", "Safe"))
+    await settle()
+    assert ex.status("s2") == "queued"
+    assert ex.interrupt() == ["cu"]
+    await lab.wait_started("s2")  # started at once, while s still runs
+    assert ex.status("s") == "running"
+    lab.release("s", "s2")
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert [r.interrupted for r in results] == [False, True, False]
+
+
+async def test_an_interrupt_reaches_cancel_calls_after_block_calls(lab: Lab) -> None:
+    ex = make(lab, Probe(lab, "C", interrupt="cancel"))
+    ex.add_tool(use("b", "Safe"))
+    ex.add_tool(use("c", "C"))
+    await lab.wait_started("b")
+    await lab.wait_started("c")
+    assert ex.interrupt() == ["c"]
+    lab.release("b")
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert [r.interrupted for r in results] == [False, True]
+
+
+async def test_an_interrupt_names_the_queued_cancel_calls_it_answers(lab: Lab) -> None:
+    ex = make(lab, Probe(lab, "C", safe=False, interrupt="cancel"))
+    ex.add_tool(use("u", "Unsafe"))
+    ex.add_tool(use("c", "C"))
+    await lab.wait_started("u")
+    assert ex.interrupt() == ["c"]
+    lab.release("u")
+    await asyncio.wait_for(ex.remaining(), 2)
+
+
+async def test_tasks_are_named_after_their_call_and_a_cancelled_one_is_paired(lab: Lab) -> None:
+    """A call's task is ``tool:<name>:<id>``; cancelled from outside — before it started, or while its
+    tool runs — it is answered as an interrupted call, never left without a result."""
+    ex = make(lab)
+    ex.add_tool(use("early", "Safe", {"n": 5}))
+    [task] = [t for t in asyncio.all_tasks() if t.get_name() == "tool:Safe:early"]
+    task.cancel()  # before its first step
+    ex.add_tool(use("late", "Safe"))
+    await lab.wait_started("late")
+    [late] = [t for t in asyncio.all_tasks() if t.get_name() == "tool:Safe:late"]
+    late.cancel()  # inside the tool
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert [r.block["content"] for r in results] == [REJECT_MESSAGE, REJECT_MESSAGE]
+    assert [r.cancel_reason for r in results] == ["user_interrupted", "user_interrupted"]
+    assert results[0].tool_input == {"n": 5} and "early" not in lab.started
+
+
+async def test_a_pipeline_that_raises_still_answers_its_call(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Belt and braces: the pipeline never raises, but if it did, the call gets an error result."""
+    import agentfsm.executor as executor_module
+
+    async def broken(block: Any, **_kw: Any) -> CallResult:
+        raise RuntimeError("pipeline broke")
+
+    monkeypatch.setattr(executor_module, "run_tool_call", broken)
+    ex = make(lab)
+    ex.add_tool(use("x", "Quick"))
+    [r] = await asyncio.wait_for(ex.remaining(), 2)
+    assert (r.tool_use_id, r.tool_name, r.is_error) == ("x", "Quick", True)
+    assert r.block == {"type": "tool_result", "tool_use_id": "x", "is_error": True,
+                       "content": "Error: RuntimeError: pipeline broke"}
+
+
+async def test_a_cancelled_call_reports_the_input_it_ran_with(lab: Lab) -> None:
+    """The interrupted result carries the coerced input the tool got ("5" → 5), not the raw block's."""
+    ex = make(lab, Probe(lab, "C", interrupt="cancel"))
+    ex.add_tool(use("c", "C", {"n": "5"}))
+    await lab.wait_started("c")
+    ex.interrupt()
+    [r] = await asyncio.wait_for(ex.remaining(), 2)
+    assert r.interrupted and r.tool_input == {"n": 5}
+
+
+async def test_an_aborted_call_reports_its_input(lab: Lab) -> None:
+    ex = make(lab)
+    ex.add_tool(use("u", "Unsafe", {"n": 3}))
+    ex.add_tool(use("q", "Quick", {"n": 4}))
+    await lab.wait_started("u")
+    results = ex.abort()
+    assert [r.tool_input for r in results] == [{"n": 3}, {"n": 4}]
+    await ex.aclose()
+
+
+async def test_ready_is_told_once_per_readiness_and_never_reentered(lab: Lab) -> None:
+    """``on_ready`` is called whenever something becomes deliverable, and never from inside itself (a
+    listener that reacts by aborting does not hear about the abort's results while it is still running)."""
+    calls: list[int] = []
+    depth = [0]
+
+    def on_ready(told: StreamingToolExecutor) -> None:
+        depth[0] += 1
+        calls.append(depth[0])
+        if len(calls) == 2:
+            told.abort()  # reacting to the second result by giving up on the rest
+        told.drain_ready()
+        depth[0] -= 1
+
+    ex = make(lab, on_ready=on_ready)
+    ex.add_tool(use("a", "Safe"))
+    ex.add_tool(use("b", "Safe"))
+    ex.add_tool(use("c", "Safe"))
+    await lab.wait_started("c")
+    lab.release("a")
+    await asyncio.wait_for(_until(lambda: len(calls) == 1), 2)
+    lab.release("b")
+    await asyncio.wait_for(_until(lambda: len(calls) == 2), 2)
+    await settle()
+    assert calls == [1, 1] and ex.aborted and not ex.has_pending()
+    await ex.aclose()
+
+
+async def _until(done: Any) -> None:
+    while not done():
+        await asyncio.sleep(0.001)
+
+
+async def test_remaining_hands_out_everything(lab: Lab) -> None:
+    ex = make(lab)
+    ex.add_tool(use("a", "Quick"))
+    ex.add_tool(use("b", "Quick"))
+    assert ex.tool_use_ids == ["a", "b"] and ex.aborted is False
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert ids(results) == ["a", "b"]
+    assert not ex.has_pending() and not ex.ready.is_set() and ex.drain_ready() == []
+    assert [ex.status(i) for i in ("a", "b")] == ["delivered", "delivered"]
+
+
+async def test_an_abort_keeps_results_already_handed_out(lab: Lab) -> None:
+    ex = make(lab)
+    ex.add_tool(use("q", "Quick"))
+    ex.add_tool(use("s", "Safe"))
+    await asyncio.wait_for(ex.wait_ready(), 2)
+    assert ids(ex.drain_ready()) == ["q"]
+    results = ex.abort("stream_failed")
+    assert results[0].block["content"] == "Quick q done" and not results[0].is_error
+    assert results[1].cancel_reason == "stream_failed"
+    await ex.aclose()
+
+
+async def test_a_call_that_outlives_its_abort_keeps_the_aborted_answer(lab: Lab) -> None:
+    """The abort answered the call; when its tool finishes later anyway, nothing changes and nothing is
+    handed out twice — whether or not the answer was handed out already."""
+    for drained_first in (False, True):
+        lab = Lab()
+        ex = make(lab, Probe(lab, "Stubborn", swallow_cancel=True))
+        ex.add_tool(use("s", "Stubborn"))
+        await lab.wait_started("s")
+        [aborted] = ex.abort("stream_failed")
+        if drained_first:
+            assert ids(ex.drain_ready()) == ["s"]
+        lab.release("s")
+        await ex.aclose()
+        assert lab.finished == ["s"]  # it did run to its end (nothing is rolled back) ...
+        assert ex.ordered_results() == [aborted]  # ... but the answer stands
+        assert ex.drain_ready() == ([] if drained_first else [aborted])
+        assert ex.drain_ready() == []
+
+
+async def test_progress_after_an_abort_and_a_failing_progress_display_are_ignored(lab: Lab) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def on_progress(tid: str, data: Any) -> None:
+        seen.append((tid, data))
+        raise RuntimeError("display broke")
+
+    class Chatty(Tool):
+        name = "Chatty"
+        input_schema = SCHEMA
+
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            ctx.progress("before")
+            try:
+                await lab.release_event(ctx.tool_use_id).wait()
+            except asyncio.CancelledError:
+                ctx.progress("after the abort")
+                raise
+            return ToolOutput("never")
+
+    ex = make(lab, Chatty(), on_progress=on_progress)
+    ex.add_tool(use("q", "Quick"))
+    ex.add_tool(use("c", "Chatty"))
+    await asyncio.wait_for(_until(lambda: ("c", "before") in seen), 2)
+    [quick] = [r for r in ex.drain_ready() if r.tool_use_id == "q"]
+    assert not quick.is_error  # the display's failure did not fail the call
+    ex.abort()
+    await ex.aclose()
+    assert ("c", "after the abort") not in seen
+
+
+async def test_closing_waits_for_unwinding_calls_only_so_long(lab: Lab) -> None:
+    never = asyncio.Event()
+
+    class Deaf(Tool):
+        name = "Deaf"
+        input_schema = SCHEMA
+
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            lab.started_event(ctx.tool_use_id).set()
+            while not never.is_set():
+                try:
+                    await never.wait()
+                except asyncio.CancelledError:
+                    continue  # ignores every cancellation
+            return ToolOutput("at last")
+
+    ex = make(lab, Deaf())
+    ex.add_tool(use("d", "Deaf"))
+    await lab.wait_started("d")
+    ex.abort()
+    await asyncio.wait_for(ex.aclose(timeout=0.05), 2)
+    [task] = [t for t in asyncio.all_tasks() if t.get_name() == "tool:Deaf:d"]
+    assert not task.done()  # still there: close did not wait for it
+    never.set()
+    await asyncio.wait([task], timeout=1)

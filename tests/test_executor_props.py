@@ -22,7 +22,7 @@ import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.executor import StreamingToolExecutor
+from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, StreamingToolExecutor, deliverable, may_start
 from agentfsm.pipeline import CallResult
 from agentfsm.ports import AllowAllGate
 from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
@@ -244,3 +244,23 @@ def test_interrupt_and_abort_keep_pairing(batch: list[Spec], cap: int, cut: int,
         cancel_unstarted = {f"t{i}" for i, s in enumerate(batch[:added])
                             if s.interrupt == "cancel" and f"t{i}" in unstarted and s.kind in RUNS}
         assert not (cancel_unstarted & set(run.world.start))
+
+
+# --- the two scheduling rules as pure functions, over every shape of a batch -----------------------
+
+_calls = st.lists(st.tuples(st.sampled_from([QUEUED, RUNNING, DONE, DELIVERED]), st.booleans()), max_size=8)
+
+
+@given(_calls)
+def test_finished_calls_are_handed_out_never_past_an_unfinished_unsafe_one(calls: list[tuple[str, bool]]) -> None:
+    """A finished call is deliverable exactly when no earlier call is unfinished (queued or running)
+    and unsafe; delivered ones are never handed out again."""
+    expected = [i for i, (status, _safe) in enumerate(calls)
+                if status == DONE and not any(st_ in (QUEUED, RUNNING) and not sf for st_, sf in calls[:i])]
+    assert deliverable(calls) == expected
+
+
+@given(st.booleans(), st.lists(st.booleans(), max_size=6), st.integers(1, 6))
+def test_a_call_starts_alone_or_among_safe_calls_under_the_cap(safe: bool, running: list[bool], cap: int) -> None:
+    """Nothing running: it starts. Otherwise only a safe call beside safe calls, fewer than the cap."""
+    assert may_start(safe, running, cap) == (not running or (safe and all(running) and len(running) < cap))

@@ -1,0 +1,195 @@
+"""The file-access policy's own rules, one property each on both sides: where each kind of rule
+pattern is anchored, what a symlink or a hard link to a file is judged as, when a whole directory is
+denied, and the walk budgets (exactly at the budget is checked, one past it is denied)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agentfsm.hooks import file_access
+from agentfsm.hooks.file_access import PathChecker, path_rule_matches, rule_root
+from agentfsm.hooks.permissions import PermissionRule
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+names = st.sampled_from(["a.txt", "b.txt", ".env"])
+
+
+def deny(*specs: str, root: Path | None = None) -> list[PermissionRule]:
+    return [PermissionRule.parse(f"Read({s})", "deny", root=root) for s in specs]
+
+
+@SETTINGS
+@given(rule=names, asked=names, deep=st.booleans())
+def test_each_kind_of_pattern_is_anchored_where_it_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        rule: str, asked: str, deep: bool) -> None:
+    """`//abs` from the filesystem root, `~/p` from home, `/p` from the project, `./p` from the cwd:
+    each names one path; a bare name matches at any depth below the cwd."""
+    home, cwd, project = tmp_path / "home", tmp_path / "cwd", tmp_path / "project"
+    monkeypatch.setenv("HOME", str(home))
+    sub = "sub/" if deep else ""
+    same = rule == asked and not deep
+    assert path_rule_matches(f"/{cwd}/{rule}", f"{cwd}/{sub}{asked}", cwd, None) == same
+    assert path_rule_matches(f"~/{rule}", f"{home}/{sub}{asked}", cwd, None) == same
+    assert not path_rule_matches(f"~/{rule}", f"{cwd}/{asked}", cwd, None)
+    assert path_rule_matches(f"/{rule}", f"{project}/{sub}{asked}", cwd, project) == same
+    assert path_rule_matches(f"./{rule}", f"{cwd}/{sub}{asked}", cwd, None) == same
+    assert path_rule_matches(rule, f"{cwd}/{sub}{asked}", cwd, None) == (rule == asked)
+
+
+def test_a_rules_root_is_its_literal_prefix(tmp_path: Path) -> None:
+    assert rule_root("./src/*/deep/f.py", tmp_path, None) == str(tmp_path / "src")
+    assert rule_root("./src/lib/f.py", tmp_path, None) == str(tmp_path / "src/lib/f.py")
+    assert rule_root(".env", tmp_path, None) == str(tmp_path)  # any depth: the whole cwd
+    assert rule_root("*.key", tmp_path, None) == str(tmp_path)
+
+
+@SETTINGS
+@given(denied=names, target=names)
+def test_a_symlink_is_judged_as_what_it_points_to(tmp_path: Path, denied: str, target: str) -> None:
+    (tmp_path / target).write_text("x")
+    link = tmp_path / f"link-{target}"
+    if not link.is_symlink():
+        link.symlink_to(tmp_path / target)
+    found = PathChecker(tmp_path, deny(f"./{denied}")).check(str(link))
+    if denied == target:
+        assert found is not None and found.through_link and found.rule == f"Read(./{denied})"
+    else:
+        assert found is None
+    direct = PathChecker(tmp_path, deny(f"./{denied}")).check(str(tmp_path / target))
+    assert (direct is not None and not direct.through_link) == (denied == target)
+
+
+def test_missing_and_unreadable_paths_are_not_errors(tmp_path: Path) -> None:
+    checker = PathChecker(tmp_path, deny("./a.txt"))
+    assert checker.check(str(tmp_path / "nothing-here")) is None
+    assert checker.check(str(tmp_path / "bad\x00name")) is None
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_a_directory_whose_every_entry_is_denied_is_denied_as_a_whole(tmp_path: Path, through_link: bool) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "open").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "secrets")
+    checker = PathChecker(tmp_path, deny("./secrets/**"))
+    found = checker.check_tree(str(tmp_path / ("alias" if through_link else "secrets")))
+    assert found is not None and found.through_link == through_link
+    assert checker.check_tree(str(tmp_path / "open")) is None
+
+
+def test_creating_below_a_directory_meets_anchored_rules_only(tmp_path: Path) -> None:
+    """Files yet to be made below a directory may land on an anchored rule's path; a rule such as
+    `.env` is judged on what exists."""
+    (tmp_path / "out").mkdir()
+    assert PathChecker(tmp_path, deny("./out/new.txt")).check_below(str(tmp_path / "out"), creating=True) is not None
+    assert PathChecker(tmp_path, deny("./out/new.txt")).check_below(str(tmp_path / "out")) is None
+    assert PathChecker(tmp_path, deny(".env")).check_below(str(tmp_path / "out"), creating=True) is None
+    (tmp_path / "out" / ".env").write_text("k")
+    found = PathChecker(tmp_path, deny(".env")).check_below(str(tmp_path / "out"), creating=True)
+    assert found is not None and found.through_link
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_walk_checks_exactly_its_budget_and_denies_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             extra: int) -> None:
+    monkeypatch.setattr(file_access, "WALK_LIMIT", 4)
+    for i in range(4 + extra):
+        (tmp_path / f"f{i}").write_text("x")
+    found = PathChecker(tmp_path, deny("./elsewhere")).check_below(str(tmp_path))
+    assert (found is not None and "more than 4 entries" in found.rule) == bool(extra)
+
+
+def test_the_walk_limits_are_the_documented_ones() -> None:
+    """README, "Security": 200 000 entries to find a hard link's other names, 100 000 below a directory."""
+    assert (file_access.HARDLINK_WALK_LIMIT, file_access.WALK_LIMIT) == (200_000, 100_000)
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "(200 000 and 100 000 entries)" in readme
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_hard_link_is_judged_by_its_other_names_within_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                extra: int) -> None:
+    """Another name of a denied file is denied; when the search for other names stops at its budget
+    (one past it), a hard-linked file is denied because it could not be cleared."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "key").write_text("k")
+    for i in range(2 + extra):
+        (secrets / f"pad{i}").write_text("p")
+    os.link(secrets / "key", tmp_path / "innocent")
+    (tmp_path / "plain").write_text("p")
+    os.link(tmp_path / "plain", tmp_path / "plain2")
+    # the walk of secrets/ sees its 3 + extra entries
+    monkeypatch.setattr(file_access, "HARDLINK_WALK_LIMIT", 3)
+    checker = PathChecker(tmp_path, deny("./secrets/**"))
+    found = checker.check(str(tmp_path / "plain2"))
+    if extra:
+        assert found is not None and found.through_link and "could not all be checked" in found.rule
+    else:
+        assert found is None
+        hit = PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "innocent"))
+        assert hit is not None and hit.through_link and hit.rule == "Read(./secrets/**)"
+
+
+def test_a_symlink_loop_is_walked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link back up the tree is entered once (by where it leads), so the walk stays within budget."""
+    monkeypatch.setattr(file_access, "WALK_LIMIT", 10)
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    for name in ("a", "b", "c"):
+        (tmp_path / "d" / name).write_text("x")
+    (tmp_path / "d" / "sub" / "up").symlink_to(tmp_path / "d")
+    assert PathChecker(tmp_path, deny("./elsewhere")).check_below(str(tmp_path / "d")) is None
+    found = PathChecker(tmp_path, deny("./d/b")).check_below(str(tmp_path / "d"))
+    assert found is not None and found.rule == "Read(./d/b)"
+
+
+def test_the_hard_link_search_skips_what_it_cannot_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule whose directory does not exist, or an entry that vanished while the search ran, is
+    skipped: the other names found still decide."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "key").write_text("k")
+    (secrets / "gone").write_text("g")
+    os.link(secrets / "key", tmp_path / "innocent")
+    real_lstat = os.lstat
+
+    def vanishing(path: object, *args: object, **kw: object) -> os.stat_result:
+        if str(path).endswith("gone"):
+            raise FileNotFoundError(path)
+        return real_lstat(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(file_access.os, "lstat", vanishing)
+    found = PathChecker(tmp_path, deny("./missing/**", "./secrets/**")).check(str(tmp_path / "innocent"))
+    assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 4])
+def test_a_glob_expands_up_to_its_budget_and_is_unknown_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                count: int) -> None:
+    """Every match up to GLOB_LIMIT (exactly at it included); one more and the expansion is unknown
+    (None); no match leaves the pattern as bash does, unescaped."""
+    monkeypatch.setattr(file_access, "GLOB_LIMIT", 3)
+    for i in range(count):
+        (tmp_path / f"f{i}.txt").write_text("x")
+    got = file_access.expand_glob(str(tmp_path / "f*.txt"))
+    if count == 0:
+        assert got == [str(tmp_path / "f*.txt")]
+        assert file_access.expand_glob(str(tmp_path / "g\\*.txt")) == [str(tmp_path / "g*.txt")]
+    elif count <= 3:
+        assert sorted(got or ()) == [str(tmp_path / f"f{i}.txt") for i in range(count)]
+    else:
+        assert got is None
+
+
+@pytest.mark.parametrize("entries", [0, 2])
+def test_everything_below_a_denied_directory_is_denied_by_the_directory(tmp_path: Path, entries: int) -> None:
+    """Empty or not, a directory a rule covers is denied as itself (not through what is inside)."""
+    (tmp_path / "secrets").mkdir()
+    for i in range(entries):
+        (tmp_path / "secrets" / f"k{i}").write_text("k")
+    found = PathChecker(tmp_path, deny("./secrets")).check_below(str(tmp_path / "secrets"))
+    assert found is not None and found.rule == "Read(./secrets)" and not found.through_link
