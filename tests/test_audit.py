@@ -1028,3 +1028,22 @@ def test_the_cli_prints_a_claude_code_runs_path_and_counts_traces(tmp_path: Path
     assert "(1 trace)" in capsys.readouterr().out
     main(["--coverage", str(ours), str(write_scenario(tmp_path / "u.jsonl", "tool_turn"))])
     assert "(2 traces)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edges_full, reasons_full", [(True, True), (True, False), (False, True), (False, False)])
+def test_require_full_needs_every_edge_and_every_reason(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        edges_full: bool, reasons_full: bool) -> None:
+    from collections import Counter
+
+    from agentfsm import audit as audit_module
+    from agentfsm.coverage import Coverage, declared_moves
+
+    moves = declared_moves()
+    taken = Counter(moves if edges_full else moves[1:])
+    reasons = Counter(r.value for r in (TerminalReason if reasons_full else list(TerminalReason)[1:]))
+    monkeypatch.setattr(audit_module, "coverage", lambda _files: Coverage(taken, reasons, [], []))
+    code = audit_module._main_coverage({}, as_json=False, require_full=True)
+    capsys.readouterr()
+    assert code == (0 if edges_full and reasons_full else 1)
+    assert audit_module._main_coverage({}, as_json=False, require_full=False) == 0
