@@ -146,18 +146,25 @@ def file_rule(analysis: Analysis, read: PathChecker, write: PathChecker) -> tupl
     maybe: Match | None = None
     for use in analysis.paths:
         checker = read if use.access == "read" else write
-        if not checker:
+        # a write can also expose what a read rule protects, by unlinking a name of a hard-linked file
+        unlink = use.access == "write" and bool(read)
+        if not checker and not unlink:
             continue
         if use.path is None:
-            maybe = maybe or Match(False, f"{use.why}: a file this command {use.access}s can't be named "
-                                          "before it runs")
+            if checker or read.has_linked_denied():
+                maybe = maybe or Match(False, f"{use.why}: a file this command {use.access}s can't be named "
+                                              "before it runs")
             continue
         paths = expand_glob(use.path) if use.glob else [use.path]
         if paths is None:
             maybe = maybe or Match(False, f"the glob {use.path} matches too many files to check")
             continue
         for p in paths:
-            found = checker.check_below(p, creating=use.access == "write") if use.recursive else checker.check(p)
+            found = None
+            if checker:
+                found = checker.check_below(p, creating=use.access == "write") if use.recursive else checker.check(p)
+            if found is None and unlink:
+                found = read.check_unlink(p, recursive=use.recursive)
             if found is not None:
                 return found, Match(True, use.why)
     if analysis.opaque:

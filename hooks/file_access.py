@@ -173,6 +173,59 @@ class PathChecker:
                 return AccessDenial(directory, found.rule, through_link=True)
         return None
 
+    def check_unlink(self, path: str, *, recursive: bool = False) -> AccessDenial | None:
+        """Why writing ``path`` (or, ``recursive``, anything below it) could expose a denied file: a
+        file the rules name that has other hard-linked names. Removing or replacing that name (``rm``,
+        ``mv`` or ``ln -f`` over it, a program that writes a new file and renames it into place) leaves
+        the same bytes under names no rule covers, so the write is denied. The name itself is judged
+        as written, with its directory resolved (the last component is what gets unlinked, not what a
+        symlink there points to). Over :data:`WALK_LIMIT` entries the answer is a denial."""
+        if not self.rules:
+            return None
+        norm = normalise(path)
+        entries: Iterator[str] = iter([norm])
+        if recursive and os.path.isdir(norm) and not os.path.islink(norm):
+            entries = _walk(norm, set(), follow=False)
+        count = 0
+        for entry in entries:
+            count += 1
+            if count > WALK_LIMIT:
+                return AccessDenial(path, f"more than {WALK_LIMIT} entries to check below it")
+            try:
+                st = os.lstat(entry)
+            except (OSError, ValueError):
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+                continue
+            named = os.path.join(_real(os.path.dirname(entry)), os.path.basename(entry))
+            hit = self._hit(normalise(entry)) or self._hit(normalise(named))
+            if hit is not None:
+                return AccessDenial(path, f"{hit} (a file with other hard-linked names; writing over or "
+                                          "removing it would leave its contents readable under them)")
+        return None
+
+    def has_linked_denied(self) -> bool:
+        """Whether some file the rules name has other hard-linked names (or the search for them ran
+        past :data:`HARDLINK_WALK_LIMIT`): only then can a write the analysis cannot name expose it."""
+        if not self.rules:
+            return False
+        count = 0
+        for r in self.rules:
+            assert r.specifier is not None
+            root = rule_root(r.specifier, self.cwd, r.root)
+            for entry in [root] if not os.path.isdir(root) else _walk(root, set(), follow=False):
+                count += 1
+                if count > HARDLINK_WALK_LIMIT:
+                    return True
+                try:
+                    st = os.lstat(entry)
+                except (OSError, ValueError):
+                    continue
+                if (stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+                        and path_rule_matches(r.specifier, normalise(entry), self.cwd, r.root)):
+                    return True
+        return False
+
     # -- hard links
 
     def _hard_link(self, path: str, real: str) -> AccessDenial | None:

@@ -182,6 +182,43 @@ async def test_bash_denial_texts(ws: Path) -> None:
     assert text(r).startswith("Permission to use Bash with command cat \"$F\" has been denied: ")
 
 
+# Writes that unlink or replace a name of a read-denied file (or move a tree holding one): the bytes
+# would stay behind under a name no rule covers (`hard_secret`, once `secret.txt` is gone) or arrive
+# under a new one (found by the permission fuzz suite: `mv secret b.txt` orphaned a hard link).
+BASH_EXPOSES = [
+    "rm secret.txt", "mv a secret.txt", "ln -f a secret.txt", "unlink secret.txt", "rsync a secret.txt",
+    "find . -name secret.txt -delete", "f=secret.txt; rm \"$f\"", "cp a secret.txt", "mv private moved",
+    "mv link_private moved", "mv -t moved private", "rm -r private link_private hard_secret secret.txt",
+]
+
+
+@pytest.mark.parametrize("mode", ["default", "bypassPermissions", "acceptEdits"])
+@pytest.mark.parametrize("command", BASH_EXPOSES)
+async def test_bash_cannot_expose_a_denied_file_under_another_name(ws: Path, mode: str, command: str) -> None:
+    (ws / "moved").mkdir()
+    r = await call(ws, mode, "Bash", {"command": command})
+    assert r.is_error and r.permission_denial is not None, text(r)
+    assert os.stat(ws / "secret.txt").st_nlink == 2 and (ws / "private/notes.txt").exists()
+    for name in ("hard_secret", "moved/notes.txt", "moved/private/notes.txt"):
+        if (ws / name).exists():
+            assert not leaks(await call(ws, mode, "Read", {"file_path": str(ws / name)}))
+            assert not leaks(await call(ws, mode, "Bash", {"command": f"cat {name}"}))
+
+
+async def test_writes_that_expose_nothing_still_run(ws: Path) -> None:
+    # without another name the bytes go with the name; a hard link is only a concern while it exists
+    os.unlink(ws / "hard_secret")
+    reads = ("Read(./secret.txt)", "Read(./private/**)")  # an Edit rule would make any unnamed write a could-apply
+    for command in ("rm secret.txt", "f=a; rm \"$f\"", "rm -r private"):
+        r = await call(ws, "bypassPermissions", "Bash", {"command": command}, rules=reads)
+        assert r.permission_denial is None, (command, text(r))
+    assert not (ws / "secret.txt").exists() and not (ws / "private").exists()
+    # a hard link of a file no rule names: removing one name exposes nothing
+    os.link(ws / "public.txt", ws / "public2.txt")
+    r = await call(ws, "bypassPermissions", "Bash", {"command": "rm public.txt"}, rules=reads)
+    assert r.permission_denial is None, text(r)
+
+
 BENIGN = [
     "ls -la", "git status", "echo 'secret.txt is a name'", "grep -n x public.txt", "cat public.txt a",
     "find . -name '*.py'", "echo x > out.txt", "make 2>&1 | tail -5", "cd private/.. && ls", "wc -l public.txt",

@@ -366,7 +366,8 @@ def _copies(program: str, args: Sequence[Word], options: Sequence[Word], operand
     if program == "ln":
         pass  # a link's target is not read by making the link
     else:
-        uses += [Use(s, "read", program, recursive=recursive) for s in sources]
+        # mv puts a whole tree under new names, with or without -r: it reads everything below a source
+        uses += [Use(s, "read", program, recursive=recursive or program == "mv") for s in sources]
     if program == "mv":
         uses += [Use(s, "write", "mv source", recursive=True) for s in sources]
     uses += [Use(t, "write", f"{program} target", recursive=recursive or program == "mv") for t in targets]
