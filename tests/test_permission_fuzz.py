@@ -155,7 +155,9 @@ def spellings(ws: Path, rel: str) -> list[str]:
 BASH_TEMPLATES = ["cat {p}", "head -n 1 {p}", "grep -r MARK {d}", "cp {p} {q}", "echo NEW > {p}", "echo NEW >> {p}",
                   "sed -i s/MARK/EDIT/ {p}", "tee {p} < /dev/null", "find {d} -type f -exec cat {{}} +",
                   "bash -c 'cat {p}'", "cat {d}/*", "mv {p} {q}", "ls {d}", "xargs cat <<< {p}", "rm -f {p}",
-                  "cd {d} && cat *", "dd if={p} of={q}", "sort -o {q} {p}"]
+                  "cd {d} && cat *", "dd if={p} of={q}", "sort -o {q} {p}",
+                  # names that go away: a moved tree, a name replaced or unlinked while others remain
+                  "mv {d} moved", "ln -f {q} {p}", "mv {q} {p}", "unlink {p}"]
 
 
 @st.composite
