@@ -106,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only --mcp-config servers, not those of ~/.claude.json and .mcp.json")
     p.add_argument("--system-prompt-file", default=None, metavar="FILE")
     # accepted for the Claude Agent SDK's sake; they change nothing in this loop
-    for flag in ("--include-partial-messages", "--replay-user-messages", "--include-hook-events"):
+    p.add_argument("--include-partial-messages", action="store_true",
+                   help="stream-json: also print each raw stream event (stream_event) as it arrives")
+    for flag in ("--replay-user-messages", "--include-hook-events"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--thinking", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir", "--add-dir"):
         p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
@@ -122,6 +124,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
     if args.output_format == "stream-json" and not args.verbose:
         raise UsageError("When using --print, --output-format=stream-json requires --verbose")
+    if args.include_partial_messages and args.output_format != "stream-json":
+        raise UsageError("--include-partial-messages requires --print and --output-format=stream-json.")
     if args.input_format == "stream-json" and args.output_format != "stream-json":
         raise UsageError("--input-format=stream-json requires output-format=stream-json.")
     if args.permission_prompt_tool is not None and (
@@ -181,7 +185,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
             cwd=Path(args.cwd) if args.cwd else Path.cwd(), settings=args.settings,
             setting_sources=sources, session_id=args.session_id, resume=args.resume,
             continue_session=args.continue_session, fork_session=args.fork_session,
-            sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema)
+            sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema,
+            include_partial_messages=args.include_partial_messages)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -212,7 +217,7 @@ class Stdout:
 
 
 # stream-json messages that carry a uuid in Claude Code's output
-_UUID_TYPES = frozenset({"assistant", "user", "system", "result"})
+_UUID_TYPES = frozenset({"assistant", "user", "system", "result", "stream_event"})
 
 
 class Printer:
@@ -333,7 +338,9 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
     mcp_configs = _mcp_configs(args, options)
     prompt = _read_prompt(args)
     if args.temporal:
-        unsupported = (("--mcp-config", args.mcp_config), ("--permission-prompt-tool", args.permission_prompt_tool))
+        # partial messages: the model call streams inside an activity, and its events are not relayed
+        unsupported = (("--mcp-config", args.mcp_config), ("--permission-prompt-tool", args.permission_prompt_tool),
+                       ("--include-partial-messages", args.include_partial_messages))
         for flag, given in unsupported:
             if given:
                 raise UsageError(f"{flag} is not supported with --temporal")

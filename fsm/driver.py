@@ -49,7 +49,7 @@ from agentfsm.events import (
     StreamOpened,
 )
 from agentfsm.executor import StreamingToolExecutor
-from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
+from agentfsm.model import MessageStart, ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
 from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
@@ -157,6 +157,7 @@ class Driver:
         self._asm: ResponseAssembler | None = None
         self._emitted_results: set[str] = set()
         self._t_request = 0.0
+        self._ttft_ms = 0.0
         self._wire = WireCache()  # the wire view, built incrementally request by request
         self._static: int | None = None  # tokens of the system prompt and tool schemas
         # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
@@ -432,6 +433,8 @@ class Driver:
                       chain_id=state.query_tracking.chain_id, depth=state.query_tracking.depth)
         self._request_messages = len(outgoing)
         self._pending_input = pending
+        if self.options.include_partial_messages:
+            self.emit(phases.requesting_message(self.session_id))
         self._t_request = time.monotonic()
         # after a stream that broke or came garbled before any content, the same request unstreamed
         self._stream = (_unstreamed(self.client, request) if state.non_streaming and self._can_unstream()
@@ -451,7 +454,8 @@ class Driver:
             self._api_ms_since_request()
             self.log.error("model.client_failed", error=repr(exc), exc_info=True)
             return await self._failed(state, phases.open_error(exc))
-        self.log.info("model.first_event", model=model, ms=round((time.monotonic() - self._t_request) * 1000, 1))
+        self._ttft_ms = round((time.monotonic() - self._t_request) * 1000, 1)
+        self.log.info("model.first_event", model=model, ms=self._ttft_ms)
         return StreamOpened(model, sent_input=sent)
 
     async def _first_event(self) -> StreamEvent:
@@ -577,12 +581,16 @@ class Driver:
 
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)
-        if block is None:
-            return
-        self.emit(phases.assistant_block_message(asm.message_id, asm.model, block, asm.usage, self.session_id))
-        if block.get("type") == "tool_use":
-            executor.add_tool(block, invalid_json=asm.invalid_tool_inputs.get(block["id"]))
-            self._emit_ready(executor)
+        if block is not None:
+            self.emit(phases.assistant_block_message(asm.message_id, asm.model, block, asm.usage, self.session_id))
+            if block.get("type") == "tool_use":
+                executor.add_tool(block, invalid_json=asm.invalid_tool_inputs.get(block["id"]))
+                self._emit_ready(executor)
+        if self.options.include_partial_messages:
+            # after the block it finishes, as Claude Code prints them
+            first = isinstance(ev, MessageStart)
+            self.emit(phases.stream_event_message(ev, session_id=self.session_id, message_id=asm.message_id,
+                                                  ttft_ms=int(self._ttft_ms) if first else None))
 
     def _account(self, response: ModelResponse) -> None:
         phases.account_response(self.account, response, self.options.model, self._request_messages)

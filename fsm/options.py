@@ -60,6 +60,9 @@ class Options:
     fork_session: bool = False
     sessions_dir: Path | None = None
     json_schema: Mapping[str, Any] | None = None
+    # stream-json `stream_event` lines (each raw stream event) and `system`/`status` before each request,
+    # as Claude Code prints them with --include-partial-messages
+    include_partial_messages: bool = False
     can_use_tool: CanUseTool | None = None
     hooks: Mapping[str, Any] = attrs.field(factory=dict)  # Python hooks: event -> [HookMatcher]
     extra_tools: tuple[Any, ...] = ()  # user Tool instances

@@ -27,7 +27,16 @@ from agentfsm.events import (
     StreamEnded,
     ToolsDrained,
 )
-from agentfsm.model import ModelCallError, ModelRequest
+from agentfsm.model import (
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    MessageDelta,
+    MessageStart,
+    ModelCallError,
+    ModelRequest,
+    StreamEvent,
+)
 from agentfsm.pipeline import CallResult, synthetic_result
 from agentfsm.request import normalize
 from agentfsm.result import RunAccount
@@ -347,6 +356,42 @@ def tombstone_message(session_id: str, message_id: str, blocks: Sequence[Mapping
     the results of its tool calls (stream-json consumers drop them; they never reach history)."""
     return {"type": "system", "subtype": "tombstone", "session_id": session_id, "message_id": message_id,
             "blocks": len(blocks), "tool_use_ids": [b["id"] for b in blocks if b.get("type") == "tool_use"]}
+
+
+def stream_event_message(ev: StreamEvent, *, session_id: str, message_id: str,
+                         ttft_ms: int | None = None) -> dict[str, Any]:
+    """The stream-json ``stream_event`` of one stream event, in its wire form (Claude Code's partial
+    messages: the first carries the time to it from the request)."""
+    msg: dict[str, Any] = {"type": "stream_event", "event": wire_event(ev, message_id), "session_id": session_id,
+                           "parent_tool_use_id": None}
+    if ttft_ms is not None:
+        msg["ttft_ms"] = ttft_ms
+    if message_id:
+        msg["api_message_id"] = message_id
+    return msg
+
+
+def wire_event(ev: StreamEvent, message_id: str) -> dict[str, Any]:
+    """A stream event record as the Messages API streamed it."""
+    if isinstance(ev, MessageStart):
+        return {"type": "message_start", "message": {
+            "id": ev.message_id or message_id, "type": "message", "role": "assistant", "model": ev.model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": dict(ev.usage)}}
+    if isinstance(ev, BlockStart):
+        return {"type": "content_block_start", "index": ev.index, "content_block": dict(ev.block)}
+    if isinstance(ev, BlockDelta):
+        return {"type": "content_block_delta", "index": ev.index, "delta": dict(ev.delta)}
+    if isinstance(ev, BlockStop):
+        return {"type": "content_block_stop", "index": ev.index}
+    if isinstance(ev, MessageDelta):
+        return {"type": "message_delta", "delta": {"stop_reason": ev.stop_reason, "stop_sequence": None},
+                "usage": dict(ev.usage)}
+    return {"type": "message_stop"}
+
+
+def requesting_message(session_id: str) -> dict[str, Any]:
+    """``system``/``status`` before each model request (printed with partial messages)."""
+    return {"type": "system", "subtype": "status", "status": "requesting", "session_id": session_id}
 
 
 def result_message(block: Mapping[str, Any], session_id: str) -> dict[str, Any]:

@@ -353,3 +353,51 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "result: success TOOL_EXECUTION_OK (2 turns)" in proc.stdout
+
+
+async def test_partial_messages_stream_every_event(cli: str, tmp_path: Path) -> None:
+    """``include_partial_messages``: each raw stream event as a StreamEvent, a ``status`` before each
+    request, the assistant block before its ``content_block_stop``; the deltas add up to the blocks."""
+    responses = [
+        {"blocks": [{"type": "text", "text": "Reading the probe file now."}, read("toolu_read1", "probe-fixture.txt")],
+         "stop_reason": "tool_use"},
+        text("The marker is AGENT_LOOP_FILE_MARKER."),
+    ]
+
+    async def body(run: Run) -> None:
+        async for m in sdk.query(prompt="Read probe-fixture.txt", options=run.options(
+                allowed_tools=["Read"], include_partial_messages=True)):
+            run.messages.append(m)
+
+    run = await scenario(cli, tmp_path, responses, body)
+
+    def kind(m: Any) -> str:
+        if isinstance(m, sdk.StreamEvent):
+            return m.event["type"]
+        if isinstance(m, sdk.SystemMessage):
+            return f"system:{m.subtype}"
+        return type(m).__name__
+
+    # agentfsm's queue reports its commands' lifecycle too (Claude Code does not)
+    kinds = [k for k in map(kind, run.messages) if k != "system:command_lifecycle"]
+    one_response = ["system:status", "message_start", "content_block_start"]
+    assert kinds[0] == "system:init" and kinds[-1] == "ResultMessage"
+    assert kinds[1:4] == one_response and kinds.count("system:status") == 2
+    assert kinds.count("message_start") == kinds.count("message_stop") == 2
+    # each block is shown whole before the raw event that closes it
+    for i, k in enumerate(kinds):
+        if k == "content_block_stop":
+            assert kinds[i - 1] == "AssistantMessage", kinds
+    events = [m for m in run.messages if isinstance(m, sdk.StreamEvent)]
+    assert all(e.session_id == run.results()[0].session_id and e.uuid and e.parent_tool_use_id is None
+               for e in events)
+    text_deltas = "".join(e.event["delta"].get("text", "") for e in events
+                          if e.event["type"] == "content_block_delta")
+    assert text_deltas == "Reading the probe file now.The marker is AGENT_LOOP_FILE_MARKER."
+    json_deltas = "".join(e.event["delta"].get("partial_json", "") for e in events
+                          if e.event["type"] == "content_block_delta")
+    import json
+
+    assert json.loads(json_deltas) == {"file_path": str(run.ws / "probe-fixture.txt")}
+    stops = [e.event["delta"]["stop_reason"] for e in events if e.event["type"] == "message_delta"]
+    assert stops == ["tool_use", "end_turn"]
