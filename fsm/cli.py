@@ -29,6 +29,16 @@ class UsageError(Exception):
     """A command line that cannot run; exit status 2."""
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
 def _split_list(values: Sequence[str] | None) -> tuple[str, ...]:
     """``Read,Grep`` and ``Read Grep`` both work; commas inside ``Bash(a,b)`` are kept."""
     out: list[str] = []
@@ -108,9 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     # accepted for the Claude Agent SDK's sake; they change nothing in this loop
     p.add_argument("--include-partial-messages", action="store_true",
                    help="stream-json: also print each raw stream event (stream_event) as it arrives")
+    p.add_argument("--task-budget", type=_positive_int, default=None, metavar="TOKENS",
+                   help="tell the model the task's token budget (sent as output_config.task_budget)")
+    # the Agent SDK's session_store and resume-at-message: agentfsm keeps its own session files and
+    # cannot mirror them or cut a resumed session; refused by name rather than ignored
+    for flag in ("--session-mirror",):
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    for flag in ("--resume-session-at", "--resume-drops-turn"):
+        p.add_argument(flag, default=None, help=argparse.SUPPRESS)
     for flag in ("--replay-user-messages", "--include-hook-events"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    for flag in ("--thinking", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir", "--add-dir"):
+    for flag in ("--thinking", "--thinking-display", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir",
+                 "--add-dir"):
         p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
     p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
                    help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
@@ -124,6 +143,12 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
     if args.output_format == "stream-json" and not args.verbose:
         raise UsageError("When using --print, --output-format=stream-json requires --verbose")
+    if args.session_mirror:
+        raise UsageError("--session-mirror (the Agent SDK's session_store) is not supported: agentfsm keeps its "
+                         "sessions in its own files (--sessions-dir)")
+    if args.resume_session_at is not None or args.resume_drops_turn is not None:
+        raise UsageError("--resume-session-at/--resume-drops-turn are not supported: agentfsm resumes a session "
+                         "whole (--resume, --fork-session)")
     if args.include_partial_messages and args.output_format != "stream-json":
         raise UsageError("--include-partial-messages requires --print and --output-format=stream-json.")
     if args.input_format == "stream-json" and args.output_format != "stream-json":
@@ -186,7 +211,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
             setting_sources=sources, session_id=args.session_id, resume=args.resume,
             continue_session=args.continue_session, fork_session=args.fork_session,
             sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema,
-            include_partial_messages=args.include_partial_messages)
+            include_partial_messages=args.include_partial_messages, task_budget=args.task_budget)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -340,7 +365,8 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
     if args.temporal:
         # partial messages: the model call streams inside an activity, and its events are not relayed
         unsupported = (("--mcp-config", args.mcp_config), ("--permission-prompt-tool", args.permission_prompt_tool),
-                       ("--include-partial-messages", args.include_partial_messages))
+                       ("--include-partial-messages", args.include_partial_messages),
+                       ("--task-budget", args.task_budget))
         for flag, given in unsupported:
             if given:
                 raise UsageError(f"{flag} is not supported with --temporal")

@@ -426,7 +426,8 @@ class Driver:
             return refused
         model = self._model(state)
         request = phases.build_request(outgoing, model=model, system=self.system, tools=self.registry.api_schemas(),
-                                       limits=self.limits, metadata=self._metadata(), wire=self._wire.wire(outgoing))
+                                       limits=self.limits, metadata=self._metadata(), wire=self._wire.wire(outgoing),
+                                       task_budget=self.options.task_budget)
         wire = request.messages
         self.trace.request(model, state.query_tracking.depth, state.messages, sent)
         self.log.info("model.request", model=model, messages=len(wire),

@@ -25,6 +25,8 @@ class ModelRequest:
     tools: tuple[Mapping[str, Any], ...]
     max_tokens: int
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
+    # the API's output_config (task_budget: the token budget the model is told it has for the task)
+    output_config: Mapping[str, Any] | None = None
 
     def body(self) -> dict[str, Any]:
         """The JSON body of ``POST /v1/messages``."""
@@ -39,6 +41,8 @@ class ModelRequest:
             body["tools"] = [dict(t) for t in self.tools]
         if self.metadata:
             body["metadata"] = dict(self.metadata)
+        if self.output_config:
+            body["output_config"] = dict(self.output_config)
         return body
 
 

@@ -63,6 +63,13 @@ class Options:
     # stream-json `stream_event` lines (each raw stream event) and `system`/`status` before each request,
     # as Claude Code prints them with --include-partial-messages
     include_partial_messages: bool = False
+    # --task-budget: the token budget the model is told the task has (output_config.task_budget)
+    task_budget: int | None = attrs.field(default=None)
+
+    @task_budget.validator
+    def _positive_budget(self, _attribute: Any, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"task_budget must be a positive number of tokens, got {value!r}")
     can_use_tool: CanUseTool | None = None
     hooks: Mapping[str, Any] = attrs.field(factory=dict)  # Python hooks: event -> [HookMatcher]
     extra_tools: tuple[Any, ...] = ()  # user Tool instances

@@ -180,3 +180,12 @@ def test_import_fsm_stays_cheap() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert agentfsm.query.__module__ == "agentfsm.api" and agentfsm.AgentClient.__module__ == "agentfsm.api"
+
+
+@pytest.mark.parametrize("budget", [0, -5, True, 2.5, "100"])
+def test_a_task_budget_must_be_a_positive_token_count(budget: Any) -> None:
+    from agentfsm.options import Options
+
+    with pytest.raises(ValueError, match="task_budget must be a positive number of tokens"):
+        Options(task_budget=budget)
+    assert Options(task_budget=1).task_budget == 1

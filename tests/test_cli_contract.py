@@ -52,6 +52,10 @@ def lines(out: str) -> list[dict[str, Any]]:
     (["-p", "hi", "--input-format", "stream-json", "--output-format", "json"], "requires output-format=stream-json"),
     (["-p", "hi", "--mcp-config", "{not json"], "Invalid MCP configuration:\nMCP config file not found"),
     (["-p", "hi", "--mcp-config", '{"tiny": {"command": "x"}}'], "mcpServers: Invalid input: expected record"),
+    (["-p", "hi", "--task-budget", "0"], "--task-budget: expected a positive whole number, got '0'"),
+    (["-p", "hi", "--session-mirror"], "--session-mirror (the Agent SDK's session_store) is not supported"),
+    (["-p", "hi", "--resume-session-at=m1"], "--resume-session-at/--resume-drops-turn are not supported"),
+    (["-p", "hi", "--task-budget", "9", "--temporal", "127.0.0.1:1"], "--task-budget is not supported with --temporal"),
 ])
 def test_usage_errors_exit_1_and_print_nothing(tmp_path: Path, argv: list[str], expect: str) -> None:
     proc = agentfsm(*argv, cwd=tmp_path, home=tmp_path / "home")

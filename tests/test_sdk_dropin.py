@@ -401,3 +401,21 @@ async def test_partial_messages_stream_every_event(cli: str, tmp_path: Path) -> 
     assert json.loads(json_deltas) == {"file_path": str(run.ws / "probe-fixture.txt")}
     stops = [e.event["delta"]["stop_reason"] for e in events if e.event["type"] == "message_delta"]
     assert stops == ["tool_use", "end_turn"]
+
+
+async def test_task_budget_reaches_every_request_and_thinking_flags_are_accepted(cli: str, tmp_path: Path) -> None:
+    """``task_budget`` is sent as ``output_config.task_budget`` with each request, as Claude Code sends it;
+    the thinking options (``--thinking``, ``--thinking-display``) do not break the session."""
+    responses = [{"blocks": [read("toolu_read1", "probe-fixture.txt")], "stop_reason": "tool_use"}, text("Done.")]
+
+    async def body(run: Run) -> None:
+        async for m in sdk.query(prompt="Read probe-fixture.txt", options=run.options(
+                allowed_tools=["Read"], task_budget={"total": 5000},
+                thinking={"type": "adaptive", "display": "summarized"})):
+            run.messages.append(m)
+
+    run = await scenario(cli, tmp_path, responses, body)
+    assert [r.get("output_config") for r in run.server.requests] == [
+        {"task_budget": {"type": "tokens", "total": 5000}}] * 2
+    [result] = run.results()
+    assert result.subtype == "success" and result.result == "Done."
