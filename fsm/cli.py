@@ -126,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--resume-session-at", "--resume-drops-turn"):
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
-    for flag in ("--replay-user-messages", "--include-hook-events"):
+    p.add_argument("--include-hook-events", action="store_true",
+                   help="stream-json: also print when each command hook starts and how it ended")
+    for flag in ("--replay-user-messages",):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     for flag in ("--thinking", "--thinking-display", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir",
                  "--add-dir"):
@@ -211,7 +213,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
             setting_sources=sources, session_id=args.session_id, resume=args.resume,
             continue_session=args.continue_session, fork_session=args.fork_session,
             sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema,
-            include_partial_messages=args.include_partial_messages, task_budget=args.task_budget)
+            include_partial_messages=args.include_partial_messages, task_budget=args.task_budget,
+            include_hook_events=args.include_hook_events)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -63,6 +63,8 @@ class Options:
     # stream-json `stream_event` lines (each raw stream event) and `system`/`status` before each request,
     # as Claude Code prints them with --include-partial-messages
     include_partial_messages: bool = False
+    # stream-json `system` hook_started/hook_response around each command hook (--include-hook-events)
+    include_hook_events: bool = False
     # --task-budget: the token budget the model is told the task has (output_config.task_budget)
     task_budget: int | None = attrs.field(default=None)
 

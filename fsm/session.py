@@ -77,6 +77,9 @@ class Session:
             options, registry if registry is not None else build_registry(options), session_id=self.session_id,
             transcript_path=str(self.trace_path or ""))
         self.hooks: Any = self.gate
+        observe = getattr(self.gate, "observe_hooks", None)
+        if options.include_hook_events and observe is not None:
+            observe(lambda msg: self._emit({**msg, "session_id": self.session_id}))
         if subagent is not None:
             self.hooks = SubagentHooks(self.hooks, parent_hooks, subagent)
         self.subagents = Subagents(self, Session)

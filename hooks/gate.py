@@ -10,7 +10,7 @@ submission, compaction, session start and end).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,10 @@ class HookGate:
 
     def visible_tools(self, names: Sequence[str]) -> list[str]:
         return self.policy.visible_tools(names)
+
+    def observe_hooks(self, observer: Callable[[dict[str, Any]], None]) -> None:
+        """Tell ``observer`` when each command hook starts and ends (``hook_started``/``hook_response``)."""
+        self.runner.observer = observer
 
     def file_access(self) -> FileAccess:
         """The file-access policy of one tool call (:class:`agentfsm.tools.base.FileAccess`): what the

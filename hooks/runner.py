@@ -18,6 +18,7 @@ import re
 import signal
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -349,6 +350,9 @@ class HookRunner:
     def __init__(self, hooks: Mapping[str, Sequence[HookMatcher]] | None = None, *,
                  project_dir: str | Path = ".", env: Mapping[str, str] | None = None) -> None:
         self._hooks: dict[str, list[HookMatcher]] = {}
+        # told when each command hook starts and how it ended (stream-json's hook_started and
+        # hook_response, as Claude Code prints them with --include-hook-events)
+        self.observer: Callable[[dict[str, Any]], None] | None = None
         self.project_dir = Path(project_dir).resolve()
         self.env = dict(env or {})
         for event, matchers in (hooks or {}).items():
@@ -386,6 +390,10 @@ class HookRunner:
         return combine(event, results, (time.perf_counter() - start) * 1000)
 
     async def _run_one(self, hook: Hook, matcher: HookMatcher, record: HookInput) -> HookResult:
+        observed = self.observer if isinstance(hook, CommandHook) else None
+        started = hook_started_message(record) if observed is not None else None
+        if observed is not None and started is not None:
+            _tell(observed, started)
         try:
             if isinstance(hook, CommandHook):
                 result = await self._run_command(hook, record)
@@ -404,6 +412,8 @@ class HookRunner:
             exit_code=result.exit_code, duration_ms=round(result.duration_ms, 1),
             session_id=record.session_id, notes=list(result.notes) or None,
         )
+        if observed is not None and started is not None:
+            _tell(observed, hook_response_message(started, result))
         return result
 
     async def _run_command(self, hook: CommandHook, record: HookInput) -> HookResult:
@@ -494,6 +504,35 @@ class HookRunner:
             return done("success", exit_code=0, stdout=value, plain_output=value)
         return done("non_blocking_error",
                     notes=(f"returned {type(value).__name__}; expected HookOutput, dict, str or None",))
+
+
+#: Claude Code's ``outcome`` of a hook_response: a non-zero exit (2 included) is an ``error``, a hook
+#: stopped at its timeout ``cancelled``
+_RESPONSE_OUTCOME: dict[str, str] = {"success": "success", "blocking": "error", "non_blocking_error": "error",
+                                     "timeout": "cancelled"}
+
+
+def hook_started_message(record: HookInput) -> dict[str, Any]:
+    """``system``/``hook_started`` of a command hook about to run for ``record``."""
+    subject = record.matcher_subject()
+    name = f"{record.event}:{subject}" if subject else record.event
+    return {"type": "system", "subtype": "hook_started", "hook_id": str(uuid.uuid4()), "hook_name": name,
+            "hook_event": record.event}
+
+
+def hook_response_message(started: Mapping[str, Any], result: HookResult) -> dict[str, Any]:
+    """``system``/``hook_response``: how the hook of ``started`` ended."""
+    return {**started, "subtype": "hook_response", "output": result.stdout + result.stderr,
+            "stdout": result.stdout, "stderr": result.stderr, "exit_code": result.exit_code,
+            "outcome": _RESPONSE_OUTCOME[result.outcome]}
+
+
+def _tell(observer: Callable[[dict[str, Any]], None], message: dict[str, Any]) -> None:
+    # a consumer's failure is not the hook's: the hook's answer still counts
+    try:
+        observer(message)
+    except Exception as exc:
+        log.warning("hook.observer_failed", error=repr(exc))
 
 
 async def _as_coro(value: Awaitable[Any]) -> Any:

@@ -535,3 +535,31 @@ async def test_command_hooks_do_not_inherit_our_credentials(tmp_path: Path, monk
     monkeypatch.setenv("AGENTFSM_SHARE_CREDENTIALS", "1")  # shared only on purpose
     res = await runner("PreToolUse", hook, tmp=tmp_path).run(pre())
     assert res.reason.startswith("sk-secret-hook tok-secret-hook ")
+
+
+# ---------------------------------------------------------------------------------------------
+# hook_started / hook_response (--include-hook-events)
+
+
+async def test_hook_events_for_command_hooks_only_and_a_failing_observer_changes_nothing(tmp_path: Path) -> None:
+    def python_hook(inp: Any) -> dict[str, Any]:
+        return {}
+
+    r = runner(HookEvent.PRE_TOOL_USE, CommandHook("sleep 5", timeout=0.5),
+               CommandHook("echo no >&2; exit 2"), python_hook, tmp=tmp_path)
+    seen: list[dict[str, Any]] = []
+    r.observer = seen.append
+    result = await r.run(pre("Bash"))
+    assert result.blocked and "no" in result.reason
+    assert [m["subtype"] for m in seen].count("hook_started") == 2  # the Python hook is not a command
+    by_id = {m["hook_id"]: m for m in seen if m["subtype"] == "hook_response"}
+    assert len(by_id) == 2 and all(m["hook_name"] == "PreToolUse:Bash" for m in seen)
+    outcomes = sorted(m["outcome"] for m in by_id.values())
+    assert outcomes == ["cancelled", "error"]
+
+    def broken(_msg: dict[str, Any]) -> None:
+        raise RuntimeError("consumer went away")
+
+    r.observer = broken
+    again = await r.run(pre("Bash"))
+    assert again.blocked and "no" in again.reason  # the hooks' answer still counts

@@ -419,3 +419,39 @@ async def test_task_budget_reaches_every_request_and_thinking_flags_are_accepted
         {"task_budget": {"type": "tokens", "total": 5000}}] * 2
     [result] = run.results()
     assert result.subtype == "success" and result.result == "Done."
+
+
+async def test_hook_events_around_each_command_hook(cli: str, tmp_path: Path) -> None:
+    """``include_hook_events``: a ``hook_started`` and a ``hook_response`` (output, exit code, outcome)
+    around every command hook, named ``<event>:<subject>``, as Claude Code prints them."""
+    import json
+
+    responses = [{"blocks": [read("toolu_read1", "probe-fixture.txt")], "stop_reason": "tool_use"}, text("Done.")]
+    hooks = {"PreToolUse": [{"matcher": "Read", "hooks": [
+                 {"type": "command", "command": "echo checked"},
+                 {"type": "command", "command": "echo 'not fatal' >&2; exit 1"}]}],
+             "PostToolUse": [{"hooks": [{"type": "command", "command": "echo 'look again' >&2; exit 2"}]}]}
+
+    async def body(run: Run) -> None:
+        async for m in sdk.query(prompt="Read probe-fixture.txt", options=run.options(
+                allowed_tools=["Read"], include_hook_events=True, settings=json.dumps({"hooks": hooks}),
+                setting_sources=[])):
+            run.messages.append(m)
+
+    run = await scenario(cli, tmp_path, responses, body)
+    events = [m.data for m in run.messages if isinstance(m, sdk.SystemMessage)
+              and m.subtype in ("hook_started", "hook_response")]
+    started = {e["hook_id"]: e for e in events if e["subtype"] == "hook_started"}
+    answered = [e for e in events if e["subtype"] == "hook_response"]
+    assert sorted(e["hook_id"] for e in answered) == sorted(started)
+    seen = sorted((e["hook_name"], e["hook_event"], e["output"], e["stdout"], e["stderr"], e["exit_code"], e["outcome"])
+                  for e in answered)
+    assert seen == [
+        ("PostToolUse:Read", "PostToolUse", "look again\n", "", "look again\n", 2, "error"),
+        ("PreToolUse:Read", "PreToolUse", "checked\n", "checked\n", "", 0, "success"),
+        ("PreToolUse:Read", "PreToolUse", "not fatal\n", "", "not fatal\n", 1, "error"),
+    ]
+    for e in answered:  # each response after its start
+        assert events.index(started[e["hook_id"]]) < events.index(e)
+    [result] = run.results()
+    assert result.subtype == "success"
