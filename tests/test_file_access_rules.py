@@ -193,3 +193,79 @@ def test_everything_below_a_denied_directory_is_denied_by_the_directory(tmp_path
         (tmp_path / "secrets" / f"k{i}").write_text("k")
     found = PathChecker(tmp_path, deny("./secrets")).check_below(str(tmp_path / "secrets"))
     assert found is not None and found.rule == "Read(./secrets)" and not found.through_link
+
+
+# --- names that go away: writing over or removing a denied file that has other names ------------
+
+
+@pytest.mark.parametrize("links", [1, 2, 3])
+def test_unlinking_a_denied_name_is_denied_only_while_other_names_exist(tmp_path: Path, links: int) -> None:
+    (tmp_path / "secret").write_text("s")
+    for i in range(links - 1):
+        os.link(tmp_path / "secret", tmp_path / f"other{i}")
+    (tmp_path / "plain").write_text("p")
+    os.link(tmp_path / "plain", tmp_path / "plain2")
+    checker = PathChecker(tmp_path, deny("./secret"))
+    found = checker.check_unlink(str(tmp_path / "secret"))
+    assert (found is not None) == (links > 1)
+    if found is not None:
+        assert found.rule.startswith("Read(./secret) (a file with other hard-linked names")
+        assert found.path == str(tmp_path / "secret")
+    # a name no rule covers, a hard-linked one included, may go: nothing denied is exposed
+    assert checker.check_unlink(str(tmp_path / "plain")) is None
+    # removing the other name exposes nothing either (it is denied only through the link)
+    if links > 1:
+        assert checker.check_unlink(str(tmp_path / "other0")) is None
+    assert checker.has_linked_denied() == (links > 1)
+    assert not PathChecker(tmp_path, []).has_linked_denied()
+    assert PathChecker(tmp_path, []).check_unlink(str(tmp_path / "secret")) is None
+
+
+def test_unlinking_judges_the_name_not_what_a_symlink_points_to(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "secret").write_text("s")
+    os.link(real / "secret", tmp_path / "other")
+    os.symlink("real", tmp_path / "via")
+    os.symlink("real/secret", tmp_path / "alias")
+    checker = PathChecker(tmp_path, deny("./real/secret"))
+    # the directory on the way is resolved: via/secret is real/secret's own name
+    assert checker.check_unlink(str(tmp_path / "via" / "secret")) is not None
+    # a symlink named at the end is itself what goes away, not the file behind it
+    assert checker.check_unlink(str(tmp_path / "alias")) is None
+    # directories and missing names are not files with other names
+    assert checker.check_unlink(str(real)) is None
+    assert checker.check_unlink(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_recursive_unlink_walks_exactly_its_budget_and_denies_past_it(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        extra: int) -> None:
+    tree = tmp_path / "tree"
+    (tree / "deep").mkdir(parents=True)
+    (tree / "deep" / "secret").write_text("s")
+    os.link(tree / "deep" / "secret", tmp_path / "other")
+    checker = PathChecker(tmp_path, deny("./tree/deep/secret"))
+    found = checker.check_unlink(str(tree), recursive=True)
+    assert found is not None and "other hard-linked names" in found.rule and found.path == str(tree)
+    assert checker.check_unlink(str(tree)) is None  # not recursive: the directory itself only
+    os.unlink(tmp_path / "other")
+    for i in range(2 + extra):
+        (tree / f"pad{i}").write_text("p")
+    # tree holds deep, deep/secret and the pads: 4 + extra entries
+    monkeypatch.setattr(file_access, "WALK_LIMIT", 4)
+    found = checker.check_unlink(str(tree), recursive=True)
+    assert (found is not None and "more than 4 entries" in found.rule) == bool(extra)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_the_search_for_linked_denied_files_stops_at_its_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                extra: int) -> None:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for i in range(3 + extra):
+        (secrets / f"f{i}").write_text("x")
+    monkeypatch.setattr(file_access, "HARDLINK_WALK_LIMIT", 3)
+    # nothing is hard-linked: within the budget that is known, past it it is not
+    assert PathChecker(tmp_path, deny("./secrets/**")).has_linked_denied() == bool(extra)
