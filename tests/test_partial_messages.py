@@ -61,9 +61,11 @@ def _rebuilt(events: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for i, block in blocks.items():
         if block.get("type") == "tool_use" and raw[i]:
             try:
-                block["input"] = json.loads(raw[i])
+                parsed = json.loads(raw[i])
             except ValueError:
-                block["input"] = None  # the loop shows what it made of broken JSON; not compared
+                parsed = None
+            # input that is not a JSON object is shown as what the loop made of it; not compared
+            block["input"] = parsed if isinstance(parsed, dict) else None
     return [blocks[i] for i in sorted(blocks)]
 
 
