@@ -25,6 +25,7 @@ from agentfsm.audit import (
     Finding,
     Move,
     NotATrace,
+    _Auditor,
     audit,
     audit_file,
     audit_report,
@@ -659,6 +660,30 @@ def test_random_engine_walks_audit_clean(tmp_path: Path, picks: list[str], max_t
     sim.finish()
     sim.close()
     assert errors(audit_file(path)) == []
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.sampled_from(PICKS), max_size=14))
+def test_the_auditor_replays_from_the_runs_own_conversation(tmp_path: Path, picks: list[str]) -> None:
+    """Each move is replayed from the conversation the message records rebuild; it must be the run's own,
+    message by message (role, blocks, uuid and the kind that says where a message came from), after a
+    compaction too: a replay from another conversation proves nothing about the run, whatever the
+    machine reads of it now or later."""
+    path = tmp_path / f"conv-{abs(hash(tuple(picks)))}.jsonl"
+    path.unlink(missing_ok=True)
+    sim = Sim(path)
+    walk(sim, picks)
+    sim.finish()
+    sim.close()
+    rebuilt: list[list[Message]] = []
+
+    class Watching(_Auditor):
+        def _result(self, line: int, rec: Any) -> None:
+            rebuilt.append(list(self.view))
+            super()._result(line, rec)
+
+    assert Watching(None).run(enumerate(records(path), 1)) is not None
+    assert rebuilt == [list(sim.state.messages)]
 
 
 # --- coverage and the CLI ---------------------------------------------------------------------
