@@ -1379,3 +1379,19 @@ def test_two_answers_in_a_row_are_caught_wherever_they_are(tool_trace: Trace) ->
     assert any(m.startswith("conversation message 1 (a-1)") for m in found), found
     lone = _renumbered([recs[0], answer, {**request, "messages": 1, "last": "a-0"}])
     assert not [f for f in audit(lone) if f.code == "role_order" and f.message.startswith("conversation message")]
+
+
+def test_a_reports_counters_are_those_after_its_last_move(tool_trace: Trace) -> None:
+    path, recs = tool_trace
+    rewrite(path, recs[:line_of(recs, is_move("next_turn"))])  # cut off right after the second turn began
+    assert audit_report(path).counters["turn_count"] == 2
+
+
+def test_a_trace_of_another_declaration_is_checked_but_not_replayed(tool_trace: Trace) -> None:
+    """A route renamed since the trace was recorded is no error there (its moves are checked against the
+    current edges only); under the current declaration the same record is a replay mismatch."""
+    _path, recs = tool_trace
+    recs[line_of(recs, is_move("dispatch")) - 1]["route"] = "an_older_guard"
+    assert the(audit(recs), "replay_mismatch")
+    recs[0]["graph"] = "0000000000000000"
+    assert [f.code for f in audit(recs)] == ["graph_changed"]
