@@ -1149,3 +1149,16 @@ def test_the_firing_table_refuses_a_machine_using_what_the_loops_firing_skips(ex
         m.get_state("b").add_callback("enter", _noop)
     with pytest.raises(ImportError):
         graph._firing_table(m)
+
+
+def test_following_an_edge_whose_effect_cannot_apply_gives_none() -> None:
+    """The auditor follows a recorded edge through its route's own effect; where that effect cannot apply
+    to the event (a reactive compaction without a compaction, a cut-off tool_use without its results),
+    there is no such move — None, not an exception."""
+    lim = Limits()
+    ptl = CallFailed(ModelError("prompt_too_long", "prompt is too long", 400), compaction=None)
+    assert graph.follow(base(C), ptl, lim, "reactive_compact_retry") is None
+    cut = Message("assistant", ({"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}},), kind="assistant")
+    assert graph.follow(base(S), Aborted(cut, None), lim, "abort") is None
+    step = graph.follow(base(S), Aborted(), lim, "abort")
+    assert step is not None and step.trigger == "abort" and step.state.phase is X
