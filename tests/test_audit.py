@@ -1395,3 +1395,19 @@ def test_a_trace_of_another_declaration_is_checked_but_not_replayed(tool_trace: 
     assert the(audit(recs), "replay_mismatch")
     recs[0]["graph"] = "0000000000000000"
     assert [f.code for f in audit(recs)] == ["graph_changed"]
+
+
+def test_after_a_move_that_could_not_be_replayed_the_replay_resumes_from_the_recorded_conversation(
+        tmp_path: Path) -> None:
+    """The move after an unreadable one is replayed from the recorded phase and counters and the
+    conversation the records rebuild: a reactive compaction, which needs two exchanges of history, is
+    still the move the machine makes there."""
+    recs = records(write_scenario(tmp_path / "t.jsonl", "reactive_compact"))
+    ptl = line_of(recs, is_move("reactive_compact_retry"))
+    before = max(i for i, r in enumerate(recs[:ptl - 1], 1) if r["type"] == "transition")
+    recs[before - 1]["event"] = {"type": "no_such_event"}
+    findings = audit(recs)
+    assert [f.line for f in findings if f.code == "bad_event"] == [before]
+    # (the query depth is not restored yet, so a replay_mismatch on `depth` alone may be reported here)
+    at_ptl = [f.message for f in findings if f.line == ptl]
+    assert not [m for m in at_ptl if any(f"{field} " in m for field in ("trigger", "route", "to"))], at_ptl
