@@ -64,7 +64,7 @@ from agentfsm.state import (
     TerminalReason,
     ToolUseContext,
 )
-from agentfsm.trace import PROMPT_KINDS, TRACE_VERSION, RunStarts, SnapshotReader, graph_digest
+from agentfsm.trace import PROMPT_KINDS, TRACE_VERSION, RunStarts, SnapshotReader, graph_digest, transition_snapshots
 
 __all__ = ["AGENTFSM", "CODES", "ERROR", "INFO", "WARNING", "WARNING_CODES", "Coverage", "Finding", "Move",
            "MoveAt", "NotATrace", "Report", "audit", "audit_file", "audit_report", "check_pairs", "check_request",
@@ -180,11 +180,14 @@ def audit_report(path: Path | str, *, limits: Limits | Mapping[str, Any] | None 
             reason_here = rec.get("terminal_reason") if to == _STOP else None
             moves.append(MoveAt(trig, frm, to, line, declared, reason=reason_here,
                                 event=event if isinstance(event, Mapping) else None))
-            if isinstance(rec.get("counters"), Mapping):
-                counters = rec["counters"]
             reason = rec.get("terminal_reason") if to == _STOP else None
         elif rec.get("type") == "result":
             reason = rec.get("terminal_reason", reason)
+    # the counters after the last move, from its full snapshot (format 3 records only what changed)
+    snapshots = transition_snapshots(rec for _, rec in numbered)
+    if snapshots:
+        names = LoopState().counters()
+        counters = {k: v for k, v in snapshots[-1][1].items() if k in names}
     return Report(str(path), AGENTFSM, tuple(moves), reason if isinstance(reason, str) else None, counters,
                   tuple(sorted(findings, key=lambda f: f.line)))
 

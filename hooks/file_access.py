@@ -154,14 +154,15 @@ class PathChecker:
         if found is not None:
             return found
         top = normalise(directory)
-        if not os.path.isdir(top):
-            return self.check(top)
+        # before anything on disk: a directory the access creates (`cp -r src new`) does not exist yet,
+        # and the names it creates below it are not known either way
         for r in self.rules if creating else ():
             assert r.specifier is not None
-            # the names the access creates below `top` are not known: an anchored rule whose paths
-            # lie there may be hit (an unanchored one, such as `.env`, is judged on the walk below)
+            # an anchored rule whose paths lie below `top` may be hit (an unanchored one, such as
+            # `.env`, is judged on the walk below)
             if rule_base(r.specifier, self.cwd, r.root)[2] and _overlaps(rule_root(r.specifier, self.cwd, r.root), top):
                 return AccessDenial(directory, str(r))
+        # (a `top` that is no directory was judged by check_tree above; the walk finds nothing in it)
         seen_dirs: set[str] = set()
         count = 0
         for entry in _walk(top, seen_dirs):

@@ -243,3 +243,14 @@ async def test_a_tool_without_a_file_policy_fails_closed(ws: Path) -> None:
     bare = ToolContext(cwd=ws)
     assert (await ReadTool().validate_input({"file_path": str(ws / "public.txt")}, bare)).denied
     assert (await GlobTool().validate_input({"pattern": "*"}, bare)).denied
+
+
+@pytest.mark.parametrize("command", ["cp -r private copy", "cp -r private existing"])
+async def test_bash_cannot_create_a_denied_file_below_a_directory_new_or_not(ws: Path, command: str) -> None:
+    """A recursive copy creates names below its target that are not known before it runs: a rule for a
+    path there denies it, whether the target directory exists already or the copy creates it."""
+    (ws / "existing").mkdir()
+    r = await call(ws, "bypassPermissions", "Bash", {"command": command},
+                   rules=("Edit(./copy/notes.txt)", "Edit(./existing/notes.txt)"))
+    assert r.is_error and r.permission_denial is not None, text(r)
+    assert not (ws / "copy").exists() and not (ws / "existing" / "notes.txt").exists()

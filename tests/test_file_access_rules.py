@@ -104,10 +104,12 @@ def test_a_walk_checks_exactly_its_budget_and_denies_past_it(tmp_path: Path, mon
 
 
 def test_the_walk_limits_are_the_documented_ones() -> None:
-    """README, "Security": 200 000 entries to find a hard link's other names, 100 000 below a directory."""
-    assert (file_access.HARDLINK_WALK_LIMIT, file_access.WALK_LIMIT) == (200_000, 100_000)
+    """README, "Security": 200 000 entries to find a hard link's other names, 100 000 below a directory,
+    10 000 paths a glob in a command expands to."""
+    assert (file_access.HARDLINK_WALK_LIMIT, file_access.WALK_LIMIT, file_access.GLOB_LIMIT) == \
+        (200_000, 100_000, 10_000)
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "(200 000 and 100 000 entries)" in readme
+    assert "(200 000, 100 000 and 10 000 entries)" in readme
 
 
 @pytest.mark.parametrize("extra", [0, 1])
@@ -269,3 +271,206 @@ def test_the_search_for_linked_denied_files_stops_at_its_budget(tmp_path: Path, 
     monkeypatch.setattr(file_access, "HARDLINK_WALK_LIMIT", 3)
     # nothing is hard-linked: within the budget that is known, past it it is not
     assert PathChecker(tmp_path, deny("./secrets/**")).has_linked_denied() == bool(extra)
+
+
+# --- each rule of the policy on both sides (the survivors of the full mutation run) ----------------
+
+
+def test_the_root_the_home_and_a_slash_inside_anchor_a_pattern(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`//name` is the one file at the filesystem root, `~` alone is the whole home directory, a slash
+    inside a pattern anchors it at the cwd; a trailing slash alone does not (a directory at any depth)."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    monkeypatch.setenv("HOME", str(home))
+    assert path_rule_matches("//x.key", "/x.key", cwd, None)
+    assert not path_rule_matches("//x.key", "/a/x.key", cwd, None)
+    assert path_rule_matches("~", f"{home}/a.txt", cwd, None)
+    assert not path_rule_matches("~", f"{cwd}/a.txt", cwd, None)
+    assert path_rule_matches("sub/a.txt", f"{cwd}/sub/a.txt", cwd, None)
+    assert not path_rule_matches("sub/a.txt", f"{cwd}/x/sub/a.txt", cwd, None)
+    assert path_rule_matches("sub/", f"{cwd}/x/sub/a.txt", cwd, None)
+
+
+def test_a_rules_root_reads_past_empty_and_dot_segments(tmp_path: Path) -> None:
+    assert rule_root("./src//lib/./f.py", tmp_path, None) == str(tmp_path / "src/lib/f.py")
+    assert rule_root("//" + str(tmp_path)[1:] + "/./a/*.py", tmp_path, None) == str(tmp_path / "a")
+
+
+def test_a_path_with_a_leading_double_slash_is_the_same_path(tmp_path: Path) -> None:
+    """POSIX keeps `//` at the start of a path through normpath; it names the same file as `/`."""
+    (tmp_path / "secret").write_text("s")
+    assert file_access.normalise("//" + str(tmp_path)[1:] + "/secret") == str(tmp_path / "secret")
+    found = PathChecker(tmp_path, deny("./secret")).check("//" + str(tmp_path)[1:] + "/secret")
+    assert found is not None and found.rule == "Read(./secret)"
+
+
+def test_without_rules_nothing_is_walked_or_denied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rule, no denial: not even past the walk's budget (there is nothing to look for)."""
+    monkeypatch.setattr(file_access, "WALK_LIMIT", 1)
+    monkeypatch.setattr(file_access, "HARDLINK_WALK_LIMIT", 0)
+    for i in range(3):
+        (tmp_path / f"f{i}").write_text("x")
+    os.link(tmp_path / "f0", tmp_path / "f0-alias")
+    checker = PathChecker(tmp_path, [])
+    assert not checker
+    assert checker.check_below(str(tmp_path)) is None
+    assert checker.check(str(tmp_path / "f0-alias")) is None
+
+
+def test_a_directory_denied_itself_is_reported_under_the_rule_that_names_it(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    found = PathChecker(tmp_path, deny("./d/*", "./d")).check_tree(str(tmp_path / "d"))
+    assert found is not None and found.rule == "Read(./d)"
+    found = PathChecker(tmp_path, deny("./d/*")).check_tree(str(tmp_path / "d"))
+    assert found is not None and found.rule == "Read(./d/*)"
+
+
+def test_creating_below_a_directory_that_does_not_exist_yet_meets_the_rules_there(tmp_path: Path) -> None:
+    """`cp -r src new` creates `new` and the names below it: a rule for a path there denies it, as it does
+    below an existing directory; a rule elsewhere does not."""
+    (tmp_path / "old").mkdir()
+    for target in ("new", "old"):
+        found = PathChecker(tmp_path, deny(f"./{target}/.env")).check_below(str(tmp_path / target), creating=True)
+        assert found is not None and found.rule == f"Read(./{target}/.env)"
+        assert PathChecker(tmp_path, deny(f"./{target}/.env")).check_below(str(tmp_path / target)) is None
+        assert PathChecker(tmp_path, deny("./elsewhere/.env")).check_below(str(tmp_path / target),
+                                                                           creating=True) is None
+
+
+def test_only_a_file_with_other_names_is_searched_for_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file with one name, or a directory, has no other name to find: no search, so no denial for a
+    search that could not finish; a file with two names is denied when the search cannot finish."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "key").write_text("k")
+    (tmp_path / "plain").write_text("p")
+    (tmp_path / "dir").mkdir()
+    monkeypatch.setattr(file_access, "HARDLINK_WALK_LIMIT", 0)
+    assert PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "plain")) is None
+    assert PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "dir")) is None
+    os.link(tmp_path / "plain", tmp_path / "plain2")
+    found = PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "plain"))
+    assert found is not None and "could not all be checked" in found.rule
+
+
+def test_the_hard_link_search_stays_on_the_files_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule whose root is on another file system cannot hold another name of the file: it is skipped
+    (not walked, so it spends none of the budget), and the rules after it are still searched."""
+    if os.stat("/proc").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /proc on a file system of its own")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "key").write_text("k")
+    os.link(secrets / "key", tmp_path / "innocent")
+    monkeypatch.setattr(file_access, "HARDLINK_WALK_LIMIT", 20)
+    found = PathChecker(tmp_path, deny("//proc/**", "./secrets/**")).check(str(tmp_path / "innocent"))
+    assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
+
+
+def test_the_hard_link_search_does_not_follow_links_out_of_a_rules_root(tmp_path: Path) -> None:
+    """What a symlink inside a denied directory points to is not denied by the rule (only the names
+    below the directory are): another name of that file is not denied either."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "f").write_text("f")
+    os.link(tmp_path / "elsewhere" / "f", tmp_path / "elsewhere" / "g")
+    (tmp_path / "secrets" / "link").symlink_to(tmp_path / "elsewhere")
+    checker = PathChecker(tmp_path, deny("./secrets/**"))
+    assert checker.check(str(tmp_path / "secrets" / "link" / "f")) is not None
+    assert PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "elsewhere" / "g")) is None
+
+
+def test_the_hard_link_search_indexes_only_the_files_a_rule_denies(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "ok.txt").write_text("o")
+    (tmp_path / "d" / "a.key").write_text("k")
+    os.link(tmp_path / "d" / "ok.txt", tmp_path / "ok-alias")
+    os.link(tmp_path / "d" / "a.key", tmp_path / "key-alias")
+    assert PathChecker(tmp_path, deny("./d/*.key")).check(str(tmp_path / "ok-alias")) is None
+    found = PathChecker(tmp_path, deny("./d/*.key")).check(str(tmp_path / "key-alias"))
+    assert found is not None and found.through_link
+
+
+def test_the_hard_link_search_goes_on_past_an_entry_that_vanished(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry gone between listing and stat is skipped, and the rest of the rule's directory (here
+    a subdirectory, always walked after it) is still searched."""
+    secrets = tmp_path / "secrets"
+    (secrets / "sub").mkdir(parents=True)
+    (secrets / "gone").write_text("g")
+    (secrets / "sub" / "key").write_text("k")
+    os.link(secrets / "sub" / "key", tmp_path / "innocent")
+    real_lstat = os.lstat
+
+    def vanishing(path: object, *args: object, **kw: object) -> os.stat_result:
+        if str(path).endswith("gone"):
+            raise FileNotFoundError(path)
+        return real_lstat(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(file_access.os, "lstat", vanishing)
+    found = PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "innocent"))
+    assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
+
+
+class _Unstatable:
+    """A directory entry whose type cannot be read (as os.DirEntry.is_dir may fail)."""
+
+    def __init__(self, entry: os.DirEntry[str]) -> None:
+        self.path, self.name = entry.path, entry.name
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        raise PermissionError(self.path)
+
+
+@pytest.mark.parametrize("trouble", ["unlistable", "unstatable"])
+def test_a_walk_goes_on_past_what_it_cannot_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 trouble: str) -> None:
+    """A directory that cannot be listed, or an entry whose type cannot be read, is skipped; the rest of
+    the walk still decides. (Listings are sorted here so the trouble always comes first.)"""
+    top = tmp_path / "top"
+    (top / "a-trouble").mkdir(parents=True)
+    (top / "b-deep").mkdir()
+    (top / "b-deep" / "key").write_text("k")
+    real_scandir = os.scandir
+
+    def scandir(path: str) -> list[object]:
+        if trouble == "unlistable" and path.endswith("a-trouble"):
+            raise PermissionError(path)
+        entries = sorted(real_scandir(path), key=lambda e: e.name, reverse=trouble == "unlistable")
+        return [_Unstatable(e) if trouble == "unstatable" and e.name == "a-trouble" else e for e in entries]
+
+    monkeypatch.setattr(file_access.os, "scandir", scandir)
+    found = PathChecker(tmp_path, deny("./top/b-deep/key")).check_below(str(top))
+    assert found is not None and found.rule == "Read(./top/b-deep/key)"
+
+
+def test_a_walk_below_a_directory_enters_its_symlinked_directories(tmp_path: Path) -> None:
+    """A file reached through a symlinked directory is judged as what it is."""
+    (tmp_path / "top").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.key").write_text("k")
+    (tmp_path / "top" / "link").symlink_to(tmp_path / "outside")
+    rule = "/" + str(tmp_path / "outside" / "secret.key")
+    found = PathChecker(tmp_path, deny(rule)).check_below(str(tmp_path / "top"))
+    assert found is not None and found.through_link and found.rule == f"Read({rule})"
+
+
+def test_a_glob_expands_to_dotfiles_too(tmp_path: Path) -> None:
+    """Safer to check more: `*` is expanded with the dotfiles (bash's dotglob)."""
+    (tmp_path / ".env").write_text("e")
+    (tmp_path / "a").write_text("a")
+    assert sorted(file_access.expand_glob(str(tmp_path / "*")) or ()) == [str(tmp_path / ".env"), str(tmp_path / "a")]
+
+
+@pytest.mark.parametrize("error", [OSError, ValueError])
+def test_a_glob_that_cannot_be_expanded_is_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   error: type[Exception]) -> None:
+    def failing(*_args: object, **_kw: object) -> list[str]:
+        raise error("cannot")
+
+    monkeypatch.setattr(file_access.wcglob, "iglob", failing)
+    assert file_access.expand_glob(str(tmp_path / "*")) is None
+
+
+def test_an_unmatched_glob_is_unescaped_to_its_last_character(tmp_path: Path) -> None:
+    """An escape at the end takes the last character; a lone backslash at the end stays."""
+    assert file_access.expand_glob(str(tmp_path / "x\\*")) == [str(tmp_path / "x*")]
+    assert file_access.expand_glob(str(tmp_path / "x\\")) == [str(tmp_path / "x\\")]

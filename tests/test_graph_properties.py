@@ -878,7 +878,7 @@ def test_a_loop_machine_is_released_once() -> None:
     with graph.LoopMachine(base(A)) as m:
         assert m.phase is A and m.state.phase is A
         assert graph.MACHINE.models == before
-    assert graph.MACHINE.models == before
+    assert graph.MACHINE.models == before == []
 
 
 def test_a_refused_move_leaves_the_loop_where_it_was() -> None:
@@ -1121,3 +1121,44 @@ def test_following_the_edge_the_machine_chose_is_the_move_it_made(data: st.DataO
         assert (followed.route, followed.notices) == (step.route, step.notices)
         assert observable(followed.state) == observable(step.state)
 
+
+
+def _noop(_ed: Any) -> None:
+    return None
+
+
+def _tiny_machine(**machine_kw: Any) -> Any:
+    from transitions import Machine
+
+    return Machine(model=None, states=["a", "b"], initial="a", auto_transitions=False, send_event=True, **machine_kw)
+
+
+@pytest.mark.parametrize("extra", ["prepare", "after", "unless", "on_enter", "after_state_change"])
+def test_the_firing_table_refuses_a_machine_using_what_the_loops_firing_skips(extra: str) -> None:
+    """A loop walks MACHINE's transition lists itself and runs only conditions and `before` callbacks:
+    a machine with anything else (a prepare or after callback, an `unless` condition, a state's or the
+    machine's own callbacks) is refused at import rather than half run."""
+    plain = _tiny_machine()
+    plain.add_transition("go", "a", "b", conditions=[lambda _ed: True], before=[_noop])
+    ((conditions, befores, dest),) = graph._firing_table(plain)[("go", "a")]
+    assert (len(conditions), len(befores), dest) == (1, 1, "b")
+    m = _tiny_machine(**({"after_state_change": [_noop]} if extra == "after_state_change" else {}))
+    m.add_transition("go", "a", "b", conditions=[lambda _ed: True],
+                     **({extra: [_noop]} if extra in ("prepare", "after", "unless") else {}))
+    if extra == "on_enter":
+        m.get_state("b").add_callback("enter", _noop)
+    with pytest.raises(ImportError):
+        graph._firing_table(m)
+
+
+def test_following_an_edge_whose_effect_cannot_apply_gives_none() -> None:
+    """The auditor follows a recorded edge through its route's own effect; where that effect cannot apply
+    to the event (a reactive compaction without a compaction, a cut-off tool_use without its results),
+    there is no such move — None, not an exception."""
+    lim = Limits()
+    ptl = CallFailed(ModelError("prompt_too_long", "prompt is too long", 400), compaction=None)
+    assert graph.follow(base(C), ptl, lim, "reactive_compact_retry") is None
+    cut = Message("assistant", ({"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}},), kind="assistant")
+    assert graph.follow(base(S), Aborted(cut, None), lim, "abort") is None
+    step = graph.follow(base(S), Aborted(), lim, "abort")
+    assert step is not None and step.trigger == "abort" and step.state.phase is X

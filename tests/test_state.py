@@ -8,6 +8,7 @@ contract cannot drift apart silently in either direction.
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ from agentfsm.state import (
     Phase,
     QueryTracking,
     TerminalReason,
+    appended,
+    new_id,
+    set_id_source,
 )
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "behaviour.md").read_text()
@@ -269,3 +273,33 @@ def test_a_fresh_state_starts_at_the_first_turn() -> None:
     assert s.compact_tracking == CompactTracking(None, 0, 0, 0, 0)
     assert (s.snapshot()["turns_since_compact"], s.snapshot()["compactions"]) == (0, 0)
     assert QueryTracking().chain_id != QueryTracking().chain_id and len(QueryTracking().chain_id) == 16
+
+
+_MESSAGES = st.builds(Message, st.sampled_from(["user", "assistant"]), st.sampled_from(["a", "b"]))
+
+
+@given(old=st.lists(_MESSAGES, max_size=4).map(tuple), extra=st.lists(_MESSAGES, max_size=3).map(tuple),
+       data=st.data())
+def test_appended_means_the_old_conversation_is_kept_as_it_was(old: tuple[Message, ...], extra: tuple[Message, ...],
+                                                                data: st.DataObject) -> None:
+    """A trace records the messages a move added only when the move kept every earlier one: nothing added
+    (the same length) is still appended; a shorter or rewritten history, however long, is not."""
+    assert appended(old, old + extra)
+    if old:
+        assert not appended(old, old[:-1])
+        i = data.draw(st.integers(0, len(old) - 1))
+        other = attrs.evolve(old[i], uuid=old[i].uuid + "'")
+        assert not appended(old, (*old[:i], other, *old[i + 1:], *extra))
+
+
+def test_ids_come_from_the_installed_source_and_uuid4_again_after_none() -> None:
+    """A replaying host (Temporal) installs its own id source; None puts the random one back."""
+    fixed = iter(uuid.UUID(int=n) for n in range(1, 100))
+    set_id_source(lambda: next(fixed))
+    try:
+        assert new_id() == uuid.UUID(int=1)
+        assert Message("user", "x").uuid == str(uuid.UUID(int=2))
+    finally:
+        set_id_source(None)
+    a, b = new_id(), new_id()
+    assert isinstance(a, uuid.UUID) and a.version == 4 and a != b
