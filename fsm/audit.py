@@ -447,6 +447,7 @@ class _Auditor:
                 self.add(line, "missing_event", f"{what} records no event, and the machine had no move of its own "
                                                 "to make here")
                 self.replay = None
+                self._last_snapshot = snap
                 return
             step = self.expected.pop(0)
             before = self.replay
@@ -459,12 +460,14 @@ class _Auditor:
             if not isinstance(event_rec, Mapping) or limits is None:
                 self.add(line, "bad_event", f"{what}: the event record or the session's limits cannot be read")
                 self.replay = None
+                self._last_snapshot = snap
                 return
             try:
                 event = from_record(event_rec)
             except EventRecordError as exc:
                 self.add(line, "bad_event", f"{what}: {exc}")
                 self.replay = None
+                self._last_snapshot = snap
                 return
             state = before = self._state_before(rec)
             try:
@@ -473,6 +476,7 @@ class _Auditor:
                 self.add(line, "undeclared_move", f"{what}: the machine refuses {event_rec.get('type')} in "
                                                   f"{state.phase.value}: {exc}")
                 self.replay = None
+                self._last_snapshot = snap
                 return
             step, self.expected = steps[0], list(steps[1:])
         self._compare(line, what, rec, snap, step)
@@ -620,8 +624,12 @@ def _restore(state: LoopState, phase: str, snap: Mapping[str, Any]) -> LoopState
         rapid_refill_count=int(snap.get("rapid_refill_count", 0) or 0),
         turns_since_compact=int(snap.get("turns_since_compact", 0) or 0),
         compactions=int(snap.get("compactions", 0) or 0))
+    depth = snap.get("depth")
+    query = state.query_tracking
+    if isinstance(depth, int) and not isinstance(depth, bool):
+        query = attrs.evolve(query, depth=depth)
     try:
-        return attrs.evolve(state, compact_tracking=tracking, **fields)
+        return attrs.evolve(state, compact_tracking=tracking, query_tracking=query, **fields)
     except (TypeError, ValueError):
         return state
 
