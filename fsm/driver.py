@@ -313,18 +313,67 @@ class Driver:
         then cancel it, let it unwind, and raise :class:`_Stopped`. With ``stop_wins`` a stop also
         wins over work that ended at the same moment (a fast stream must not run on to its end past a
         cancellation); without it, work that is done counts (a response that has started is taken)."""
-        task = asyncio.ensure_future(work)
         stop = self._abort_fut if hard else self._stop_fut
         assert stop is not None, "the driver waits only while a run is armed"
+        current = asyncio.current_task()
+        if stop.done() or current is None or not asyncio.iscoroutine(work):
+            return await self._until_stopped_in_task(work, stop, stop_wins)
+        # The work is awaited in this task, directly: no task per wait (three a model turn, each a
+        # task, its scheduling and its wake-up). A stop cuts it by cancelling this task from a
+        # callback on the stop's future; the CancelledError unwinds the work where it waits, and the
+        # cancellation is taken back (uncancel) once it did, so only a cancel from outside this
+        # driver goes on as one.
+        cut = False
+        waiting = True
+
+        def on_stop(_fut: asyncio.Future[None]) -> None:
+            nonlocal cut
+            if waiting:  # a callback already scheduled when the wait ended must not cut what follows
+                cut = True
+                current.cancel()
+
+        stop.add_done_callback(on_stop)
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if not cut:
+                raise  # this wait itself was cancelled (the work with it)
+            # from here on the task's own count says whether anyone else cancelled it too
+            self._take_back(current)
+            raise _Stopped from None
+        except Exception:
+            if cut:
+                self._take_back(current)
+                raise _Stopped from None  # a failure racing the stop is moot
+            if stop_wins and stop.done():
+                raise _Stopped from None
+            raise
+        finally:
+            waiting = False
+            stop.remove_done_callback(on_stop)
+        if cut:
+            self._take_back(current)  # the work swallowed the cancellation and finished
+        if cut or (stop_wins and stop.done()):
+            raise _Stopped  # the stop came first, or with the work's end and wins
+        return result
+
+    @staticmethod
+    def _take_back(current: asyncio.Task[Any]) -> None:
+        """Undo the cancellation a stop made of ``current``; a cancellation from outside (the task's
+        count still above zero) goes on as one."""
+        if current.uncancel() > 0:
+            raise asyncio.CancelledError
+
+    async def _until_stopped_in_task(self, work: Awaitable[T], stop: asyncio.Future[None], stop_wins: bool) -> T:
+        """:meth:`_until_stopped` for work that is not a coroutine (or a stop already made): the work
+        in a task of its own, cancelled from a callback on the stop's future."""
+        task = asyncio.ensure_future(work)
         if stop.done():
             task.cancel()
             await asyncio.wait({task})
             if not task.cancelled():
                 task.exception()  # retrieved: moot
             raise _Stopped
-        # The stop cancels the work from a callback on its future, and the work is awaited once: no
-        # racing asyncio.wait, whose waiter future and callbacks on both sides were half the cost of
-        # a call (three calls a model turn).
         cut = False
 
         def on_stop(_fut: asyncio.Future[None]) -> None:
@@ -613,20 +662,17 @@ class Driver:
         interrupted = self._stopping()
         if interrupted:
             executor.interrupt()
-        remaining = asyncio.ensure_future(executor.remaining())
+        # executor.remaining() only waits on the batch (cancelling the wait cancels no call) and can
+        # be awaited again: a stop cuts the waiting, the calls go on or are cancelled by the executor
         try:
-            try:
-                results = await self._until_stopped(_shielded(remaining), hard=interrupted)
-            except _Stopped:
-                if self._stopping(hard=True):
-                    raise
-                # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
-                interrupted = True
-                executor.interrupt()
-                results = await self._until_stopped(_shielded(remaining), hard=True)
-        finally:
-            if not remaining.done():
-                remaining.cancel()
+            results = await self._until_stopped(executor.remaining(), hard=interrupted)
+        except _Stopped:
+            if self._stopping(hard=True):
+                raise
+            # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
+            interrupted = True
+            executor.interrupt()
+            results = await self._until_stopped(executor.remaining(), hard=True)
         for r in results:
             self._emit_result(r.block)
         # an interrupt raised by the batch's last call itself (a permission callback's deny with
@@ -725,8 +771,3 @@ class Driver:
             except (RuntimeError, ModelCallError):  # closing a generator mid-iteration
                 self.log.debug("model.stream_close_failed")
 
-
-async def _shielded(fut: asyncio.Future[T]) -> T:
-    """Await ``fut`` without cancelling it when this wait is cancelled (a stop may only cancel the
-    waiting, the batch goes on or is cancelled by whoever owns it)."""
-    return await asyncio.shield(fut)
