@@ -229,6 +229,7 @@ class Driver:
         if self._setup_error is not None:
             setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
         else:
+            self._before_hooks("UserPromptSubmit")
             first, setup_failure, erased = phases.prompt_verdict(first, await self.hooks.user_prompt_submit(text))
         # the prompt record marks where this run starts in the file (before anything the run
         # writes); an erased one is recorded as such, and resume leaves it out of the history
@@ -302,6 +303,14 @@ class Driver:
             self._executor.abort("discarded")
             self._discarded.append(self._executor)
             self._executor = None
+
+    def _before_hooks(self, event: str) -> None:
+        """A hook may read the session file (its ``transcript_path``): what the loop wrote is flushed
+        before the hook starts (a command hook is started before this task next waits). Skipped only
+        when the hooks say none is configured for the event; hooks that cannot say get the flush."""
+        has_hooks = getattr(self.hooks, "has_hooks", None)
+        if has_hooks is None or has_hooks(event):
+            self.trace.flush()
 
     def _stopping(self, *, hard: bool = False) -> bool:
         """The run is being stopped: aborted (anything may set the abort signal, tools included), or,
@@ -435,6 +444,7 @@ class Driver:
         tokens = self._estimate(state.messages)
         if not graph.should_auto_compact(state, tokens, self.limits):
             return Assembled()
+        self._before_hooks("PreCompact")
         await self.hooks.pre_compact("auto", None)
         self.log.info("compact.start", trigger="auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
         compaction = await compact(self.client, model=self._model(state), system=self.system,
@@ -529,6 +539,7 @@ class Driver:
         compaction = None
         if phases.wants_reactive_compact(state, error):
             # held back from the user: only a failed compaction lets the error through
+            self._before_hooks("PreCompact")
             await self.hooks.pre_compact("auto", None)
             self.log.info("compact.start", trigger="reactive", error=error.message)
             compaction = await compact(self.client, model=self._model(state), system=self.system,
@@ -649,7 +660,10 @@ class Driver:
         assistant = asm.finish().as_message()
         ordered = phases.in_model_order(assistant, results)
         phases.account_batch(self.account, ordered)
-        post = None if interrupted else await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
+        post = None
+        if not interrupted:
+            self._before_hooks("PostToolBatch")
+            post = await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
         return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post,
                                     context_layers=executor.context_layers())
 
@@ -707,6 +721,7 @@ class Driver:
     async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn: they may block (re-enter) or prevent the
         end. A stop while they run lets the end stand."""
+        self._before_hooks("Stop")
         try:
             outcome = await self._until_stopped(self.hooks.stop(phases.last_assistant_text(state.messages),
                                                                 state.stop_hook_active))
