@@ -9,6 +9,7 @@ submission, compaction, session start and end).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -144,7 +145,7 @@ class HookGate:
         event the answer is the runner's own answer when nothing matches, without building the
         record (a tool call passes three hook points; most sessions configure none of them)."""
         if not self.runner.has_hooks(event):
-            return HookRunResult(event=event)
+            return _nothing_ran(event)
         return await self.runner.run(make())
 
     # -- ToolGate -------------------------------------------------------------------------------
@@ -189,7 +190,9 @@ class HookGate:
 
     def _log_permission(self, tool: Tool, outcome: PermissionOutcome, start: float) -> PermissionOutcome:
         ms = (time.perf_counter() - start) * 1000
-        outcome = attrs.evolve(outcome, permission_ms=ms)
+        # every field of the record, built directly (attrs.evolve inspects the class on each call)
+        outcome = PermissionOutcome(outcome.behavior, outcome.reason, outcome.updated_input, outcome.rule,
+                                    permission_ms=ms)
         log.info("permission", tool=tool.name, behavior=outcome.behavior, rule=outcome.rule,
                  permission_mode=self.policy.mode, permission_ms=round(ms, 2), session_id=self.session_id)
         return outcome
@@ -259,6 +262,18 @@ class HookGate:
     async def session_end(self, reason: str = "other") -> EventOutcome:
         res = await self._run_event(HookEvent.SESSION_END, lambda: SessionEndInput(**self._common(), reason=reason))
         return _event_outcome(res)
+
+
+# _log_permission rebuilds a PermissionOutcome field by field: a field added to it must be added there
+if tuple(f.name for f in attrs.fields(PermissionOutcome)) != (
+        "behavior", "reason", "updated_input", "rule", "permission_ms"):  # pragma: no cover
+    raise ImportError("agentfsm.hooks.gate: PermissionOutcome's fields changed; update _log_permission")
+
+
+@functools.cache
+def _nothing_ran(event: str) -> HookRunResult:
+    """The answer when no hook of ``event`` ran (a frozen record: one per event is enough)."""
+    return HookRunResult(event=event)
 
 
 def _stop_outcome(res: HookRunResult) -> StopOutcome:
