@@ -57,7 +57,7 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - no advisory locks on this platform
     fcntl = None  # type: ignore[assignment]
-from agentfsm.state import Limits, LoopState, Message, appended
+from agentfsm.state import SNAPSHOT_KEYS, Limits, LoopState, Message, appended, snapshot_json
 from agentfsm.textsafe import json_line
 
 # 1: transitions without events (audited structurally); 2: events and full snapshots (replayed);
@@ -115,8 +115,8 @@ class TraceWriter:
         self.path = path
         self._seq = seq
         self._chain: str | None = None
-        self._snap_of: Any = None  # the state whose snapshot _snap is
-        self._snap: dict[str, Any] = {}
+        self._snap_of: Any = None  # the state whose snapshot values _snap are
+        self._snap: tuple[Any, ...] = ()
         self._fh: IO[str] | None = None
         self._sink = sink
         self._clock = clock
@@ -200,11 +200,12 @@ class TraceWriter:
         if not step.automatic:
             rec["event"] = to_record(event)
         # the previous step's snapshot is this step's "before": computed once per state
-        was = self._snap if self._snap_of is before else before.snapshot()
-        now = after.snapshot()
+        was = self._snap if self._snap_of is before else before.snapshot_values()
+        now = after.snapshot_values()
         self._snap_of, self._snap = after, now
         rec["turn"] = after.turn_count
-        rec["changed"] = {k: v for k, v in now.items() if was.get(k) != v}
+        # the snapshot fields whose values differ (enum members differ exactly when their values do)
+        rec["changed"] = {k: snapshot_json(v) for k, a, v in zip(SNAPSHOT_KEYS, was, now, strict=True) if a != v}
         if after.terminal_reason is not None:
             rec["terminal_reason"] = after.terminal_reason.value
         chain = after.query_tracking.chain_id
