@@ -475,7 +475,8 @@ class Driver:
         self._asm = None
         pending = self.queue.pending
         sent = tuple(item.as_attachment() for item in pending)
-        outgoing = (*state.messages, *sent)
+        # the history itself when nothing is queued (no copy of the message tuple per request)
+        outgoing = (*state.messages, *sent) if sent else state.messages
         background = self.should_stop_before_next_call(state) if self.should_stop_before_next_call else None
         refused = graph.preflight_refusal(background=background, cost_usd=self.account.cost_usd,
                                           tokens=self._estimate(outgoing), limits=self.limits)
