@@ -230,6 +230,7 @@ class Driver:
         if self._setup_error is not None:
             setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
         else:
+            self._before_hooks("UserPromptSubmit")
             first, setup_failure, erased = phases.prompt_verdict(first, await self.hooks.user_prompt_submit(text))
         # the prompt record marks where this run starts in the file (before anything the run
         # writes); an erased one is recorded as such, and resume leaves it out of the history
@@ -304,6 +305,14 @@ class Driver:
             self._discarded.append(self._executor)
             self._executor = None
 
+    def _before_hooks(self, event: str) -> None:
+        """A hook may read the session file (its ``transcript_path``): what the loop wrote is flushed
+        before the hook starts (a command hook is started before this task next waits). Skipped only
+        when the hooks say none is configured for the event; hooks that cannot say get the flush."""
+        has_hooks = getattr(self.hooks, "has_hooks", None)
+        if has_hooks is None or has_hooks(event):
+            self.trace.flush()
+
     def _stopping(self, *, hard: bool = False) -> bool:
         """The run is being stopped: aborted (anything may set the abort signal, tools included), or,
         unless ``hard``, interrupted by the user."""
@@ -314,18 +323,67 @@ class Driver:
         then cancel it, let it unwind, and raise :class:`_Stopped`. With ``stop_wins`` a stop also
         wins over work that ended at the same moment (a fast stream must not run on to its end past a
         cancellation); without it, work that is done counts (a response that has started is taken)."""
-        task = asyncio.ensure_future(work)
         stop = self._abort_fut if hard else self._stop_fut
         assert stop is not None, "the driver waits only while a run is armed"
+        current = asyncio.current_task()
+        if stop.done() or current is None or not asyncio.iscoroutine(work):
+            return await self._until_stopped_in_task(work, stop, stop_wins)
+        # The work is awaited in this task, directly: no task per wait (three a model turn, each a
+        # task, its scheduling and its wake-up). A stop cuts it by cancelling this task from a
+        # callback on the stop's future; the CancelledError unwinds the work where it waits, and the
+        # cancellation is taken back (uncancel) once it did, so only a cancel from outside this
+        # driver goes on as one.
+        cut = False
+        waiting = True
+
+        def on_stop(_fut: asyncio.Future[None]) -> None:
+            nonlocal cut
+            if waiting:  # a callback already scheduled when the wait ended must not cut what follows
+                cut = True
+                current.cancel()
+
+        stop.add_done_callback(on_stop)
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if not cut:
+                raise  # this wait itself was cancelled (the work with it)
+            # from here on the task's own count says whether anyone else cancelled it too
+            self._take_back(current)
+            raise _Stopped from None
+        except Exception:
+            if cut:
+                self._take_back(current)
+                raise _Stopped from None  # a failure racing the stop is moot
+            if stop_wins and stop.done():
+                raise _Stopped from None
+            raise
+        finally:
+            waiting = False
+            stop.remove_done_callback(on_stop)
+        if cut:
+            self._take_back(current)  # the work swallowed the cancellation and finished
+        if cut or (stop_wins and stop.done()):
+            raise _Stopped  # the stop came first, or with the work's end and wins
+        return result
+
+    @staticmethod
+    def _take_back(current: asyncio.Task[Any]) -> None:
+        """Undo the cancellation a stop made of ``current``; a cancellation from outside (the task's
+        count still above zero) goes on as one."""
+        if current.uncancel() > 0:
+            raise asyncio.CancelledError
+
+    async def _until_stopped_in_task(self, work: Awaitable[T], stop: asyncio.Future[None], stop_wins: bool) -> T:
+        """:meth:`_until_stopped` for work that is not a coroutine (or a stop already made): the work
+        in a task of its own, cancelled from a callback on the stop's future."""
+        task = asyncio.ensure_future(work)
         if stop.done():
             task.cancel()
             await asyncio.wait({task})
             if not task.cancelled():
                 task.exception()  # retrieved: moot
             raise _Stopped
-        # The stop cancels the work from a callback on its future, and the work is awaited once: no
-        # racing asyncio.wait, whose waiter future and callbacks on both sides were half the cost of
-        # a call (three calls a model turn).
         cut = False
 
         def on_stop(_fut: asyncio.Future[None]) -> None:
@@ -387,6 +445,7 @@ class Driver:
         tokens = self._estimate(state.messages)
         if not graph.should_auto_compact(state, tokens, self.limits):
             return Assembled()
+        self._before_hooks("PreCompact")
         await self.hooks.pre_compact("auto", None)
         self.log.info("compact.start", trigger="auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
         compaction = await compact(self.client, model=self._model(state), system=self.system,
@@ -417,7 +476,8 @@ class Driver:
         self._asm = None
         pending = self.queue.pending
         sent = tuple(item.as_attachment() for item in pending)
-        outgoing = (*state.messages, *sent)
+        # the history itself when nothing is queued (no copy of the message tuple per request)
+        outgoing = (*state.messages, *sent) if sent else state.messages
         background = self.should_stop_before_next_call(state) if self.should_stop_before_next_call else None
         refused = graph.preflight_refusal(background=background, cost_usd=self.account.cost_usd,
                                           tokens=self._estimate(outgoing), limits=self.limits)
@@ -485,6 +545,7 @@ class Driver:
         compaction = None
         if phases.wants_reactive_compact(state, error):
             # held back from the user: only a failed compaction lets the error through
+            self._before_hooks("PreCompact")
             await self.hooks.pre_compact("auto", None)
             self.log.info("compact.start", trigger="reactive", error=error.message)
             compaction = await compact(self.client, model=self._model(state), system=self.system,
@@ -609,7 +670,10 @@ class Driver:
         assistant = asm.finish().as_message()
         ordered = phases.in_model_order(assistant, results)
         phases.account_batch(self.account, ordered)
-        post = None if interrupted else await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
+        post = None
+        if not interrupted:
+            self._before_hooks("PostToolBatch")
+            post = await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
         return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post,
                                     context_layers=executor.context_layers())
 
@@ -622,20 +686,17 @@ class Driver:
         interrupted = self._stopping()
         if interrupted:
             executor.interrupt()
-        remaining = asyncio.ensure_future(executor.remaining())
+        # executor.remaining() only waits on the batch (cancelling the wait cancels no call) and can
+        # be awaited again: a stop cuts the waiting, the calls go on or are cancelled by the executor
         try:
-            try:
-                results = await self._until_stopped(_shielded(remaining), hard=interrupted)
-            except _Stopped:
-                if self._stopping(hard=True):
-                    raise
-                # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
-                interrupted = True
-                executor.interrupt()
-                results = await self._until_stopped(_shielded(remaining), hard=True)
-        finally:
-            if not remaining.done():
-                remaining.cancel()
+            results = await self._until_stopped(executor.remaining(), hard=interrupted)
+        except _Stopped:
+            if self._stopping(hard=True):
+                raise
+            # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
+            interrupted = True
+            executor.interrupt()
+            results = await self._until_stopped(executor.remaining(), hard=True)
         for r in results:
             self._emit_result(r.block)
         # an interrupt raised by the batch's last call itself (a permission callback's deny with
@@ -670,6 +731,7 @@ class Driver:
     async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn: they may block (re-enter) or prevent the
         end. A stop while they run lets the end stand."""
+        self._before_hooks("Stop")
         try:
             outcome = await self._until_stopped(self.hooks.stop(phases.last_assistant_text(state.messages),
                                                                 state.stop_hook_active))
@@ -734,8 +796,3 @@ class Driver:
             except (RuntimeError, ModelCallError):  # closing a generator mid-iteration
                 self.log.debug("model.stream_close_failed")
 
-
-async def _shielded(fut: asyncio.Future[T]) -> T:
-    """Await ``fut`` without cancelling it when this wait is cancelled (a stop may only cancel the
-    waiting, the batch goes on or is cancelled by whoever owns it)."""
-    return await asyncio.shield(fut)

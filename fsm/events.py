@@ -8,6 +8,7 @@ guards read; the contents themselves are in the file's ``message`` records.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -241,21 +242,31 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _is_default(field: Any, value: Any) -> bool:
-    default = field.default
-    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
-        default = default.factory()
-    return default is not attrs.NOTHING and value == default
+_NO_DEFAULT = object()
+
+
+@functools.cache
+def _fields_and_defaults(kind: type) -> tuple[tuple[str, Any], ...]:
+    """Each field of an event class with its default (a factory's product, made once: the factories
+    of events make empty containers, compared by value), or a marker when it has none."""
+    out = []
+    for field in attrs.fields(kind):
+        default = field.default
+        if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
+            default = default.factory()
+        out.append((field.name, _NO_DEFAULT if default is attrs.NOTHING else default))
+    return tuple(out)
 
 
 def to_record(event: Event) -> dict[str, Any]:
     """The session-file form of an event: ``{"type": <event name>, <field>: <value>…}``; fields at
     their default are left out (a reader gets the default back)."""
-    rec: dict[str, Any] = {"type": type(event).__name__}
-    for field in attrs.fields(type(event)):
-        value = getattr(event, field.name)
-        if not _is_default(field, value):
-            rec[field.name] = _encode(value)
+    kind = type(event)
+    rec: dict[str, Any] = {"type": kind.__name__}
+    for name, default in _fields_and_defaults(kind):
+        value = getattr(event, name)
+        if default is _NO_DEFAULT or not value == default:
+            rec[name] = _encode(value)
     return rec
 
 

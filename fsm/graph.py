@@ -22,6 +22,7 @@ reached fails loudly.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -841,17 +842,24 @@ def _next_state(state: LoopState, route: Route, event: Any, limits: Limits) -> L
         if reason not in edge.reasons:
             raise UndeclaredMove(f"{route.edge} cannot end the loop with {reason!r}")
     changes["phase"] = edge.dest
-    for name in _STATE_FIELDS:
-        if name not in changes:
-            changes[name] = getattr(state, name)
-    return LoopState(**changes)
+    # attrs.evolve for the loop state, once per move: every field's value fetched in one call, the
+    # changed ones put in place, the record built from positional arguments
+    values = list(_state_values(state))
+    for name, value in changes.items():
+        i = _STATE_INDEX.get(name)
+        if i is None:  # what LoopState(**changes) raised for a field it does not have
+            raise TypeError(f"LoopState.__init__() got an unexpected keyword argument {name!r}")
+        values[i] = value
+    return LoopState(*values)
 
 
-# attrs.evolve for the loop state, once per move: its field names looked up once (every LoopState
-# field is an init argument under its own name, checked here) instead of per call
+# Every LoopState field is a positional init argument under its own name, in declaration order
+# (checked here), so the values in that order build the record.
 _STATE_FIELDS = tuple(f.name for f in attrs.fields(LoopState))
-if not all(f.init and f.alias == f.name for f in attrs.fields(LoopState)):  # pragma: no cover
-    raise ImportError("agentfsm.graph: a LoopState field is not an init argument of its own name")
+if not all(f.init and f.alias == f.name and not f.kw_only for f in attrs.fields(LoopState)):  # pragma: no cover
+    raise ImportError("agentfsm.graph: a LoopState field is not a positional init argument of its own name")
+_STATE_INDEX = {name: i for i, name in enumerate(_STATE_FIELDS)}
+_state_values = operator.attrgetter(*_STATE_FIELDS)
 
 
 # --- the runtime machine -----------------------------------------------------------------------

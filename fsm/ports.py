@@ -208,6 +208,9 @@ class SessionHooks(LoopHooks, Protocol):
 class NoHooks:
     """Runs no hooks: every answer is "go on". An explicit choice, like :class:`AllowAllGate`."""
 
+    def has_hooks(self, event: str) -> bool:
+        return False
+
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
         return PromptOutcome()
 

@@ -8,6 +8,7 @@ that is what is sent, compared and resumed; the ``kind`` tag says where a messag
 from __future__ import annotations
 
 import enum
+import operator
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -293,17 +294,47 @@ class LoopState:
     def snapshot(self) -> dict[str, Any]:
         """Every field the machine decides, as JSON (messages and the tool context aside): what a
         trace records after each move and the auditor compares with its own replay."""
-        t = self.compact_tracking
-        return {
-            "phase": self.phase.value,
-            **self.counters(),
-            "stop_hooks_due": self.stop_hooks_due,
-            "transition": self.transition,
-            "terminal_reason": self.terminal_reason.value if self.terminal_reason else None,
-            "turns_since_compact": t.turns_since_compact,
-            "compactions": t.compactions,
-            "depth": self.query_tracking.depth,
-        }
+        return {k: snapshot_json(v) for k, v in zip(SNAPSHOT_KEYS, self.snapshot_values(), strict=True)}
+
+    def snapshot_values(self) -> tuple[Any, ...]:
+        """The snapshot's values in :data:`SNAPSHOT_KEYS` order, as the state holds them (phase and
+        terminal reason as enum members; :func:`snapshot_json` makes them JSON): fetched in one
+        call, so a writer comparing two states' snapshots builds no dict for either."""
+        return _snapshot_values(self)
+
+
+# The snapshot: its keys in order, and where each value is in the state (the counters() keys in
+# their order, between phase and stop_hooks_due).
+_SNAPSHOT_PATHS: tuple[tuple[str, str], ...] = (
+    ("phase", "phase"),
+    ("turn_count", "turn_count"),
+    ("max_output_tokens_recovery_count", "max_output_tokens_recovery_count"),
+    ("malformed_tool_use_retry_count", "malformed_tool_use_retry_count"),
+    ("structured_output_retry_count", "structured_output_retry_count"),
+    ("stream_retry_count", "stream_retry_count"),
+    ("model_index", "model_index"),
+    ("has_attempted_reactive_compact", "has_attempted_reactive_compact"),
+    ("thinking_only_nudged", "thinking_only_nudged"),
+    ("empty_response_nudged", "empty_response_nudged"),
+    ("non_streaming", "non_streaming"),
+    ("stop_hook_active", "stop_hook_active"),
+    ("stop_hook_blocking_count", "stop_hook_blocking_count"),
+    ("consecutive_compact_failures", "compact_tracking.consecutive_failures"),
+    ("rapid_refill_count", "compact_tracking.rapid_refill_count"),
+    ("stop_hooks_due", "stop_hooks_due"),
+    ("transition", "transition"),
+    ("terminal_reason", "terminal_reason"),
+    ("turns_since_compact", "compact_tracking.turns_since_compact"),
+    ("compactions", "compact_tracking.compactions"),
+    ("depth", "query_tracking.depth"),
+)
+SNAPSHOT_KEYS: tuple[str, ...] = tuple(k for k, _ in _SNAPSHOT_PATHS)
+_snapshot_values = operator.attrgetter(*(path for _, path in _SNAPSHOT_PATHS))
+
+
+def snapshot_json(value: Any) -> Any:
+    """A snapshot value as the snapshot records it (an enum member as its value)."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 # Counter name -> the Limits field that caps it; shared by the graph's guards, the auditor and the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -23,16 +24,41 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # one encoder for every record: json.dumps with arguments builds a new JSONEncoder per call, which
 # cost a fifth of serialising a typical session-file record
 _ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+# ... and JSONEncoder.encode builds its C encoder again on every call (the session file writes about
+# ten records a turn): the same C encoder, with the same settings, is built once per thread (its
+# circular-reference markers are its own state; emptied again after a failed call, a successful
+# one leaves them empty).
+_LOCAL = threading.local()
+
+
+def _c_encoder() -> Any:
+    markers: dict[int, Any] = {}
+    enc = json.encoder.c_make_encoder(
+        markers, _ENCODER.default, json.encoder.encode_basestring, _ENCODER.indent, _ENCODER.key_separator,
+        _ENCODER.item_separator, _ENCODER.sort_keys, _ENCODER.skipkeys, _ENCODER.allow_nan)
+    _LOCAL.encoder = enc, markers
+    return enc, markers
+
+
+def _encode(obj: Any) -> str:
+    if json.encoder.c_make_encoder is None or isinstance(obj, str):  # JSONEncoder.encode's own path
+        return _ENCODER.encode(obj)
+    enc, markers = getattr(_LOCAL, "encoder", None) or _c_encoder()
+    try:
+        return "".join(enc(obj, 0))
+    except BaseException:
+        markers.clear()
+        raise
 
 
 def json_text(obj: Any) -> str:
     """``obj`` as compact JSON, non-ASCII kept (``json.dumps(obj, ensure_ascii=False, default=str)``)."""
-    return _ENCODER.encode(obj)
+    return _encode(obj)
 
 
 def json_line(obj: Any) -> str:
     """``obj`` as one line of JSON (non-ASCII kept), safe to encode as UTF-8 whatever it holds."""
-    return printable(_ENCODER.encode(obj))
+    return printable(_encode(obj))
 
 
 def printable(text: str) -> str:

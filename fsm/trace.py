@@ -1,8 +1,13 @@
 """The session file: one JSONL record per message, state transition, request and result.
 
 One file serves both jobs of docs/behaviour.md §6 and §8: resume reads the ``message`` (and ``compact_boundary``)
-records, the auditor reads ``transition``, ``request`` and ``result`` records. Every record is
-flushed when written, so a crash leaves at most one torn last line, which readers skip.
+records, the auditor reads ``transition``, ``request`` and ``result`` records. Records are written
+whole, in order, and reach the file before anything else can act on them: inside an event loop a
+record is flushed before the loop runs anything else (one write for every record made since the
+task last waited: the moves, messages and request of a turn's synchronous stretch), outside one at
+once, and the result at once. A crash therefore loses at most the records of the stretch it
+interrupted — nothing any tool, hook or request could have seen — and leaves at most one torn last
+line, which readers skip.
 
 Record types (every record has ``type`` and ``seq``, a per-file counter from 0):
 
@@ -34,6 +39,7 @@ three.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import json
@@ -51,7 +57,7 @@ try:
     import fcntl
 except ImportError:  # pragma: no cover - no advisory locks on this platform
     fcntl = None  # type: ignore[assignment]
-from agentfsm.state import Limits, LoopState, Message, appended
+from agentfsm.state import SNAPSHOT_KEYS, Limits, LoopState, Message, appended, snapshot_json
 from agentfsm.textsafe import json_line
 
 # 1: transitions without events (audited structurally); 2: events and full snapshots (replayed);
@@ -109,11 +115,12 @@ class TraceWriter:
         self.path = path
         self._seq = seq
         self._chain: str | None = None
-        self._snap_of: Any = None  # the state whose snapshot _snap is
-        self._snap: dict[str, Any] = {}
+        self._snap_of: Any = None  # the state whose snapshot values _snap are
+        self._snap: tuple[Any, ...] = ()
         self._fh: IO[str] | None = None
         self._sink = sink
         self._clock = clock
+        self._flush_due = False  # a flush is scheduled on the running loop
         if sink is None and path is not None:
             self._fh = handle if handle is not None else lock_session_file(path)
             self._seq = _next_seq(path)
@@ -124,11 +131,14 @@ class TraceWriter:
         return self._seq
 
     def write(self, record: Mapping[str, Any], *, flush: bool = True) -> None:
-        """Append one record. ``flush=False`` leaves it in the buffer for a caller that writes several
-        records of one step and flushes once after them (a crash then loses the step whole)."""
+        """Append one record. With ``flush`` it reaches the file before the event loop runs anything
+        else (see :meth:`flush_soon`); ``flush=False`` leaves it in the buffer for a caller that writes
+        several records and flushes after them."""
         if not self._on:
             return
-        rec = {"type": record["type"], "seq": self._seq, **{k: v for k, v in record.items() if k != "type"}}
+        # "type" first, then "seq", then the rest in order (update keeps "type" where it is)
+        rec = {"type": record["type"], "seq": self._seq}
+        rec.update(record)
         self._seq += 1
         if self._sink is not None:
             self._sink(rec)
@@ -136,6 +146,26 @@ class TraceWriter:
         assert self._fh is not None
         self._fh.write(json_line(rec) + "\n")
         if flush:
+            self.flush_soon()
+
+    def flush_soon(self) -> None:
+        """Flush before the running event loop runs anything else: the records a task writes until it
+        next waits reach the file in one write, and before any other task, callback, tool or hook
+        of this loop runs. Outside an event loop: at once."""
+        if self._flush_due or self._fh is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._fh.flush()
+            return
+        self._flush_due = True
+        loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Flush now (before the loop hands the file to someone else: a hook may read it)."""
+        self._flush_due = False
+        if self._fh is not None:
             self._fh.flush()
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
@@ -170,11 +200,12 @@ class TraceWriter:
         if not step.automatic:
             rec["event"] = to_record(event)
         # the previous step's snapshot is this step's "before": computed once per state
-        was = self._snap if self._snap_of is before else before.snapshot()
-        now = after.snapshot()
+        was = self._snap if self._snap_of is before else before.snapshot_values()
+        now = after.snapshot_values()
         self._snap_of, self._snap = after, now
         rec["turn"] = after.turn_count
-        rec["changed"] = {k: v for k, v in now.items() if was.get(k) != v}
+        # the snapshot fields whose values differ (enum members differ exactly when their values do)
+        rec["changed"] = {k: snapshot_json(v) for k, a, v in zip(SNAPSHOT_KEYS, was, now, strict=True) if a != v}
         if after.terminal_reason is not None:
             rec["terminal_reason"] = after.terminal_reason.value
         chain = after.query_tracking.chain_id
@@ -192,9 +223,8 @@ class TraceWriter:
                                       compaction.pre_tokens if compaction is not None else 0, flush=False)
                 for m in new:
                     self.message(m, flush=False)
-        # one flush for the step: its records reach the file together
-        if self._fh is not None:
-            self._fh.flush()
+        # the step's records reach the file together, with whatever else this stretch writes
+        self.flush_soon()
 
     def request(self, model: str, depth: int, messages: Any, queued: Any = ()) -> None:
         """A request was sent: it carried ``messages`` (the conversation: every message record since
@@ -205,12 +235,15 @@ class TraceWriter:
                     "last": messages[-1].uuid if messages else None, "queued": [m.uuid for m in queued]})
 
     def result(self, result: Mapping[str, Any]) -> None:
+        """The run's result, flushed at once: it is in the file before anyone prints it."""
         if not self._on:
             return
-        self.write({"type": "result", **result})
+        self.write({"type": "result", **result}, flush=False)
+        self.flush()
 
     def close(self) -> None:
         """Close the file, its records on disk first (fsync): a result printed is a result kept."""
+        self._flush_due = False
         if self._fh is not None:
             self._fh.flush()
             try:

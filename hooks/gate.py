@@ -9,6 +9,7 @@ submission, compaction, session start and end).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -139,12 +140,24 @@ class HookGate:
         """Run the hooks of any event record as is (the typed methods below build the records)."""
         return await self.runner.run(record)
 
+    def has_hooks(self, event: str) -> bool:
+        """Some hook is configured for ``event`` (whether it matches a given call aside)."""
+        return self.runner.has_hooks(event)
+
+    async def _run_event(self, event: str, make: Callable[[], HookInput]) -> HookRunResult:
+        """The hooks of ``event`` on the record ``make`` builds. With no hook configured for the
+        event the answer is the runner's own answer when nothing matches, without building the
+        record (a tool call passes three hook points; most sessions configure none of them)."""
+        if not self.runner.has_hooks(event):
+            return _nothing_ran(event)
+        return await self.runner.run(make())
+
     # -- ToolGate -------------------------------------------------------------------------------
 
     async def pre_tool_use(self, tool_name: str, tool_input: Mapping[str, Any],
                            tool_use_id: str) -> PreToolOutcome:
-        res = await self.runner.run(PreToolUseInput(**self._common(), tool_name=tool_name,
-                                                    tool_input=tool_input, tool_use_id=tool_use_id))
+        res = await self._run_event(HookEvent.PRE_TOOL_USE, lambda: PreToolUseInput(
+            **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id))
         return PreToolOutcome(
             decision=res.permission_decision,
             reason=res.reason if res.blocked else res.permission_decision_reason,
@@ -181,14 +194,16 @@ class HookGate:
 
     def _log_permission(self, tool: Tool, outcome: PermissionOutcome, start: float) -> PermissionOutcome:
         ms = (time.perf_counter() - start) * 1000
-        outcome = attrs.evolve(outcome, permission_ms=ms)
+        # every field of the record, built directly (attrs.evolve inspects the class on each call)
+        outcome = PermissionOutcome(outcome.behavior, outcome.reason, outcome.updated_input, outcome.rule,
+                                    permission_ms=ms)
         log.info("permission", tool=tool.name, behavior=outcome.behavior, rule=outcome.rule,
                  permission_mode=self.policy.mode, permission_ms=round(ms, 2), session_id=self.session_id)
         return outcome
 
     async def post_tool_use(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
                             tool_response: Any, duration_ms: float) -> PostToolOutcome:
-        res = await self.runner.run(PostToolUseInput(
+        res = await self._run_event(HookEvent.POST_TOOL_USE, lambda: PostToolUseInput(
             **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id,
             tool_response=tool_response, duration_ms=duration_ms))
         return PostToolOutcome(updated_output=res.updated_tool_output,
@@ -198,7 +213,7 @@ class HookGate:
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
                                     error: str, is_interrupt: bool) -> PostToolOutcome:
-        res = await self.runner.run(PostToolUseFailureInput(
+        res = await self._run_event(HookEvent.POST_TOOL_USE_FAILURE, lambda: PostToolUseFailureInput(
             **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id,
             error=error, is_interrupt=is_interrupt))
         return PostToolOutcome(additional_context=res.additional_context, blocked=res.blocked,
@@ -208,27 +223,29 @@ class HookGate:
     # -- the other events -----------------------------------------------------------------------
 
     async def stop(self, last_assistant_message: str = "", stop_hook_active: bool = False) -> StopOutcome:
-        res = await self.runner.run(StopInput(**self._common(), stop_hook_active=stop_hook_active,
-                                              last_assistant_message=last_assistant_message))
+        res = await self._run_event(HookEvent.STOP, lambda: StopInput(
+            **self._common(), stop_hook_active=stop_hook_active, last_assistant_message=last_assistant_message))
         return _stop_outcome(res)
 
     async def subagent_stop(self, *, agent_id: str = "", agent_type: str = "",
                             agent_transcript_path: str = "", last_assistant_message: str = "",
                             stop_hook_active: bool = False) -> StopOutcome:
-        res = await self.runner.run(SubagentStopInput(
+        res = await self._run_event(HookEvent.SUBAGENT_STOP, lambda: SubagentStopInput(
             **self._common(), stop_hook_active=stop_hook_active, agent_id=agent_id, agent_type=agent_type,
             agent_transcript_path=agent_transcript_path, last_assistant_message=last_assistant_message))
         return _stop_outcome(res)
 
     async def post_tool_batch(
             self, tool_calls: Sequence[ToolCallRecord | Mapping[str, Any]]) -> PostToolBatchOutcome:
-        res = await self.runner.run(PostToolBatchInput(**self._common(), tool_calls=tool_calls))
+        res = await self._run_event(HookEvent.POST_TOOL_BATCH,
+                                    lambda: PostToolBatchInput(**self._common(), tool_calls=tool_calls))
         return PostToolBatchOutcome(blocked=res.blocked and not res.stop, reason=res.reason, stop=res.stop,
                                     stop_reason=res.stop_reason, additional_context=res.additional_context,
                                     errors=res.errors, hook_ms=res.duration_ms)
 
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
-        res = await self.runner.run(UserPromptSubmitInput(**self._common(), prompt=prompt))
+        res = await self._run_event(HookEvent.USER_PROMPT_SUBMIT,
+                                    lambda: UserPromptSubmitInput(**self._common(), prompt=prompt))
         return PromptOutcome(blocked=res.blocked, reason=res.reason,
                              additional_context=res.additional_context, plain_context=res.plain_context,
                              stop=res.stop,
@@ -236,17 +253,31 @@ class HookGate:
 
     async def pre_compact(self, trigger: str = "auto",
                           custom_instructions: str | None = None) -> EventOutcome:
-        res = await self.runner.run(PreCompactInput(**self._common(), trigger=trigger,  # type: ignore[arg-type]
-                                                    custom_instructions=custom_instructions or ""))
+        res = await self._run_event(HookEvent.PRE_COMPACT, lambda: PreCompactInput(
+            **self._common(), trigger=trigger,  # type: ignore[arg-type]
+            custom_instructions=custom_instructions or ""))
         return _event_outcome(res)
 
     async def session_start(self, source: str = "startup") -> EventOutcome:
-        res = await self.runner.run(SessionStartInput(**self._common(), source=source))  # type: ignore[arg-type]
+        res = await self._run_event(HookEvent.SESSION_START, lambda: SessionStartInput(
+            **self._common(), source=source))  # type: ignore[arg-type]
         return _event_outcome(res)
 
     async def session_end(self, reason: str = "other") -> EventOutcome:
-        res = await self.runner.run(SessionEndInput(**self._common(), reason=reason))
+        res = await self._run_event(HookEvent.SESSION_END, lambda: SessionEndInput(**self._common(), reason=reason))
         return _event_outcome(res)
+
+
+# _log_permission rebuilds a PermissionOutcome field by field: a field added to it must be added there
+if tuple(f.name for f in attrs.fields(PermissionOutcome)) != (
+        "behavior", "reason", "updated_input", "rule", "permission_ms"):  # pragma: no cover
+    raise ImportError("agentfsm.hooks.gate: PermissionOutcome's fields changed; update _log_permission")
+
+
+@functools.cache
+def _nothing_ran(event: str) -> HookRunResult:
+    """The answer when no hook of ``event`` ran (a frozen record: one per event is enough)."""
+    return HookRunResult(event=event)
 
 
 def _stop_outcome(res: HookRunResult) -> StopOutcome:

@@ -1,0 +1,76 @@
+"""A stop cuts the driver's wait in the driver's own task (no task per wait): the cancellation it
+makes is taken back once the work unwound, and a cancellation from outside still goes on as one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentfsm.options import Options
+from agentfsm.session import Session
+from agentfsm.state import TerminalReason
+from agentfsm.testing.scripted import ScriptedModel
+
+SLOW = {"blocks": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}],
+        "stop_reason": "end_turn", "block_delay_s": 5}
+
+
+def _session(tmp_path: Path, script: list[dict[str, Any]], **kw: Any) -> Session:
+    options = Options(tools=(), cwd=tmp_path, setting_sources=(), write_trace=False)
+    return Session(options, client=ScriptedModel(script), **kw)
+
+
+async def test_interrupt_mid_stream_leaves_the_callers_task_uncancelled(tmp_path: Path) -> None:
+    shown: list[dict[str, Any]] = []
+    session: Session
+
+    def emit(msg: dict[str, Any]) -> None:
+        shown.append(msg)
+        if msg.get("type") == "assistant":
+            session.interrupt()
+
+    session = _session(tmp_path, [SLOW], emit=emit)
+    async with session:
+        result = await session.run("go")  # in this task (wait_for would run it in a task of its own)
+    assert result.terminal_reason is TerminalReason.ABORTED_STREAMING
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    await asyncio.sleep(0)  # the task goes on: no cancellation is left pending on it
+
+
+async def test_a_cancel_from_outside_mid_stream_is_not_swallowed(tmp_path: Path) -> None:
+    session = _session(tmp_path, [SLOW])
+    started = asyncio.Event()
+    session.emit = lambda msg: started.set() if msg.get("type") == "assistant" else None
+    task = asyncio.ensure_future(session.run("go"))
+    await asyncio.wait_for(started.wait(), 20)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await session.aclose()
+
+
+async def test_an_outside_cancel_racing_an_interrupt_still_cancels(tmp_path: Path) -> None:
+    session = _session(tmp_path, [SLOW])
+    started = asyncio.Event()
+    session.emit = lambda msg: started.set() if msg.get("type") == "assistant" else None
+    task = asyncio.ensure_future(session.run("go"))
+    await asyncio.wait_for(started.wait(), 20)
+    session.interrupt()  # its cut is scheduled, then the outside cancel comes too
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await session.aclose()
+
+
+async def test_a_timeout_around_a_run_still_times_out(tmp_path: Path) -> None:
+    session = _session(tmp_path, [SLOW])
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.3):
+            await session.run("go")
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    await session.aclose()
