@@ -1065,7 +1065,7 @@ def test_the_auditor_names_exactly_the_edges_that_raise_each_counter() -> None:
     assert seen == {(name, edge) for name, edges in RAISED_BY.items() for edge in edges}
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_no_move_raises_a_counter_the_auditor_does_not_expect(data: st.DataObject) -> None:
     """Over generated moves from every phase: each rise is one the auditor's table allows, by one."""
