@@ -10,12 +10,13 @@ computed at run time — a rule that *could* apply denies: the command is never 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 
 import attrs
 
-from agentfsm.hooks.file_access import PathChecker, expand_glob
+from agentfsm.hooks.file_access import PathChecker, expand_glob, normalise, rule_base
 from agentfsm.tools.base import AccessDenial
 from agentfsm.tools.shell import Analysis, Command
 
@@ -165,6 +166,8 @@ def file_rule(analysis: Analysis, read: PathChecker, write: PathChecker) -> tupl
                 found = checker.check_below(p, creating=use.access == "write") if use.recursive else checker.check(p)
             if found is None and unlink:
                 found = read.check_unlink(p, recursive=use.recursive)
+            if found is None and use.creates and write:
+                found = _creates_below(write, p)
             if found is not None:
                 return found, Match(True, use.why)
     if analysis.opaque:
@@ -172,6 +175,26 @@ def file_rule(analysis: Analysis, read: PathChecker, write: PathChecker) -> tupl
     if maybe is not None:
         return None, maybe
     return None
+
+
+def _creates_below(write: PathChecker, directory: str) -> AccessDenial | None:
+    """A write rule that names files by name at any depth (``Edit(.env)``) may match a file a copy or
+    an extraction creates below ``directory``; those names are not known before it runs, so such a
+    rule denies it (an anchored rule is judged by where its paths lie: ``check_below``)."""
+    top = normalise(directory)
+    for r in write.rules:
+        assert r.specifier is not None
+        base, _pattern, anchored = rule_base(r.specifier, write.cwd, r.root)
+        # below the rule's base, or above it (a tree copied to a parent can land inside the base)
+        base_dir = os.path.normpath(str(base))
+        if not anchored and (_within(top, base_dir) or _within(base_dir, top)):
+            return AccessDenial(directory, f"{r} (this command creates files below {directory} whose names "
+                                           "can't be checked before it runs)")
+    return None
+
+
+def _within(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
 
 
 def quoted(command: str) -> str:

@@ -219,6 +219,37 @@ async def test_writes_that_expose_nothing_still_run(ws: Path) -> None:
     assert r.permission_denial is None, text(r)
 
 
+# A rule that names a file at any depth (`Edit(.env)`) holds for the files a tree copy or an
+# extraction creates: their names are not known before the command runs (found by the full
+# mutation run of the file-access policy: `cp -r src dst` created `dst/.env`).
+BASH_CREATES = ["cp -r src dst", "cp -r src existing", "cp -a src/. dst", "cp -R src dst", "mv src moved_src",
+                "tar cf - -C src . | tar xf - -C existing", "tar xf /dev/null", "unzip -d existing x.zip",
+                "cp -r src .."]
+
+
+@pytest.mark.parametrize("command", BASH_CREATES)
+async def test_a_name_rule_holds_for_files_a_copy_creates(ws: Path, command: str) -> None:
+    (ws / "src").mkdir()
+    (ws / "src" / ".env").write_text("NEW\n")
+    (ws / "existing").mkdir()
+    r = await call(ws, "bypassPermissions", "Bash", {"command": command}, rules=("Edit(.env)",))
+    assert r.is_error and r.permission_denial is not None, text(r)
+    assert "can't be checked before it runs" in text(r) or "has been denied" in text(r)
+    assert sorted(str(p.relative_to(ws)) for p in ws.rglob(".env")) == ["src/.env"]
+
+
+async def test_copies_no_name_rule_can_reach_still_run(ws: Path, tmp_path: Path) -> None:
+    (ws / "src").mkdir()
+    (ws / "src" / "code.py").write_text("x\n")
+    outside = tmp_path / "outside"
+    for command, rules in (("cp -r src " + str(outside), ("Edit(.env)",)),  # outside the rule's base
+                           ("cp src/code.py copy.py", ("Edit(.env)",)),  # names known: checked as written
+                           ("cp -r src dst", ("Edit(./protected.txt)",))):  # anchored: judged by place
+        r = await call(ws, "bypassPermissions", "Bash", {"command": command}, rules=rules)
+        assert r.permission_denial is None, (command, text(r))
+    assert (outside / "code.py").exists() and (ws / "copy.py").exists() and (ws / "dst" / "code.py").exists()
+
+
 BENIGN = [
     "ls -la", "git status", "echo 'secret.txt is a name'", "grep -n x public.txt", "cat public.txt a",
     "find . -name '*.py'", "echo x > out.txt", "make 2>&1 | tail -5", "cd private/.. && ls", "wc -l public.txt",

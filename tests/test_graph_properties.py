@@ -1102,7 +1102,7 @@ def test_the_auditor_restores_what_a_snapshot_records(data: st.DataObject) -> No
     assert (r.turns_since_compact, r.compactions) == (t.turns_since_compact, t.compactions)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(data=st.data())
 def test_following_the_edge_the_machine_chose_is_the_move_it_made(data: st.DataObject) -> None:
     """graph.follow (the auditor's way along a recorded edge) taken along the decided edge gives the

@@ -120,6 +120,7 @@ class PathUse:
     why: str
     recursive: bool = False
     glob: bool = False
+    creates: bool = False  # files named after something else appear below it (see shell_files.Use)
 
 
 @attrs.frozen
@@ -226,7 +227,8 @@ class _Walker:
     def __init__(self, home: str) -> None:
         self.home = home
         self.commands: list[Command] = []
-        self.uses: list[tuple[str | None, Access, str, bool, bool]] = []  # (raw path, access, why, recursive, glob)
+        # (raw path, access, why, recursive, glob, creates)
+        self.uses: list[tuple[str | None, Access, str, bool, bool, bool]] = []
         self.opaque: list[str] = []
         self.environment: list[str] = []
         self.redirects_output = False
@@ -251,13 +253,13 @@ class _Walker:
     def result(self, cwd: str) -> Analysis:
         """The analysis for the command run in ``cwd``."""
         uses: list[PathUse] = []
-        seen: set[tuple[str | None, Access, bool, bool]] = set()
-        for raw, access, why, recursive, is_glob in self.uses:
+        seen: set[tuple[str | None, Access, bool, bool, bool]] = set()
+        for raw, access, why, recursive, is_glob, creates in self.uses:
             for path in self._resolve(raw, cwd, is_glob):
-                key = (path, access, recursive, is_glob)
+                key = (path, access, recursive, is_glob, creates)
                 if key not in seen:
                     seen.add(key)
-                    uses.append(PathUse(path, access, why, recursive, is_glob))
+                    uses.append(PathUse(path, access, why, recursive, is_glob, creates))
         return Analysis(tuple(self.commands), tuple(uses), tuple(self.opaque), tuple(self.environment),
                         self.redirects_output, self.background, self.assigns)
 
@@ -398,17 +400,18 @@ class _Walker:
         for access in accesses:
             self.path(value, access, f"redirection {op}")
 
-    def path(self, value: Word | None, access: Access, why: str, recursive: bool = False) -> None:
+    def path(self, value: Word | None, access: Access, why: str, recursive: bool = False,
+             creates: bool = False) -> None:
         """Record a file operand (None, or a word that is not static: an unknown path)."""
         if value is None or value.text is None or value.pattern is None:
-            self.uses.append((None, access, why, recursive, False))
+            self.uses.append((None, access, why, recursive, False, creates))
             return
         for alt in value.alternatives():
             is_glob = has_unescaped(alt, GLOB_CHARS)
             if alt.startswith("~"):
                 expanded = self._tilde(alt)
                 if expanded is None:
-                    self.uses.append((None, access, why, recursive, False))
+                    self.uses.append((None, access, why, recursive, False, creates))
                     continue
                 alt = expanded
             text = alt if is_glob else unescape(alt)
@@ -416,7 +419,7 @@ class _Walker:
                 continue
             if not is_glob and text.startswith("/") and _ENVIRON.match(_normpath(text)):
                 self.env("accesses /proc/*/environ, which may expose secrets")
-            self.uses.append((text, access, why, recursive, is_glob))
+            self.uses.append((text, access, why, recursive, is_glob, creates))
 
     def _tilde(self, text: str) -> str | None:
         head, sep, rest = text.partition("/")
@@ -509,7 +512,7 @@ class _Walker:
         if inner is None:
             effects = files.file_effects(program, args)
             for use in effects.uses:
-                self.path(use.value, use.access, use.why, use.recursive)
+                self.path(use.value, use.access, use.why, use.recursive, use.creates)
             for reason in effects.opaque:
                 self.bad(reason)
             for code in effects.shell_code:
@@ -520,7 +523,7 @@ class _Walker:
                 self.path(args[0], "read", program)
             return
         for use in inner.uses:
-            self.path(use.value, use.access, use.why, use.recursive)
+            self.path(use.value, use.access, use.why, use.recursive, use.creates)
         if inner.chdir is not None:
             self._cd("cd", (inner.chdir.text,))
         if inner.kind == "argv":

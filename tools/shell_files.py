@@ -28,13 +28,15 @@ def text_of(args: Sequence[Word]) -> list[str | None]:
 
 @attrs.frozen
 class Use:
-    """A file operand: ``value`` (None when not static), the access, why, and whether everything
-    below it is meant."""
+    """A file operand: ``value`` (None when not static), the access, why, whether everything
+    below it is meant, and whether the command ``creates`` files below it named after something
+    else (a tree copied in, an archive extracted: names a rule may match that do not exist yet)."""
 
     value: Word | None
     access: Access
     why: str
     recursive: bool = False
+    creates: bool = False
 
 
 
@@ -370,14 +372,15 @@ def _copies(program: str, args: Sequence[Word], options: Sequence[Word], operand
         uses += [Use(s, "read", program, recursive=recursive or program == "mv") for s in sources]
     if program == "mv":
         uses += [Use(s, "write", "mv source", recursive=True) for s in sources]
-    uses += [Use(t, "write", f"{program} target", recursive=recursive or program == "mv") for t in targets]
+    tree = recursive or program == "mv"
+    uses += [Use(t, "write", f"{program} target", recursive=tree, creates=tree) for t in targets]
     # a target that is a directory receives each source under its own name (`cp /tmp/x/secret .`)
     for t in targets:
         for src in sources:
             if t.text is not None and src.text is not None and src.text.rstrip("/"):
                 name = src.text.rstrip("/").rsplit("/", 1)[-1]
                 uses.append(Use(Word.literal(f"{t.text.rstrip('/')}/{name}"), "write", f"{program} into a directory",
-                                recursive=recursive or program == "mv"))
+                                recursive=tree, creates=tree))
     return Effects(tuple(uses))
 
 
@@ -410,7 +413,7 @@ def _archive(program: str, args: Sequence[Word], options: Sequence[Word], operan
         if _has_option(options, ("-l", "-t", "-v", "-p", "-c", "-Z")):
             return Effects(tuple(Use(o, "read", "unzip") for o in operands[:1]))
         return Effects((*(Use(o, "read", "unzip") for o in operands[:1]),
-                        *(Use(d, "write", "unzip", recursive=True) for d in dest)))
+                        *(Use(d, "write", "unzip", recursive=True, creates=True) for d in dest)))
     # gzip, gunzip, bzip2, xz, zstd, lz4, compress: the file is replaced by its (un)compressed form
     stdout_only = _has_option(options, ("-c", "--stdout", "--to-stdout", "-l", "--list", "-t", "--test"))
     uses = [Use(o, "read", program) for o in operands]
@@ -477,7 +480,8 @@ def _tar(args: Sequence[Word], texts: list[str | None]) -> Effects:
         uses += [Use(o, "read", "tar", recursive=True) for o in operands]
     elif "x" in mode:
         uses += [Use(a, "read", "tar archive") for a in archive]
-        uses += [Use(d, "write", "tar extract", recursive=True) for d in (directory or [Word.literal(".")])]
+        uses += [Use(d, "write", "tar extract", recursive=True, creates=True)
+                 for d in (directory or [Word.literal(".")])]
     elif "t" in mode or "d" in mode:
         uses += [Use(a, "read", "tar archive") for a in archive]
     else:
