@@ -208,22 +208,22 @@ class PathChecker:
     def has_linked_denied(self) -> bool:
         """Whether some file the rules name has other hard-linked names (or the search for them ran
         past :data:`HARDLINK_WALK_LIMIT`): only then can a write the analysis cannot name expose it."""
-        if not self.rules:
-            return False
         count = 0
         for r in self.rules:
             assert r.specifier is not None
             root = rule_root(r.specifier, self.cwd, r.root)
-            for entry in [root] if not os.path.isdir(root) else _walk(root, set(), follow=False):
+            # symlinked directories are entered: a file reached through one is denied by that spelling
+            for entry in [root] if not os.path.isdir(root) else _walk(root, set()):
                 count += 1
                 if count > HARDLINK_WALK_LIMIT:
                     return True
                 try:
-                    st = os.lstat(entry)
+                    st = os.stat(entry)
                 except (OSError, ValueError):
                     continue
-                if (stat.S_ISREG(st.st_mode) and st.st_nlink > 1
-                        and path_rule_matches(r.specifier, normalise(entry), self.cwd, r.root)):
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+                    continue
+                if path_rule_matches(r.specifier, normalise(entry), self.cwd, r.root):
                     return True
         return False
 

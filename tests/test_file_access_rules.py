@@ -474,3 +474,54 @@ def test_an_unmatched_glob_is_unescaped_to_its_last_character(tmp_path: Path) ->
     """An escape at the end takes the last character; a lone backslash at the end stays."""
     assert file_access.expand_glob(str(tmp_path / "x\\*")) == [str(tmp_path / "x*")]
     assert file_access.expand_glob(str(tmp_path / "x\\")) == [str(tmp_path / "x\\")]
+
+
+def test_a_recursive_unlink_does_not_follow_symlinked_directories(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rm -r tree` removes a symlink inside it, not what it points to: a denied, hard-linked file
+    behind the link is not what goes away."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "secret").write_text("s")
+    os.link(tmp_path / "real" / "secret", tmp_path / "other")
+    (tmp_path / "tree").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "tree" / "link")
+    assert PathChecker(tmp_path, deny("./real/secret")).check_unlink(str(tmp_path / "tree"), recursive=True) is None
+    # with no rules there is nothing to find, and no walk to run out of budget on
+    monkeypatch.setattr(file_access, "WALK_LIMIT", 1)
+    assert PathChecker(tmp_path, []).check_unlink(str(tmp_path), recursive=True) is None
+
+
+@pytest.mark.parametrize("error", [OSError, ValueError])
+def test_entries_that_cannot_be_read_are_passed_over_not_the_end_of_the_search(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[Exception]) -> None:
+    (tmp_path / "tree" / "z").mkdir(parents=True)
+    (tmp_path / "tree" / "gone").write_text("g")  # yielded before what lies in z/
+    (tmp_path / "tree" / "z" / "secret").write_text("s")
+    os.link(tmp_path / "tree" / "z" / "secret", tmp_path / "other")
+    real_lstat, real_stat = os.lstat, os.stat
+
+    def failing(real: object) -> object:
+        def call(path: object, *args: object, **kw: object) -> os.stat_result:
+            if str(path).endswith("/gone"):
+                raise error("vanished")
+            return real(path, *args, **kw)  # type: ignore[operator]
+        return call
+
+    monkeypatch.setattr(os, "lstat", failing(real_lstat))
+    monkeypatch.setattr(os, "stat", failing(real_stat))
+    checker = PathChecker(tmp_path, deny("./tree/**"))
+    assert checker.check_unlink(str(tmp_path / "tree"), recursive=True) is not None
+    assert checker.has_linked_denied()
+
+
+def test_the_search_for_linked_denied_files_enters_symlinked_directories(tmp_path: Path) -> None:
+    """A file reached through a symlink below a rule's root is denied by that spelling: if it has
+    other names, an unnamed write may expose it."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "f").write_text("f")
+    (tmp_path / "secrets").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "secrets" / "link")
+    checker = PathChecker(tmp_path, deny("./secrets/**"))
+    assert not checker.has_linked_denied()
+    os.link(tmp_path / "elsewhere" / "f", tmp_path / "f2")
+    assert PathChecker(tmp_path, deny("./secrets/**")).has_linked_denied()
