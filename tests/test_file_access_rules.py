@@ -23,6 +23,20 @@ def deny(*specs: str, root: Path | None = None) -> list[PermissionRule]:
     return [PermissionRule.parse(f"Read({s})", "deny", root=root) for s in specs]
 
 
+def _vanishing(monkeypatch: pytest.MonkeyPatch, suffix: str, error: type[Exception], *calls: str) -> None:
+    """``os.<call>`` raises ``error`` for a path ending in ``suffix`` (an entry that vanished or cannot
+    be read while a search runs); every other path is answered as usual."""
+    for name in calls:
+        real = getattr(os, name)
+
+        def failing(path: object, *args: object, _real: object = real, **kw: object) -> os.stat_result:
+            if str(path).endswith(suffix):
+                raise error(path)
+            return _real(path, *args, **kw)  # type: ignore[operator]
+
+        monkeypatch.setattr(os, name, failing)
+
+
 @SETTINGS
 @given(rule=names, asked=names, deep=st.booleans())
 def test_each_kind_of_pattern_is_anchored_where_it_says(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -157,14 +171,7 @@ def test_the_hard_link_search_skips_what_it_cannot_read(tmp_path: Path, monkeypa
     (secrets / "key").write_text("k")
     (secrets / "gone").write_text("g")
     os.link(secrets / "key", tmp_path / "innocent")
-    real_lstat = os.lstat
-
-    def vanishing(path: object, *args: object, **kw: object) -> os.stat_result:
-        if str(path).endswith("gone"):
-            raise FileNotFoundError(path)
-        return real_lstat(path, *args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(file_access.os, "lstat", vanishing)
+    _vanishing(monkeypatch, "gone", FileNotFoundError, "lstat")
     found = PathChecker(tmp_path, deny("./missing/**", "./secrets/**")).check(str(tmp_path / "innocent"))
     assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
 
@@ -398,14 +405,7 @@ def test_the_hard_link_search_goes_on_past_an_entry_that_vanished(tmp_path: Path
     (secrets / "gone").write_text("g")
     (secrets / "sub" / "key").write_text("k")
     os.link(secrets / "sub" / "key", tmp_path / "innocent")
-    real_lstat = os.lstat
-
-    def vanishing(path: object, *args: object, **kw: object) -> os.stat_result:
-        if str(path).endswith("gone"):
-            raise FileNotFoundError(path)
-        return real_lstat(path, *args, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(file_access.os, "lstat", vanishing)
+    _vanishing(monkeypatch, "gone", FileNotFoundError, "lstat")
     found = PathChecker(tmp_path, deny("./secrets/**")).check(str(tmp_path / "innocent"))
     assert found is not None and found.through_link and found.rule == "Read(./secrets/**)"
 
@@ -498,17 +498,7 @@ def test_entries_that_cannot_be_read_are_passed_over_not_the_end_of_the_search(
     (tmp_path / "tree" / "gone").write_text("g")  # yielded before what lies in z/
     (tmp_path / "tree" / "z" / "secret").write_text("s")
     os.link(tmp_path / "tree" / "z" / "secret", tmp_path / "other")
-    real_lstat, real_stat = os.lstat, os.stat
-
-    def failing(real: object) -> object:
-        def call(path: object, *args: object, **kw: object) -> os.stat_result:
-            if str(path).endswith("/gone"):
-                raise error("vanished")
-            return real(path, *args, **kw)  # type: ignore[operator]
-        return call
-
-    monkeypatch.setattr(os, "lstat", failing(real_lstat))
-    monkeypatch.setattr(os, "stat", failing(real_stat))
+    _vanishing(monkeypatch, "/gone", error, "lstat", "stat")
     checker = PathChecker(tmp_path, deny("./tree/**"))
     assert checker.check_unlink(str(tmp_path / "tree"), recursive=True) is not None
     assert checker.has_linked_denied()

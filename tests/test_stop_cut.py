@@ -23,6 +23,16 @@ def _session(tmp_path: Path, script: list[dict[str, Any]], **kw: Any) -> Session
     return Session(options, client=ScriptedModel(script), **kw)
 
 
+async def _streaming_run(tmp_path: Path) -> tuple[Any, asyncio.Task[Any]]:
+    """A session run of a slow answer, once its first block has been shown."""
+    session = _session(tmp_path, [SLOW])
+    started = asyncio.Event()
+    session.emit = lambda msg: started.set() if msg.get("type") == "assistant" else None
+    task = asyncio.ensure_future(session.run("go"))
+    await asyncio.wait_for(started.wait(), 20)
+    return session, task
+
+
 async def test_interrupt_mid_stream_leaves_the_callers_task_uncancelled(tmp_path: Path) -> None:
     shown: list[dict[str, Any]] = []
     session: Session
@@ -42,11 +52,7 @@ async def test_interrupt_mid_stream_leaves_the_callers_task_uncancelled(tmp_path
 
 
 async def test_a_cancel_from_outside_mid_stream_is_not_swallowed(tmp_path: Path) -> None:
-    session = _session(tmp_path, [SLOW])
-    started = asyncio.Event()
-    session.emit = lambda msg: started.set() if msg.get("type") == "assistant" else None
-    task = asyncio.ensure_future(session.run("go"))
-    await asyncio.wait_for(started.wait(), 20)
+    session, task = await _streaming_run(tmp_path)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -54,11 +60,7 @@ async def test_a_cancel_from_outside_mid_stream_is_not_swallowed(tmp_path: Path)
 
 
 async def test_an_outside_cancel_racing_an_interrupt_still_cancels(tmp_path: Path) -> None:
-    session = _session(tmp_path, [SLOW])
-    started = asyncio.Event()
-    session.emit = lambda msg: started.set() if msg.get("type") == "assistant" else None
-    task = asyncio.ensure_future(session.run("go"))
-    await asyncio.wait_for(started.wait(), 20)
+    session, task = await _streaming_run(tmp_path)
     session.interrupt()  # its cut is scheduled, then the outside cancel comes too
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
