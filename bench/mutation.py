@@ -15,6 +15,7 @@ equivalents)) and the time taken.
     python bench/mutation.py --survivors graph    # the last run's unlisted survivors, as diffs
     python bench/mutation.py --rerun-survivors    # test only the last run's survivors again
     python bench/mutation.py --report             # the last run's table, no testing
+    python bench/mutation.py --since REV graph    # only mutants on lines changed since git REV (the rest pending)
 
 Mutants are applied to scratch copies of the working tree under ``.mutation/`` (git-ignored), never to
 the tree itself: tests and editing go on while a campaign runs. A copy imports ``agentfsm`` from itself
@@ -455,14 +456,15 @@ def score(config: Config, module: str, seconds: float = 0.0) -> Score:
 
 def run(config: Config, modules: Sequence[str], *, jobs: int, budget_s: float, fresh: bool,
         rerun_survivors: bool, max_mutants: int | None = None, sample: int | None = None,
-        seed: int = 0) -> dict[str, float]:
+        seed: int = 0, since: str | None = None) -> dict[str, float]:
     """Test every pending mutant of ``modules``; returns the seconds spent per module."""
     WORK.mkdir(exist_ok=True)
     (WORK / ".gitignore").write_text("*\n")
     workers = [Worker(make_tree(WORK / f"tree-{i}")) for i in range(jobs)]
     try:
         return _run_modules(config, modules, workers, budget_s=budget_s, fresh=fresh,
-                            rerun_survivors=rerun_survivors, max_mutants=max_mutants, sample=sample, seed=seed)
+                            rerun_survivors=rerun_survivors, max_mutants=max_mutants, sample=sample, seed=seed,
+                            since=since)
     finally:
         for worker in workers:
             worker.close()
@@ -470,7 +472,7 @@ def run(config: Config, modules: Sequence[str], *, jobs: int, budget_s: float, f
 
 def _run_modules(config: Config, modules: Sequence[str], workers: list[Worker], *, budget_s: float, fresh: bool,
                  rerun_survivors: bool, max_mutants: int | None, sample: int | None = None,
-                 seed: int = 0) -> dict[str, float]:
+                 seed: int = 0, since: str | None = None) -> dict[str, float]:
     deadline = time.monotonic() + budget_s
     spent: dict[str, float] = {}
     for module in modules:
@@ -497,6 +499,9 @@ def _run_modules(config: Config, modules: Sequence[str], workers: list[Worker], 
             pending = list(db.pending_work_items)
             if retest is not None:  # the survivors only (a sampled run leaves the rest pending)
                 pending = [i for i in pending if i.job_id in retest]
+            if since is not None:  # an incremental campaign: what changed since a full run (the rest pending)
+                pending = on_lines(pending, lines_changed_since(since, config.modules[module]["path"]))
+                print(f"{module}: {len(pending)} mutants on lines changed since {since}", flush=True)
             pending = choose(pending, module, sample=None if retest is not None else sample, seed=seed)
             pending = pending[:max_mutants] if max_mutants is not None else pending
             print(f"{module}: baseline {took:.1f}s, timeout {timeout:.0f}s, {len(pending)} to test", flush=True)
@@ -512,6 +517,29 @@ def _order(item: WorkItem) -> tuple[Any, ...]:
     # cosmic-ray's job ids are random: order by what the mutant is, so a run is the same every time
     spec = item.mutations[0]
     return (tuple(spec.start_pos), tuple(spec.end_pos), spec.operator_name, spec.occurrence)
+
+
+def changed_lines(diff: str) -> set[int]:
+    """The new-side line numbers a ``git diff -U0`` touches: every added or changed line, and for a pure
+    deletion the lines either side of the gap (what now runs where the removed code ran)."""
+    lines: set[int] = set()
+    for m in re.finditer(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,(\d+))? @@", diff, re.MULTILINE):
+        start, count = int(m.group(1)), int(m.group(2) if m.group(2) is not None else 1)
+        lines.update(range(start, start + count) if count else (start, start + 1))
+    return lines
+
+
+def lines_changed_since(rev: str, path: str) -> set[int]:
+    done = subprocess.run(["git", "diff", "-U0", rev, "--", path], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"git diff {rev} -- {path} failed: {done.stderr.strip()}")
+    return changed_lines(done.stdout)
+
+
+def on_lines(pending: list[WorkItem], lines: set[int]) -> list[WorkItem]:
+    """The mutants that change one of ``lines``."""
+    return [i for i in pending
+            if any(n in lines for n in range(i.mutations[0].start_pos[0], i.mutations[0].end_pos[0] + 1))]
 
 
 def choose(pending: list[WorkItem], module: str, *, sample: int | None, seed: int) -> list[WorkItem]:
@@ -565,7 +593,7 @@ def _reset_survivors(module: str) -> list[str]:
 # --- reporting -------------------------------------------------------------------------------------
 
 
-def report(scores: Iterable[Score], config: Config) -> bool:
+def report(scores: Iterable[Score], config: Config, since: str | None = None) -> bool:
     scores = list(scores)
     ok = True
     print(f"\n{'module':<22}{'mutants':>8}{'killed':>8}{'timeout':>8}{'survived':>9}{'equiv.':>7}"
@@ -573,8 +601,9 @@ def report(scores: Iterable[Score], config: Config) -> bool:
     for s in scores:
         flag = ""
         if s.pending or s.score < config.threshold:
-            ok, flag = False, "  <- " + (f"sample, 95 % interval {s.interval[0]:.0f}-{s.interval[1]:.0f} %"
-                                         if s.pending else f"under {config.threshold:g} %")
+            ok, flag = False, "  <- " + (f"under {config.threshold:g} %" if not s.pending
+                                         else f"only lines changed since {since}" if since is not None
+                                         else f"sample, 95 % interval {s.interval[0]:.0f}-{s.interval[1]:.0f} %")
         path = config.modules[s.module]["path"]
         print(f"{path:<22}{s.mutants:>8}{s.killed:>8}{s.timeouts:>8}{len(s.survivors):>9}{s.equivalent:>7}"
               f"{s.pending:>8}{s.errors:>7}{s.score:>7.1f}%{_minutes(s.seconds):>8}{flag}")
@@ -622,6 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="test a reproducible random sample of this many mutants per module (the score is then "
                         "an estimate, printed with its 95%% interval)")
     p.add_argument("--seed", type=int, default=0, help="the sample's seed (default %(default)s)")
+    p.add_argument("--since", metavar="REV", default=None,
+                   help="test only the mutants on lines changed since git REV (e.g. the commit of the last full "
+                        "run); the rest stay pending, so the run does not pass as a full one")
     p.add_argument("--report", action="store_true", help="print the last run's scores; test nothing")
     p.add_argument("--survivors", action="store_true", help="print the last run's unlisted survivors")
     p.add_argument("--all-survivors", action="store_true", help="print every survivor, listed ones too")
@@ -640,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{os.getloadavg()[0]:.1f}; budget {args.budget:g} min; {args.jobs} job(s)", flush=True)
         spent = run(config, modules, jobs=max(1, args.jobs), budget_s=60 * args.budget,
                     fresh=not (args.resume or args.rerun_survivors), rerun_survivors=args.rerun_survivors,
-                    max_mutants=args.max_mutants, sample=args.sample, seed=args.seed)
+                    max_mutants=args.max_mutants, sample=args.sample, seed=args.seed, since=args.since)
     missing = [m for m in modules if not db_path(m).exists()]
     if missing:
         print(f"no session for {', '.join(missing)}: run `python bench/mutation.py {' '.join(missing)}` first")
@@ -649,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.survivors or args.all_survivors:
         show_survivors(scores, listed=args.all_survivors)
         return 0
-    return 0 if report(scores, config) else 1
+    return 0 if report(scores, config, args.since) else 1
 
 
 if __name__ == "__main__":

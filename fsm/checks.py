@@ -81,6 +81,9 @@ CODES: Mapping[str, str] = {
                             "an empty result): read as an answer with nothing in it (open_stream, end_turn)",
     "read_as_reactive_compaction": "stream-json does not show whether a compaction answered a prompt-too-long "
                                    "error; read as reactive_compact_retry",
+    "read_as_stop_hook_context": "a new request after a text answer with nothing shown in between: stream-json "
+                                 "does not show a Stop hook's additionalContext, which re-enters; read as "
+                                 "end_turn, then stop_hook_blocking",
     "sidechain": "subagent (sidechain) records are not part of the main loop; not audited",
     "client_version": "the input was written by a Claude Code version the recognition rules were not checked on",
 }
@@ -89,7 +92,8 @@ WARNING_CODES: frozenset[str] = frozenset(
      "cc_unmodelled_retry", "cc_mid_stream_resume", "cc_structured_output_once", "cc_structured_output_max_turns",
      "cc_unparsable_tool_input_dispatched"})
 INFO_CODES: frozenset[str] = frozenset(
-    {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "sidechain", "client_version"})
+    {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "read_as_stop_hook_context",
+     "sidechain", "client_version"})
 
 
 def severity_of(code: str) -> str:

@@ -296,6 +296,9 @@ class Driver:
         if phases.rewrote_history(before, step):
             self.account.anchor(None, 0)
             self.emit(phases.compact_boundary_message(self.session_id, event))
+        feedback = phases.stop_feedback_message(self.session_id, step, event)
+        if feedback is not None:
+            self.emit(feedback)
         if step.edge.kind == "retry" and before.phase is Phase.STREAM:
             # what this response showed is withdrawn; a retry from call_model showed nothing
             self._tombstone()

@@ -142,13 +142,15 @@ class StreamEnded:
 
 @attrs.frozen
 class StopHookVerdict:
-    """Stop hooks' combined answer. ``blocked`` re-enters with ``reason``; ``prevented`` ends the run
-    (``continue: false``) with ``stop_reason``."""
+    """Stop hooks' combined answer. ``blocked`` re-enters with ``reason``; so does ``context`` (the
+    hooks' ``additionalContext``), which the model is shown even without a block, as Claude Code
+    does; ``prevented`` ends the run (``continue: false``) with ``stop_reason``."""
 
     blocked: bool = False
     reason: str = ""
     prevented: bool = False
     stop_reason: str = ""
+    context: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -292,7 +294,7 @@ def _decode_field(name: str, kind: Any, value: Any) -> Any:
         return ModelError(**value)
     if kind in (TerminalReason, "TerminalReason"):
         return TerminalReason(value)
-    if name in ("deferred_ids", "structured_output_ids"):
+    if name in ("deferred_ids", "structured_output_ids", "context"):
         return tuple(value)
     if name == "context_layers":
         return {k: None for k in value}

@@ -117,7 +117,8 @@ EDGES: tuple[Edge, ...] = (
     _edge("empty_response_nudge", S, A, "reentry", "an answer with nothing in it; ask once for a visible one"),
     _edge("structured_output_retry", S, A, "reentry",
           "ended without the required StructuredOutput call; ask for it (count < cap)"),
-    _edge("stop_hook_blocking", X, A, "reentry", "a Stop hook blocked the end (count < cap)"),
+    _edge("stop_hook_blocking", X, A, "reentry",
+          "a Stop hook blocked the end or added context for the model (count < cap)"),
     # same request again
     _edge("stream_retry", (C, S), C, "retry",
           "the stream broke (or dropped before its first event); discard it and request again"),
@@ -386,9 +387,11 @@ def verdict_prevented(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> bool:
     return e.prevented
 
 
-@_named("blocked")
-def verdict_blocked(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> bool:
-    return e.blocked
+@_named("blocked_or_context")
+def verdict_continues(_s: LoopState, e: StopHookVerdict, _lim: Limits) -> bool:
+    # a hook's additionalContext re-enters like a block (Claude Code 2.1.332 does, under the same cap):
+    # ending the run would drop what the hook wanted the model to read
+    return e.blocked or bool(e.context)
 
 
 # --- effects -----------------------------------------------------------------------------------
@@ -619,7 +622,8 @@ def verdict_max_turns(s: LoopState, e: StopHookVerdict, lim: Limits) -> Mapping[
 
 
 def block_cap_warning(s: LoopState, _e: StopHookVerdict, _lim: Limits) -> tuple[str, ...]:
-    return (prompts.STOP_HOOK_CAP_WARNING.format(n=s.stop_hook_blocking_count),)
+    # the block being overridden is one more than the re-entries counted (Claude Code: "9 consecutive")
+    return (prompts.STOP_HOOK_CAP_WARNING.format(n=s.stop_hook_blocking_count + 1),)
 
 
 def verdict_cap_override(s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[str, Any]:
@@ -628,7 +632,8 @@ def verdict_cap_override(s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Map
 
 
 def stop_hook_reentry(s: LoopState, e: StopHookVerdict, _lim: Limits) -> Mapping[str, Any]:
-    return {"messages": (*s.messages, prompts.stop_hook_feedback(e.reason)), "stop_hook_active": True,
+    feedback = prompts.stop_hook_feedback(e.reason if e.blocked else None, e.context)
+    return {"messages": (*s.messages, feedback), "stop_hook_active": True,
             "stop_hook_blocking_count": s.stop_hook_blocking_count + 1, "turn_count": s.turn_count + 1,
             "stop_hooks_due": False}
 
@@ -726,10 +731,10 @@ ROUTES: tuple[Route, ...] = (
     _route(F, ToolsDrained, None, "next_turn", next_turn),
     # Stop hooks ran after a completed end of turn
     _route(X, StopHookVerdict, _due & verdict_prevented, "settle", verdict_prevented_stop),
-    _route(X, StopHookVerdict, _due & verdict_blocked & turn_cap_reached, "settle", verdict_max_turns),
-    _route(X, StopHookVerdict, _due & verdict_blocked & ~under_cap("stop_hook_blocking_count"), "settle",
+    _route(X, StopHookVerdict, _due & verdict_continues & turn_cap_reached, "settle", verdict_max_turns),
+    _route(X, StopHookVerdict, _due & verdict_continues & ~under_cap("stop_hook_blocking_count"), "settle",
            verdict_cap_override, block_cap_warning),
-    _route(X, StopHookVerdict, _due & verdict_blocked, "stop_hook_blocking", stop_hook_reentry),
+    _route(X, StopHookVerdict, _due & verdict_continues, "stop_hook_blocking", stop_hook_reentry),
     _route(X, StopHookVerdict, _due, "settle", verdict_passed),
     # cancelled
     _route(RUNNING, Aborted, tools_running, "abort", aborted(T.ABORTED_TOOLS)),
@@ -971,7 +976,8 @@ class LoopMachine:
     """One running loop on :data:`MACHINE`. :meth:`fire` is the only way its state changes: the
     machine's transitions for the event are tried in order, the first whose guard holds runs its
     route's effect, and a phase that decides on its own (:data:`AUTOMATIC`) fires again on the same
-    event. :meth:`close` (or the context manager) ends it; nothing is held once it is dropped."""
+    event. :meth:`close` (or the context manager) ends it: a closed machine refuses every event; nothing
+    is held once it is dropped."""
 
     def __init__(self, state: LoopState) -> None:
         self._model = LoopModel(state)
@@ -986,6 +992,8 @@ class LoopMachine:
         return self._model.record.phase
 
     def fire(self, event: Event, limits: Limits) -> tuple[Step, ...]:
+        if not self._open:  # a run that ended stays where it ended: nothing moves it afterwards
+            raise UndeclaredMove(f"{type(event).__name__}: the loop's machine is closed (its run has ended)")
         steps = [self._fire_one(event, limits, automatic=False)]
         while self.phase in AUTOMATIC:
             steps.append(self._fire_one(event, limits, automatic=True))

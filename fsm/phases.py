@@ -306,7 +306,7 @@ def last_assistant_text(messages: Sequence[Message]) -> str:
 
 def stop_verdict(outcome: Any) -> StopHookVerdict:
     return StopHookVerdict(blocked=outcome.blocked, reason=outcome.reason, prevented=outcome.prevented,
-                           stop_reason=outcome.stop_reason)
+                           stop_reason=outcome.stop_reason, context=tuple(outcome.additional_context))
 
 
 # --- what a run shows ---------------------------------------------------------------------------
@@ -342,6 +342,16 @@ def rewrote_history(before: LoopState, step: graph.Step) -> bool:
     """The step replaced the history (compaction) rather than appending to it."""
     old, new = before.messages, step.state.messages
     return new is not old and not appended(old, new)
+
+
+def stop_feedback_message(session_id: str, step: graph.Step, event: Any) -> dict[str, Any] | None:
+    """The stream-json message of a Stop hook's block that re-entered: its feedback as a synthetic user
+    message, as Claude Code prints it (a re-entry for additionalContext alone prints nothing)."""
+    if step.trigger != "stop_hook_blocking" or not isinstance(event, StopHookVerdict) or not event.blocked:
+        return None
+    text = prompts.STOP_HOOK_FEEDBACK.format(reason=event.reason)
+    return {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]},
+            "parent_tool_use_id": None, "session_id": session_id, "isSynthetic": True}
 
 
 def warning_message(session_id: str, notice: str) -> dict[str, Any]:

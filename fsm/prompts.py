@@ -69,8 +69,16 @@ def interrupt_marker(text: str) -> Message:
     return Message("user", ({"type": "text", "text": text},), kind="interrupt_marker")
 
 
-def stop_hook_feedback(reason: str) -> Message:
-    return meta_message(f"Stop hook feedback:\n{reason}", kind="hook_feedback")
+STOP_HOOK_FEEDBACK = "Stop hook feedback:\n{reason}"
+STOP_HOOK_CONTEXT = "Stop hook additional context: {text}"
+
+
+def stop_hook_feedback(reason: str | None, context: Iterable[str] = ()) -> Message:
+    """What a Stop hook that keeps the loop going shows the model: the block's reason (None: no block)
+    and each hook's additionalContext, one reminder apiece, in one hidden user message."""
+    texts = [] if reason is None else [STOP_HOOK_FEEDBACK.format(reason=reason)]
+    texts.extend(STOP_HOOK_CONTEXT.format(text=t) for t in context)
+    return Message("user", reminder_blocks(texts), kind="hook_feedback")
 
 
 def queued_input(text: str) -> Message:

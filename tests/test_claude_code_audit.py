@@ -181,6 +181,26 @@ def test_a_stop_hook_re_entry_past_the_cap_is_flagged(tmp_path: Path) -> None:
     assert any(f.code == "counter_over_cap" and "stop_hook_blocking_count=9" in f.message for f in report.findings)
 
 
+def test_a_blocking_stop_hooks_context_rides_with_its_feedback(tmp_path: Path) -> None:
+    """A summary that blocks and carries additionalContext is one re-entry (the context is shown in the
+    same message as the feedback), not a second move."""
+    recs = records(FIXTURES / "stop_hook_once" / "transcript.jsonl")
+    i = _index(recs, lambda r: r.get("subtype") == "stop_hook_summary")
+    recs[i]["hookAdditionalContext"] = ["ALSO_THIS"]
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    assert [m.label for m in report.moves] == expected("stop_hook_once", "transcript")["moves"]
+    assert report.errors == 0 and codes(report) == {}
+
+
+def test_a_stop_hooks_context_with_continue_false_settles(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "stop_hook_prevent" / "transcript.jsonl")
+    i = _index(recs, lambda r: r.get("subtype") == "stop_hook_summary")
+    recs[i]["hookAdditionalContext"] = ["NOT_SHOWN"]
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    assert [m.label for m in report.moves] == expected("stop_hook_prevent", "transcript")["moves"]
+    assert report.terminal_reason == "stop_hook_prevented" and report.errors == 0
+
+
 def test_an_interrupt_is_an_abort(tmp_path: Path) -> None:
     recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
     at = _index(recs, _is_tool_result)

@@ -119,3 +119,29 @@ def test_grep_leaves_denied_files_out(client: str, tmp_path: Path) -> None:
                       "--disallowedTools", "Read(./secret.txt)", "Read(./private/**)")
     sent = json.dumps(requests[1]["messages"][-1])
     assert "PUBLIC_MARKER" in sent and "SECRET_MARKER" not in sent and "PRIVATE_MARKER" not in sent
+
+
+STOP_CONTEXT_HOOK = """#!/bin/sh
+# context for the model, no block: once, or (with "always") every time
+if [ "$1" != always ] && grep -q '"stop_hook_active":true' ; then exit 0; fi
+echo '{"hookSpecificOutput":{"hookEventName":"Stop","additionalContext":"STOP_CONTEXT_MARKER"}}'
+"""
+
+
+@pytest.mark.parametrize("always", [False, True])
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_stop_hooks_additional_context_re_enters_like_a_block(client: str, always: bool, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    hook = tmp_path / "stop_context.sh"
+    hook.write_text(STOP_CONTEXT_HOOK)
+    hook.chmod(0o755)
+    command = f"{hook} always" if always else str(hook)
+    settings = json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command", "command": command}]}]}})
+    requests, result = run(client, [text(f"ANSWER{i}") for i in range(12)], ws, tmp_path / "home",
+                           "--tools", "Read", "--settings", settings)
+    reminder = "<system-reminder>\nStop hook additional context: STOP_CONTEXT_MARKER\n</system-reminder>"
+    # once: one re-entry; always: the same cap as a block (eight re-entries, the ninth overridden)
+    assert len(requests) == (9 if always else 2)
+    assert all(last_user_texts(body) == [reminder] for body in requests[1:])
+    assert result["subtype"] == "success" and result["result"] == f"ANSWER{len(requests) - 1}"

@@ -457,6 +457,9 @@ def test_the_sequence_diagram_shows_requests_tools_hooks_and_re_entries() -> Non
     assert "    H-->>L: block · [/TOOLS/stop_block_once.sh]: STOP_HOOK_REENTER_MARKER: run the tests first" in seq
     assert "    Note over L: ↻ stop_hook_blocking" in seq
     assert seq.rstrip().endswith("L-->>U: result · completed")
+    context = sequence.render(diagram.trace_path(FIXTURES / "stop_hook_context" / "transcript.jsonl"))
+    assert "    H-->>L: context · STOP_CONTEXT_MARKER: the lint step is red" in context
+    assert "    Note over L: ↻ stop_hook_blocking" in context and sequence_problems(context) == []
     tools = sequence.render(diagram.trace_path(FIXTURES / "parallel_reads" / "transcript.jsonl"))
     assert tools.count("L->>T: Read") == 3 and tools.count("T-->>L: result") == 3
     assert sequence_problems(tools) == []

@@ -297,15 +297,21 @@ def _stop_hooks(s: LoopState, e: StopHookVerdict, lim: Limits) -> tuple[str, dic
     if e.prevented:
         return "settle", {"terminal_reason": T.STOP_HOOK_PREVENTED, "terminal_detail": e.stop_reason or None,
                           "stop_hooks_due": False}
-    if e.blocked and _turn_cap(s, lim):  # max_turns wins over the block
+    # a hook's additionalContext keeps the loop going like a block does (shown to the model, same cap)
+    goes_on = e.blocked or len(e.context) > 0
+    if goes_on and _turn_cap(s, lim):  # max_turns wins over the block
         return "settle", {"terminal_reason": T.MAX_TURNS, "stop_hooks_due": False,
                           "terminal_detail": f"Reached maximum number of turns ({lim.max_turns})"}
-    if e.blocked and s.stop_hook_blocking_count >= lim.stop_hook_block_cap:
-        warning = prompts.STOP_HOOK_CAP_WARNING.format(n=s.stop_hook_blocking_count)
+    if goes_on and s.stop_hook_blocking_count >= lim.stop_hook_block_cap:
+        warning = prompts.STOP_HOOK_CAP_WARNING.format(n=s.stop_hook_blocking_count + 1)
         return "settle", {"terminal_reason": T.COMPLETED, "stop_hooks_due": False, "terminal_detail": warning,
                           NOTICE: (warning,)}  # the override is reported as a warning of the result
-    if e.blocked:
-        return "stop_hook_blocking", {"messages": (*s.messages, prompts.stop_hook_feedback(e.reason)),
+    if goes_on:
+        texts = ([f"Stop hook feedback:\n{e.reason}"] if e.blocked else []) + [
+            f"Stop hook additional context: {c}" for c in e.context]
+        shown = Message("user", tuple({"type": "text", "text": f"<system-reminder>\n{t}\n</system-reminder>"}
+                                      for t in texts), kind="hook_feedback")
+        return "stop_hook_blocking", {"messages": (*s.messages, shown),
                                       "stop_hook_active": True, "turn_count": s.turn_count + 1, "stop_hooks_due": False,
                                       "stop_hook_blocking_count": s.stop_hook_blocking_count + 1}
     return "settle", {"stop_hooks_due": False}
@@ -538,7 +544,8 @@ def drained_st(draw: st.DrawFn) -> ToolsDrained:
 
 
 verdicts = st.builds(StopHookVerdict, blocked=st.booleans(), reason=st.sampled_from(["", "run the tests"]),
-                     prevented=st.sampled_from([False, False, True]), stop_reason=st.sampled_from(["", "enough"]))
+                     prevented=st.sampled_from([False, False, True]), stop_reason=st.sampled_from(["", "enough"]),
+                     context=st.sampled_from([(), (), ("lint is red",), ("a", "b\nc")]))
 reasons = st.sampled_from(list(T))
 
 
@@ -743,12 +750,13 @@ def test_every_stop_hook_verdict() -> None:
     """Every verdict (blocked, prevented, both, neither) before and after the Stop hooks ran, on both
     sides of the block cap and of max_turns."""
     moved = set()
-    for blocked, prevented, due, count, turn, max_turns, reason in itertools.product(
-            [False, True], [False, True], [False, True], [0, 1, 2], [1, 2], [None, 2], sorted(REASONS["settle"])):
+    for blocked, prevented, due, count, turn, max_turns, reason, context in itertools.product(
+            [False, True], [False, True], [False, True], [0, 1, 2], [1, 2], [None, 2], sorted(REASONS["settle"]),
+            [(), ("read the log",)]):
         # (a state the auditor restores from a trace may carry any reason settle allows)
         state = base(X, stop_hooks_due=due, stop_hook_blocking_count=count, turn_count=turn, terminal_reason=reason)
         verdict = StopHookVerdict(blocked=blocked, reason="again" if blocked else "", prevented=prevented,
-                                  stop_reason="enough" if turn == 1 else "")
+                                  stop_reason="enough" if turn == 1 else "", context=context)
         moved.update(check(state, verdict, Limits(stop_hook_block_cap=1, max_turns=max_turns)))
     assert moved == {"settle", "stop_hook_blocking"}
 
@@ -881,6 +889,20 @@ def test_a_loop_machine_is_released_once() -> None:
     assert graph.MACHINE.models == before == []
 
 
+def test_a_closed_loop_machine_refuses_every_event() -> None:
+    state = base(A)
+    with graph.LoopMachine(state) as m:
+        m.fire(Assembled(), Limits())
+        moved = m.state
+    for closed in (m, graph.LoopMachine(state)):
+        closed.close()
+        at = closed.state
+        with pytest.raises(UndeclaredMove, match=r"^Assembled: the loop's machine is closed"):
+            closed.fire(Assembled(), Limits())
+        assert closed.state is at
+    assert moved.phase is C
+
+
 def test_a_refused_move_leaves_the_loop_where_it_was() -> None:
     at_stream = base(S)
     with graph.LoopMachine(at_stream) as m:
@@ -891,7 +913,8 @@ def test_a_refused_move_leaves_the_loop_where_it_was() -> None:
         assert m.phase is S and m.state is at_stream
     with graph.LoopMachine(base(X, stop_hooks_due=False)) as m:
         with pytest.raises(UndeclaredMove, match=r"^StopHookVerdict in stop: no route's guard holds "
-                                                 r"\(stop_hooks_due and prevented, stop_hooks_due and blocked"):
+                                                 r"\(stop_hooks_due and prevented, "
+                                                 r"stop_hooks_due and blocked_or_context and "):
             m.fire(StopHookVerdict(), Limits())
     with pytest.raises(UndeclaredMove, match=r"^call_failed cannot end the loop with "):
         graph._next_state(base(S), graph.Route((S,), CallFailed, None, "call_failed", lambda s, e, lim: {}),

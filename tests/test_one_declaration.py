@@ -40,7 +40,7 @@ def test_stop_hook_cap_warning_only_when_the_cap_decided() -> None:
     run = run_loop([text("done")] * 12, hooks=hooks)
     assert_invariants(run)
     assert run.result.terminal_reason.value == "completed" and len(run.main_requests()) == 1 + 8
-    assert run.result.warnings == ("Stop hook blocked 8 times in a row; overriding the block and ending the turn.",)
+    assert run.result.warnings == ("Stop hook blocked 9 times in a row; overriding the block and ending the turn.",)
 
 
 def _typed_during_first_request(ctx: RequestContext) -> None:

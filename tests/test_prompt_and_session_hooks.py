@@ -89,7 +89,80 @@ async def test_a_stop_hook_that_always_blocks_ends_after_one_plus_eight_requests
     await s.aclose()
     assert model.count == 1 + 8
     assert result.terminal_reason is TerminalReason.COMPLETED and not result.is_error
-    assert any(m.get("subtype") == "warning" and "8 times" in m.get("message", "") for m in emitted)
+    # the ninth block is the one overridden (Claude Code: "blocked the turn from ending 9 consecutive times")
+    assert any(m.get("subtype") == "warning" and "9 times" in m.get("message", "") for m in emitted)
     last = model.requests[-1].messages
     assert sum("keep going" in b.get("text", "") for m in last for b in m["content"]) == 8
     assert [f for f in audit_file(s.trace_path) if f.is_error] == []
+
+
+def _stop_session(tmp_path: Path, hook: Any, model: ScriptedModel, emitted: list[dict[str, Any]]) -> Session:
+    return Session(Options(cwd=tmp_path, sessions_dir=tmp_path / "s", tools=("Read",),
+                           hooks={"Stop": [HookMatcher(hooks=[hook])]}), client=model, emit=emitted.append)
+
+
+def _last_user(model: ScriptedModel, request: int) -> list[str]:
+    return [b["text"] for b in model.requests[request].messages[-1]["content"]]
+
+
+async def test_a_stop_hooks_context_keeps_the_loop_going_once(tmp_path: Path) -> None:
+    """Like Claude Code 2.1.332: additionalContext without a block is shown to the model in a reminder
+    and the loop goes on (the hook sees stop_hook_active the second time and passes)."""
+    model = ScriptedModel([ANSWER, {"blocks": [{"type": "text", "text": "SECOND"}], "stop_reason": "end_turn"}])
+    emitted: list[dict[str, Any]] = []
+    seen: list[bool] = []
+
+    def hook(record: Any) -> HookOutput | None:
+        seen.append(record.stop_hook_active)
+        return None if record.stop_hook_active else HookOutput.context("the lint step is red")
+
+    s = _stop_session(tmp_path, hook, model, emitted)
+    result = await s.run("hello")
+    await s.aclose()
+    assert seen == [False, True] and model.count == 2
+    assert _last_user(model, 1) == ["<system-reminder>\nStop hook additional context: the lint step is red\n"
+                                    "</system-reminder>"]
+    assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "SECOND"
+    # context alone prints no user message (Claude Code prints none either)
+    assert not [m for m in emitted if m.get("type") == "user"]
+    assert [f for f in audit_file(s.trace_path) if f.is_error] == []
+
+
+async def test_a_stop_hooks_block_and_context_are_one_message_and_the_feedback_is_printed(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER, ANSWER])
+    emitted: list[dict[str, Any]] = []
+    blocked = HookOutput(decision="block", reason="run the tests", additional_context="3 failing")
+
+    s = _stop_session(tmp_path, lambda r: None if r.stop_hook_active else blocked, model, emitted)
+    result = await s.run("hello")
+    await s.aclose()
+    assert model.count == 2 and result.terminal_reason is TerminalReason.COMPLETED
+    assert _last_user(model, 1) == ["<system-reminder>\nStop hook feedback:\nrun the tests\n</system-reminder>",
+                                    "<system-reminder>\nStop hook additional context: 3 failing\n</system-reminder>"]
+    # the block's feedback is printed as a synthetic user message, as Claude Code prints it
+    users = [m for m in emitted if m.get("type") == "user"]
+    assert [(u["message"]["content"], u.get("isSynthetic")) for u in users] == [
+        ([{"type": "text", "text": "Stop hook feedback:\nrun the tests"}], True)]
+    assert [f for f in audit_file(s.trace_path) if f.is_error] == []
+
+
+async def test_a_stop_hook_that_always_adds_context_meets_the_block_cap(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER] * 12)
+    emitted: list[dict[str, Any]] = []
+    s = _stop_session(tmp_path, lambda _r: HookOutput.context("more"), model, emitted)
+    result = await s.run("hello")
+    await s.aclose()
+    assert model.count == 1 + 8
+    assert result.terminal_reason is TerminalReason.COMPLETED and not result.is_error
+    assert any(m.get("subtype") == "warning" and "9 times" in m.get("message", "") for m in emitted)
+    assert [f for f in audit_file(s.trace_path) if f.is_error] == []
+
+
+async def test_continue_false_wins_over_a_stop_hooks_context(tmp_path: Path) -> None:
+    model = ScriptedModel([ANSWER] * 3)
+    emitted: list[dict[str, Any]] = []
+    halt = HookOutput(continue_=False, stop_reason="enough", additional_context="ignored")
+    s = _stop_session(tmp_path, lambda _r: halt, model, emitted)
+    result = await s.run("hello")
+    await s.aclose()
+    assert model.count == 1 and result.terminal_reason is TerminalReason.STOP_HOOK_PREVENTED

@@ -70,5 +70,9 @@ def test_reference_scenario(name: str, agentfsm_workspace: Path, tmp_path: Path)
     assert lines[0]["type"] == "system" and lines[0]["subtype"] == "init"
     uses = [b["id"] for m in lines if m["type"] == "assistant" for b in m["message"]["content"]
             if b["type"] == "tool_use"]
-    results = [b["tool_use_id"] for m in lines if m["type"] == "user" for b in m["message"]["content"]]
+    users = [m for m in lines if m["type"] == "user"]
+    results = [b["tool_use_id"] for m in users for b in m["message"]["content"] if b["type"] == "tool_result"]
     assert sorted(uses) == sorted(results)
+    # the other user messages are the loop's own, printed as Claude Code prints them (a Stop hook's feedback)
+    assert all(m.get("isSynthetic") is True and m["message"]["content"][0]["text"].startswith("Stop hook feedback:\n")
+               for m in users if not any(b["type"] == "tool_result" for b in m["message"]["content"]))

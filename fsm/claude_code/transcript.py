@@ -165,7 +165,8 @@ class TranscriptWalker(Walker):
         elif sub == "stop_hook_summary":
             self.on_stop_hooks(line, blocked=bool(rec.get("hookErrors")) and self.feedback is not None,
                                prevented=bool(rec.get("preventedContinuation")),
-                               stop_reason=str(rec.get("stopReason") or ""))
+                               stop_reason=str(rec.get("stopReason") or ""),
+                               context=[str(c) for c in rec.get("hookAdditionalContext") or ()])
         elif sub == "informational" and STOP_CAP_NOTICE in str(rec.get("content", "")):
             self.settle_feedback(line)
         elif sub not in _TRANSCRIPT_SYSTEM_QUIET:

@@ -91,6 +91,10 @@ class _Response:
     def tool_uses(self) -> list[dict[str, Any]]:
         return [b for b in self.blocks if b.get("type") == "tool_use"]
 
+    def has_text(self) -> bool:
+        """A visible answer: a text block with something in it."""
+        return any(b.get("type") == "text" and str(b.get("text") or "").strip() for b in self.blocks)
+
     def structured_ids(self) -> tuple[str, ...]:
         return tuple(str(b.get("id")) for b in self.tool_uses() if b.get("name") == STRUCTURED_OUTPUT_TOOL)
 
@@ -124,7 +128,8 @@ class Walker:
         self.response: _Response | None = None
         self.batch: _Batch | None = None
         self.hooks_due_line: int | None = None  # end_turn taken, Stop hooks' verdict not seen yet
-        self.feedback: tuple[int, str] | None = None  # a blocking Stop hook's feedback, awaiting what follows
+        # a Stop hook's re-entry (its block's feedback, its additionalContext), awaiting what follows
+        self.feedback: tuple[int, StopHookVerdict] | None = None
         self.enforce: int | None = None  # the structured-output request's line, awaiting what follows
         self.enforced = False  # Claude Code asks for the StructuredOutput call once per run
         self.pending_compaction: Compaction | None = None
@@ -161,9 +166,15 @@ class Walker:
             self.end_response(self.enforce, "structured_output_retry", json_schema=True)
             self.enforced = True
             self.enforce = None
+        if (self.phase is Phase.STOP and self.feedback is None and self.hooks_due_line is not None
+                and self.source == STREAM_JSON):
+            self.find(line, "read_as_stop_hook_context", "a new request after the answer ended the turn, with no "
+                                                         "Stop-hook feedback: read as a Stop hook's additionalContext "
+                                                         "(stream-json does not show it), stop_hook_blocking")
+            self.feedback = (line, StopHookVerdict(context=("",)))
         if self.phase is Phase.STOP and self.feedback is not None:
-            fline, reason = self.feedback
-            self.emit(fline, StopHookVerdict(blocked=True, reason=reason), "stop_hook_blocking")
+            fline, verdict = self.feedback
+            self.emit(fline, verdict, "stop_hook_blocking")
             self.feedback = None
             self.hooks_due_line = None
         if self.phase is not Phase.ASSEMBLE:
@@ -180,6 +191,10 @@ class Walker:
         r = self.response
         if r is not None and r.tool_uses() and self.enforce is None:
             self.end_response(r.last_line, "dispatch", stop_reason=r.stop_reason or "tool_use")
+        elif r is not None and self.source == STREAM_JSON and self.enforce is None and r.has_text():
+            # stream-json shows no Stop-hook round: a text answer that ended the turn, then the re-entry of
+            # a Stop hook's additionalContext (to_call reads it so)
+            self.end_response(r.last_line, "end_turn", stop_reason=r.stop_reason or "end_turn")
         elif self.enforce is None:
             self.find(line, "out_of_place",
                       f"a new request after the response at line {r.line if r else '?'} with no record of a "
@@ -334,26 +349,36 @@ class Walker:
             self.emit(line, StopHookVerdict(blocked=True, reason=reason), "stop_hook_blocking")
             self.response, self.batch = None, None
             return
-        self.feedback = (line, reason)
+        self.feedback = (line, StopHookVerdict(blocked=True, reason=reason))
 
-    def on_stop_hooks(self, line: int, *, blocked: bool, prevented: bool, stop_reason: str = "") -> None:
-        """A Stop-hook round's summary. A blocking one only confirms the feedback message before it."""
+    def on_stop_hooks(self, line: int, *, blocked: bool, prevented: bool, stop_reason: str = "",
+                      context: Sequence[str] = ()) -> None:
+        """A Stop-hook round's summary. A blocking one only confirms the feedback message before it (and
+        adds the hooks' additionalContext); context without a block re-enters too."""
         if blocked and self.feedback is not None:
+            if context:
+                fline, verdict = self.feedback
+                self.feedback = (fline, attrs.evolve(verdict, context=tuple(context)))
             return
         if self.phase is Phase.STREAM:
             self.end_response(line, "end_turn", stop_reason=self._stop("end_turn"))
         if self.phase is not Phase.STOP or self.hooks_due_line is None:
             self.find(line, "out_of_place", "a Stop-hook summary where no answer ended the turn")
             return
-        self.emit(line, StopHookVerdict(prevented=prevented, stop_reason=stop_reason), "settle")
+        if context and not prevented:
+            # the re-entry is the next request (or settle, at the block cap or max_turns)
+            self.feedback = (line, StopHookVerdict(context=tuple(context)))
+            return
+        self.emit(line, StopHookVerdict(prevented=prevented, stop_reason=stop_reason, context=tuple(context)),
+                  "settle")
         self.hooks_due_line = None
 
     def settle_feedback(self, line: int) -> None:
         """The blocking Stop hook's feedback did not re-enter (block cap, max_turns): ``settle``."""
         if self.feedback is None:
             return
-        _, reason = self.feedback
-        self.emit(line, StopHookVerdict(blocked=True, reason=reason), "settle")
+        _, verdict = self.feedback
+        self.emit(line, verdict, "settle")
         self.feedback = None
         self.hooks_due_line = None
 
@@ -481,8 +506,8 @@ class Walker:
             if terminal_reason is not None:
                 self.settle_feedback(line)
             else:
-                fline, reason = self.feedback
-                self.emit(fline, StopHookVerdict(blocked=True, reason=reason), None)
+                fline, verdict = self.feedback
+                self.emit(fline, verdict, None)
                 self.feedback = None
         if self.phase is Phase.STOP and self.hooks_due_line is not None:
             prevented = terminal_reason == "stop_hook_prevented"

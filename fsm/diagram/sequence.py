@@ -141,6 +141,8 @@ def _step(out: list[str], step: Taken, requests: int) -> int:
             out.append(f"    H-->>L: block · {_t(event.get('reason') or '')}")
         elif event and event.get("prevented"):
             out.append(f"    H-->>L: continue false · {_t(event.get('stop_reason') or '')}")
+        elif event and event.get("context"):
+            out.append(f"    H-->>L: context · {_t(' / '.join(map(str, event['context'])))}")
         else:
             out.append("    H-->>L: pass")
         _note(out, step)

@@ -284,6 +284,9 @@ class SessionWorkflow:
         if phases.rewrote_history(before, step):
             self._account.anchor(None, 0)
             self._emit(phases.compact_boundary_message(sid, event))
+        feedback = phases.stop_feedback_message(sid, step, event)
+        if feedback is not None:
+            self._emit(feedback)
         if step.edge.kind == "retry" and before.phase is Phase.STREAM:
             self._withdraw(self._request_no)
 
