@@ -1410,3 +1410,8 @@ def test_after_a_move_that_could_not_be_replayed_the_replay_resumes_from_the_rec
     assert [f.line for f in findings if f.code == "bad_event"] == [before]
     # phase, counters and query depth all come back: nothing at all is reported at the next move
     assert [f.message for f in findings if f.line == ptl] == []
+    # a depth recorded as a boolean is not taken for a depth: the replay keeps its own, and says so
+    recs[before - 1].setdefault("changed", {})["depth"] = True
+    findings = audit(recs)
+    assert [f.code for f in findings if f.line == ptl] == ["replay_mismatch"]
+    assert "depth True (replay: " in next(f.message for f in findings if f.line == ptl)

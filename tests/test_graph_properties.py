@@ -921,6 +921,11 @@ def test_a_refused_move_leaves_the_loop_where_it_was() -> None:
                           CallFailed(BROKE), Limits())
     with pytest.raises(UndeclaredMove, match=r"^a partial assistant message with tool_use needs its results$"):
         graph.advance(base(S), Aborted(partial=Message("assistant", (USE_1,), kind="assistant")), Limits())
+    # an effect that names a field the record does not have is refused by name, as LoopState(**changes) would
+    with pytest.raises(TypeError, match=r"^LoopState.__init__\(\) got an unexpected keyword argument 'bogus'$"):
+        graph._next_state(base(S), graph.Route((S,), CallFailed, None, "call_failed",
+                                               lambda s, e, lim: {"terminal_reason": T.API_ERROR, "bogus": 1}),
+                          CallFailed(BROKE), Limits())
 
 
 def test_the_model_cannot_be_moved_past_its_record() -> None:

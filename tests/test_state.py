@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from agentfsm.state import (
     COUNTER_CAPS,
+    SNAPSHOT_KEYS,
     TERMINAL_INFO,
     CompactTracking,
     Limits,
@@ -237,6 +238,17 @@ def test_the_snapshot_records_every_decided_field(field: str) -> None:
     key = names.get(leaf, leaf)
     value = _get(changed, field)
     assert changed.snapshot()[key] == (value.value if isinstance(value, Phase | TerminalReason) else value)
+
+
+@pytest.mark.parametrize("field", _decided())
+def test_the_counters_are_the_snapshots_counter_slice(field: str) -> None:
+    """What the driver logs and a Claude Code audit reports as the counters (LoopState.counters) is the
+    part of the snapshot between the phase and stop_hooks_due, key for key and value for value."""
+    base = LoopState(compact_tracking=CompactTracking(), query_tracking=QueryTracking("c", 0))
+    changed = _with(base, field, TerminalReason.MAX_TURNS if field == "terminal_reason" else _other(_get(base, field)))
+    keys = SNAPSHOT_KEYS[1:SNAPSHOT_KEYS.index("stop_hooks_due")]
+    assert list(changed.counters()) == list(keys)
+    assert changed.counters() == {k: changed.snapshot()[k] for k in keys}
 
 
 def test_counters_are_the_capped_ones_and_the_turn() -> None:
