@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_permissions import FakeTool  # the permission tests' shared fake tool
 
 from agentfsm.hooks.permissions import (
     PermissionPolicy,
@@ -19,34 +20,12 @@ from agentfsm.hooks.permissions import (
     parse_rule_text,
     requested,
 )
-from agentfsm.tools.base import FILE_DENIED, Tool, read_denied
-
-
-class FakeTool(Tool):
-    def __init__(self, name: str, read_only: bool = False, aliases: tuple[str, ...] = ()) -> None:
-        self.name = name
-        self.aliases = aliases
-        self._read_only = read_only
-
-    def is_read_only(self, input: Mapping[str, Any]) -> bool:
-        return self._read_only
-
+from agentfsm.tools.base import FILE_DENIED, read_denied
 
 READ, LS, GLOB, GREP = (FakeTool(n, True) for n in ("Read", "LS", "Glob", "Grep"))
 EDIT, NOTEBOOK_EDIT = FakeTool("Edit"), FakeTool("NotebookEdit")
 BASH, FETCH = FakeTool("Bash"), FakeTool("WebFetch", True)
 DENIED_FILE = f"<tool_use_error>{FILE_DENIED}</tool_use_error>"
-
-
-class TargetWrite(FakeTool):
-    """A file-writing tool whose input names its file under a key of its own (its permission subject)."""
-
-    def __init__(self) -> None:
-        super().__init__("Write")
-
-    def permission_subject(self, input: Mapping[str, Any]) -> str | None:
-        value = input.get("target")
-        return value if isinstance(value, str) else None
 
 
 class BrokenSubject(FakeTool):
@@ -190,8 +169,10 @@ def test_accept_edits_needs_a_named_file_inside_the_workspace(tmp_path: Path) ->
 
 def test_a_file_tools_path_may_come_from_its_permission_subject(tmp_path: Path) -> None:
     p = policy(tmp_path, mode="acceptEdits")
-    assert p.evaluate(TargetWrite(), {"target": str(tmp_path / "a.py")}).behavior == "allow"
-    assert p.evaluate(TargetWrite(), {"target": "/etc/hosts"}).behavior == "ask"
+    # a file-writing tool whose input names its file under a key of its own (its permission subject)
+    target_write = FakeTool("Write", subject_key="target")
+    assert p.evaluate(target_write, {"target": str(tmp_path / "a.py")}).behavior == "allow"
+    assert p.evaluate(target_write, {"target": "/etc/hosts"}).behavior == "ask"
 
 
 def test_a_search_is_denied_with_the_read_text_naming_the_path_as_given(tmp_path: Path) -> None:

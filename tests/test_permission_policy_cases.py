@@ -1,20 +1,20 @@
 """The policy's decisions case by case: the interrupt flag of a decision and of a callback's deny, the
 callback's context, rule objects handed to another list, ask rules from settings, the texts of ask
 rules and of the mode's asks, the rule a Bash or file-tool decision reports, allow rules for Bash,
-plan mode and acceptEdits with shell commands, where and within what budget a call is judged, and
+plan mode and acceptEdits with shell commands, where a call is judged (off the event loop or not), and
 calls the policy judges without looking at what no rule asks about."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_permissions import FakeTool  # the permission tests' shared fake tool
 
-from agentfsm.hooks import file_access, permissions
+from agentfsm.hooks import file_access
 from agentfsm.hooks.config import PermissionSettings, Settings
 from agentfsm.hooks.permissions import (
     PermissionDeny,
@@ -22,25 +22,7 @@ from agentfsm.hooks.permissions import (
     PermissionRule,
     ToolPermissionContext,
 )
-from agentfsm.tools.base import FILE_DENIED, Tool, read_denied
-
-
-class FakeTool(Tool):
-    def __init__(self, name: str, read_only: bool = False, subject_key: str | None = None) -> None:
-        self.name = name
-        self.aliases = ()
-        self._read_only = read_only
-        self._key = subject_key
-
-    def is_read_only(self, input: Mapping[str, Any]) -> bool:
-        return self._read_only
-
-    def permission_subject(self, input: Mapping[str, Any]) -> str | None:
-        if self._key is None:
-            return super().permission_subject(input)
-        value = input.get(self._key)
-        return value if isinstance(value, str) else None
-
+from agentfsm.tools.base import FILE_DENIED, read_denied
 
 BASH = FakeTool("Bash")
 READ, GREP, WRITE = FakeTool("Read", read_only=True), FakeTool("Grep", read_only=True), FakeTool("Write")
@@ -388,23 +370,6 @@ async def test_a_hooks_deny_reason_reaches_the_model_for_every_tool(tmp_path: Pa
                        hook_reason="blocked by policy")
     assert (d.behavior, d.reason, d.decided_by) == ("deny", f"PreToolUse:{tool.name} hook error: blocked by policy",
                                                     "hook")
-
-
-class SlowBash(FakeTool):
-    def __init__(self) -> None:
-        super().__init__("Bash")
-
-    def is_read_only(self, input: Mapping[str, Any]) -> bool:
-        time.sleep(0.2)  # well past the budget the test sets
-        return True
-
-
-async def test_a_bash_check_that_runs_past_its_budget_is_denied(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(permissions, "CHECK_BUDGET_S", 0.05)
-    d = await PermissionPolicy.build(tmp_path).decide(SlowBash(), {"command": "ls"})
-    assert (d.behavior, d.reason, d.decided_by) == (
-        "deny", "Permission to use Bash has been denied: the command could not be checked within 0.05s.", "rule")
 
 
 async def test_the_callback_is_told_the_call_it_answers(tmp_path: Path) -> None:

@@ -23,13 +23,24 @@ from agentfsm.tools.base import Tool
 
 
 class FakeTool(Tool):
-    def __init__(self, name: str, read_only: bool = False, aliases: tuple[str, ...] = ()) -> None:
+    """A tool that does nothing; its read-only answer and its subject (the input under ``subject_key``)
+    are what the test says. Shared by the permission test files."""
+
+    def __init__(self, name: str, read_only: bool = False, aliases: tuple[str, ...] = (),
+                 subject_key: str | None = None) -> None:
         self.name = name
         self.aliases = aliases
         self._read_only = read_only
+        self._key = subject_key
 
     def is_read_only(self, input: Mapping[str, Any]) -> bool:
         return self._read_only
+
+    def permission_subject(self, input: Mapping[str, Any]) -> str | None:
+        if self._key is None:
+            return super().permission_subject(input)
+        value = input.get(self._key)
+        return value if isinstance(value, str) else None
 
 
 class FakeBash(FakeTool):
