@@ -104,6 +104,7 @@ def render_overview(path: RunPath | None = None, *, header: str = "") -> str:
         return f"{_num(x)},{_num(height - y)}"
 
     visited = path.visited() if path is not None else None
+    flagged = path.findings_at() if path is not None else {}
     out = [f"// {header}" if header else "// agentfsm overview",
            "// render as it is: the positions are in the file (layout=nop2), e.g. dot -Tsvg or neato -n2 -Tsvg",
            "digraph overview {",
@@ -120,14 +121,15 @@ def render_overview(path: RunPath | None = None, *, header: str = "") -> str:
     running = set(running_phases())
     for name, b in layout.boxes.items():
         if name in running:
-            out.append("    " + _node(name, b, pt, visited))
+            out.append("    " + _node(name, b, pt, visited, flagged.get(name, ())))
     out.append("  }")
     for name, b in layout.boxes.items():
         if name not in running:
-            out.append("  " + _node(name, b, pt, visited))
+            out.append("  " + _node(name, b, pt, visited, flagged.get(name, ())))
     t = layout.title
-    title_lines: list[Line] = [(text, "#1b2a41" if i == 0 else "#566573", i == 0)
-                               for i, text in enumerate(_title(path))]
+    found = path.findings_text() if path is not None else ""
+    title_lines: list[Line] = [(text, "#1b2a41" if i == 0 else STOP_LINE if found and text == found else "#566573",
+                                i == 0 or bool(found and text == found)) for i, text in enumerate(_title(path))]
     out.append(f'  title [shape=plaintext, style="", width={_num(t.w / 72)}, height={_num(t.h / 72)}, '
                f'pos="{pt(*t.centre)}", label={_html_lines(title_lines, "c", lay.FONT_TITLE)}];')
     for a in layout.arrows:
@@ -137,15 +139,25 @@ def render_overview(path: RunPath | None = None, *, header: str = "") -> str:
 
 
 def _title(path: RunPath | None) -> list[str]:
-    return ["agentfsm agent loop — overview" if path is None else path.title(), LEGEND]
+    if path is None:
+        return ["agentfsm agent loop — overview", LEGEND]
+    found = path.findings_text()
+    return [path.title(), *([found] if found else []), LEGEND]
 
 
-def _node(name: str, b: lay.Box, pt: Point, visited: frozenset[str] | None) -> str:
+def _node(name: str, b: lay.Box, pt: Point, visited: frozenset[str] | None,
+          found: Sequence[tuple[int, str, str]] = ()) -> str:
     attrs_ = [f"label={_q(name)}", f'pos="{pt(b.x, b.y)}"', f"width={_num(b.w / 72)}", f"height={_num(b.h / 72)}"]
     if name == STOP:
         attrs_ += ["shape=doublecircle", f'fillcolor="{STOP_FILL}"', f'color="{STOP_LINE}"']
     if visited is not None and name not in visited:
         attrs_.append(f'fillcolor="#f4f4f4", color="{GREY}", fontcolor="{GREY_TEXT}"')
+    if found:
+        # a phase where the audit found something: outlined (red for an error, amber for a warning), and
+        # the lines in its tooltip (the HTML report links them)
+        error = any(sev == "error" for _, sev, _ in found)
+        tip = "; ".join(f"line {line}: {sev} {code}" for line, sev, code in found)
+        attrs_ += [f'color="{STOP_LINE if error else "#e67e22"}"', "penwidth=3.5", f"tooltip={_q(tip)}"]
     return f"{name} [{', '.join(attrs_)}];"
 
 

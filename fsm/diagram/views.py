@@ -166,6 +166,7 @@ class RunPath:
     name: str
     steps: tuple[Taken, ...]
     internal: tuple[tuple[int, str, str], ...] = ()
+    findings: tuple[tuple[int, str, str], ...] = ()  # (line, severity, code) of the audit's findings
 
     def counts(self) -> Counter[tuple[str, str, str]]:
         return Counter((s.label, s.source, s.dest) for s in self.steps)
@@ -196,6 +197,30 @@ class RunPath:
         ends = [s for i, s in enumerate(self.steps) if s.dest == STOP and s.reason
                 and (i + 1 == len(self.steps) or self.steps[i + 1].source != STOP)]
         return Counter(s.reason for s in ends if s.reason)
+
+    def findings_at(self) -> dict[str, list[tuple[int, str, str]]]:
+        """The audit's findings (errors and warnings, not remarks) by the phase the run was in at their
+        line: the destination of the last move recorded at or before it (the first phase before any)."""
+        out: dict[str, list[tuple[int, str, str]]] = {}
+        for line, severity, code in self.findings:
+            if severity not in ("error", "warning"):
+                continue
+            before = [s for s in self.steps if s.line <= line]
+            phase = before[-1].dest if before else (self.steps[0].source if self.steps else phases()[0])
+            out.setdefault(phase, []).append((line, severity, code))
+        return out
+
+    def findings_text(self) -> str:
+        """``2 errors, 1 warning (lines 12, 40)`` or ""."""
+        shown = [f for f in self.findings if f[1] in ("error", "warning")]
+        if not shown:
+            return ""
+        n_err = sum(1 for f in shown if f[1] == "error")
+        n_warn = len(shown) - n_err
+        parts = [f"{n} {word}{'s' * (n != 1)}" for n, word in ((n_err, "error"), (n_warn, "warning")) if n]
+        lines = sorted({f[0] for f in shown})
+        where = ", ".join(str(n) for n in lines[:6]) + (", …" if len(lines) > 6 else "")
+        return f"audit: {', '.join(parts)} at line{'s' * (len(lines) != 1)} {where} (outlined phases)"
 
     def visited(self) -> frozenset[str]:
         return frozenset(p for s in self.steps for p in (s.source, s.dest))
