@@ -10,7 +10,8 @@ rendered from, :mod:`agentfsm.diagram.render`), which is how CI keeps them hones
 
 ``agentfsm diagram --trace FILE`` draws one run — an agentfsm session file, a Claude Code transcript or
 stream-json output — over the overview (edges taken thick, with how often and at which steps; the rest
-faded; moves the graph does not declare in purple), or with ``--as sequence`` as a Mermaid sequence
+faded; moves the graph does not declare in purple; the phases where the audit found an error or a warning
+outlined, and its findings counted in the title), or with ``--as sequence`` as a Mermaid sequence
 diagram. The output format follows ``--output``'s extension (``.png .svg .dot .mmd .md``) unless
 ``--format`` says otherwise.
 """
@@ -21,6 +22,8 @@ import argparse
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+import attrs
 
 import agentfsm
 from agentfsm.audit import AGENTFSM, SOURCES, NotATrace, audit_report, recognise
@@ -196,10 +199,12 @@ def trace_path(trace: Path) -> RunPath:
     :func:`agentfsm.trace.read_records`, so other records never get in the way), a Claude Code
     transcript or stream-json output as the auditor reconstructs it. Raises :class:`NotATrace`."""
     kind = recognise(trace)
-    name = f"{SOURCES[kind]} {trace.parent.name}/{trace.name}"
-    if kind == AGENTFSM:
-        return path_from_records(read_records(trace), name)
-    return path_from_report(audit_report(trace), name)
+    # the file's name only: a directory (~/.claude/projects/<escaped cwd>/) would tell more of the machine
+    # than of the run, and widen the picture with it
+    name = f"{SOURCES[kind]} {trace.name}"
+    report = audit_report(trace)
+    path = path_from_records(read_records(trace), name) if kind == AGENTFSM else path_from_report(report, name)
+    return attrs.evolve(path, findings=tuple((f.line, f.severity, f.code) for f in report.findings))
 
 
 def render_trace(path: RunPath, fmt: str, *, as_: str = "graph") -> bytes:
