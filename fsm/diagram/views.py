@@ -115,6 +115,35 @@ def recovery_rows() -> tuple[RouteRow, ...]:
     return tuple(rows)
 
 
+@attrs.frozen
+class Panel:
+    """One family of the recovery view: the routes one event takes out of one phase — or out of several,
+    when their routes are the same (a failed call is judged alike from call_model and stream) — in the
+    order the machine tries them."""
+
+    sources: tuple[str, ...]
+    event: str
+    rows: tuple[RouteRow, ...]
+
+
+def recovery_panels() -> tuple[Panel, ...]:
+    """The recovery view's panels: one per (phase, event), in the order the routes are declared; phases
+    whose routes for an event are identical share one panel, so no route (and no target) is drawn twice."""
+    families: dict[tuple[str, str], list[RouteRow]] = {}
+    for r in recovery_rows():
+        families.setdefault((r.source, r.event), []).append(r)
+    panels: list[Panel] = []
+    for (source, event), rows in families.items():
+        same = [i for i, p in enumerate(panels) if p.event == event and
+                [(r.guard, r.edge, r.dest) for r in p.rows] == [(r.guard, r.edge, r.dest) for r in rows]]
+        if same:
+            p = panels[same[0]]
+            panels[same[0]] = attrs.evolve(p, sources=(*p.sources, source))
+        else:
+            panels.append(Panel((source,), event, tuple(rows)))
+    return tuple(panels)
+
+
 # --- the terminal view -------------------------------------------------------------------------------
 
 
@@ -199,14 +228,17 @@ class RunPath:
         return Counter(s.reason for s in ends if s.reason)
 
     def findings_at(self) -> dict[str, list[tuple[int, str, str]]]:
-        """The audit's findings (errors and warnings, not remarks) by the phase the run was in at their
-        line: the destination of the last move recorded at or before it (the first phase before any)."""
+        """The audit's findings (errors and warnings, not remarks) by the phase the run was in when their
+        line was read: the source of the first move recorded at that line, else the destination of the
+        last move before it (the first phase before any)."""
         out: dict[str, list[tuple[int, str, str]]] = {}
         for line, severity, code in self.findings:
             if severity not in ("error", "warning"):
                 continue
-            before = [s for s in self.steps if s.line <= line]
-            phase = before[-1].dest if before else (self.steps[0].source if self.steps else phases()[0])
+            at = [s for s in self.steps if s.line == line]
+            before = [s for s in self.steps if s.line < line]
+            phase = (at[0].source if at else before[-1].dest if before
+                     else self.steps[0].source if self.steps else phases()[0])
             out.setdefault(phase, []).append((line, severity, code))
         return out
 
@@ -259,6 +291,16 @@ def path_from_report(report: Report, name: str) -> RunPath:
     steps = tuple(Taken(i, m.label, m.source, m.dest, m.line, m.declared, m.reason, m.event)
                   for i, m in enumerate(report.moves, 1))
     return RunPath(name, steps, report.internal)
+
+
+def lines_text(path: RunPath, order: Sequence[int], limit: int = 6) -> str:
+    """``lines 15, 32, 42`` — the lines of the input the moves ``order`` were read from, so a reader can find
+    them in the file (moves a phase made on its own share their event's line)."""
+    at = {s.n: s.line for s in path.steps}
+    lines = list(dict.fromkeys(at[n] for n in order if at.get(n)))
+    if not lines:
+        return f"steps {steps_text(order, limit)}"
+    return f"line{'s' * (len(lines) != 1)} {steps_text(lines, limit)}"
 
 
 def steps_text(order: Sequence[int], limit: int = 3) -> str:
