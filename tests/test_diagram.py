@@ -25,14 +25,17 @@ from agentfsm.diagram.rendering import png_size
 from agentfsm.diagram.views import (
     COMPOSITE,
     KIND_COLOURS,
+    RunPath,
+    Taken,
     overview_groups,
     path_from_records,
     recovery_rows,
     running_phases,
     terminal_rows,
 )
+from agentfsm.events import Aborted, to_record
 from agentfsm.graph import EDGES, ROUTES, RUNNING, STATES
-from agentfsm.state import TerminalReason
+from agentfsm.state import Message, TerminalReason
 
 RENDERER = pytest.mark.skipif(diagram.renderer() is None, reason="neither Graphviz dot nor pygraphviz installed")
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
@@ -455,7 +458,8 @@ def test_the_sequence_diagram_shows_requests_tools_hooks_and_re_entries() -> Non
         "sequenceDiagram", seq.splitlines()[1], "    participant U as User", "    participant L as Loop",
         "    participant M as Model", "    participant T as Tools", "    participant H as Hooks", "    U->>L: prompt"]
     assert "    L->>M: request 1" in seq and "    L->>M: request 2" in seq
-    assert "    H-->>L: block · [/TOOLS/stop_block_once.sh]: STOP_HOOK_REENTER_MARKER: run the tests first" in seq
+    # the hook's script by its name, not its directory
+    assert "    H-->>L: block · [stop_block_once.sh]: STOP_HOOK_REENTER_MARKER: run the tests first" in seq
     assert "    Note over L: ↻ stop_hook_blocking" in seq
     assert seq.rstrip().endswith("L-->>U: result · completed")
     context = sequence.render(diagram.trace_path(FIXTURES / "stop_hook_context" / "transcript.jsonl"))
@@ -573,3 +577,20 @@ def test_the_overlay_draws_the_audit_findings(tmp_path: Path) -> None:
     assert f"audit: {len(errors)} error" in dot
     # the phase the run was in at the first error is outlined in red, with the findings as its tooltip
     assert re.search(r'stream \[[^\]]*color="#c0392b", penwidth=3.5, tooltip="line 4: error', dot), dot
+
+
+def test_the_sequence_shows_compaction_requests_interrupted_calls_and_no_directories() -> None:
+    seq = sequence.render(diagram.trace_path(FIXTURES / "ptl_after_tools" / "transcript.jsonl")).splitlines()
+    error = next(i for i, line in enumerate(seq) if "prompt_too_long error 400" in line)
+    # the 400 is followed by the compaction request and its summary, then the request asked again
+    assert "L->>M: compaction request" in seq[error + 1] and "M-->>L: summary" in seq[error + 2]
+    assert any("L->>M: request" in line for line in seq[error + 3:])
+    hooks = sequence.render(diagram.trace_path(FIXTURES / "stop_hook_once" / "transcript.jsonl"))
+    assert "stop_block_once.sh" in hooks and "/TOOLS/" not in hooks
+    use = Message("assistant", ({"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},))
+    cut = Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "content": "interrupted"},))
+    steps = (Taken(1, "abort", "dispatch_tools", "stop", 3, reason="aborted_tools",
+                   event=to_record(Aborted(partial=use, partial_results=cut))),)
+    aborted = sequence.render(RunPath("t", steps))
+    assert "U--xL: interrupt" in aborted and "T--xL: interrupted toolu_1" in aborted
+    assert sequence_problems(aborted) == [], aborted
