@@ -138,6 +138,23 @@ def _run_rows(run: Run, tl: Timeline, x: Any, rows: list[dict[str, Any]], depth:
                          "head": False})
 
 
+def span_rows(run: Run) -> list[dict[str, Any]]:
+    """The timeline's spans as a table, in the order they started: what a screenshot (or a reader who
+    does not hover) sees of each bar."""
+    tl = run.timeline
+    rows = []
+    for s in sorted(tl.spans, key=lambda s: (s.start, s.line)):
+        took = ""
+        if tl.unit == MS:
+            took = _fmt(s.end - s.start, MS) if s.end > s.start else ""
+            if s.kind == REQUEST and s.first is not None:
+                took = f"{_fmt(s.first - s.start, MS)} to first token, {_fmt(s.end - s.start, MS)}"
+        rows.append({"at": _fmt(s.start, tl.unit), "took": took, "kind": LANE_NAMES.get(s.kind, s.kind),
+                     "what": s.label, "status": s.status, "detail": s.detail, "line": s.line,
+                     "anchor": f"{run.key}-L{s.line}", "child": s.child})
+    return rows
+
+
 # --- what happened, in words ---------------------------------------------------------------------
 
 
@@ -208,6 +225,7 @@ def story(run: Run) -> list[str]:
 def _context(run: Run) -> dict[str, Any]:
     svg, note = _svg(run) if run.moves else ("", "")
     return {"run": run, "svg": svg, "svg_note": note, "timeline": timeline_rows(run), "story": story(run),
+            "spans": span_rows(run),
             "data": jsonable(run), "children": [_context(c) for c in run.children]}
 
 
