@@ -655,11 +655,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--require-full", action="store_true",
                    help="with --coverage: exit 1 unless every edge and every terminal reason was exercised")
     p.add_argument("--codes", action="store_true", help="list the finding codes and exit")
+    p.add_argument("--html", metavar="OUT.html",
+                   help="write the audit as one self-contained HTML page instead (graph, timeline, state after "
+                        "each move, findings linked to their lines; needs the report extra)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.html is not None:  # `agentfsm audit --html` goes to agentfsm.report, a layer above this one
+        _parser().error("--html is written by the agentfsm command: agentfsm audit --html OUT.html PATH…")
     if args.codes:
         for code, doc in CODES.items():
             print(f"{code:36} {severity_of(code):8} {doc}")

@@ -629,6 +629,11 @@ def _subcommand(name: str, argv: list[str]) -> int:
             sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
             return 2
         return (worker_main if name == "worker" else batch_main)(argv)
+    if any(a == "--html" or a.startswith("--html=") for a in argv):
+        # the page (agentfsm.report) sits above the auditor and the diagrams; the auditor cannot import it
+        from agentfsm.report import main as report_main
+
+        return report_main(argv)
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)

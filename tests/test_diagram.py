@@ -25,14 +25,17 @@ from agentfsm.diagram.rendering import png_size
 from agentfsm.diagram.views import (
     COMPOSITE,
     KIND_COLOURS,
+    RunPath,
+    Taken,
     overview_groups,
     path_from_records,
     recovery_rows,
     running_phases,
     terminal_rows,
 )
+from agentfsm.events import Aborted, to_record
 from agentfsm.graph import EDGES, ROUTES, RUNNING, STATES
-from agentfsm.state import TerminalReason
+from agentfsm.state import Message, TerminalReason
 
 RENDERER = pytest.mark.skipif(diagram.renderer() is None, reason="neither Graphviz dot nor pygraphviz installed")
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
@@ -378,7 +381,8 @@ def test_a_run_over_the_overview_counts_orders_and_fades() -> None:
     assert diagram.views.GREY in styles[untaken]
     assert "%% t: 19 moves, ended completed" in mmd
     dot = dot_views.render_overview(path)
-    assert "<b>next_turn ×3 · 5, 10, 15</b>" in dot and "penwidth=2.6" in dot
+    # the picture names the lines of the file the moves were read from (the session record is line 1)
+    assert "<b>next_turn ×3 · lines 6, 11, 16</b>" in dot and "penwidth=2.6" in dot
     assert f'<font color="{diagram.views.GREY_TEXT}" point-size="13">stream_retry</font>' in dot
     assert not flowchart_problems(mmd)
 
@@ -454,7 +458,8 @@ def test_the_sequence_diagram_shows_requests_tools_hooks_and_re_entries() -> Non
         "sequenceDiagram", seq.splitlines()[1], "    participant U as User", "    participant L as Loop",
         "    participant M as Model", "    participant T as Tools", "    participant H as Hooks", "    U->>L: prompt"]
     assert "    L->>M: request 1" in seq and "    L->>M: request 2" in seq
-    assert "    H-->>L: block · [/TOOLS/stop_block_once.sh]: STOP_HOOK_REENTER_MARKER: run the tests first" in seq
+    # the hook's script by its name, not its directory
+    assert "    H-->>L: block · [stop_block_once.sh]: STOP_HOOK_REENTER_MARKER: run the tests first" in seq
     assert "    Note over L: ↻ stop_hook_blocking" in seq
     assert seq.rstrip().endswith("L-->>U: result · completed")
     context = sequence.render(diagram.trace_path(FIXTURES / "stop_hook_context" / "transcript.jsonl"))
@@ -512,3 +517,80 @@ for (const f of process.argv.slice(2)) {
 }
 process.exit(bad ? 1 : 0);
 """
+
+
+# --- legible at page width -----------------------------------------------------------------------------
+
+PAGE = 800  # px: a docs page's column
+SMALLEST = 11.0  # px: the smallest text a reader should have to read
+
+
+def legibility(svg: str) -> tuple[float, float]:
+    """(rendered width in px, smallest font in px once the picture is scaled to fit PAGE px). Graphviz's
+    SVG is in points (96 dpi: 1 pt = 4/3 px) and every text carries its font-size in those units."""
+    m = re.search(r'<svg width="([\d.]+)pt" height="[\d.]+pt"', svg)
+    assert m, "not a Graphviz SVG in points"
+    width = float(m[1]) * 4 / 3
+    sizes = [float(x) for x in re.findall(r'font-size="([\d.]+)"', svg)]
+    assert sizes, "no text"
+    return width, min(sizes) * 4 / 3 * min(1.0, PAGE / width)
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (Path(__file__).parent.parent / "diagrams").glob("*.svg")))
+def test_every_committed_diagram_is_legible_at_page_width(name: str) -> None:
+    folder = Path(__file__).parent.parent / "diagrams"
+    width, smallest = legibility((folder / name).read_text(encoding="utf-8"))
+    assert smallest >= SMALLEST, f"{name}: {width:.0f} px wide, smallest text {smallest:.1f} px at {PAGE} px"
+    # the PNG beside it is the same picture at 96 dpi
+    png = folder / name.replace(".svg", ".png")
+    assert abs(png_size(png.read_bytes())[0] - width) <= 2
+
+
+def test_the_legibility_check_can_fail() -> None:
+    # a wide picture with small text: 1600 pt = 2133 px, 12 pt text shrinks to 6 px at 800 px
+    svg = '<svg width="1600pt" height="400pt"><text font-size="12.00">x</text></svg>'
+    width, smallest = legibility(svg)
+    assert round(width) == 2133 and smallest < SMALLEST
+
+
+@RENDERER
+def test_a_run_overlay_does_not_widen_with_the_directory_it_is_in(tmp_path: Path) -> None:
+    source = FIXTURES / "ptl_after_tools" / "transcript.jsonl"
+    short = tmp_path / "a" / "run.jsonl"
+    deep = tmp_path / ("-home-someone-projects-" + "x" * 80) / "1f0e6a52-9d1b-4c55-8d7e-000000000000" / "run.jsonl"
+    for p in (short, deep):
+        p.parent.mkdir(parents=True)
+        p.write_bytes(source.read_bytes())
+    widths = {legibility(diagram.render_trace(diagram.trace_path(p), "svg").decode())[0] for p in (short, deep)}
+    assert len(widths) == 1
+
+
+@RENDERER
+def test_the_overlay_draws_the_audit_findings(tmp_path: Path) -> None:
+    trace = write(tmp_path / "t.jsonl", run_records([("call", "assemble", "call_model", None),
+                                                     ("open_stream", "call_model", "stream", None),
+                                                     ("collect", "stream", "feedback", None)]))
+    path = diagram.trace_path(trace)
+    errors = [f for f in path.findings if f[1] == "error"]
+    assert errors
+    dot = dot_views.render_overview(path)
+    assert f"audit: {len(errors)} error" in dot
+    # the phase the run was in at the first error is outlined in red, with the findings as its tooltip
+    assert re.search(r'stream \[[^\]]*color="#c0392b", penwidth=3.5, tooltip="line 4: error', dot), dot
+
+
+def test_the_sequence_shows_compaction_requests_interrupted_calls_and_no_directories() -> None:
+    seq = sequence.render(diagram.trace_path(FIXTURES / "ptl_after_tools" / "transcript.jsonl")).splitlines()
+    error = next(i for i, line in enumerate(seq) if "prompt_too_long error 400" in line)
+    # the 400 is followed by the compaction request and its summary, then the request asked again
+    assert "L->>M: compaction request" in seq[error + 1] and "M-->>L: summary" in seq[error + 2]
+    assert any("L->>M: request" in line for line in seq[error + 3:])
+    hooks = sequence.render(diagram.trace_path(FIXTURES / "stop_hook_once" / "transcript.jsonl"))
+    assert "stop_block_once.sh" in hooks and "/TOOLS/" not in hooks
+    use = Message("assistant", ({"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},))
+    cut = Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "content": "interrupted"},))
+    steps = (Taken(1, "abort", "dispatch_tools", "stop", 3, reason="aborted_tools",
+                   event=to_record(Aborted(partial=use, partial_results=cut))),)
+    aborted = sequence.render(RunPath("t", steps))
+    assert "U--xL: interrupt" in aborted and "T--xL: interrupted toolu_1" in aborted
+    assert sequence_problems(aborted) == [], aborted

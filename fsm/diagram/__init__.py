@@ -10,7 +10,8 @@ rendered from, :mod:`agentfsm.diagram.render`), which is how CI keeps them hones
 
 ``agentfsm diagram --trace FILE`` draws one run — an agentfsm session file, a Claude Code transcript or
 stream-json output — over the overview (edges taken thick, with how often and at which steps; the rest
-faded; moves the graph does not declare in purple), or with ``--as sequence`` as a Mermaid sequence
+faded; moves the graph does not declare in purple; the phases where the audit found an error or a warning
+outlined, and its findings counted in the title), or with ``--as sequence`` as a Mermaid sequence
 diagram. The output format follows ``--output``'s extension (``.png .svg .dot .mmd .md``) unless
 ``--format`` says otherwise.
 """
@@ -22,13 +23,23 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import attrs
+
 import agentfsm
 from agentfsm.audit import AGENTFSM, SOURCES, NotATrace, audit_report, recognise
 from agentfsm.diagram import dot as dot_views
 from agentfsm.diagram import mermaid as mermaid_views
 from agentfsm.diagram import sequence
 from agentfsm.diagram.rendering import DiagramError, dot_digest, png_size, render, renderer, stamp_of
-from agentfsm.diagram.views import KIND_COLOURS, LEGEND, RunPath, path_from_records, path_from_report
+from agentfsm.diagram.views import (
+    KIND_COLOURS,
+    LEGEND,
+    RunPath,
+    path_from_records,
+    path_from_report,
+    recovery_panels,
+    terminal_rows,
+)
 from agentfsm.trace import read_records
 
 __all__ = ["EXTENSIONS", "FORMATS", "KIND_COLOURS", "VIEWS", "DiagramError", "check", "dot_digest", "main",
@@ -41,7 +52,8 @@ VIEWS: Mapping[str, tuple[Callable[[], str], Callable[[], str], str]] = {
     "overview": (mermaid_views.render_overview, dot_views.render_overview,
                  "the phases, the forward path, re-entries (left), retries (right), the edges into stop"),
     "recovery": (mermaid_views.render_recovery, dot_views.render_recovery,
-                 "every route out of call_model and stream, `Event [guard] → edge`, in the order they are tried"),
+                 "every route out of call_model and stream, one panel per event, its routes in the order they are "
+                 "tried"),
     "terminal": (mermaid_views.render_terminal, dot_views.render_terminal,
                  "which edge into stop carries which terminal reason"),
 }
@@ -72,6 +84,32 @@ def default_out_dir() -> Path:
     return (repo_root() or Path.cwd()) / "diagrams"
 
 
+def terminal_markdown() -> str:
+    """The terminal view as the table it is (Markdown): which edge into stop carries which reasons."""
+    head = "| edge into stop | from | terminal reasons (result subtype) | is_error |\n|---|---|---|---|\n"
+    rows = []
+    for r in terminal_rows():
+        for i, (reason, subtype, err) in enumerate(r.reasons):
+            edge, src = (f"`{r.trigger}`", ", ".join(f"`{s}`" for s in r.sources)) if i == 0 else ("", "")
+            rows.append(f"| {edge} | {src} | `{reason}` ({subtype}) | {'**yes**' if err else 'no'} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def recovery_markdown() -> str:
+    """The recovery view as tables (Markdown): one per event, its routes in the order they are tried."""
+    out = []
+    for panel in recovery_panels():
+        rows = []
+        for r in panel.rows:
+            # a pipe inside a guard would end the table cell; GFM reads `\|` as a pipe, even in code
+            guard = "`" + r.guard.replace("|", "\\|") + "`" if r.guard else "otherwise"
+            rows.append(f"| {r.rank} | {guard} | `{r.edge}` | `{r.dest}` |")
+        sources = " and ".join(f"`{s}`" for s in panel.sources)
+        out.append(f"**{sources} — on `{panel.event}`**\n\n| # | guard | edge | to |\n|---|---|---|---|\n"
+                   + "\n".join(rows) + "\n")
+    return "\n".join(out)
+
+
 def _readme() -> str:
     rows = "\n".join(f"| `{v}` | {doc} | [{v}.mmd]({v}.mmd) · [{v}.dot]({v}.dot) · [{v}.svg]({v}.svg) · "
                      f"[{v}.png]({v}.png) |" for v, (_m, _d, doc) in VIEWS.items())
@@ -82,7 +120,11 @@ def _readme() -> str:
         "PNG by the SHA-256 of the DOT source it was rendered from, which it carries).\n\n"
         "| view | shows | files |\n|---|---|---|\n" + rows + "\n\n"
         f"{LEGEND}.\n\n"
-        "![overview](overview.png)\n\n![recovery](recovery.png)\n\n![terminal](terminal.png)\n\n"
+        "![overview](overview.svg)\n\n"
+        "## How call_model and stream decide\n\n![recovery](recovery.svg)\n\nThe same, as tables:\n\n"
+        + recovery_markdown() + "\n"
+        "## Edges into stop and their terminal reasons\n\n" + terminal_markdown() + "\n"
+        "([terminal.svg](terminal.svg) draws the same table.)\n\n"
         "The overview in Mermaid (what the project README embeds):\n\n"
         "```mermaid\n" + render_mermaid("overview") + "```\n"
     )
@@ -196,10 +238,12 @@ def trace_path(trace: Path) -> RunPath:
     :func:`agentfsm.trace.read_records`, so other records never get in the way), a Claude Code
     transcript or stream-json output as the auditor reconstructs it. Raises :class:`NotATrace`."""
     kind = recognise(trace)
-    name = f"{SOURCES[kind]} {trace.parent.name}/{trace.name}"
-    if kind == AGENTFSM:
-        return path_from_records(read_records(trace), name)
-    return path_from_report(audit_report(trace), name)
+    # the file's name only: a directory (~/.claude/projects/<escaped cwd>/) would tell more of the machine
+    # than of the run, and widen the picture with it
+    name = f"{SOURCES[kind]} {trace.name}"
+    report = audit_report(trace)
+    path = path_from_records(read_records(trace), name) if kind == AGENTFSM else path_from_report(report, name)
+    return attrs.evolve(path, findings=tuple((f.line, f.severity, f.code) for f in report.findings))
 
 
 def render_trace(path: RunPath, fmt: str, *, as_: str = "graph") -> bytes:

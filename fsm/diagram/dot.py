@@ -27,13 +27,14 @@ from agentfsm.diagram.views import (
     STOP_LINE,
     UNDECLARED,
     Group,
+    Panel,
     RouteRow,
     RunPath,
+    lines_text,
     overview_groups,
     phases,
-    recovery_rows,
+    recovery_panels,
     running_phases,
-    steps_text,
     terminal_rows,
 )
 
@@ -71,13 +72,14 @@ def _group_lines(g: Group, path: RunPath | None) -> list[Line]:
     out: list[Line] = []
     for t in g.triggers:
         order = path.taken_along(t, g)
-        out.append((f"{t} ×{len(order)} · {steps_text(order)}", colour, True) if order else (t, GREY_TEXT, False))
+        out.append((f"{t} ×{len(order)} · {lines_text(path, order)}", colour, True) if order
+                   else (t, GREY_TEXT, False))
     return out
 
 
 def _undeclared(path: RunPath) -> list[tuple[int, str, str, str, list[Line]]]:
     return [(order[0], label, source, dest, [(f"{label} ×{len(order)} UNDECLARED", UNDECLARED, True),
-                                            (f"steps {steps_text(order)}", UNDECLARED, False)])
+                                            (lines_text(path, order), UNDECLARED, False)])
             for (label, source, dest), order in path.undeclared_moves().items()]
 
 
@@ -104,6 +106,7 @@ def render_overview(path: RunPath | None = None, *, header: str = "") -> str:
         return f"{_num(x)},{_num(height - y)}"
 
     visited = path.visited() if path is not None else None
+    flagged = path.findings_at() if path is not None else {}
     out = [f"// {header}" if header else "// agentfsm overview",
            "// render as it is: the positions are in the file (layout=nop2), e.g. dot -Tsvg or neato -n2 -Tsvg",
            "digraph overview {",
@@ -120,14 +123,16 @@ def render_overview(path: RunPath | None = None, *, header: str = "") -> str:
     running = set(running_phases())
     for name, b in layout.boxes.items():
         if name in running:
-            out.append("    " + _node(name, b, pt, visited))
+            out.append("    " + _node(name, b, pt, visited, flagged.get(name, ())))
     out.append("  }")
     for name, b in layout.boxes.items():
         if name not in running:
-            out.append("  " + _node(name, b, pt, visited))
+            out.append("  " + _node(name, b, pt, visited, flagged.get(name, ())))
     t = layout.title
-    title_lines: list[Line] = [(text, "#1b2a41" if i == 0 else "#566573", i == 0)
-                               for i, text in enumerate(_title(path))]
+    found = path.findings_text() if path is not None else ""
+    alarm = STOP_LINE if path is not None and any(f[1] == "error" for f in path.findings) else "#d35400"
+    title_lines: list[Line] = [(text, "#1b2a41" if i == 0 else alarm if found and text == found else "#566573",
+                                i == 0 or bool(found and text == found)) for i, text in enumerate(_title(path))]
     out.append(f'  title [shape=plaintext, style="", width={_num(t.w / 72)}, height={_num(t.h / 72)}, '
                f'pos="{pt(*t.centre)}", label={_html_lines(title_lines, "c", lay.FONT_TITLE)}];')
     for a in layout.arrows:
@@ -137,15 +142,25 @@ def render_overview(path: RunPath | None = None, *, header: str = "") -> str:
 
 
 def _title(path: RunPath | None) -> list[str]:
-    return ["agentfsm agent loop — overview" if path is None else path.title(), LEGEND]
+    if path is None:
+        return ["agentfsm agent loop — overview", LEGEND]
+    found = path.findings_text()
+    return [path.title(), *([found] if found else []), LEGEND]
 
 
-def _node(name: str, b: lay.Box, pt: Point, visited: frozenset[str] | None) -> str:
+def _node(name: str, b: lay.Box, pt: Point, visited: frozenset[str] | None,
+          found: Sequence[tuple[int, str, str]] = ()) -> str:
     attrs_ = [f"label={_q(name)}", f'pos="{pt(b.x, b.y)}"', f"width={_num(b.w / 72)}", f"height={_num(b.h / 72)}"]
     if name == STOP:
         attrs_ += ["shape=doublecircle", f'fillcolor="{STOP_FILL}"', f'color="{STOP_LINE}"']
     if visited is not None and name not in visited:
         attrs_.append(f'fillcolor="#f4f4f4", color="{GREY}", fontcolor="{GREY_TEXT}"')
+    if found:
+        # a phase where the audit found something: outlined (red for an error, amber for a warning), and
+        # the lines in its tooltip (the HTML report links them)
+        error = any(sev == "error" for _, sev, _ in found)
+        tip = "; ".join(f"line {line}: {sev} {code}" for line, sev, code in found)
+        attrs_ += [f'color="{STOP_LINE if error else "#e67e22"}"', "penwidth=3.5", f"tooltip={_q(tip)}"]
     return f"{name} [{', '.join(attrs_)}];"
 
 
@@ -225,64 +240,78 @@ def _wrap_guard(guard: str) -> list[str]:
     return [parts[0]] + [f"and {p}" for p in parts[1:]]
 
 
-def _route_lines(r: RouteRow) -> list[Line]:
-    lines: list[Line] = [(f"{r.rank}. {r.event}", NODE_TEXT, True)]
-    if r.guard:
-        guard = _wrap_guard(r.guard)
-        guard[0] = f"[{guard[0]}"
-        guard[-1] = f"{guard[-1]}]"
-        lines += [(g if j == 0 else f"  {g}", "#566573", False) for j, g in enumerate(guard)]
-    lines.append((f"→ {r.edge}", KIND_COLOURS[r.kind], True))
-    return lines
+def _event_doc(event: str) -> str:
+    """The first sentence of an event's docstring: what the panel's event means."""
+    from agentfsm import events
+
+    doc = " ".join((getattr(events, event, None).__doc__ or "").split())
+    first = doc.split(". ", 1)[0].split(" ``", 1)[0].rstrip(".")
+    return first.replace("``", "")
+
+
+def _cell(text: str, colour: str, *, bold: bool = False, size: float = lay.FONT_ROUTE) -> str:
+    t = html.escape(text, quote=False)
+    return f'<font color="{colour}" point-size="{size:g}">{f"<b>{t}</b>" if bold else t}</font>'
+
+
+def _guard_lines(r: RouteRow) -> list[str]:
+    if not r.guard:
+        return ["otherwise"]
+    parts = _wrap_guard(r.guard)
+    parts[0] = "[" + parts[0]
+    parts[-1] = parts[-1] + "]"
+    return [g if j == 0 else f"  {g}" for j, g in enumerate(parts)]
+
+
+def _panel_lines(panel: Panel) -> list[tuple[str, float, bool]]:
+    """Every line of a panel with its size and weight: what its width is estimated from."""
+    out = [(f"{' and '.join(panel.sources)} — on {panel.event}", 14.0, True),
+           (_event_doc(panel.event), lay.FONT_ROUTE, False)]
+    for r in panel.rows:
+        out += [(g, lay.FONT_ROUTE, False) for g in _guard_lines(r)]
+        out.append((f"→ {r.edge}  to {r.dest}", lay.FONT_ROUTE, True))
+    return out
+
+
+def _panel(panel: Panel, width: int) -> str:
+    """One family as an HTML-like table: a heading, then one row per route — its number (the order the
+    machine tries them), its guard, and the edge it takes with where that leads. ``width``: of the
+    text column, the same in every panel so they line up."""
+    head = (f'<tr><td colspan="2" align="left" balign="left" bgcolor="{NODE_FILL}" cellpadding="6">'
+            + _cell(f"{' and '.join(panel.sources)} — on {panel.event}", NODE_TEXT, bold=True, size=14)
+            + '<br align="left"/>' + _cell(_event_doc(panel.event), "#566573") + '<br align="left"/></td></tr>')
+    rows = []
+    for r in panel.rows:
+        lines = '<br align="left"/>'.join(_cell(g, "#566573") for g in _guard_lines(r))
+        colour = KIND_COLOURS[r.kind] if r.kind != "terminal" else STOP_LINE
+        took = _cell(f"→ {r.edge}", colour, bold=True) + _cell(f"  to {r.dest}", NODE_TEXT)
+        rows.append(f'<tr><td align="right" valign="top" width="22">{_cell(str(r.rank), NODE_TEXT, bold=True)}</td>'
+                    f'<td align="left" balign="left" width="{width}">{lines}<br align="left"/>{took}'
+                    '<br align="left"/></td></tr>')
+    return (f'<<table border="1" cellborder="0" cellspacing="0" cellpadding="3" color="{CLUSTER_LINE}" '
+            f'style="rounded">{head}{"".join(rows)}</table>>')
 
 
 def render_recovery() -> str:
-    """Every route out of call_model and stream: one box per route, ``Event [guard] → edge``, top to
-    bottom in the order the machine tries them (the number is the rank among the routes of that
-    event), each leading to the phase its edge enters."""
-    rows = recovery_rows()
-    lines = [_route_lines(r) for r in rows]
-    title = ["agentfsm — how call_model and stream decide",
-             "Event [guard] → edge, tried top to bottom; the first route whose guard holds fires"]
-    rec = lay.recovery([(r.source, r.dest, [t for t, _, _ in ls]) for r, ls in zip(rows, lines, strict=True)],
-                       title)
-    height = rec.height
-
-    def pt(x: float, y: float) -> str:
-        return f"{_num(x)},{_num(height - y)}"
-
-    out = ["// agentfsm recovery view: every route out of call_model and stream (agentfsm.graph.ROUTES)",
-           "// render as it is: the positions are in the file (layout=nop2)",
+    """Every route out of call_model and stream, one panel per event (the failure families, and the
+    events that lead on), each listing its routes in the order the machine tries them: the first whose
+    guard holds fires. A phase whose routes for an event are the same as another's shares its panel, so
+    nothing is drawn twice; destinations are named in the rows, so no arrow crosses another. The panels
+    stack in one column, narrow enough to read at page width."""
+    panels = recovery_panels()
+    out = ["// agentfsm recovery view: every route out of call_model and stream (agentfsm.graph.ROUTES), "
+           "one panel per event",
            "digraph recovery {",
-           f'  graph [layout=nop2, bb="0,0,{_num(rec.width)},{_num(height)}", fontname={FONT}, pad=0.1];',
-           f'  node [fontname={FONT}, fontsize={lay.FONT_NODE:g}, fixedsize=true, style="rounded,filled", '
-           f'fillcolor="{NODE_FILL}", color="{NODE_LINE}", fontcolor="{NODE_TEXT}", shape=box, penwidth=1.3];',
-           "  edge [arrowsize=0.7];"]
-    t = rec.title
-    heading: list[Line] = [(x, NODE_TEXT if i == 0 else "#566573", i == 0) for i, x in enumerate(title)]
-    out.append(f'  title [shape=plaintext, style="", width={_num(t.w / 72)}, height={_num(t.h / 72)}, '
-               f'pos="{pt(*t.centre)}", label={_html_lines(heading, "c", lay.FONT_TITLE)}];')
-    for key, b in rec.phases.items():
-        extra = f', shape=doublecircle, fillcolor="{STOP_FILL}", color="{STOP_LINE}"' if b.name == STOP else ""
-        out.append(f'  {_q(key)} [label={_q(b.name)}, pos="{pt(b.x, b.y)}", width={_num(b.w / 72)}, '
-                   f"height={_num(b.h / 72)}{extra}];")
-    for b in rec.routes:
-        r = rows[b.index]
-        # a fixed-width cell keeps the lines flush left in every box
-        cell = _html_lines(lines[b.index], "l", lay.FONT_ROUTE)[1:-1]
-        label = (f'<<table border="0" cellborder="0" cellpadding="0" cellspacing="0"><tr><td width="{int(b.w - 16)}" '
-                 f'align="left" balign="left">{cell}</td></tr></table>>')
-        out.append(f'  route{b.index} [style="rounded,filled", fillcolor=white, color="{KIND_COLOURS[r.kind]}", '
-                   f'pos="{pt(b.x, b.y)}", width={_num(b.w / 72)}, height={_num(b.h / 72)}, label={label}];')
-    for key, index, points in rec.spines:
-        out.append(f'  {_q(key)} -> route{index} [dir=none, color="{GREY}", '
-                   f'pos="{" ".join(pt(x, y) for x, y in _spline(points, head=False))}"];')
-    for index, points in rec.arrows:
-        r = rows[index]
-        dest_key = f"{r.source}:{r.dest}"
-        style = "dashed" if r.kind in DASHED_KINDS else "solid"
-        out.append(f"  route{index} -> {_q(dest_key)} [color=\"{KIND_COLOURS[r.kind]}\", style={style}, "
-                   f'pos="e,{pt(*points[-1])} {" ".join(pt(x, y) for x, y in _spline(points))}"];')
+           f'  graph [fontname={FONT}, pad=0.2, nodesep=0.2, ranksep=0.18, labelloc=t, fontsize={lay.FONT_TITLE:g}, '
+           f'fontcolor="{NODE_TEXT}", label=<<b>agentfsm — how call_model and stream decide</b><br/>'
+           f'<font point-size="{lay.FONT_ROUTE:g}" color="#566573">one panel per event: its routes are tried in the '
+           "order numbered; the first whose guard holds fires</font>>];",
+           f"  node [fontname={FONT}, shape=plaintext, margin=0];",
+           "  edge [style=invis];"]
+    width = int(max(lay.text_width(t, size, bold) for p in panels for t, size, bold in _panel_lines(p))) + 8
+    for n, panel in enumerate(panels, 1):
+        out.append(f"  panel{n} [label={_panel(panel, width)}];")
+    out += [f"  panel{n} -> panel{n + 1};" for n in range(1, len(panels))]
     out.append("}")
     return "\n".join(out) + "\n"
 
@@ -301,7 +330,8 @@ def render_terminal() -> str:
         reasons = "<br/>".join(
             (f'<font color="{STOP_LINE}">' if err else "<font>") + html.escape(f"{reason} ({subtype})") + "</font>"
             for reason, subtype, err in r.reasons)
-        body.append(f'<tr><td align="left" valign="top"><font color="{KIND_COLOURS["terminal"]}"><b>'
+        # the edge names in ink: red is kept for what is an error (is_error reasons)
+        body.append(f'<tr><td align="left" valign="top"><font color="{NODE_TEXT}"><b>'
                     f'{html.escape(r.trigger)}</b></font></td><td align="left" valign="top">'
                     f'{html.escape(", ".join(r.sources))}</td><td align="left" balign="left">{reasons}</td></tr>')
     table = (f'<<table border="0" cellborder="1" cellspacing="0" cellpadding="5" color="{GREY}">'

@@ -237,8 +237,11 @@ def overview(groups: Sequence[Group], phases: Sequence[str], running: Sequence[s
         right_inner = max(right_inner, x1)
         loop_labels.append((lbl.x0 + w, b.y))
 
+    # the composite state's right border encloses the retries, lanes and labels: a retry happens inside
+    # running, and no retry line may cross the border
+    border = max([cluster_right, right_inner] + [right for right, _ in loop_labels]) + 8
     # into stop: right, nested, upper sources outside; they come down into stop's right side
-    label_x = right_inner + PAD + 4
+    label_x = max(right_inner + PAD + 4, border + PAD)
     stop = boxes[STOP]
     offsets = _spread(len(laned), STOP_R - 10)  # the innermost lane comes in highest
     lane = label_x
@@ -246,7 +249,7 @@ def overview(groups: Sequence[Group], phases: Sequence[str], running: Sequence[s
         w, h = size(key(g))
         if g.source == COMPOSITE:
             sy = boxes[running[-1]].y
-            start = (cluster_right, sy)
+            start = (border, sy)
         else:
             sy = boxes[g.source].y
             start = (east, sy)
@@ -255,7 +258,10 @@ def overview(groups: Sequence[Group], phases: Sequence[str], running: Sequence[s
         off = offsets[i]
         ey = stop.y - off
         ex = stop.x + math.sqrt(max(STOP_R ** 2 - off ** 2, 0.0))
-        arrows.append(Arrow(key(g), (start, (lane, sy), (lane, ey), (ex, ey)), Label(label_x, sy + 4, w, h)))
+        # the label hangs right-aligned against its own lane, below the corner, so it reads as that
+        # lane's and not as the retry lanes' on its left (the lane is placed to leave it room)
+        arrows.append(Arrow(key(g), (start, (lane, sy), (lane, ey), (ex, ey)),
+                            Label(lane - PAD - w, sy + 4, w, h, "r")))
     right_edge = lane
 
     # settle (stop to stop): a loop under stop
@@ -284,7 +290,7 @@ def overview(groups: Sequence[Group], phases: Sequence[str], running: Sequence[s
 
     # the composite state around the running phases
     first, last_running = boxes[running[0]], boxes[running[-1]]
-    cluster = (west - CLUSTER_PAD, first.top - 30, cluster_right, last_running.bottom + 12)
+    cluster = (west - CLUSTER_PAD, first.top - 30, border, last_running.bottom + 12)
     # the title above everything
     tw = max((text_width(t, FONT_TITLE, i == 0) for i, t in enumerate(title)), default=0.0) + 4
     th = FONT_TITLE * 1.3 * len(title) + 4

@@ -1,10 +1,11 @@
 """One run as a Mermaid sequence diagram: the picture for an incident write-up.
 
-Lanes: the user, the loop, the model, the tools and the hooks. Each request, each response (its blocks
-and stop reason), each tool call and its result, each Stop-hook verdict, each re-entry or retry with its
-label, and how the run ended. Everything comes from the moves and the events they decided on — an
-agentfsm trace records both; for a Claude Code run they are what the auditor reconstructed — so the
-picture shows what the machine saw, in the graph's words.
+Lanes: the user, the loop, the model, the tools and the hooks. Each request (compaction requests
+included), each response (its blocks and stop reason), each tool call and its result (an interrupted
+call too), each Stop-hook verdict, each re-entry or retry with its label, and how the run ended; paths
+appear as their last part, never the machine's directories. Everything comes from the moves and the
+events they decided on — an agentfsm trace records both; for a Claude Code run they are what the auditor
+reconstructed — so the picture shows what the machine saw, in the graph's words.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ _UNSAFE = re.compile(r'[;#\n\r<>{}"]')
 MAX_TEXT = 80
 
 
+# an absolute path: what the picture shows of it is its last part (a hook script's name, a file's), never
+# the machine's directories
+_ABSOLUTE = re.compile(r"(?<![\w.~:/-])(?:~|[A-Za-z]:)?(?:/[\w.@+~-]+)+/([\w.@+~-]+)")
+
+
 def _t(text: Any, limit: int = MAX_TEXT) -> str:
-    """Message text Mermaid reads as plain text: no statement separators, entities or markup."""
-    clean = _UNSAFE.sub(" ", str(text)).replace("%%", "%").strip()
+    """Message text Mermaid reads as plain text: no statement separators, entities or markup, and no
+    absolute paths (their last part only)."""
+    clean = _ABSOLUTE.sub(r"\1", str(text))
+    clean = _UNSAFE.sub(" ", clean).replace("%%", "%").strip()
     clean = re.sub(r"\s+", " ", clean)
     return clean if len(clean) <= limit else clean[:limit - 1] + "…"
 
@@ -103,7 +111,9 @@ def _step(out: list[str], step: Taken, requests: int) -> int:
     if step.label == "call":
         compaction = event.get("compaction") if event else None
         if isinstance(compaction, Mapping):
-            out.append(f"    Note over L: context compacted ({_t(compaction.get('trigger', 'auto'))})")
+            # a compaction is a request of its own (the conversation summarised): drawn as one
+            out.append(f"    L->>M: compaction request ({_t(compaction.get('trigger', 'auto'))})")
+            out.append("    M-->>L: summary · context compacted")
         requests += 1
         out.append(f"    L->>M: request {requests}")
         return requests
@@ -130,6 +140,10 @@ def _step(out: list[str], step: Taken, requests: int) -> int:
             status = f" {error.get('status')}" if error.get("status") else ""
             message = f"{error.get('kind')} error{status}"
             out.append(f"    M--xL: {_t(message)}")
+        if step.label == "reactive_compact_retry":
+            # the conversation is summarised by a request of its own before the loop asks again
+            out.append("    L->>M: compaction request (the prompt was too long)")
+            out.append("    M-->>L: summary · context compacted")
         _note(out, step, "L,M")
         if EDGES_BY_TRIGGER[step.label].kind == "retry":
             requests += 1
@@ -149,6 +163,10 @@ def _step(out: list[str], step: Taken, requests: int) -> int:
         return requests
     if kind == "Aborted":
         out.append("    U--xL: interrupt")
+        # calls the interrupt cut short: each answered by the result the loop wrote for it
+        for b in _blocks(event, "partial_results"):
+            if b.get("type") == "tool_result":
+                out.append(f"    T--xL: interrupted {_t(_short(b.get('tool_use_id')))}")
     _note(out, step)
     return requests
 

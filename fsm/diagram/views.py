@@ -115,6 +115,35 @@ def recovery_rows() -> tuple[RouteRow, ...]:
     return tuple(rows)
 
 
+@attrs.frozen
+class Panel:
+    """One family of the recovery view: the routes one event takes out of one phase — or out of several,
+    when their routes are the same (a failed call is judged alike from call_model and stream) — in the
+    order the machine tries them."""
+
+    sources: tuple[str, ...]
+    event: str
+    rows: tuple[RouteRow, ...]
+
+
+def recovery_panels() -> tuple[Panel, ...]:
+    """The recovery view's panels: one per (phase, event), in the order the routes are declared; phases
+    whose routes for an event are identical share one panel, so no route (and no target) is drawn twice."""
+    families: dict[tuple[str, str], list[RouteRow]] = {}
+    for r in recovery_rows():
+        families.setdefault((r.source, r.event), []).append(r)
+    panels: list[Panel] = []
+    for (source, event), rows in families.items():
+        same = [i for i, p in enumerate(panels) if p.event == event and
+                [(r.guard, r.edge, r.dest) for r in p.rows] == [(r.guard, r.edge, r.dest) for r in rows]]
+        if same:
+            p = panels[same[0]]
+            panels[same[0]] = attrs.evolve(p, sources=(*p.sources, source))
+        else:
+            panels.append(Panel((source,), event, tuple(rows)))
+    return tuple(panels)
+
+
 # --- the terminal view -------------------------------------------------------------------------------
 
 
@@ -166,6 +195,7 @@ class RunPath:
     name: str
     steps: tuple[Taken, ...]
     internal: tuple[tuple[int, str, str], ...] = ()
+    findings: tuple[tuple[int, str, str], ...] = ()  # (line, severity, code) of the audit's findings
 
     def counts(self) -> Counter[tuple[str, str, str]]:
         return Counter((s.label, s.source, s.dest) for s in self.steps)
@@ -196,6 +226,33 @@ class RunPath:
         ends = [s for i, s in enumerate(self.steps) if s.dest == STOP and s.reason
                 and (i + 1 == len(self.steps) or self.steps[i + 1].source != STOP)]
         return Counter(s.reason for s in ends if s.reason)
+
+    def findings_at(self) -> dict[str, list[tuple[int, str, str]]]:
+        """The audit's findings (errors and warnings, not remarks) by the phase the run was in when their
+        line was read: the source of the first move recorded at that line, else the destination of the
+        last move before it (the first phase before any)."""
+        out: dict[str, list[tuple[int, str, str]]] = {}
+        for line, severity, code in self.findings:
+            if severity not in ("error", "warning"):
+                continue
+            at = [s for s in self.steps if s.line == line]
+            before = [s for s in self.steps if s.line < line]
+            phase = (at[0].source if at else before[-1].dest if before
+                     else self.steps[0].source if self.steps else phases()[0])
+            out.setdefault(phase, []).append((line, severity, code))
+        return out
+
+    def findings_text(self) -> str:
+        """``2 errors, 1 warning (lines 12, 40)`` or ""."""
+        shown = [f for f in self.findings if f[1] in ("error", "warning")]
+        if not shown:
+            return ""
+        n_err = sum(1 for f in shown if f[1] == "error")
+        n_warn = len(shown) - n_err
+        parts = [f"{n} {word}{'s' * (n != 1)}" for n, word in ((n_err, "error"), (n_warn, "warning")) if n]
+        lines = sorted({f[0] for f in shown})
+        where = ", ".join(str(n) for n in lines[:6]) + (", …" if len(lines) > 6 else "")
+        return f"audit: {', '.join(parts)} at line{'s' * (len(lines) != 1)} {where} (outlined phases)"
 
     def visited(self) -> frozenset[str]:
         return frozenset(p for s in self.steps for p in (s.source, s.dest))
@@ -234,6 +291,16 @@ def path_from_report(report: Report, name: str) -> RunPath:
     steps = tuple(Taken(i, m.label, m.source, m.dest, m.line, m.declared, m.reason, m.event)
                   for i, m in enumerate(report.moves, 1))
     return RunPath(name, steps, report.internal)
+
+
+def lines_text(path: RunPath, order: Sequence[int], limit: int = 6) -> str:
+    """``lines 15, 32, 42`` — the lines of the input the moves ``order`` were read from, so a reader can find
+    them in the file (moves a phase made on its own share their event's line)."""
+    at = {s.n: s.line for s in path.steps}
+    lines = list(dict.fromkeys(at[n] for n in order if at.get(n)))
+    if not lines:
+        return f"steps {steps_text(order, limit)}"
+    return f"line{'s' * (len(lines) != 1)} {steps_text(lines, limit)}"
 
 
 def steps_text(order: Sequence[int], limit: int = 3) -> str:
