@@ -50,7 +50,7 @@ from agentfsm.checks import (
     read_numbered,
     severity_of,
 )
-from agentfsm.claude_code_audit import replay
+from agentfsm.claude_code_audit import replay, with_subagent_files
 from agentfsm.coverage import Coverage, Move, coverage, declared_moves, trace_files
 from agentfsm.events import EventRecordError, from_record, message_skeleton
 from agentfsm.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step, UndeclaredMove, advance
@@ -164,7 +164,8 @@ def audit_report(path: Path | str, *, limits: Limits | Mapping[str, Any] | None 
     numbered, findings = read_numbered(path)
     if source != AGENTFSM:
         override = limits if isinstance(limits, Limits) or limits is None else _limits_record(limits)
-        reading = claude_code.read(numbered, source, limits=override)
+        reading = with_subagent_files(claude_code.read(numbered, source, limits=override, path=str(path)), path,
+                                      read_numbered)
         report = replay(reading, str(path))
         return attrs.evolve(report, findings=tuple(sorted((*findings, *report.findings), key=lambda f: f.line)))
     findings.extend(_Auditor(limits).run(numbered))

@@ -71,12 +71,44 @@ def test_a_real_run_replays_to_the_moves_the_scenario_implies(scenario: str, sou
     assert dict(report.counters) == exp["counters"]
     assert codes(report) == exp["findings"], [str(f) for f in report.findings]
     assert report.errors == 0
-    # every move is a declared edge, each starting where the previous one ended
+    # every move is a declared edge, each starting where the previous one of its run ended
     assert all(m.declared for m in report.moves)
-    for a, b in zip(report.moves, report.moves[1:], strict=False):
-        assert b.source == a.dest
+    assert [m for run in report.runs for m in run.moves] == list(report.moves)
+    for run in report.runs:
+        assert run.moves[0].source == "assemble"
+        for a, b in zip(run.moves, run.moves[1:], strict=False):
+            assert b.source == a.dest
     lines = len((FIXTURES / scenario / name).read_text().splitlines())
     assert all(1 <= m.line <= lines for m in report.moves)
+
+
+NESTED = [s for s in SCENARIOS if any(k in json.loads((FIXTURES / s / "expected.json").read_text())[src]
+                                      for src in SOURCES for k in ("runs", "children", "facts"))]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+@pytest.mark.parametrize("scenario", NESTED)
+def test_runs_subagents_and_facts_are_reported_one_by_one(scenario: str, source: str) -> None:
+    """Each run of a session (a resumed one, the run a task notification started) and each subagent loop
+    (linked to the tool call that started it) has its own path, counters and terminal reason."""
+    name, _ = SOURCES[source]
+    exp = expected(scenario, source)
+    report = audit_report(FIXTURES / scenario / name)
+    runs = exp.get("runs", [{"line": report.runs[0].line, "cause": "prompt", "moves": exp["moves"],
+                             "terminal_reason": exp["terminal_reason"], "counters": exp["counters"]}])
+    assert [r.to_json() for r in report.runs] == runs
+    assert [(c.link, [m.label for m in c.moves], c.terminal_reason, dict(c.counters), codes(c))
+            for c in report.children] == [(c["link"], c["moves"], c["terminal_reason"], c["counters"], c["findings"])
+                                          for c in exp.get("children", [])]
+    assert [kind for _, kind, _ in report.facts] == exp.get("facts", [])
+    assert report.errors == 0
+
+
+def test_each_client_process_of_a_resumed_session_has_its_stream_json() -> None:
+    exp = expected("resumed", "stream-json-2")
+    report = audit_report(FIXTURES / "resumed" / "stream2.jsonl")
+    assert [m.label for m in report.moves] == exp["moves"] and report.terminal_reason == exp["terminal_reason"]
+    assert dict(report.counters) == exp["counters"] and report.errors == 0 and codes(report) == {}
 
 
 # --- tampered copies ------------------------------------------------------------------------------
@@ -122,6 +154,7 @@ def test_a_fourth_max_tokens_recovery_in_stream_json_is_flagged_at_its_line(tmp_
     resume = copy.deepcopy(next(r for r in recs if r.get("isSynthetic")))
     answer = copy.deepcopy(next(r for r in recs if r["type"] == "assistant"))
     answer["message"].update(id="msg_tampered", content=[{"type": "text", "text": "DONE"}])
+    resume["uuid"], answer["uuid"] = "tampered-resume", "tampered-answer"  # a copy would be a duplicate
     result = copy.deepcopy(recs[-1])
     result.update(terminal_reason="completed", is_error=False, stop_reason="end_turn")
     path = write(tmp_path / "s.jsonl", [*recs[:at], resume, answer, *recs[at + 1:-1], result])
@@ -151,9 +184,12 @@ def test_a_removed_tool_result_is_flagged_at_its_tool_use(tmp_path: Path, source
 def test_a_duplicated_tool_result_and_an_orphan_are_flagged(tmp_path: Path) -> None:
     recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
     at = _index(recs, _is_tool_result)
+    second = copy.deepcopy(recs[at])
+    second["uuid"] = "second-result"  # written again as a new record: a second result for one call
     orphan = copy.deepcopy(recs[at])
+    orphan["uuid"] = "orphan-result"
     orphan["message"]["content"][0]["tool_use_id"] = "toolu_nobody"
-    path = write(tmp_path / "t.jsonl", [*recs[:at + 1], copy.deepcopy(recs[at]), orphan, *recs[at + 1:]])
+    path = write(tmp_path / "t.jsonl", [*recs[:at + 1], second, orphan, *recs[at + 1:]])
     report = audit_report(path)
     assert {(f.code, f.line) for f in report.findings if f.is_error} == \
         {("duplicate_tool_result", at + 2), ("orphan_tool_result", at + 3)}
@@ -172,7 +208,7 @@ def test_a_stop_hook_re_entry_past_the_cap_is_flagged(tmp_path: Path) -> None:
     at = _index(recs, lambda r: r.get("subtype") == "informational")
     request = copy.deepcopy([r for r in recs if r["type"] == "api-request"][-1])
     answer = copy.deepcopy([r for r in recs if r["type"] == "assistant"][-1])
-    answer["message"]["id"] = "msg_tampered"
+    answer["message"]["id"], answer["uuid"] = "msg_tampered", "tampered-answer"
     path = write(tmp_path / "t.jsonl", [*recs[:at], request, answer, *recs[at + 1:]])
     report = audit_report(path)
     feedback = 1 + max(i for i, r in enumerate(recs[:at]) if r.get("isMeta"))  # the ninth block's message
