@@ -56,6 +56,8 @@ CODES: Mapping[str, str] = {
     "orphan_tool_result": "a tool_result without its tool_use in the previous message",
     "duplicate_record": "a Claude Code record written twice (same uuid, or a block of one message again with the same "
                         "content); the copy is not read",
+    "stop_reason_mismatch": "a Claude Code message's stop_reason contradicts its blocks (tool calls that 'ended the "
+                            "turn')",
     "not_a_trace": "the file is not an agentfsm trace, a Claude Code transcript or stream-json output",
     "seq_order": "record seq numbers are not consecutive (records missing or reordered)",
     "out_of_place": "a Claude Code record the loop cannot produce at this point (e.g. a response with no request)",

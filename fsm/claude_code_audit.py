@@ -27,14 +27,17 @@ from typing import Any
 import attrs
 
 from agentfsm.checks import Finding, MoveAt, Report, RunAt
-from agentfsm.claude_code import TRANSCRIPT, Fact, Internal, Observation, Reading, RunEnd, RunStart, read
+from agentfsm.claude_code import STREAM_JSON, TRANSCRIPT, Fact, Internal, Observation, Reading, RunEnd, RunStart, read
 from agentfsm.events import to_record
 from agentfsm.graph import AUTOMATIC, EDGES_BY_TRIGGER, Step, UndeclaredMove, advance, counter_value, follow
 from agentfsm.state import COUNTER_CAPS, Limits, LoopState, Phase
 
 
 class _Replay:
-    def __init__(self, reading: Reading) -> None:
+    def __init__(self, reading: Reading, *, child: bool = False) -> None:
+        # stream-json ends each run of the process with a result line; a subagent's lines have none
+        self.needs_result = reading.source == STREAM_JSON and not child
+        self.result_seen = False
         self.limits: Limits = reading.limits
         self.findings: list[Finding] = list(reading.findings)
         self.moves: list[MoveAt] = []
@@ -65,6 +68,10 @@ class _Replay:
         if s is not None and (s.phase is not Phase.STOP or s.stop_hooks_due):
             self.add(self.run_line, "incomplete_run", f"the run starting at line {self.run_line} does not reach stop "
                                                       f"(last position: {s.phase.value})")
+        elif s is not None and self.needs_result and not self.result_seen and len(self.moves) > self.run_first:
+            self.add(self.run_line, "incomplete_run", f"the run starting at line {self.run_line} has no result line "
+                                                      "(the output was cut off, or the process killed)")
+        self.result_seen = False
         if s is not None and (len(self.moves) > self.run_first or not self.runs):
             reason = s.terminal_reason.value if s.phase is Phase.STOP and s.terminal_reason is not None else None
             self.runs.append(RunAt(self.run_line, self.run_cause, tuple(self.moves[self.run_first:]), reason,
@@ -72,6 +79,7 @@ class _Replay:
         self.run_first = len(self.moves)
 
     def result(self, item: RunEnd) -> None:
+        self.result_seen = True
         s = self.state
         if s is None or s.phase is not Phase.STOP or s.stop_hooks_due:
             where = s.phase.value if s is not None else "nowhere"
@@ -185,7 +193,7 @@ class _Replay:
         s = self.state
         reason = s.terminal_reason.value if s is not None and s.phase is Phase.STOP and s.terminal_reason else None
         findings = tuple(sorted(self.findings, key=lambda f: f.line))
-        children = tuple(replay(child, child.path or path) for child in reading.children)
+        children = tuple(_Replay(child, child=True).run(child, child.path or path) for child in reading.children)
         return Report(path, reading.source, tuple(self.moves), reason, s.counters() if s is not None else {},
                       findings, tuple(self.internal), reading.version, tuple(self.runs), children, reading.link,
                       reading.agent, tuple(self.facts))

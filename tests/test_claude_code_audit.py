@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -403,3 +404,172 @@ def test_the_readme_picture_of_a_claude_code_run_is_current() -> None:
     dot = dot_views.render_overview(path, header=path.title())
     assert diagram.stamp_of(png.read_bytes()) == diagram.dot_digest(dot), (
         f"docs/claude_code_run.png is stale: agentfsm diagram --trace {rel} --output docs/claude_code_run.png")
+
+
+# --- tampering: each kind caught, at its line, and said for what it is ------------------------------
+
+
+def _is_block_of(use_id: str) -> Any:
+    return lambda r: r.get("type") == "assistant" and any(b.get("id") == use_id for b in r["message"]["content"])
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+@pytest.mark.parametrize("scenario", ["read_probe", "interleaved_tool_results", "subagent_background"])
+def test_an_exactly_duplicated_line_is_a_duplicate_record(tmp_path: Path, scenario: str, source: str) -> None:
+    name, _ = SOURCES[source]
+    lines = (FIXTURES / scenario / name).read_text(encoding="utf-8").splitlines(keepends=True)
+    for at in [i for i, line in enumerate(lines) if json.loads(line).get("type") == "assistant"]:
+        path = tmp_path / name
+        path.write_text("".join([*lines[:at + 1], lines[at], *lines[at + 1:]]), encoding="utf-8")
+        report = audit_report(path)
+        found = [f for r in (report, *report.children) for f in r.findings]  # a subagent's line: its child's
+        assert [(f.code, f.line) for f in found if f.is_error] == [("duplicate_record", at + 2)]
+        assert f"line {at + 1}" in next(f.message for f in found if f.code == "duplicate_record")
+        # the copy is not read again: the path is the client's
+        assert [m.label for m in report.moves] == expected(scenario, source)["moves"]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_block_written_again_under_a_new_uuid_is_a_duplicate_record(tmp_path: Path, source: str) -> None:
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "parallel_reads" / name)
+    at = _index(recs, _is_block_of("toolu_b"))
+    copy_of = {**copy.deepcopy(recs[at]), "uuid": "a-new-uuid"}
+    report = audit_report(write(tmp_path / name, [*recs[:at + 1], copy_of, *recs[at + 1:]]))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("duplicate_record", at + 2)]
+    assert "same message id and content" in errors[0].message
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_deleted_tool_use_block_leaves_its_result_an_orphan(tmp_path: Path, source: str) -> None:
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "parallel_reads" / name)
+    gone = _index(recs, _is_block_of("toolu_b"))
+    result_line = 1 + _index(recs, lambda r: _is_tool_result(r) and r["message"]["content"][0]["tool_use_id"]
+                             == "toolu_b") - 1  # one line less after the deletion
+    report = audit_report(write(tmp_path / name, recs[:gone] + recs[gone + 1:]))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("orphan_tool_result", result_line)]
+    assert "'toolu_b'" in errors[0].message
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_result_moved_before_its_call_is_caught(tmp_path: Path, source: str) -> None:
+    """In the interleaved run a result may lie between the blocks of its message, but never before
+    the block of its own call (a tool starts at its block's stop)."""
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "interleaved_tool_results" / name)
+    use_b = _index(recs, _is_block_of("toolu_b"))
+    result_b = _index(recs, lambda r: _is_tool_result(r) and r["message"]["content"][0]["tool_use_id"] == "toolu_b")
+    moved = [*recs[:use_b], recs[result_b], *[r for i, r in enumerate(recs[use_b:], use_b) if i != result_b]]
+    report = audit_report(write(tmp_path / name, moved))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("orphan_tool_result", use_b + 1)]
+    assert "before its tool_use" in errors[0].message
+
+
+def test_interleaved_results_are_one_message_and_one_turn() -> None:
+    """The run that split into two turns before: the results lie between the blocks of one message."""
+    for source in SOURCES:
+        name, _ = SOURCES[source]
+        report = audit_report(FIXTURES / "interleaved_tool_results" / name)
+        assert [m.label for m in report.moves].count("next_turn") == 1
+        assert report.counters["turn_count"] == 2 and report.errors == 0
+
+
+def test_a_stream_json_output_cut_before_its_result_is_an_incomplete_run(tmp_path: Path) -> None:
+    lines = (FIXTURES / "read_probe" / "stream.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(lines[:-1]), encoding="utf-8")
+    report = audit_report(path)
+    assert [(f.code, f.line) for f in report.findings] == [("incomplete_run", 1)]
+    assert "no result line" in report.findings[0].message
+    path.write_text("".join(lines)[:-40], encoding="utf-8")  # torn inside the result line
+    report = audit_report(path)
+    assert {(f.code, f.line) for f in report.findings} == {("incomplete_run", 1), ("torn_last_line", len(lines))}
+
+
+def test_a_tool_calling_message_said_to_end_the_turn_is_a_stop_reason_mismatch(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    for r in recs:
+        if r.get("type") == "assistant" and r["message"].get("stop_reason") == "tool_use":
+            r["message"]["stop_reason"] = "end_turn"
+    first = 1 + _index(recs, lambda r: r.get("type") == "assistant")
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("stop_reason_mismatch", first)]
+    assert "'end_turn'" in errors[0].message
+
+
+def test_an_answer_said_to_hit_max_tokens_that_ended_the_turn_is_a_replay_mismatch(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    at = _index(recs, lambda r: r.get("type") == "assistant" and r["message"].get("stop_reason") == "end_turn")
+    recs[at]["message"]["stop_reason"] = "max_tokens"
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("replay_mismatch", at + 1)]
+    assert "took 'end_turn'" in errors[0].message and "'max_output_tokens_recovery'" in errors[0].message
+
+
+@pytest.mark.parametrize(("field", "value", "code", "says"), [
+    ("stop_reason", "max_tokens", "replay_mismatch", "'max_output_tokens_recovery'"),
+    ("terminal_reason", "aborted_tools", "result_mismatch", "the result says terminal_reason 'aborted_tools'; the "
+                                                            "replayed path ends with 'completed'"),
+])
+def test_a_falsified_stream_json_result_is_flagged_at_the_result_line(tmp_path: Path, field: str, value: str,
+                                                                      code: str, says: str) -> None:
+    recs = records(FIXTURES / "read_probe" / "stream.jsonl")
+    recs[-1][field] = value
+    report = audit_report(write(tmp_path / "s.jsonl", recs))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [(code, len(recs))]
+    assert says in errors[0].message
+
+
+# --- directories and damaged files --------------------------------------------------------------------
+
+
+def test_a_directory_with_a_bad_file_reports_every_good_one(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    good = ["read_probe", "subagent_foreground", "resumed"]
+    for scenario in good:
+        shutil.copytree(FIXTURES / scenario, tmp_path / scenario)
+    (tmp_path / "resumed" / "empty.jsonl").write_text("")  # what a bad --settings leaves behind
+    (tmp_path / "read_probe" / "other.jsonl").write_text('{"hello": 1}\n')
+    assert main(["--json", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    docs = {Path(d["path"]).relative_to(tmp_path).as_posix(): d for d in map(json.loads, out.splitlines())}
+    traces = {f"{s}/{n}" for s in good for n in ("transcript.jsonl", "stream.jsonl")} | {"resumed/stream2.jsonl"}
+    assert set(docs) == traces | {"resumed/empty.jsonl", "read_probe/other.jsonl"}  # subagent files: children
+    assert all(docs[t]["errors"] == 0 and docs[t]["terminal_reason"] == "completed" for t in traces)
+    for bad in ("resumed/empty.jsonl", "read_probe/other.jsonl"):
+        assert docs[bad]["source"] is None and [f["code"] for f in docs[bad]["findings"]] == ["not_a_trace"]
+    assert len(err.splitlines()) == 2
+    assert [c["link"] for c in docs["subagent_foreground/transcript.jsonl"]["children"]] == ["toolu_agent"]
+    # the text output and --coverage too
+    assert main([str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert all(f"{tmp_path / t}: Claude Code" in out for t in traces)
+    assert main(["--coverage", "--json", str(tmp_path)]) == 2
+    assert json.loads(capsys.readouterr().out)["traces"] == len(traces)
+
+
+def test_a_nul_byte_damages_one_line_not_the_file(tmp_path: Path) -> None:
+    lines = (FIXTURES / "read_probe" / "transcript.jsonl").read_bytes().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if b'"type":"attachment"' in line)
+    lines[at] = lines[at][:40] + b"\x00" + lines[at][40:]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(lines))
+    report = audit_report(path)
+    assert [(f.code, f.line) for f in report.findings] == [("unreadable_line", at + 1)]
+    assert [m.label for m in report.moves] == expected("read_probe", "transcript")["moves"]
+
+
+def test_unknown_record_types_are_reported_once_per_type_with_a_count(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    for at in (4, 8, 12):
+        recs.insert(at, {"type": "brand-new-record", "sessionId": "x"})
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    assert [(f.code, f.line) for f in report.findings] == [("unknown_record", 5)]
+    assert "3 records, lines 5, 9, 13" in report.findings[0].message

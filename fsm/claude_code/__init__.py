@@ -219,7 +219,8 @@ def _task_ends(numbered: Numbered) -> dict[str, tuple[int, str]]:
 def _walk(records: Numbered, source: str, json_schema: bool, *, child: bool = False,
           end: tuple[int, str] | None = None) -> Walker:
     records, copies = drop_copies(records)
-    records = group_messages(records)
+    records, misplaced = group_messages(records)
+    copies += misplaced
     walker: Walker
     if source == TRANSCRIPT:
         walker = TranscriptWalker(json_schema, subagent=child)

@@ -85,12 +85,27 @@ def drop_copies(numbered: Numbered) -> tuple[list[tuple[int, Mapping[str, Any]]]
     return kept, findings
 
 
-def group_messages(numbered: Numbered) -> list[tuple[int, Mapping[str, Any]]]:
+def _result_ids(rec: Mapping[str, Any]) -> list[str]:
+    msg = rec.get("message")
+    content = msg.get("content") if isinstance(msg, Mapping) else None
+    return [str(b.get("tool_use_id")) for b in content or ()
+            if isinstance(b, Mapping) and b.get("type") == "tool_result"]
+
+
+def _use_ids(rec: Mapping[str, Any]) -> list[str]:
+    msg = rec.get("message")
+    content = msg.get("content") if isinstance(msg, Mapping) else None
+    return [str(b.get("id")) for b in content or () if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+
+
+def group_messages(numbered: Numbered) -> tuple[list[tuple[int, Mapping[str, Any]]], list[Finding]]:
     """The records with each message's blocks together: what was written between two blocks of one
     message (its tools' results, bookkeeping) moves after its last block, in its own order. A message
     id that comes back after a new request or another message is left where it is (the reading
-    reports it)."""
+    reports it). A result written between the blocks before the block of its own call cannot be (a
+    tool starts at its block's stop): an ``orphan_tool_result`` finding."""
     records = list(numbered)
+    findings: list[Finding] = []
     last_of: dict[str, int] = {}
     for i, (_, rec) in enumerate(records):
         mid = _message_id(rec)
@@ -107,12 +122,19 @@ def group_messages(numbered: Numbered) -> list[tuple[int, Mapping[str, Any]]]:
             continue
         blocks: list[tuple[int, Mapping[str, Any]]] = [records[i]]
         held: list[tuple[int, Mapping[str, Any]]] = []
+        called = {u: records[i][0] for u in _use_ids(records[i][1])}
+        later = {u: line for line, rec in records[i:end + 1] if _message_id(rec) == mid for u in _use_ids(rec)}
         j = i + 1
         while j <= end:
-            rec = records[j][1]
+            line, rec = records[j]
             if _message_id(rec) == mid:
                 blocks.append(records[j])
+                called.update((u, line) for u in _use_ids(rec))
             elif _may_lie_inside(rec):
+                for use in _result_ids(rec):
+                    if use not in called and use in later:
+                        findings.append(Finding(line, "orphan_tool_result", f"the tool_result for {use!r} is written "
+                                                                            f"before its tool_use (line {later[use]})"))
                 held.append(records[j])
             else:
                 break  # the message was closed before this block: leave the rest in file order
@@ -120,4 +142,4 @@ def group_messages(numbered: Numbered) -> list[tuple[int, Mapping[str, Any]]]:
         out.extend(blocks)
         out.extend(held)
         i = j
-    return out
+    return out, findings

@@ -238,6 +238,11 @@ class Walker:
             self.find(line, "cc_structured_output_once",
                       "the answer has no StructuredOutput call and the run ends: Claude Code asks for the call once "
                       "per run (the graph would ask again)")
+        if trigger == "dispatch" and r.tool_uses() and r.stop_reason in ("end_turn", "stop_sequence"):
+            self.find(r.line, "stop_reason_mismatch",
+                      f"message {r.id or '?'} has tool_use blocks but its records say stop_reason {r.stop_reason!r} "
+                      "(a response that calls tools stops with tool_use, or is cut at max_tokens); its tools were "
+                      "run")
         response = ModelResponse(tuple(r.blocks), stop_reason or r.stop_reason or "end_turn", model=r.model)
         self.emit(line, StreamEnded(response, json_schema=json_schema, structured_output_ids=r.structured_ids()),
                   trigger)
@@ -543,7 +548,9 @@ class Walker:
             trigger: str | None = "end_turn"
             if r.tool_uses():
                 trigger = "dispatch"
-            self.end_response(r.last_line, trigger, stop_reason=stop_reason or r.stop_reason)
+            # a stop reason only the result line states (stream-json's answers carry none) is that line's claim
+            at = line if stop_reason and not r.stop_reason else r.last_line
+            self.end_response(at, trigger, stop_reason=stop_reason or r.stop_reason)
         if self.phase is Phase.DISPATCH_TOOLS and self.batch is not None:
             self.end_batch(line, "finish_batch" if terminal_reason is not None else None)
         if self.phase is Phase.STOP and self.feedback is not None:
