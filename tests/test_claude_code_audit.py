@@ -573,3 +573,40 @@ def test_unknown_record_types_are_reported_once_per_type_with_a_count(tmp_path: 
     report = audit_report(write(tmp_path / "t.jsonl", recs))
     assert [(f.code, f.line) for f in report.findings] == [("unknown_record", 5)]
     assert "3 records, lines 5, 9, 13" in report.findings[0].message
+
+
+def test_the_record_table_in_the_docs_is_the_auditors() -> None:
+    """docs/claude_code_records.md lists every record type of fsm/claude_code/records.py with its role,
+    and no other."""
+    from agentfsm.claude_code import records as tables
+
+    doc = (Path(__file__).parent.parent / "docs" / "claude_code_records.md").read_text(encoding="utf-8")
+    sections = doc.split("\n### ")[1:]
+    named = {"Transcript records": tables.TRANSCRIPT_TYPES, "Transcript `system`": tables.TRANSCRIPT_SYSTEM,
+             "Transcript `attachment`": tables.ATTACHMENTS, "stream-json lines": tables.STREAM_TYPES,
+             "stream-json `system`": tables.STREAM_SYSTEM}
+    assert len(sections) == len(named)
+    for title, table in named.items():
+        (section,) = [s for s in sections if s.startswith(title)]
+        rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+        assert {row[0].strip("| `"): row[1] for row in rows} == {k: role for k, (role, _) in table.items()}, title
+
+
+def test_every_record_type_of_the_recorded_runs_is_known() -> None:
+    """No record of any recorded Claude Code run is unknown to the tables."""
+    from agentfsm.claude_code import records as tables
+
+    for path in FIXTURES.rglob("*.jsonl"):
+        stream = path.name.startswith("stream")
+        for rec in records(path):
+            kind = rec.get("type")
+            if stream:
+                assert tables.role_of(tables.STREAM_TYPES, kind), (path, kind)
+                if kind == "system":
+                    assert tables.role_of(tables.STREAM_SYSTEM, rec.get("subtype")), (path, rec.get("subtype"))
+            else:
+                assert tables.role_of(tables.TRANSCRIPT_TYPES, kind), (path, kind)
+                if kind == "system":
+                    assert tables.role_of(tables.TRANSCRIPT_SYSTEM, rec.get("subtype")), (path, rec.get("subtype"))
+                if kind == "attachment":
+                    assert tables.role_of(tables.ATTACHMENTS, rec["attachment"].get("type")), (path, rec["attachment"])
