@@ -610,3 +610,59 @@ def test_every_record_type_of_the_recorded_runs_is_known() -> None:
                     assert tables.role_of(tables.TRANSCRIPT_SYSTEM, rec.get("subtype")), (path, rec.get("subtype"))
                 if kind == "attachment":
                     assert tables.role_of(tables.ATTACHMENTS, rec["attachment"].get("type")), (path, rec["attachment"])
+
+
+ALL_INPUTS = sorted(p.relative_to(FIXTURES).as_posix() for p in FIXTURES.glob("*/*.jsonl"))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fixture=st.sampled_from(ALL_INPUTS), data=st.data())
+def test_any_damage_is_reported_within_the_file(tmp_path: Path, fixture: str, data: st.DataObject) -> None:
+    """A line copied, a byte cut off the end, a NUL written anywhere: nothing crashes, every finding and
+    move points at a line of the file, and the file is read, not refused."""
+    body = (FIXTURES / fixture).read_bytes()
+    lines = body.splitlines(keepends=True)
+    how = data.draw(st.sampled_from(["copy", "cut", "nul"]), label="how")
+    if how == "copy":
+        at = data.draw(st.integers(0, len(lines) - 1), label="line")
+        body = b"".join([*lines[:at + 1], lines[at], *lines[at + 1:]])
+    elif how == "cut":
+        body = body[:data.draw(st.integers(len(lines[0]) + 1, len(body) - 1), label="bytes")]
+    else:
+        at = data.draw(st.integers(0, len(body) - 1), label="byte")
+        body = body[:at] + b"\x00" + body[at:]
+    path = tmp_path / Path(fixture).name
+    path.write_bytes(body)
+    try:
+        report = audit_report(path)
+    except NotATrace:
+        # refused only when no message, system or result record is left whole (e.g. cut to its queue records)
+        left = []
+        for raw in body.splitlines():
+            try:
+                left.append(json.loads(raw).get("type"))
+            except ValueError:
+                continue
+        assert how != "copy" and not {"user", "assistant", "system", "result"} & set(left), left
+        return
+    n = len(body.splitlines())
+    for r in (report, *report.children):
+        assert all(1 <= f.line <= n for f in r.findings), [str(f) for f in r.findings]
+        assert all(1 <= m.line <= n for m in r.moves)
+    if how == "copy" and json.loads(lines[at]).get("uuid"):
+        assert any(f.code == "duplicate_record" for r in (report, *report.children) for f in r.findings)
+
+
+def test_sidechain_records_in_the_session_file_are_a_child_run(tmp_path: Path) -> None:
+    """Where a client writes a subagent's records into the session's own file (isSidechain), they are
+    read as the child run they are, linked through the tool result's agentId."""
+    main_recs = records(FIXTURES / "subagent_foreground" / "transcript.jsonl")
+    (sub,) = (FIXTURES / "subagent_foreground" / "transcript" / "subagents").glob("agent-*.jsonl")
+    at = _index(main_recs, _is_tool_result)
+    path = write(tmp_path / "t.jsonl", [*main_recs[:at], *records(sub), *main_recs[at:]])
+    report = audit_report(path)
+    assert [m.label for m in report.moves] == expected("subagent_foreground", "transcript")["moves"]
+    (child,) = report.children
+    assert child.link == "toolu_agent" and child.terminal_reason == "completed"
+    assert [m.label for m in child.moves] == expected("subagent_foreground", "transcript")["children"][0]["moves"]
+    assert report.errors == 0 and all(at < m.line <= at + len(records(sub)) for m in child.moves)

@@ -87,9 +87,10 @@ def kind_of(records: Iterable[Mapping[str, Any]]) -> str | None:
         if kind == "system" and "uuid" in rec:
             if "sessionId" in rec and "subtype" in rec:
                 return TRANSCRIPT
-            if "session_id" in rec and rec.get("subtype") == "init" and "claude_code_version" in rec:
-                return STREAM_JSON
-        if kind == "result" and "session_id" in rec and "terminal_reason" in rec:
+            if "session_id" in rec and "sessionId" not in rec:
+                return STREAM_JSON  # any system line of stream-json: its init may be the damaged one
+        # a result line: a blocked prompt's has no terminal_reason, but its uuid and subtype
+        if kind == "result" and "session_id" in rec and ("terminal_reason" in rec or {"uuid", "subtype"} <= rec.keys()):
             return STREAM_JSON
     return None
 
