@@ -142,15 +142,16 @@ def _thread_of(rec: Mapping[str, Any], source: str) -> str:
     return _MAIN
 
 
-def _threads(numbered: Numbered, source: str) -> dict[str, list[tuple[int, Mapping[str, Any]]]]:
+def _threads(numbered: Numbered, source: str) -> tuple[dict[str, list[tuple[int, Mapping[str, Any]]]], str | None]:
+    """The records by loop (``""`` the session's own), and the subagent's id when the whole file is one
+    subagent's own transcript (then its loop is the file's)."""
     threads: dict[str, list[tuple[int, Mapping[str, Any]]]] = {_MAIN: []}
     for line, rec in numbered:
         threads.setdefault(_thread_of(rec, source), []).append((line, rec))
     if len(threads) == 2 and not any(r.get("type") in ("user", "assistant") for _, r in threads[_MAIN]):
-        # a subagent's own transcript file: its loop is the file's
         (agent, records), = ((k, v) for k, v in threads.items() if k != _MAIN)
-        return {_MAIN: sorted([*threads[_MAIN], *records], key=lambda lr: lr[0]), "@agent": [(0, {"agentId": agent})]}
-    return threads
+        return {_MAIN: sorted([*threads[_MAIN], *records], key=lambda lr: lr[0])}, agent
+    return threads, None
 
 
 def _links(numbered: Numbered) -> dict[str, str]:
@@ -231,8 +232,11 @@ def _walk(records: Numbered, source: str, json_schema: bool, *, child: bool = Fa
         # a subagent's lines: its prompt is a user line; the task notice says how it ended
         stream = StreamWalker(json_schema, subagent_end=end)
         stream.findings.extend(copies)
-        stream.start_run(records[0][0] if records else 0, None, "subagent")
-        stream.walk([lr for lr in records if not _is_subagent_prompt(lr[1])])
+        stream.start_run(records[0][0] if records else 1, None, "subagent")
+        prompt = next((i for i, (_, rec) in enumerate(records) if rec.get("type") in ("user", "assistant")), None)
+        if prompt is not None and _is_subagent_prompt(records[prompt][1]):
+            records = [*records[:prompt], *records[prompt + 1:]]  # its prompt: the run's start, no event
+        stream.walk(records)
         walker = stream
     else:
         records, causes = _stream_runs(records)
@@ -257,9 +261,8 @@ def read(numbered: Sequence[tuple[int, Mapping[str, Any]]], source: str, *, limi
     if source not in (TRANSCRIPT, STREAM_JSON):
         raise ValueError(f"not a Claude Code input kind: {source!r}")
     base = limits if limits is not None else CLAUDE_CODE_LIMITS
-    threads = _threads(numbered, source)
+    threads, own_agent = _threads(numbered, source)
     main = threads.pop(_MAIN)
-    own_agent = threads.pop("@agent", None)
     run_limits = _limits(main, base) if base.max_turns is None else base
     schema = _json_schema(main)
     ends = _task_ends(main) if source == STREAM_JSON else {}
@@ -276,6 +279,6 @@ def read(numbered: Sequence[tuple[int, Mapping[str, Any]]], source: str, *, limi
         link = key if source == STREAM_JSON else links.get(key)
         children.append(Reading(source, version, base, tuple(child_walker.items), tuple(child_walker.findings),
                                 link=link, agent=None if source == STREAM_JSON else key, path=path))
-    agent = str(own_agent[0][1]["agentId"]) if own_agent else None
+    agent = own_agent
     return Reading(source, version, run_limits, tuple(walker.items), tuple(findings), tuple(children),
                    agent=agent, path=path)
