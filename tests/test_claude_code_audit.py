@@ -666,3 +666,15 @@ def test_sidechain_records_in_the_session_file_are_a_child_run(tmp_path: Path) -
     assert child.link == "toolu_agent" and child.terminal_reason == "completed"
     assert [m.label for m in child.moves] == expected("subagent_foreground", "transcript")["children"][0]["moves"]
     assert report.errors == 0 and all(at < m.line <= at + len(records(sub)) for m in child.moves)
+
+
+def test_a_second_init_starts_a_run_even_without_result_indexes(tmp_path: Path) -> None:
+    """The run a task notification starts opens with its own init line: read as a new run, not as a
+    Stop hook's re-entry, also where the results do not say which run they close."""
+    recs = records(FIXTURES / "subagent_background" / "stream.jsonl")
+    for r in recs:
+        r.pop("result_index", None)
+    report = audit_report(write(tmp_path / "s.jsonl", recs))
+    runs = expected("subagent_background", "stream-json")["runs"]
+    assert [[m.label for m in r.moves] for r in report.runs] == [r["moves"] for r in runs]
+    assert report.errors == 0 and "stop_hook_blocking" not in [m.label for m in report.moves]

@@ -85,8 +85,8 @@ def _record_runs() -> Any:
     return module
 
 
-RECORDED = ["interleaved_tool_results", "prompt_blocked", "subagent_foreground", "subagent_background", "resumed",
-            "permission_denied", "plan_mode"]
+RECORDED = ["interleaved_tool_results", "prompt_blocked", "subagent_foreground", "subagent_background",
+            "notification_mid_run", "resumed", "permission_denied", "plan_mode"]
 
 
 @pytest.mark.server

@@ -54,6 +54,8 @@ ATTACHMENTS: Mapping[str, tuple[str, str]] = {
     "hook_success": (IGNORED, "a hook's output"),
     "structured_output": (IGNORED, "the accepted StructuredOutput call's data; its tool result is the event"),
     "plan_mode": (FACT, "the run is in plan mode"),
+    "queued_command": (FACT, "input queued while the run was busy (a prompt, a background task's notification), "
+                             "carried by the run's next request: no new run"),
     "environment": (IGNORED, "context for the next request"),
     "model": (IGNORED, "context for the next request"),
     "date": (IGNORED, "context for the next request"),

@@ -15,6 +15,7 @@ from agentfsm.claude_code.items import (
     STREAM_JSON,
     THINKING_ONLY,
     Internal,
+    Observation,
     RunEnd,
 )
 from agentfsm.claude_code.records import FACT, STREAM_SYSTEM, STREAM_TYPES, role_of
@@ -109,6 +110,10 @@ class StreamWalker(Walker):
     def _system(self, line: int, rec: Mapping[str, Any]) -> None:
         sub = rec.get("subtype")
         if sub == "init":
+            if self.phase is not None and any(isinstance(i, Observation) for i in self.items):
+                # each run of the process opens with its own init (the run a task notification started):
+                # the one before is over, whether or not its result line came first
+                self.start_run(line, None, self.causes.get(line, "prompt"))
             self._begin(line)
         elif sub == "api_retry":
             self._begin(line)

@@ -165,7 +165,7 @@ class TranscriptWalker(Walker):
         if role is None:
             self.unknown(line, f"attachment type {kind!r}")
         elif role == FACT:
-            self.fact(line, str(kind))
+            self.fact(line, str(kind), str(att.get("commandMode") or ""))
         elif kind == "max_turns_reached":
             self.on_max_turns(line)
 
