@@ -31,6 +31,13 @@ The recognition rules, by record:
 Where Claude Code does something the graph models differently, the event is read the way the client
 acted on it and a ``cc_*`` warning says so (see :data:`agentfsm.checks.CODES`); what cannot be read as
 anything is reported by line, never skipped.
+
+Before any of that, the records are split by loop — the session's own, and each subagent's (sidechain
+records by ``agentId``; stream-json lines by ``parent_tool_use_id``), each read on its own as a child
+reading — and, per loop, copies are dropped and each message's blocks gathered
+(:mod:`agentfsm.claude_code.identity`); stream-json's runs are put in order (each ``init`` opens one,
+each result joins the run its ``result_index`` names). Which record types exist and what each is —
+an event, a reported fact, ignored bookkeeping — is :mod:`agentfsm.claude_code.records`.
 """
 
 from __future__ import annotations
