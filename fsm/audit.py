@@ -50,7 +50,7 @@ from agentfsm.checks import (
     read_numbered,
     severity_of,
 )
-from agentfsm.claude_code_audit import replay
+from agentfsm.claude_code_audit import replay, with_subagent_files
 from agentfsm.coverage import Coverage, Move, coverage, declared_moves, trace_files
 from agentfsm.events import EventRecordError, from_record, message_skeleton
 from agentfsm.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step, UndeclaredMove, advance
@@ -113,14 +113,12 @@ def recognise(path: Path) -> str:
         head = fh.read(65536)
     if not head.strip():
         raise NotATrace(f"{path}: empty file, {_KNOWN}")
-    if b"\x00" in head:
-        raise NotATrace(f"{path}: binary file, {_KNOWN}")
     parsed: list[dict[str, Any]] = []
     for raw in head.splitlines()[:50]:
         try:
             rec = json.loads(raw)
         except ValueError:
-            continue
+            continue  # a broken or damaged line (a NUL byte, a torn write): the others decide
         if not isinstance(rec, dict):
             continue
         if rec.get("type") in _OUR_TYPES and "seq" in rec:
@@ -130,6 +128,8 @@ def recognise(path: Path) -> str:
                                 f"version reads formats 1 to {TRACE_VERSION})")
             return AGENTFSM
         parsed.append(rec)
+    if b"\x00" in head and not parsed:
+        raise NotATrace(f"{path}: binary file, {_KNOWN}")
     kind = claude_code.kind_of(parsed)
     if kind is not None:
         return kind
@@ -164,7 +164,8 @@ def audit_report(path: Path | str, *, limits: Limits | Mapping[str, Any] | None 
     numbered, findings = read_numbered(path)
     if source != AGENTFSM:
         override = limits if isinstance(limits, Limits) or limits is None else _limits_record(limits)
-        reading = claude_code.read(numbered, source, limits=override)
+        reading = with_subagent_files(claude_code.read(numbered, source, limits=override, path=str(path)), path,
+                                      read_numbered)
         report = replay(reading, str(path))
         return attrs.evolve(report, findings=tuple(sorted((*findings, *report.findings), key=lambda f: f.line)))
     findings.extend(_Auditor(limits).run(numbered))
@@ -679,15 +680,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if given.is_dir() and not found:
             print(f"agentfsm audit: {given}: no .jsonl session files in this directory", file=sys.stderr)
             return 2
-        files.extend(found)
-    try:
-        kinds = {f: recognise(f) for f in files}
-    except NotATrace as exc:
-        print(f"agentfsm audit: {exc}", file=sys.stderr)
-        return 2
+        files.extend(_without_subagent_files(found) if given.is_dir() else found)
+    # every input is reported on its own: one that is not a trace is a finding for it, not the end
+    kinds: dict[Path, str] = {}
+    refused: dict[Path, str] = {}
+    for f in files:
+        try:
+            kinds[f] = recognise(f)
+        except NotATrace as exc:
+            refused[f] = str(exc)
+            print(f"agentfsm audit: {exc}", file=sys.stderr)
     if args.coverage:
-        return _main_coverage(kinds, as_json=args.json, require_full=args.require_full)
-    return _main_audit(files, as_json=args.json)
+        status = _main_coverage(kinds, as_json=args.json, require_full=args.require_full)
+    else:
+        status = _main_audit([f for f in files if f in kinds], as_json=args.json, refused=refused)
+    return 2 if refused else status
+
+
+def _without_subagent_files(files: Sequence[Path]) -> list[Path]:
+    """A directory's files without the subagent transcripts of a session also in it
+    (``<session>/subagents/agent-*.jsonl``): they are audited as that session's child runs."""
+    given = set(files)
+    return [f for f in files if not (f.parent.name == "subagents" and f.name.startswith("agent-")
+                                     and f.parent.parent.with_suffix(".jsonl") in given)]
 
 
 def _counted(labels: Iterable[str]) -> str:
@@ -718,18 +733,38 @@ def summary_line(report: Report) -> str:
     return f"{report.path}: {SOURCES[report.source]}{version}, {'; '.join(parts)}; {verdict}"
 
 
-def _main_audit(files: list[Path], *, as_json: bool) -> int:
+def _main_audit(files: list[Path], *, as_json: bool, refused: Mapping[Path, str] | None = None) -> int:
     reports = [audit_report(f) for f in files]
     for report in reports:
         if as_json:
             print(json.dumps(report.to_json(), ensure_ascii=False))
             continue
-        for f in report.findings:
-            print(f"{report.path}:{f.line}: {f.severity} [{f.code}] {f.message}")
-        if report.source != AGENTFSM and report.moves:
-            print(f"{report.path}: path: " + " → ".join(m.label for m in report.moves))
-        print(summary_line(report))
+        _print_report(report)
+    if as_json:
+        for f, why in (refused or {}).items():
+            finding = Finding(1, "not_a_trace", why)
+            print(json.dumps({"path": str(f), "source": None, "moves": [], "terminal_reason": None, "counters": {},
+                              "errors": 1, "warnings": 0, "findings": [{"path": str(f), **finding.to_json()}]},
+                             ensure_ascii=False))
     return 1 if any(r.errors for r in reports) else 0
+
+
+def _print_report(report: Report, indent: str = "") -> None:
+    for f in report.findings:
+        print(f"{indent}{report.path}:{f.line}: {f.severity} [{f.code}] {f.message}")
+    for line, kind, detail in report.facts:
+        print(f"{indent}{report.path}:{line}: fact [{kind}] {detail}".rstrip())
+    if report.source != AGENTFSM and report.moves:
+        if len(report.runs) > 1:
+            for n, run in enumerate(report.runs, 1):
+                print(f"{indent}{report.path}: run {n} (line {run.line}, {run.cause}): "
+                      + " → ".join(m.label for m in run.moves) + f"; ended {run.terminal_reason or 'nowhere'}")
+        else:
+            print(f"{indent}{report.path}: path: " + " → ".join(m.label for m in report.moves))
+    for child in report.children:
+        print(f"{indent}  subagent {child.agent or ''} started by tool call {child.link or '?'}:")
+        _print_report(child, indent + "  ")
+    print(indent + summary_line(report))
 
 
 def _move_json(m: Move) -> dict[str, str]:
@@ -742,10 +777,12 @@ def _main_coverage(kinds: Mapping[Path, str], *, as_json: bool, require_full: bo
     taken, reasons = Counter(cov.taken_edges), Counter(cov.reasons)
     for f, kind in kinds.items():
         if kind != AGENTFSM:
-            report = audit_report(f)
-            taken.update(Move(m.label, m.source, m.dest) for m in report.moves if m.declared)
-            if report.terminal_reason is not None:
-                reasons[report.terminal_reason] += 1
+            top = audit_report(f)
+            for report in (top, *top.children):  # each subagent loop is a run of the loop too
+                taken.update(Move(m.label, m.source, m.dest) for m in report.moves if m.declared)
+                for run in report.runs or ():
+                    if run.terminal_reason is not None:
+                        reasons[run.terminal_reason] += 1
     cov = Coverage(taken, reasons, [m for m in declared_moves() if m not in taken],
                    [r.value for r in TerminalReason if r.value not in reasons])
     files = list(kinds)

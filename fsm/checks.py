@@ -54,6 +54,11 @@ CODES: Mapping[str, str] = {
     "unpaired_tool_use": "a tool_use without a tool_result in the next message",
     "duplicate_tool_result": "a tool_use with more than one tool_result",
     "orphan_tool_result": "a tool_result without its tool_use in the previous message",
+    "duplicate_record": "a Claude Code record written twice (same uuid, or a block of one message again with the same "
+                        "content); the copy is not read",
+    "stop_reason_mismatch": "a Claude Code message's stop_reason contradicts its blocks (tool calls that 'ended the "
+                            "turn')",
+    "not_a_trace": "the file is not an agentfsm trace, a Claude Code transcript or stream-json output",
     "seq_order": "record seq numbers are not consecutive (records missing or reordered)",
     "out_of_place": "a Claude Code record the loop cannot produce at this point (e.g. a response with no request)",
     # warnings
@@ -84,7 +89,8 @@ CODES: Mapping[str, str] = {
     "read_as_stop_hook_context": "a new request after a text answer with nothing shown in between: stream-json "
                                  "does not show a Stop hook's additionalContext, which re-enters; read as "
                                  "end_turn, then stop_hook_blocking",
-    "sidechain": "subagent (sidechain) records are not part of the main loop; not audited",
+    "read_as_subagent_answer": "stream-json does not show a foreground subagent's last answer (it is the parent's "
+                               "tool result): read as an answer that ended its turn",
     "client_version": "the input was written by a Claude Code version the recognition rules were not checked on",
 }
 WARNING_CODES: frozenset[str] = frozenset(
@@ -93,7 +99,7 @@ WARNING_CODES: frozenset[str] = frozenset(
      "cc_unparsable_tool_input_dispatched"})
 INFO_CODES: frozenset[str] = frozenset(
     {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "read_as_stop_hook_context",
-     "sidechain", "client_version"})
+     "read_as_subagent_answer", "client_version"})
 
 
 def severity_of(code: str) -> str:
@@ -264,9 +270,31 @@ class MoveAt:
 
 
 @attrs.frozen
+class RunAt:
+    """One run of the loop in an input (a session file may hold several: later prompts, a resumed
+    session, the run a background task's notification started): where it starts, what started it,
+    its own path, how it ended and its counters at the end."""
+
+    line: int
+    cause: str
+    moves: tuple[MoveAt, ...]
+    terminal_reason: str | None
+    counters: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"line": self.line, "cause": self.cause, "moves": [m.label for m in self.moves],
+                "terminal_reason": self.terminal_reason, "counters": dict(self.counters)}
+
+
+@attrs.frozen
 class Report:
     """The audit of one input: which kind it is, the moves it took, how it ended, its findings.
-    ``internal``: what the client did inside a phase, no move of the graph (``(line, action, detail)``)."""
+    ``internal``: what the client did inside a phase, no move of the graph (``(line, action, detail)``).
+    ``runs``: the input's runs one by one (``moves`` is all of them in order; ``terminal_reason`` and
+    ``counters`` are the last run's). ``children``: the subagent loops it started, each audited on its
+    own, ``link`` naming the parent's tool call that started it and ``agent`` the subagent's id.
+    ``facts``: what the records say that is no move (``(line, kind, detail)``): permission denials,
+    the session's mode, background tasks."""
 
     path: str
     source: str
@@ -276,14 +304,20 @@ class Report:
     findings: tuple[Finding, ...]
     internal: tuple[tuple[int, str, str], ...] = ()
     version: str | None = None
+    runs: tuple[RunAt, ...] = ()
+    children: tuple[Report, ...] = ()
+    link: str | None = None
+    agent: str | None = None
+    facts: tuple[tuple[int, str, str], ...] = ()
 
     @property
     def errors(self) -> int:
-        return sum(f.is_error for f in self.findings)
+        """Errors in the input, its subagent loops' included."""
+        return sum(f.is_error for f in self.findings) + sum(c.errors for c in self.children)
 
     @property
     def warnings(self) -> int:
-        return sum(f.is_warning for f in self.findings)
+        return sum(f.is_warning for f in self.findings) + sum(c.warnings for c in self.children)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -296,4 +330,14 @@ class Report:
                                for line, action, detail in self.internal]
         if self.version is not None:
             out["client_version"] = self.version
+        if len(self.runs) > 1 or self.children:
+            out["runs"] = [r.to_json() for r in self.runs]
+        if self.children:
+            out["children"] = [c.to_json() for c in self.children]
+        if self.facts:
+            out["facts"] = [{"line": line, "kind": kind, "detail": detail} for line, kind, detail in self.facts]
+        if self.link is not None:
+            out["link"] = self.link
+        if self.agent is not None:
+            out["agent"] = self.agent
         return out

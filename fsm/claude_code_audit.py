@@ -19,28 +19,37 @@ terminal reason the replay reached (``result_mismatch``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
 
-from agentfsm.checks import Finding, MoveAt, Report
-from agentfsm.claude_code import Internal, Observation, Reading, RunEnd, RunStart
+from agentfsm.checks import Finding, MoveAt, Report, RunAt
+from agentfsm.claude_code import STREAM_JSON, TRANSCRIPT, Fact, Internal, Observation, Reading, RunEnd, RunStart, read
 from agentfsm.events import to_record
 from agentfsm.graph import AUTOMATIC, EDGES_BY_TRIGGER, Step, UndeclaredMove, advance, counter_value, follow
 from agentfsm.state import COUNTER_CAPS, Limits, LoopState, Phase
 
 
 class _Replay:
-    def __init__(self, reading: Reading) -> None:
+    def __init__(self, reading: Reading, *, child: bool = False) -> None:
+        # stream-json ends each run of the process with a result line; a subagent's lines have none
+        self.needs_result = reading.source == STREAM_JSON and not child
+        self.result_seen = False
         self.limits: Limits = reading.limits
         self.findings: list[Finding] = list(reading.findings)
         self.moves: list[MoveAt] = []
         self.internal: list[tuple[int, str, str]] = []
+        self.facts: list[tuple[int, str, str]] = []
         self.state: LoopState | None = None
         self.run_line = 1
         self.over: set[str] = set()
         self.recorded: Observation | None = None  # the observation whose event the last move carried
+        self.runs: list[RunAt] = []
+        self.run_cause = "prompt"
+        self.run_first = 0  # index in moves of the current run's first move
 
     def add(self, line: int, code: str, message: str) -> None:
         self.findings.append(Finding(line, code, message))
@@ -51,7 +60,7 @@ class _Replay:
         self.end_run()
         history = self.state.messages if self.state is not None else ()
         self.state = LoopState(messages=(*history, item.prompt) if item.prompt is not None else history)
-        self.run_line = item.line
+        self.run_line, self.run_cause, self.run_first = item.line, item.cause, len(self.moves)
         self.over = set()
 
     def end_run(self) -> None:
@@ -59,8 +68,18 @@ class _Replay:
         if s is not None and (s.phase is not Phase.STOP or s.stop_hooks_due):
             self.add(self.run_line, "incomplete_run", f"the run starting at line {self.run_line} does not reach stop "
                                                       f"(last position: {s.phase.value})")
+        elif s is not None and self.needs_result and not self.result_seen and len(self.moves) > self.run_first:
+            self.add(self.run_line, "incomplete_run", f"the run starting at line {self.run_line} has no result line "
+                                                      "(the output was cut off, or the process killed)")
+        self.result_seen = False
+        if s is not None and (len(self.moves) > self.run_first or not self.runs):
+            reason = s.terminal_reason.value if s.phase is Phase.STOP and s.terminal_reason is not None else None
+            self.runs.append(RunAt(self.run_line, self.run_cause, tuple(self.moves[self.run_first:]), reason,
+                                   s.counters()))
+        self.run_first = len(self.moves)
 
     def result(self, item: RunEnd) -> None:
+        self.result_seen = True
         s = self.state
         if s is None or s.phase is not Phase.STOP or s.stop_hooks_due:
             where = s.phase.value if s is not None else "nowhere"
@@ -68,7 +87,7 @@ class _Replay:
                                                       f"replayed loop is at {where}")
             return
         reached = s.terminal_reason.value if s.terminal_reason is not None else None
-        if item.terminal_reason != reached:
+        if item.terminal_reason is not None and item.terminal_reason != reached:
             self.add(item.line, "result_mismatch", f"the result says terminal_reason {item.terminal_reason!r}; the "
                                                    f"replayed path ends with {reached!r}")
 
@@ -168,12 +187,52 @@ class _Replay:
                 self.result(item)
             elif isinstance(item, Internal):
                 self.internal.append((item.line, item.action, item.detail))
+            elif isinstance(item, Fact):
+                self.facts.append((item.line, item.kind, item.detail))
         self.end_run()
         s = self.state
         reason = s.terminal_reason.value if s is not None and s.phase is Phase.STOP and s.terminal_reason else None
         findings = tuple(sorted(self.findings, key=lambda f: f.line))
+        children = tuple(_Replay(child, child=True).run(child, child.path or path) for child in reading.children)
         return Report(path, reading.source, tuple(self.moves), reason, s.counters() if s is not None else {},
-                      findings, tuple(self.internal), reading.version)
+                      findings, tuple(self.internal), reading.version, tuple(self.runs), children, reading.link,
+                      reading.agent, tuple(self.facts))
+
+
+def subagent_files(path: Path) -> list[Path]:
+    """A transcript's subagent transcripts: Claude Code writes each subagent's loop to
+    ``<session>/subagents/agent-<id>.jsonl`` beside ``<session>.jsonl``."""
+    folder = path.with_suffix("") / "subagents"
+    return sorted(folder.glob("agent-*.jsonl")) if folder.is_dir() else []
+
+
+def subagent_link(path: Path) -> str | None:
+    """The tool call that started the subagent of ``agent-<id>.jsonl``, from the ``.meta.json`` the client
+    writes beside it."""
+    try:
+        meta = json.loads(path.with_suffix(".meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    link = meta.get("toolUseId") if isinstance(meta, Mapping) else None
+    return str(link) if isinstance(link, str) else None
+
+
+def with_subagent_files(reading: Reading, path: Path, numbered_of: Any) -> Reading:
+    """``reading`` with the subagent loops of its own files as children (a subagent the records already
+    hold as a sidechain is not read twice). ``numbered_of(path)`` reads a file's records and findings."""
+    if reading.source != TRANSCRIPT:
+        return reading
+    known = {c.agent for c in reading.children}
+    children = list(reading.children)
+    for f in subagent_files(path):
+        numbered, findings = numbered_of(f)
+        child = read(numbered, reading.source, path=str(f))
+        if child.agent in known:
+            continue
+        link = subagent_link(f) or next((c.link for c in reading.children if c.agent == child.agent), None)
+        children.append(attrs.evolve(child, findings=tuple(sorted((*findings, *child.findings), key=lambda x: x.line)),
+                                     link=link))
+    return attrs.evolve(reading, children=tuple(children))
 
 
 def replay(reading: Reading, path: str = "") -> Report:

@@ -308,8 +308,11 @@ def open_session(options: Options, *, client: ModelClient | None = None, emit: E
     try:
         cut = heal_tail(plan.source)
         if cut:
-            problems.append(FileProblem(0, "torn_last_line", f"a torn last line ({cut} bytes, a crash mid-write) "
-                                                              "was cut off"))
+            # the torn line's own number: the one after the last whole line (what the audit reports)
+            with open(plan.source, "rb") as fh:
+                torn_line = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b"")) + 1
+            problems.append(FileProblem(torn_line, "torn_last_line", f"a torn last line ({cut} bytes, a crash "
+                                                                     "mid-write) was cut off"))
         history, repaired = load_view(plan.source, problems)
         session = Session(resumed, history=history, trace_handle=handle, **kwargs)
     except BaseException:

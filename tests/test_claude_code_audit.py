@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -71,12 +72,44 @@ def test_a_real_run_replays_to_the_moves_the_scenario_implies(scenario: str, sou
     assert dict(report.counters) == exp["counters"]
     assert codes(report) == exp["findings"], [str(f) for f in report.findings]
     assert report.errors == 0
-    # every move is a declared edge, each starting where the previous one ended
+    # every move is a declared edge, each starting where the previous one of its run ended
     assert all(m.declared for m in report.moves)
-    for a, b in zip(report.moves, report.moves[1:], strict=False):
-        assert b.source == a.dest
+    assert [m for run in report.runs for m in run.moves] == list(report.moves)
+    for run in report.runs:
+        assert run.moves[0].source == "assemble"
+        for a, b in zip(run.moves, run.moves[1:], strict=False):
+            assert b.source == a.dest
     lines = len((FIXTURES / scenario / name).read_text().splitlines())
     assert all(1 <= m.line <= lines for m in report.moves)
+
+
+NESTED = [s for s in SCENARIOS if any(k in json.loads((FIXTURES / s / "expected.json").read_text())[src]
+                                      for src in SOURCES for k in ("runs", "children", "facts"))]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+@pytest.mark.parametrize("scenario", NESTED)
+def test_runs_subagents_and_facts_are_reported_one_by_one(scenario: str, source: str) -> None:
+    """Each run of a session (a resumed one, the run a task notification started) and each subagent loop
+    (linked to the tool call that started it) has its own path, counters and terminal reason."""
+    name, _ = SOURCES[source]
+    exp = expected(scenario, source)
+    report = audit_report(FIXTURES / scenario / name)
+    runs = exp.get("runs", [{"line": report.runs[0].line, "cause": "prompt", "moves": exp["moves"],
+                             "terminal_reason": exp["terminal_reason"], "counters": exp["counters"]}])
+    assert [r.to_json() for r in report.runs] == runs
+    assert [(c.link, [m.label for m in c.moves], c.terminal_reason, dict(c.counters), codes(c))
+            for c in report.children] == [(c["link"], c["moves"], c["terminal_reason"], c["counters"], c["findings"])
+                                          for c in exp.get("children", [])]
+    assert [kind for _, kind, _ in report.facts] == exp.get("facts", [])
+    assert report.errors == 0
+
+
+def test_each_client_process_of_a_resumed_session_has_its_stream_json() -> None:
+    exp = expected("resumed", "stream-json-2")
+    report = audit_report(FIXTURES / "resumed" / "stream2.jsonl")
+    assert [m.label for m in report.moves] == exp["moves"] and report.terminal_reason == exp["terminal_reason"]
+    assert dict(report.counters) == exp["counters"] and report.errors == 0 and codes(report) == {}
 
 
 # --- tampered copies ------------------------------------------------------------------------------
@@ -122,6 +155,7 @@ def test_a_fourth_max_tokens_recovery_in_stream_json_is_flagged_at_its_line(tmp_
     resume = copy.deepcopy(next(r for r in recs if r.get("isSynthetic")))
     answer = copy.deepcopy(next(r for r in recs if r["type"] == "assistant"))
     answer["message"].update(id="msg_tampered", content=[{"type": "text", "text": "DONE"}])
+    resume["uuid"], answer["uuid"] = "tampered-resume", "tampered-answer"  # a copy would be a duplicate
     result = copy.deepcopy(recs[-1])
     result.update(terminal_reason="completed", is_error=False, stop_reason="end_turn")
     path = write(tmp_path / "s.jsonl", [*recs[:at], resume, answer, *recs[at + 1:-1], result])
@@ -151,9 +185,12 @@ def test_a_removed_tool_result_is_flagged_at_its_tool_use(tmp_path: Path, source
 def test_a_duplicated_tool_result_and_an_orphan_are_flagged(tmp_path: Path) -> None:
     recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
     at = _index(recs, _is_tool_result)
+    second = copy.deepcopy(recs[at])
+    second["uuid"] = "second-result"  # written again as a new record: a second result for one call
     orphan = copy.deepcopy(recs[at])
+    orphan["uuid"] = "orphan-result"
     orphan["message"]["content"][0]["tool_use_id"] = "toolu_nobody"
-    path = write(tmp_path / "t.jsonl", [*recs[:at + 1], copy.deepcopy(recs[at]), orphan, *recs[at + 1:]])
+    path = write(tmp_path / "t.jsonl", [*recs[:at + 1], second, orphan, *recs[at + 1:]])
     report = audit_report(path)
     assert {(f.code, f.line) for f in report.findings if f.is_error} == \
         {("duplicate_tool_result", at + 2), ("orphan_tool_result", at + 3)}
@@ -172,7 +209,7 @@ def test_a_stop_hook_re_entry_past_the_cap_is_flagged(tmp_path: Path) -> None:
     at = _index(recs, lambda r: r.get("subtype") == "informational")
     request = copy.deepcopy([r for r in recs if r["type"] == "api-request"][-1])
     answer = copy.deepcopy([r for r in recs if r["type"] == "assistant"][-1])
-    answer["message"]["id"] = "msg_tampered"
+    answer["message"]["id"], answer["uuid"] = "msg_tampered", "tampered-answer"
     path = write(tmp_path / "t.jsonl", [*recs[:at], request, answer, *recs[at + 1:]])
     report = audit_report(path)
     feedback = 1 + max(i for i, r in enumerate(recs[:at]) if r.get("isMeta"))  # the ninth block's message
@@ -367,3 +404,277 @@ def test_the_readme_picture_of_a_claude_code_run_is_current() -> None:
     dot = dot_views.render_overview(path, header=path.title())
     assert diagram.stamp_of(png.read_bytes()) == diagram.dot_digest(dot), (
         f"docs/claude_code_run.png is stale: agentfsm diagram --trace {rel} --output docs/claude_code_run.png")
+
+
+# --- tampering: each kind caught, at its line, and said for what it is ------------------------------
+
+
+def _is_block_of(use_id: str) -> Any:
+    return lambda r: r.get("type") == "assistant" and any(b.get("id") == use_id for b in r["message"]["content"])
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+@pytest.mark.parametrize("scenario", ["read_probe", "interleaved_tool_results", "subagent_background"])
+def test_an_exactly_duplicated_line_is_a_duplicate_record(tmp_path: Path, scenario: str, source: str) -> None:
+    name, _ = SOURCES[source]
+    lines = (FIXTURES / scenario / name).read_text(encoding="utf-8").splitlines(keepends=True)
+    for at in [i for i, line in enumerate(lines) if json.loads(line).get("type") == "assistant"]:
+        path = tmp_path / name
+        path.write_text("".join([*lines[:at + 1], lines[at], *lines[at + 1:]]), encoding="utf-8")
+        report = audit_report(path)
+        found = [f for r in (report, *report.children) for f in r.findings]  # a subagent's line: its child's
+        assert [(f.code, f.line) for f in found if f.is_error] == [("duplicate_record", at + 2)]
+        assert f"line {at + 1}" in next(f.message for f in found if f.code == "duplicate_record")
+        # the copy is not read again: the path is the client's
+        assert [m.label for m in report.moves] == expected(scenario, source)["moves"]
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_block_written_again_under_a_new_uuid_is_a_duplicate_record(tmp_path: Path, source: str) -> None:
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "parallel_reads" / name)
+    at = _index(recs, _is_block_of("toolu_b"))
+    copy_of = {**copy.deepcopy(recs[at]), "uuid": "a-new-uuid"}
+    report = audit_report(write(tmp_path / name, [*recs[:at + 1], copy_of, *recs[at + 1:]]))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("duplicate_record", at + 2)]
+    assert "same message id and content" in errors[0].message
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_deleted_tool_use_block_leaves_its_result_an_orphan(tmp_path: Path, source: str) -> None:
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "parallel_reads" / name)
+    gone = _index(recs, _is_block_of("toolu_b"))
+    result_line = 1 + _index(recs, lambda r: _is_tool_result(r) and r["message"]["content"][0]["tool_use_id"]
+                             == "toolu_b") - 1  # one line less after the deletion
+    report = audit_report(write(tmp_path / name, recs[:gone] + recs[gone + 1:]))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("orphan_tool_result", result_line)]
+    assert "'toolu_b'" in errors[0].message
+
+
+@pytest.mark.parametrize("source", sorted(SOURCES))
+def test_a_result_moved_before_its_call_is_caught(tmp_path: Path, source: str) -> None:
+    """In the interleaved run a result may lie between the blocks of its message, but never before
+    the block of its own call (a tool starts at its block's stop)."""
+    name, _ = SOURCES[source]
+    recs = records(FIXTURES / "interleaved_tool_results" / name)
+    use_b = _index(recs, _is_block_of("toolu_b"))
+    result_b = _index(recs, lambda r: _is_tool_result(r) and r["message"]["content"][0]["tool_use_id"] == "toolu_b")
+    moved = [*recs[:use_b], recs[result_b], *[r for i, r in enumerate(recs[use_b:], use_b) if i != result_b]]
+    report = audit_report(write(tmp_path / name, moved))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("orphan_tool_result", use_b + 1)]
+    assert "before its tool_use" in errors[0].message
+
+
+def test_interleaved_results_are_one_message_and_one_turn() -> None:
+    """The run that split into two turns before: the results lie between the blocks of one message."""
+    for source in SOURCES:
+        name, _ = SOURCES[source]
+        report = audit_report(FIXTURES / "interleaved_tool_results" / name)
+        assert [m.label for m in report.moves].count("next_turn") == 1
+        assert report.counters["turn_count"] == 2 and report.errors == 0
+
+
+def test_a_stream_json_output_cut_before_its_result_is_an_incomplete_run(tmp_path: Path) -> None:
+    lines = (FIXTURES / "read_probe" / "stream.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(lines[:-1]), encoding="utf-8")
+    report = audit_report(path)
+    assert [(f.code, f.line) for f in report.findings] == [("incomplete_run", 1)]
+    assert "no result line" in report.findings[0].message
+    path.write_text("".join(lines)[:-40], encoding="utf-8")  # torn inside the result line
+    report = audit_report(path)
+    assert {(f.code, f.line) for f in report.findings} == {("incomplete_run", 1), ("torn_last_line", len(lines))}
+
+
+def test_a_tool_calling_message_said_to_end_the_turn_is_a_stop_reason_mismatch(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    for r in recs:
+        if r.get("type") == "assistant" and r["message"].get("stop_reason") == "tool_use":
+            r["message"]["stop_reason"] = "end_turn"
+    first = 1 + _index(recs, lambda r: r.get("type") == "assistant")
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("stop_reason_mismatch", first)]
+    assert "'end_turn'" in errors[0].message
+
+
+def test_an_answer_said_to_hit_max_tokens_that_ended_the_turn_is_a_replay_mismatch(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    at = _index(recs, lambda r: r.get("type") == "assistant" and r["message"].get("stop_reason") == "end_turn")
+    recs[at]["message"]["stop_reason"] = "max_tokens"
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [("replay_mismatch", at + 1)]
+    assert "took 'end_turn'" in errors[0].message and "'max_output_tokens_recovery'" in errors[0].message
+
+
+@pytest.mark.parametrize(("field", "value", "code", "says"), [
+    ("stop_reason", "max_tokens", "replay_mismatch", "'max_output_tokens_recovery'"),
+    ("terminal_reason", "aborted_tools", "result_mismatch", "the result says terminal_reason 'aborted_tools'; the "
+                                                            "replayed path ends with 'completed'"),
+])
+def test_a_falsified_stream_json_result_is_flagged_at_the_result_line(tmp_path: Path, field: str, value: str,
+                                                                      code: str, says: str) -> None:
+    recs = records(FIXTURES / "read_probe" / "stream.jsonl")
+    recs[-1][field] = value
+    report = audit_report(write(tmp_path / "s.jsonl", recs))
+    errors = [f for f in report.findings if f.is_error]
+    assert [(f.code, f.line) for f in errors] == [(code, len(recs))]
+    assert says in errors[0].message
+
+
+# --- directories and damaged files --------------------------------------------------------------------
+
+
+def test_a_directory_with_a_bad_file_reports_every_good_one(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    good = ["read_probe", "subagent_foreground", "resumed"]
+    for scenario in good:
+        shutil.copytree(FIXTURES / scenario, tmp_path / scenario)
+    (tmp_path / "resumed" / "empty.jsonl").write_text("")  # what a bad --settings leaves behind
+    (tmp_path / "read_probe" / "other.jsonl").write_text('{"hello": 1}\n')
+    assert main(["--json", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    docs = {Path(d["path"]).relative_to(tmp_path).as_posix(): d for d in map(json.loads, out.splitlines())}
+    traces = {f"{s}/{n}" for s in good for n in ("transcript.jsonl", "stream.jsonl")} | {"resumed/stream2.jsonl"}
+    assert set(docs) == traces | {"resumed/empty.jsonl", "read_probe/other.jsonl"}  # subagent files: children
+    assert all(docs[t]["errors"] == 0 and docs[t]["terminal_reason"] == "completed" for t in traces)
+    for bad in ("resumed/empty.jsonl", "read_probe/other.jsonl"):
+        assert docs[bad]["source"] is None and [f["code"] for f in docs[bad]["findings"]] == ["not_a_trace"]
+    assert len(err.splitlines()) == 2
+    assert [c["link"] for c in docs["subagent_foreground/transcript.jsonl"]["children"]] == ["toolu_agent"]
+    # the text output and --coverage too
+    assert main([str(tmp_path)]) == 2
+    out = capsys.readouterr().out
+    assert all(f"{tmp_path / t}: Claude Code" in out for t in traces)
+    assert main(["--coverage", "--json", str(tmp_path)]) == 2
+    assert json.loads(capsys.readouterr().out)["traces"] == len(traces)
+
+
+def test_a_nul_byte_damages_one_line_not_the_file(tmp_path: Path) -> None:
+    lines = (FIXTURES / "read_probe" / "transcript.jsonl").read_bytes().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if b'"type":"attachment"' in line)
+    lines[at] = lines[at][:40] + b"\x00" + lines[at][40:]
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"".join(lines))
+    report = audit_report(path)
+    assert [(f.code, f.line) for f in report.findings] == [("unreadable_line", at + 1)]
+    assert [m.label for m in report.moves] == expected("read_probe", "transcript")["moves"]
+
+
+def test_unknown_record_types_are_reported_once_per_type_with_a_count(tmp_path: Path) -> None:
+    recs = records(FIXTURES / "read_probe" / "transcript.jsonl")
+    for at in (4, 8, 12):
+        recs.insert(at, {"type": "brand-new-record", "sessionId": "x"})
+    report = audit_report(write(tmp_path / "t.jsonl", recs))
+    assert [(f.code, f.line) for f in report.findings] == [("unknown_record", 5)]
+    assert "3 records, lines 5, 9, 13" in report.findings[0].message
+
+
+def test_the_record_table_in_the_docs_is_the_auditors() -> None:
+    """docs/claude_code_records.md lists every record type of fsm/claude_code/records.py with its role,
+    and no other."""
+    from agentfsm.claude_code import records as tables
+
+    doc = (Path(__file__).parent.parent / "docs" / "claude_code_records.md").read_text(encoding="utf-8")
+    sections = doc.split("\n### ")[1:]
+    named = {"Transcript records": tables.TRANSCRIPT_TYPES, "Transcript `system`": tables.TRANSCRIPT_SYSTEM,
+             "Transcript `attachment`": tables.ATTACHMENTS, "stream-json lines": tables.STREAM_TYPES,
+             "stream-json `system`": tables.STREAM_SYSTEM}
+    assert len(sections) == len(named)
+    for title, table in named.items():
+        (section,) = [s for s in sections if s.startswith(title)]
+        rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
+        assert {row[0].strip("| `"): row[1] for row in rows} == {k: role for k, (role, _) in table.items()}, title
+
+
+def test_every_record_type_of_the_recorded_runs_is_known() -> None:
+    """No record of any recorded Claude Code run is unknown to the tables."""
+    from agentfsm.claude_code import records as tables
+
+    for path in FIXTURES.rglob("*.jsonl"):
+        stream = path.name.startswith("stream")
+        for rec in records(path):
+            kind = rec.get("type")
+            if stream:
+                assert tables.role_of(tables.STREAM_TYPES, kind), (path, kind)
+                if kind == "system":
+                    assert tables.role_of(tables.STREAM_SYSTEM, rec.get("subtype")), (path, rec.get("subtype"))
+            else:
+                assert tables.role_of(tables.TRANSCRIPT_TYPES, kind), (path, kind)
+                if kind == "system":
+                    assert tables.role_of(tables.TRANSCRIPT_SYSTEM, rec.get("subtype")), (path, rec.get("subtype"))
+                if kind == "attachment":
+                    assert tables.role_of(tables.ATTACHMENTS, rec["attachment"].get("type")), (path, rec["attachment"])
+
+
+ALL_INPUTS = sorted(p.relative_to(FIXTURES).as_posix() for p in FIXTURES.glob("*/*.jsonl"))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fixture=st.sampled_from(ALL_INPUTS), data=st.data())
+def test_any_damage_is_reported_within_the_file(tmp_path: Path, fixture: str, data: st.DataObject) -> None:
+    """A line copied, a byte cut off the end, a NUL written anywhere: nothing crashes, every finding and
+    move points at a line of the file, and the file is read, not refused."""
+    body = (FIXTURES / fixture).read_bytes()
+    lines = body.splitlines(keepends=True)
+    how = data.draw(st.sampled_from(["copy", "cut", "nul"]), label="how")
+    if how == "copy":
+        at = data.draw(st.integers(0, len(lines) - 1), label="line")
+        body = b"".join([*lines[:at + 1], lines[at], *lines[at + 1:]])
+    elif how == "cut":
+        body = body[:data.draw(st.integers(len(lines[0]) + 1, len(body) - 1), label="bytes")]
+    else:
+        at = data.draw(st.integers(0, len(body) - 1), label="byte")
+        body = body[:at] + b"\x00" + body[at:]
+    path = tmp_path / Path(fixture).name
+    path.write_bytes(body)
+    try:
+        report = audit_report(path)
+    except NotATrace:
+        # refused only when no message, system or result record is left whole (e.g. cut to its queue records)
+        left = []
+        for raw in body.splitlines():
+            try:
+                left.append(json.loads(raw).get("type"))
+            except ValueError:
+                continue
+        assert how != "copy" and not {"user", "assistant", "system", "result"} & set(left), left
+        return
+    n = len(body.splitlines())
+    for r in (report, *report.children):
+        assert all(1 <= f.line <= n for f in r.findings), [str(f) for f in r.findings]
+        assert all(1 <= m.line <= n for m in r.moves)
+    if how == "copy" and json.loads(lines[at]).get("uuid"):
+        assert any(f.code == "duplicate_record" for r in (report, *report.children) for f in r.findings)
+
+
+def test_sidechain_records_in_the_session_file_are_a_child_run(tmp_path: Path) -> None:
+    """Where a client writes a subagent's records into the session's own file (isSidechain), they are
+    read as the child run they are, linked through the tool result's agentId."""
+    main_recs = records(FIXTURES / "subagent_foreground" / "transcript.jsonl")
+    (sub,) = (FIXTURES / "subagent_foreground" / "transcript" / "subagents").glob("agent-*.jsonl")
+    at = _index(main_recs, _is_tool_result)
+    path = write(tmp_path / "t.jsonl", [*main_recs[:at], *records(sub), *main_recs[at:]])
+    report = audit_report(path)
+    assert [m.label for m in report.moves] == expected("subagent_foreground", "transcript")["moves"]
+    (child,) = report.children
+    assert child.link == "toolu_agent" and child.terminal_reason == "completed"
+    assert [m.label for m in child.moves] == expected("subagent_foreground", "transcript")["children"][0]["moves"]
+    assert report.errors == 0 and all(at < m.line <= at + len(records(sub)) for m in child.moves)
+
+
+def test_a_second_init_starts_a_run_even_without_result_indexes(tmp_path: Path) -> None:
+    """The run a task notification starts opens with its own init line: read as a new run, not as a
+    Stop hook's re-entry, also where the results do not say which run they close."""
+    recs = records(FIXTURES / "subagent_background" / "stream.jsonl")
+    for r in recs:
+        r.pop("result_index", None)
+    report = audit_report(write(tmp_path / "s.jsonl", recs))
+    runs = expected("subagent_background", "stream-json")["runs"]
+    assert [[m.label for m in r.moves] for r in report.runs] == [r["moves"] for r in runs]
+    assert report.errors == 0 and "stop_hook_blocking" not in [m.label for m in report.moves]

@@ -4,12 +4,14 @@ committed fixture expects. Skips with a reason when the client is absent."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,3 +75,40 @@ def test_a_fresh_claude_code_run_audits_like_its_fixture(scenario: str, agentfsm
         assert report.errors == 0, [str(f) for f in report.findings]
         assert [m.label for m in report.moves] == expected[source]["moves"], source
         assert report.terminal_reason == expected[source]["terminal_reason"]
+
+
+def _record_runs() -> Any:
+    spec = importlib.util.spec_from_file_location("record_runs", FIXTURES / "record_runs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RECORDED = ["interleaved_tool_results", "prompt_blocked", "subagent_foreground", "subagent_background",
+            "notification_mid_run", "resumed", "permission_denied", "plan_mode"]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", RECORDED)
+def test_a_fresh_recording_audits_like_its_fixture(scenario: str, tmp_path: Path) -> None:
+    """The cases record_runs.py recorded, run again: each run, each subagent loop (linked to its tool
+    call) and each terminal reason as the fixture's expectations say, with no error."""
+    claude = _claude()
+    if claude is None:
+        pytest.skip("no Claude Code binary: set $AGENTFSM_CLAUDE or put `claude` on PATH")
+    record_runs = _record_runs()
+    out = tmp_path / "out"
+    record_runs.record(scenario, out, claude)
+    expected = json.loads((FIXTURES / scenario / "expected.json").read_text())
+    inputs = {"transcript": record_runs.transcript_of(out), "stream-json": out / "stream.jsonl",
+              "stream-json-2": out / "stream2.jsonl"}
+    for source, exp in ((k, v) for k, v in expected.items() if k in inputs):
+        report = audit_report(inputs[source])
+        assert report.errors == 0, [str(f) for r in (report, *report.children) for f in r.findings]
+        runs = exp.get("runs", [{"moves": exp["moves"], "terminal_reason": exp["terminal_reason"]}])
+        assert [([m.label for m in r.moves], r.terminal_reason) for r in report.runs] == \
+            [(r["moves"], r["terminal_reason"]) for r in runs], source
+        assert [(c.link, [m.label for m in c.moves], c.terminal_reason) for c in report.children] == \
+            [(c["link"], c["moves"], c["terminal_reason"]) for c in exp.get("children", [])], source

@@ -31,16 +31,25 @@ The recognition rules, by record:
 Where Claude Code does something the graph models differently, the event is read the way the client
 acted on it and a ``cc_*`` warning says so (see :data:`agentfsm.checks.CODES`); what cannot be read as
 anything is reported by line, never skipped.
+
+Before any of that, the records are split by loop — the session's own, and each subagent's (sidechain
+records by ``agentId``; stream-json lines by ``parent_tool_use_id``), each read on its own as a child
+reading — and, per loop, copies are dropped and each message's blocks gathered
+(:mod:`agentfsm.claude_code.identity`); stream-json's runs are put in order (each ``init`` opens one,
+each result joins the run its ``result_index`` names). Which record types exist and what each is —
+an event, a reported fact, ignored bookkeeping — is :mod:`agentfsm.claude_code.records`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from agentfsm.checks import Finding
+from agentfsm.claude_code.identity import drop_copies, group_messages
 from agentfsm.claude_code.items import (
     CHECKED_VERSIONS,
     CLAUDE_CODE_LIMITS,
@@ -49,6 +58,7 @@ from agentfsm.claude_code.items import (
     STREAM_JSON,
     STRUCTURED_OUTPUT_TOOL,
     TRANSCRIPT,
+    Fact,
     Internal,
     Item,
     Observation,
@@ -61,8 +71,11 @@ from agentfsm.claude_code.transcript import TranscriptWalker
 from agentfsm.claude_code.walker import Walker
 from agentfsm.state import Limits
 
-__all__ = ["CHECKED_VERSIONS", "CLAUDE_CODE_LIMITS", "META_TEXTS", "STREAM_JSON", "TRANSCRIPT", "Internal", "Item",
-           "Observation", "Reading", "RunEnd", "RunStart", "kind_of", "read"]
+# a queued task notification: the subagent's id and the tool call that started it
+_NOTIFIED = re.compile(r"<task-id>([^<]+)</task-id>\s*<tool-use-id>([^<]+)</tool-use-id>")
+
+__all__ = ["CHECKED_VERSIONS", "CLAUDE_CODE_LIMITS", "META_TEXTS", "STREAM_JSON", "TRANSCRIPT", "Fact", "Internal",
+           "Item", "Observation", "Reading", "RunEnd", "RunStart", "kind_of", "read"]
 
 
 def kind_of(records: Iterable[Mapping[str, Any]]) -> str | None:
@@ -81,9 +94,10 @@ def kind_of(records: Iterable[Mapping[str, Any]]) -> str | None:
         if kind == "system" and "uuid" in rec:
             if "sessionId" in rec and "subtype" in rec:
                 return TRANSCRIPT
-            if "session_id" in rec and rec.get("subtype") == "init" and "claude_code_version" in rec:
-                return STREAM_JSON
-        if kind == "result" and "session_id" in rec and "terminal_reason" in rec:
+            if "session_id" in rec and "sessionId" not in rec:
+                return STREAM_JSON  # any system line of stream-json: its init may be the damaged one
+        # a result line: a blocked prompt's has no terminal_reason, but its uuid and subtype
+        if kind == "result" and "session_id" in rec and ("terminal_reason" in rec or {"uuid", "subtype"} <= rec.keys()):
             return STREAM_JSON
     return None
 
@@ -119,24 +133,159 @@ def _json_schema(records: Sequence[tuple[int, Mapping[str, Any]]]) -> bool:
     return False
 
 
-def read(numbered: Sequence[tuple[int, Mapping[str, Any]]], source: str, *, limits: Limits | None = None
-         ) -> Reading:
-    """Read a Claude Code input's records (with their 1-based lines) as events of the graph.
-    ``limits`` replaces :data:`CLAUDE_CODE_LIMITS` (max_turns is still read from the input when unset)."""
-    base = limits if limits is not None else CLAUDE_CODE_LIMITS
-    run_limits = _limits(numbered, base) if base.max_turns is None else base
+Numbered = Sequence[tuple[int, Mapping[str, Any]]]
+_MAIN = ""
+
+
+def _thread_of(rec: Mapping[str, Any], source: str) -> str:
+    """Which loop a record belongs to: ``""`` for the session's own, else the subagent's key (its
+    ``agentId`` in a transcript, the parent's tool_use id in stream-json)."""
+    if source == STREAM_JSON:
+        parent = rec.get("parent_tool_use_id")
+        return str(parent) if parent else _MAIN
+    agent = rec.get("agentId")
+    if rec.get("isSidechain") or (agent and "isSidechain" not in rec):
+        return str(agent or "sidechain")
+    return _MAIN
+
+
+def _threads(numbered: Numbered, source: str) -> tuple[dict[str, list[tuple[int, Mapping[str, Any]]]], str | None]:
+    """The records by loop (``""`` the session's own), and the subagent's id when the whole file is one
+    subagent's own transcript (then its loop is the file's)."""
+    threads: dict[str, list[tuple[int, Mapping[str, Any]]]] = {_MAIN: []}
+    for line, rec in numbered:
+        threads.setdefault(_thread_of(rec, source), []).append((line, rec))
+    if len(threads) == 2 and not any(r.get("type") in ("user", "assistant") for _, r in threads[_MAIN]):
+        (agent, records), = ((k, v) for k, v in threads.items() if k != _MAIN)
+        return {_MAIN: sorted([*threads[_MAIN], *records], key=lambda lr: lr[0])}, agent
+    return threads, None
+
+
+def _links(numbered: Numbered) -> dict[str, str]:
+    """A transcript's subagents by agent id -> the tool call that started each (from the tool's result,
+    or the task notification that announced it)."""
+    links: dict[str, str] = {}
+    for _, rec in numbered:
+        result = rec.get("toolUseResult")
+        if isinstance(result, Mapping) and result.get("agentId"):
+            msg = rec.get("message") or {}
+            for b in (msg.get("content") if isinstance(msg, Mapping) else None) or ():
+                if isinstance(b, Mapping) and b.get("type") == "tool_result":
+                    links[str(result["agentId"])] = str(b.get("tool_use_id"))
+        if rec.get("type") == "queue-operation":
+            m = _NOTIFIED.search(str(rec.get("content") or ""))
+            if m:
+                links.setdefault(m.group(1), m.group(2))
+    return links
+
+
+def _stream_runs(records: list[tuple[int, Mapping[str, Any]]]) -> tuple[list[tuple[int, Mapping[str, Any]]],
+                                                                         dict[int, str]]:
+    """stream-json's runs in one output: each ``init`` after the first starts one (a run a task
+    notification started). Their results can come late (the first run's result after the second run's
+    answer): each goes to the end of the run its ``result_index`` names. Also: what started each run."""
+    runs: list[list[tuple[int, Mapping[str, Any]]]] = [[]]
+    results: list[tuple[int, Mapping[str, Any]]] = []
+    for line, rec in records:
+        if rec.get("type") == "system" and rec.get("subtype") == "init" and any(
+                r.get("type") != "result" for _, r in runs[-1]):
+            runs.append([])
+        if rec.get("type") == "result" and isinstance(rec.get("result_index"), int):
+            results.append((line, rec))
+        else:
+            runs[-1].append((line, rec))
+    causes: dict[int, str] = {}
+    for line, rec in results:
+        k = rec["result_index"]
+        if 0 <= k < len(runs):
+            runs[k].append((line, rec))
+            origin = rec.get("origin")
+            if isinstance(origin, Mapping) and origin.get("kind") and runs[k]:
+                causes[runs[k][0][0]] = str(origin["kind"])
+        else:
+            runs[-1].append((line, rec))
+    return [lr for run in runs for lr in run], causes
+
+
+def _task_ends(numbered: Numbered) -> dict[str, tuple[int, str]]:
+    """stream-json: each subagent's end (its tool call -> the line and status of its last task notice)."""
+    ends: dict[str, tuple[int, str]] = {}
+    calls: dict[str, str] = {}  # task id -> its tool call
+    for line, rec in numbered:
+        if rec.get("type") != "system":
+            continue
+        if rec.get("task_id") and rec.get("tool_use_id"):
+            calls[str(rec["task_id"])] = str(rec["tool_use_id"])
+        if rec.get("subtype") in ("task_notification", "task_updated"):
+            patch = rec.get("patch")
+            status = rec.get("status") or (patch.get("status") if isinstance(patch, Mapping) else None)
+            use = rec.get("tool_use_id") or calls.get(str(rec.get("task_id")))
+            if use and status:
+                ends[str(use)] = (line, str(status))
+    return ends
+
+
+def _walk(records: Numbered, source: str, json_schema: bool, *, child: bool = False,
+          end: tuple[int, str] | None = None) -> Walker:
+    records, copies = drop_copies(records)
+    records, misplaced = group_messages(records)
+    copies += misplaced
     walker: Walker
     if source == TRANSCRIPT:
-        walker = TranscriptWalker(_json_schema(numbered))
-        walker.walk(numbered)
-    elif source == STREAM_JSON:
-        walker = StreamWalker(_json_schema(numbered))
-        walker.walk(numbered)
+        walker = TranscriptWalker(json_schema, subagent=child)
+        walker.findings.extend(copies)
+        walker.walk(records)
+    elif child:
+        # a subagent's lines: its prompt is a user line; the task notice says how it ended
+        stream = StreamWalker(json_schema, subagent_end=end)
+        stream.findings.extend(copies)
+        stream.start_run(records[0][0] if records else 1, None, "subagent")
+        prompt = next((i for i, (_, rec) in enumerate(records) if rec.get("type") in ("user", "assistant")), None)
+        if prompt is not None and _is_subagent_prompt(records[prompt][1]):
+            records = [*records[:prompt], *records[prompt + 1:]]  # its prompt: the run's start, no event
+        stream.walk(records)
+        walker = stream
     else:
+        records, causes = _stream_runs(records)
+        walker = StreamWalker(json_schema, causes)
+        walker.findings.extend(copies)
+        walker.walk(records)
+    return walker
+
+
+def _is_subagent_prompt(rec: Mapping[str, Any]) -> bool:
+    msg = rec.get("message")
+    content = msg.get("content") if isinstance(msg, Mapping) else None
+    return rec.get("type") == "user" and isinstance(content, list) and bool(content) and all(
+        isinstance(b, Mapping) and b.get("type") == "text" for b in content)
+
+
+def read(numbered: Sequence[tuple[int, Mapping[str, Any]]], source: str, *, limits: Limits | None = None,
+         path: str = "") -> Reading:
+    """Read a Claude Code input's records (with their 1-based lines) as events of the graph: the
+    session's own loop, and each subagent loop it holds as a child reading.
+    ``limits`` replaces :data:`CLAUDE_CODE_LIMITS` (max_turns is still read from the input when unset)."""
+    if source not in (TRANSCRIPT, STREAM_JSON):
         raise ValueError(f"not a Claude Code input kind: {source!r}")
+    base = limits if limits is not None else CLAUDE_CODE_LIMITS
+    threads, own_agent = _threads(numbered, source)
+    main = threads.pop(_MAIN)
+    run_limits = _limits(main, base) if base.max_turns is None else base
+    schema = _json_schema(main)
+    ends = _task_ends(main) if source == STREAM_JSON else {}
+    walker = _walk(main, source, schema, child=own_agent is not None)
     version = _version(numbered, source)
     findings = list(walker.findings)
     if version is not None and version not in CHECKED_VERSIONS:
         findings.append(Finding(1, "client_version", f"written by Claude Code {version}; the recognition rules were "
                                                      f"checked on {', '.join(sorted(CHECKED_VERSIONS))}"))
-    return Reading(source, version, run_limits, tuple(walker.items), tuple(findings))
+    links = _links(main) if source == TRANSCRIPT else {}
+    children = []
+    for key, records in threads.items():
+        child_walker = _walk(records, source, False, child=True, end=ends.get(key))
+        link = key if source == STREAM_JSON else links.get(key)
+        children.append(Reading(source, version, base, tuple(child_walker.items), tuple(child_walker.findings),
+                                link=link, agent=None if source == STREAM_JSON else key, path=path))
+    agent = own_agent
+    return Reading(source, version, run_limits, tuple(walker.items), tuple(findings), tuple(children),
+                   agent=agent, path=path)

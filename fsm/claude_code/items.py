@@ -43,6 +43,12 @@ INTERRUPTED = "[Request interrupted by user"
 # user records of local commands (slash commands, ! shell input): no request follows from them
 LOCAL_COMMAND_STARTS = ("<command-name>", "<command-message>", "<local-command-", "<bash-input>", "<bash-stdout>",
                         "<bash-stderr>")
+# context the client sends with the next request (a hidden user message): no event of its own
+CONTEXT_START = "<system-reminder>"
+# a background subagent's completion, delivered as the prompt of a new run
+TASK_NOTIFICATION_START = "<task-notification>"
+# the notice a UserPromptSubmit hook's block leaves (the prompt itself is not written)
+PROMPT_BLOCKED = "UserPromptSubmit operation blocked by hook"
 COMPACT_SUMMARY_START = "This session is being continued from a previous conversation"
 STOP_CAP_NOTICE = "blocked the turn from ending"
 MAX_TURNS_ERROR = re.compile(r"maximum number of turns \((\d+)\)")
@@ -60,10 +66,13 @@ class Observation:
 
 @attrs.frozen
 class RunStart:
-    """A run of the loop starts here (a prompt; a stream-json output's first line)."""
+    """A run of the loop starts here (a prompt; a stream-json output's first line). ``cause``: what
+    started it — ``prompt``, ``resume`` (a prompt of a later client process on the same session),
+    ``task-notification`` (a background subagent finished), ``subagent`` (a child run's own prompt)."""
 
     line: int
     prompt: Message | None = None
+    cause: str = "prompt"
 
 
 @attrs.frozen
@@ -83,15 +92,32 @@ class Internal:
     detail: str = ""
 
 
-Item = Observation | RunStart | RunEnd | Internal
+@attrs.frozen
+class Fact:
+    """Something the records say about the run that is no move of the graph: a permission denial, the
+    session's mode, a background task started, changed or announced."""
+
+    line: int
+    kind: str
+    detail: str = ""
+
+
+Item = Observation | RunStart | RunEnd | Internal | Fact
 
 
 @attrs.frozen
 class Reading:
-    """What one Claude Code input says, in the graph's terms."""
+    """What one Claude Code input says, in the graph's terms. ``children``: the subagent loops it
+    started (their sidechain records, their own transcript files, stream-json lines with a
+    ``parent_tool_use_id``), each read on its own; ``link``: the parent's tool call that started this
+    one; ``agent``: the subagent's id, where the records give it."""
 
     source: str
     version: str | None
     limits: Limits
     items: tuple[Item, ...]
     findings: tuple[Finding, ...]
+    children: tuple[Reading, ...] = ()
+    link: str | None = None
+    agent: str | None = None
+    path: str = ""

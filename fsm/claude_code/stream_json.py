@@ -10,18 +10,17 @@ from agentfsm.claude_code.items import (
     COMPACT_SUMMARY_START,
     INTERRUPTED,
     MALFORMED,
+    PROMPT_BLOCKED,
     STOP_CAP_NOTICE,
     STREAM_JSON,
     THINKING_ONLY,
     Internal,
+    Observation,
     RunEnd,
 )
+from agentfsm.claude_code.records import FACT, STREAM_SYSTEM, STREAM_TYPES, role_of
 from agentfsm.claude_code.walker import Walker, blocks_of, meta_kind, text_of
 from agentfsm.state import Phase
-
-_STREAM_SYSTEM_QUIET = frozenset({"init", "status", "thinking_tokens", "notification", "informational",
-                                  "hook_started", "hook_response", "hook_progress"})
-_STREAM_QUIET_TYPES = frozenset({"stream_event"})
 
 
 class StreamWalker(Walker):
@@ -29,17 +28,17 @@ class StreamWalker(Walker):
 
     source = STREAM_JSON
 
+    def __init__(self, json_schema: bool, causes: Mapping[int, str] | None = None, *,
+                 subagent_end: tuple[int, str] | None = None) -> None:
+        super().__init__(json_schema)
+        self.causes: Mapping[int, str] = causes or {}  # init line -> what started that run
+        self.subagent_end = subagent_end  # a subagent's lines: (line, status) of its last task notice
+
     def walk(self, numbered: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
         last = 0
-        sidechain = False
         for line, rec in numbered:
             last = line
             kind = rec.get("type")
-            if rec.get("parent_tool_use_id"):
-                if not sidechain:
-                    sidechain = True
-                    self.find(line, "sidechain", "subagent messages (parent_tool_use_id set) are not audited")
-                continue
             if kind == "assistant":
                 self._assistant(line, rec)
             elif kind == "user":
@@ -48,13 +47,21 @@ class StreamWalker(Walker):
                 self._system(line, rec)
             elif kind == "result":
                 self._result(line, rec)
-            elif kind not in _STREAM_QUIET_TYPES:
-                self.find(line, "unknown_record", f"line type {kind!r} is not known; not interpreted")
+            elif role_of(STREAM_TYPES, kind) is None:
+                self.unknown(line, f"line type {kind!r}")
+        if self.subagent_end is not None:
+            end_line, status = self.subagent_end
+            if status == "completed" and self.phase is Phase.DISPATCH_TOOLS and self.batch is not None:
+                self.end_batch(end_line, "next_turn")  # its tools' results went back to it
+            if status == "completed" and self.phase is Phase.ASSEMBLE:
+                self.on_unshown_answer(end_line)
+            last = max(last, end_line)
         self.finish(last)
+        self.report_unknown()
 
     def _begin(self, line: int) -> None:
         if self.phase is None:
-            self.start_run(line, None)
+            self.start_run(line, None, self.causes.get(line, "prompt"))
 
     def _assistant(self, line: int, rec: Mapping[str, Any]) -> None:
         self._begin(line)
@@ -103,6 +110,10 @@ class StreamWalker(Walker):
     def _system(self, line: int, rec: Mapping[str, Any]) -> None:
         sub = rec.get("subtype")
         if sub == "init":
+            if self.phase is not None and any(isinstance(i, Observation) for i in self.items):
+                # each run of the process opens with its own init (the run a task notification started):
+                # the one before is over, whether or not its result line came first
+                self.start_run(line, None, self.causes.get(line, "prompt"))
             self._begin(line)
         elif sub == "api_retry":
             self._begin(line)
@@ -130,8 +141,14 @@ class StreamWalker(Walker):
             self.on_compaction(line, True, [str(u) for u in preserved])
         elif sub == "informational" and STOP_CAP_NOTICE in str(rec.get("content", "")):
             self.settle_feedback(line)
-        elif sub not in _STREAM_SYSTEM_QUIET:
-            self.find(line, "unknown_record", f"system line {sub!r} is not known; not interpreted")
+        elif sub == "informational" and (
+                (rec.get("prompt_submit_outcome") or {}).get("kind") == "blocked_by_hook"
+                or str(rec.get("content", "")).startswith(PROMPT_BLOCKED)):
+            self.on_prompt_blocked(line, str(rec.get("content")))
+        elif role_of(STREAM_SYSTEM, sub) == FACT:
+            self.fact(line, str(sub), _fact_detail(rec))
+        elif role_of(STREAM_SYSTEM, sub) is None:
+            self.unknown(line, f"system line {sub!r}")
 
     def _result(self, line: int, rec: Mapping[str, Any]) -> None:
         reason = rec.get("terminal_reason")
@@ -143,3 +160,16 @@ class StreamWalker(Walker):
                                        "request: read as an empty answer")
         self.finish(line, str(reason) if reason else "unknown", rec.get("stop_reason"))
         self.items.append(RunEnd(line, str(reason) if reason else None))
+
+
+def _fact_detail(rec: Mapping[str, Any]) -> str:
+    """What a fact line says, in a few words: the tool or task, its status."""
+    if rec.get("subtype") == "background_tasks_changed":
+        ids = [str(t.get("task_id")) for t in rec.get("tasks") or () if isinstance(t, Mapping)]
+        return f"{len(ids)} running" + (": " + ", ".join(ids) if ids else "")
+    parts = [f"{k}={rec[k]}" for k in ("tool_name", "tool_use_id", "task_id", "status", "is_backgrounded")
+             if rec.get(k) is not None]
+    patch = rec.get("patch")
+    if isinstance(patch, Mapping) and patch.get("status"):
+        parts.append(f"status={patch['status']}")
+    return ", ".join(parts)

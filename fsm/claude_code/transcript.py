@@ -6,15 +6,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agentfsm.claude_code.items import INTERRUPTED, LOCAL_COMMAND_STARTS, STOP_CAP_NOTICE, TRANSCRIPT, Internal
+from agentfsm.claude_code.items import (
+    CONTEXT_START,
+    INTERRUPTED,
+    LOCAL_COMMAND_STARTS,
+    PROMPT_BLOCKED,
+    STOP_CAP_NOTICE,
+    TASK_NOTIFICATION_START,
+    TRANSCRIPT,
+    Internal,
+    RunStart,
+)
+from agentfsm.claude_code.records import ATTACHMENTS, FACT, IGNORED, TRANSCRIPT_SYSTEM, TRANSCRIPT_TYPES, role_of
 from agentfsm.claude_code.walker import Walker, blocks_of, meta_kind, text_of
 from agentfsm.state import Message, Phase
-
-# transcript records that carry no loop event (bookkeeping, resume pointers, request blobs)
-_TRANSCRIPT_BOOKKEEPING = frozenset({
-    "queue-operation", "api-request-blob", "api-request-shape", "last-prompt", "atis-latch", "cost-state",
-    "tools-used", "summary", "file-history-snapshot", "custom-title", "tag"})
-_TRANSCRIPT_SYSTEM_QUIET = frozenset({"informational", "local_command", "turn_duration"})
 
 
 class TranscriptWalker(Walker):
@@ -22,13 +27,14 @@ class TranscriptWalker(Walker):
 
     source = TRANSCRIPT
 
-    def __init__(self, json_schema: bool) -> None:
+    def __init__(self, json_schema: bool, *, subagent: bool = False) -> None:
         super().__init__(json_schema)
+        self.subagent = subagent  # a subagent's records: its first prompt is the one it was given
         self.request: Mapping[str, Any] | None = None
         self.request_line = 0
         self.retry_errors: list[tuple[int, Mapping[str, Any]]] = []  # system api_error records since the request
-        self.sidechain_seen = False
         self.has_requests = True
+        self.process_ended = False  # a cost-state record: a later prompt is another client process's
 
     def walk(self, numbered: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
         # older clients wrote no request records: then a response's first block stands for its request
@@ -36,23 +42,24 @@ class TranscriptWalker(Walker):
         last = 0
         for line, rec in numbered:
             last = line
-            if rec.get("isSidechain"):
-                if not self.sidechain_seen:
-                    self.sidechain_seen = True
-                    self.find(line, "sidechain", "subagent (sidechain) records from here on are not audited")
-                continue
-            handler = getattr(self, "_" + str(rec.get("type")).replace("-", "_"), None)
-            if handler is not None:
-                handler(line, rec)
-            elif rec.get("type") not in _TRANSCRIPT_BOOKKEEPING:
-                self.find(line, "unknown_record", f"record type {rec.get('type')!r} is not known; not interpreted")
+            kind = rec.get("type")
+            role = role_of(TRANSCRIPT_TYPES, kind)
+            if role is None:
+                self.unknown(line, f"record type {kind!r}")
+            elif role == FACT:
+                self.fact(line, str(kind), str(rec.get(str(kind), "")))
+            elif role != IGNORED:
+                getattr(self, "_" + str(kind).replace("-", "_"))(line, rec)
         self.finish(last)
+        self.report_unknown()
 
     # requests
 
     def _api_request(self, line: int, rec: Mapping[str, Any]) -> None:
-        if rec.get("querySource") not in (None, "sdk", "repl_main_thread"):
-            return  # not the main loop (a side query); the main loop's requests are what the graph moves on
+        source = rec.get("querySource")
+        if source not in (None, "sdk", "repl_main_thread") and not (
+                self.subagent and isinstance(source, str) and source.startswith("agent:")):
+            return  # not the loop's own (a side query); the loop's requests are what the graph moves on
         prev, errors = self.request, self.retry_errors
         self.retry_errors = []
         same = (prev is not None and rec.get("base") == prev.get("id") and rec.get("tail") == []
@@ -92,6 +99,7 @@ class TranscriptWalker(Walker):
         # the client's last record of a run: a request still unanswered here was answered with nothing
         if self.phase is Phase.CALL_MODEL and self.request is not None:
             self.on_empty_answer(line, "the last request has no answer and the run ended: read as an empty answer")
+        self.process_ended = True
 
     # messages
 
@@ -122,17 +130,19 @@ class TranscriptWalker(Walker):
         blocks = blocks_of(msg)
         results = [b for b in blocks if b.get("type") == "tool_result"]
         if results:
+            if rec.get("toolDenialKind"):
+                self.fact(line, "permission_denied", f"{', '.join(str(b.get('tool_use_id')) for b in results)} "
+                                                     f"({rec.get('toolDenialKind')})")
             for b in results:
                 self.add_result(line, b, bool(rec.get("toolEndsTurn")), rec.get("uuid"))
             return
         if rec.get("isMeta"):
             text = text_of(msg)
             kind = meta_kind(text)
-            if kind is None:
-                self.find(line, "unknown_record", "a hidden user message the recogniser does not know: "
-                                                  f"{text[:60]!r}")
-            else:
+            if kind is not None:
                 self.on_meta(line, kind, text)
+            elif not text.lstrip().startswith(CONTEXT_START):  # context riding with the next prompt
+                self.unknown(line, f"a hidden user message {text[:40]!r}")
             return
         text = text_of(msg)
         if text.startswith(INTERRUPTED):
@@ -142,11 +152,21 @@ class TranscriptWalker(Walker):
             return  # a local command's input or output: the loop does not run for it
         prompt = Message("user", tuple(blocks) or ({"type": "text", "text": ""},), kind="prompt",
                          uuid=str(rec.get("uuid") or ""))
-        self.start_run(line, prompt)
+        cause = ("task-notification" if text.lstrip().startswith(TASK_NOTIFICATION_START) else
+                 "resume" if self.process_ended else
+                 "subagent" if self.subagent and not any(isinstance(i, RunStart) for i in self.items) else "prompt")
+        self.process_ended = False
+        self.start_run(line, prompt, cause)
 
     def _attachment(self, line: int, rec: Mapping[str, Any]) -> None:
         att = rec.get("attachment") or {}
-        if att.get("type") == "max_turns_reached":
+        kind = att.get("type") if isinstance(att, Mapping) else None
+        role = role_of(ATTACHMENTS, kind)
+        if role is None:
+            self.unknown(line, f"attachment type {kind!r}")
+        elif role == FACT:
+            self.fact(line, str(kind), str(att.get("commandMode") or ""))
+        elif kind == "max_turns_reached":
             self.on_max_turns(line)
 
     def _system(self, line: int, rec: Mapping[str, Any]) -> None:
@@ -169,5 +189,7 @@ class TranscriptWalker(Walker):
                                context=[str(c) for c in rec.get("hookAdditionalContext") or ()])
         elif sub == "informational" and STOP_CAP_NOTICE in str(rec.get("content", "")):
             self.settle_feedback(line)
-        elif sub not in _TRANSCRIPT_SYSTEM_QUIET:
-            self.find(line, "unknown_record", f"system record {sub!r} is not known; not interpreted")
+        elif sub == "informational" and str(rec.get("content", "")).startswith(PROMPT_BLOCKED):
+            self.on_prompt_blocked(line, str(rec.get("content")))
+        elif role_of(TRANSCRIPT_SYSTEM, sub) is None:
+            self.unknown(line, f"system record {sub!r}")

@@ -20,6 +20,7 @@ from agentfsm.claude_code.items import (
     STREAM_JSON,
     STRUCTURED_OUTPUT_TOOL,
     THINKING_ONLY,
+    Fact,
     Item,
     Observation,
     RunStart,
@@ -32,13 +33,14 @@ from agentfsm.events import (
     Event,
     ModelError,
     ModelResponse,
+    SetupFailed,
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
     ToolsDrained,
 )
 from agentfsm.graph import EDGES_BY_TRIGGER
-from agentfsm.state import Message, Phase
+from agentfsm.state import Message, Phase, TerminalReason
 
 
 def blocks_of(message: Any) -> list[dict[str, Any]]:
@@ -135,20 +137,37 @@ class Walker:
         self.pending_compaction: Compaction | None = None
         self.messages_by_uuid: dict[str, Message] = {}
         self.last_exchange: tuple[Message, ...] = ()
+        self.unknown_kinds: dict[str, list[int]] = {}  # what is not known, by kind: the lines
 
     # -- emitting ---------------------------------------------------------------------------------
 
     def find(self, line: int, code: str, message: str) -> None:
         self.findings.append(Finding(line, code, message))
 
+    def unknown(self, line: int, kind: str) -> None:
+        """A record the tables do not know (``kind`` says which): reported once per kind, with a count,
+        by :meth:`report_unknown` — one new record type is one finding, not one per line."""
+        self.unknown_kinds.setdefault(kind, []).append(line)
+
+    def report_unknown(self) -> None:
+        for kind, lines in self.unknown_kinds.items():
+            more = f" ({len(lines)} records, lines {', '.join(map(str, lines[:5]))}{', …' * (len(lines) > 5)})" \
+                if len(lines) > 1 else ""
+            self.find(lines[0], "unknown_record", f"{kind} is not known; not interpreted{more}")
+        self.unknown_kinds = {}
+
+    def fact(self, line: int, action: str, detail: str = "") -> None:
+        """Something the report shows that is no move (a permission denial, a mode, a background task)."""
+        self.items.append(Fact(line, action, detail))
+
     def emit(self, line: int, event: Event, *observed: str | None) -> None:
         self.items.append(Observation(line, event, tuple(observed)))
         for trigger in observed:
             self.phase = _dest(trigger) if trigger is not None else None
 
-    def start_run(self, line: int, prompt: Message | None) -> None:
+    def start_run(self, line: int, prompt: Message | None, cause: str = "prompt") -> None:
         self.finish(line)
-        self.items.append(RunStart(line, prompt))
+        self.items.append(RunStart(line, prompt, cause))
         self.phase = Phase.ASSEMBLE
         self.enforced = False
 
@@ -219,6 +238,11 @@ class Walker:
             self.find(line, "cc_structured_output_once",
                       "the answer has no StructuredOutput call and the run ends: Claude Code asks for the call once "
                       "per run (the graph would ask again)")
+        if trigger == "dispatch" and r.tool_uses() and r.stop_reason in ("end_turn", "stop_sequence"):
+            self.find(r.line, "stop_reason_mismatch",
+                      f"message {r.id or '?'} has tool_use blocks but its records say stop_reason {r.stop_reason!r} "
+                      "(a response that calls tools stops with tool_use, or is cut at max_tokens); its tools were "
+                      "run")
         response = ModelResponse(tuple(r.blocks), stop_reason or r.stop_reason or "end_turn", model=r.model)
         self.emit(line, StreamEnded(response, json_schema=json_schema, structured_output_ids=r.structured_ids()),
                   trigger)
@@ -323,6 +347,31 @@ class Walker:
                               stop_reason=self._stop("end_turn"))
         elif kind == ENFORCE:
             self.enforce = line  # what follows says whether the loop re-entered or max_turns ended it
+
+    def on_prompt_blocked(self, line: int, detail: str) -> None:
+        """A UserPromptSubmit hook blocked the prompt: the run ends before its first request (the
+        client writes no record of the prompt)."""
+        if self.phase is not None and self.phase is not Phase.ASSEMBLE:
+            self.finish(line)
+        if self.phase is None:
+            self.start_run(line, None)
+        self.emit(line, SetupFailed(TerminalReason.HOOK_STOPPED, detail), "prompt_blocked")
+
+    def on_unshown_answer(self, line: int) -> None:
+        """A subagent ended (its task completed) after a request whose answer stream-json does not
+        show (a foreground subagent's final answer travels as its tool result): read as an answer
+        that ended the turn."""
+        if self.phase is Phase.ASSEMBLE:
+            self.to_call(line)
+        if self.phase is not Phase.CALL_MODEL:
+            return
+        self.find(line, "read_as_subagent_answer", "the subagent completed after a request whose answer is not "
+                                                   "shown (it is the parent's tool result): read as an answer that "
+                                                   "ended the turn")
+        self.emit(line, StreamOpened(), "open_stream")
+        self.response = _Response("", line, line, stop_reason="end_turn")
+        self.response.blocks.append({"type": "text", "text": "(the subagent's answer)"})
+        self.end_response(line, "end_turn", stop_reason="end_turn")
 
     def on_empty_answer(self, line: int, why: str) -> None:
         """The client wrote no answer to the request in progress and ended the turn: an answer with
@@ -499,7 +548,9 @@ class Walker:
             trigger: str | None = "end_turn"
             if r.tool_uses():
                 trigger = "dispatch"
-            self.end_response(r.last_line, trigger, stop_reason=stop_reason or r.stop_reason)
+            # a stop reason only the result line states (stream-json's answers carry none) is that line's claim
+            at = line if stop_reason and not r.stop_reason else r.last_line
+            self.end_response(at, trigger, stop_reason=stop_reason or r.stop_reason)
         if self.phase is Phase.DISPATCH_TOOLS and self.batch is not None:
             self.end_batch(line, "finish_batch" if terminal_reason is not None else None)
         if self.phase is Phase.STOP and self.feedback is not None:

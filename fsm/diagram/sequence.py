@@ -78,7 +78,7 @@ def render(path: RunPath) -> str:
             _line, action, detail = internal.pop(0)
             out.append(f"    Note over L,M: {_t(action.replace('_', ' '))} {_t(detail)} (inside call_model)")
         prev = steps[i - 1] if i else None
-        if step.label == "call" and (prev is None or _ended(prev, step)):
+        if step.source == "assemble" and (prev is None or _ended(prev, step)):  # a run's first move
             out.append("    U->>L: prompt")
         requests = _step(out, step, requests)
         nxt = steps[i + 1] if i + 1 < len(steps) else None
