@@ -101,7 +101,15 @@ def _states_by_following(report: Report) -> tuple[list[dict[str, Any]], str]:
     event = None
     out: list[dict[str, Any]] = []
     lost = 0
-    for m in report.moves:
+    # An input may hold several runs (a resumed session, the run a task notification started): each
+    # starts from a fresh state, as the auditor replays it.
+    starts, at = set(), 0
+    for r in report.runs:
+        starts.add(at)
+        at += len(r.moves)
+    for i, m in enumerate(report.moves):
+        if i in starts and i:
+            state, event = LoopState(), None
         if m.event is not None:
             try:
                 event = from_record(m.event)
@@ -114,7 +122,8 @@ def _states_by_following(report: Report) -> tuple[list[dict[str, Any]], str]:
             lost += 1
             state = attrs.evolve(state, phase=Phase(m.dest)) if m.dest in {p.value for p in Phase} else state
         out.append(state.snapshot())
-    note = ("state followed along the audited moves from a fresh state (a Claude Code input records none)"
+    note = ("state followed along the audited moves from a fresh state at each run's start"
+            " (a Claude Code input records none)"
             + (f"; {lost} move(s) could not be followed and only change the phase" if lost else ""))
     return out, note
 
