@@ -270,6 +270,9 @@ class _Auditor:
                 self._message(rec, replace=replacing)
                 replacing = False
                 continue
+            if kind == "sandbox":
+                self._sandbox(line, rec)
+                continue
             if kind in ("transition", "request", "result") and not self.active:
                 self.active, self.run_start = True, line
             if kind == "transition":
@@ -280,6 +283,14 @@ class _Auditor:
                 self._result(line, rec)
         self._end_run()
         return self.findings
+
+    def _sandbox(self, line: int, rec: Mapping[str, Any]) -> None:
+        """How a command of the model ran (agentfsm.tools.sandbox): report those outside the sandbox."""
+        if rec.get("sandboxed") is True:
+            return
+        what = "was refused" if rec.get("refused") else "ran outside the kernel sandbox"
+        self.add(line, "unsandboxed_command",
+                 f"command {rec.get('tool_use_id') or '?'} {what}: {rec.get('reason') or 'no reason recorded'}")
 
     def _message(self, rec: Mapping[str, Any], *, replace: bool) -> None:
         if replace:
