@@ -305,7 +305,11 @@ class SessionSandbox:
     policy: Any  # agentfsm.hooks.permissions.PermissionPolicy
     cli_enabled: bool = True
     observer: Callable[[dict[str, Any]], None] | None = None
-    probe: Callable[[], Availability] = availability
+    # None: the process-wide probe (agentfsm.tools.sandbox.availability), looked up when asked
+    probe_with: Callable[[], Availability] | None = None
+
+    def probe(self) -> Availability:
+        return (self.probe_with or availability)()
 
     @property
     def wanted(self) -> bool:
