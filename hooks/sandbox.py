@@ -20,6 +20,7 @@ finish within its budget the command is refused: an unfinished resolution proves
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import stat
 import sys
@@ -160,7 +161,9 @@ class _Builder:
 
     # -- one rule
 
-    def apply(self, rule: _Rule, hide: bool) -> None:
+    def apply(self, rule: _Rule, hide: bool) -> tuple[str, _Rule, bool] | None:
+        """Mask what the rule names literally; return (directory to walk, rule, hide) when it also
+        matches deeper by a glob (the walks of all rules are made together, see :meth:`walk`)."""
         base, pattern, anchored = rule_base(rule.spec, self.cwd, rule.root)
         literal = rule_root(rule.spec, self.cwd, rule.root)
         whole = path_rule_matches(rule.spec, os.path.join(literal, _PROBE), self.cwd, rule.root)
@@ -169,18 +172,28 @@ class _Builder:
             # the literal part is denied as a whole (`secrets/**`, `.env` from its base)
             self._mark(literal, hide, as_dir=whole)
             if whole:
-                return
+                return None
         if not anchored and not has_magic(pattern):
             # a bare name (`.env`) matches at any depth: the top one cannot be created, deeper ones
-            # that exist are found by the walk below
+            # that exist are found by the walk
             self._mark(os.path.join(str(base), pattern.rstrip("/")), hide, as_dir=pattern.endswith("/"))
         top = _real(literal)
-        if not os.path.isdir(top):
-            return
-        for entry in self.walker.walk(top, lambda p: self.covered(p)):
-            path = os.path.normpath(entry.path)
-            if path_rule_matches(rule.spec, path, self.cwd, rule.root):
-                self._mark(path, hide, as_dir=False)
+        return (top, rule, hide) if os.path.isdir(top) else None
+
+    def walk(self, pending: Sequence[tuple[str, _Rule, bool]]) -> None:
+        """One walk per directory for every rule that matches below it by a glob. An entry's name is
+        first screened against the rule's last segment (exact, or ``fnmatch`` for a plain ``*``/``?``
+        segment), and only a name that passes is matched by the rule itself: most names pass no rule."""
+        by_top: dict[str, list[tuple[_Rule, bool, Callable[[str], bool]]]] = {}
+        for top, rule, hide in pending:
+            by_top.setdefault(top, []).append((rule, hide, _name_screen(rule.spec)))
+        for top in _outermost(list(by_top)):
+            rules = [r for t, rs in by_top.items() if _inside(t, top) for r in rs]
+            for entry in self.walker.walk(top, self.covered):
+                for rule, hide, screen in rules:
+                    if screen(entry.name) and path_rule_matches(rule.spec, os.path.normpath(entry.path),
+                                                                self.cwd, rule.root):
+                        self._mark(os.path.normpath(entry.path), hide, as_dir=False)
 
     def _mark(self, path: str, hide: bool, *, as_dir: bool) -> None:
         if os.path.lexists(path):
@@ -263,10 +276,9 @@ def resolve_layout(cwd: Path, *, read_rules: Iterable[tuple[str, Path | None]],
         if os.path.isdir(real) and real not in places:
             places.append(real)
     builder = _Builder(cwd=cwd, writable=places, walker=_Walker(walk_limit))
-    for spec, root in read_rules:
-        builder.apply(_Rule(spec, root), hide=True)
-    for spec, root in write_rules:
-        builder.apply(_Rule(spec, root), hide=False)
+    pending = [builder.apply(_Rule(spec, root), hide=True) for spec, root in read_rules]
+    pending += [builder.apply(_Rule(spec, root), hide=False) for spec, root in write_rules]
+    builder.walk([p for p in pending if p is not None])
     if builder.hidden or builder.read_only:
         builder.other_names(_outermost(places))
     # a protected or placeholder path inside a hidden directory is already out of reach
@@ -278,6 +290,18 @@ def resolve_layout(cwd: Path, *, read_rules: Iterable[tuple[str, Path | None]],
     return Layout(writable=tuple(places), read_only=tuple(sorted(read_only)),
                   hidden_dirs=tuple(_outermost(hidden_dirs)), hidden_files=tuple(hidden_files),
                   absent=tuple(sorted(absent.items())), network_isolated=network_isolated)
+
+
+def _name_screen(spec: str) -> Callable[[str], bool]:
+    """A quick test an entry's name must pass to be matched by the rule ``spec``: its last segment,
+    when that is a literal name or a plain ``*``/``?`` pattern; otherwise every name passes (``**``,
+    brackets, braces and escapes are left to the rule's own matcher)."""
+    last = spec.rstrip("/").rsplit("/", 1)[-1]
+    if not last or last == "**" or any(c in last for c in "[]{}\\!()|+@"):
+        return lambda _name: True
+    if not has_magic(last):
+        return lambda name: name == last
+    return lambda name: fnmatch.fnmatchcase(name, last)
 
 
 def _outermost(dirs: Sequence[str]) -> list[str]:
