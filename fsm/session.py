@@ -309,6 +309,8 @@ class Session:
             self._before_hooks("SessionEnd")
             await end("other")
         self.trace.close()
+        if self.sandbox is not None and hasattr(self.sandbox, "close"):
+            self.sandbox.close()
         client = self._client
         if close_client and self._owns_client and client is not None and hasattr(client, "aclose"):
             await client.aclose()

@@ -41,6 +41,7 @@ from agentfsm.tools.sandbox import (
     PLACEHOLDERS,
     Availability,
     Layout,
+    NetworkGate,
     Prepared,
     availability,
     bwrap_argv,
@@ -331,6 +332,12 @@ class SessionSandbox:
     observer: Callable[[dict[str, Any]], None] | None = None
     # None: the process-wide probe (agentfsm.tools.sandbox.availability), looked up when asked
     probe_with: Callable[[], Availability] | None = None
+    _network: NetworkGate | None = None
+
+    def close(self) -> None:
+        """Stop the network proxy, if one was started (the session ends)."""
+        if self._network is not None:
+            self._network.close()
 
     def probe(self) -> Availability:
         return (self.probe_with or availability)()
@@ -442,6 +449,13 @@ class SessionSandbox:
             return unsandboxed(shell, command, "excludedCommands")
         try:
             layout = self.layout(cwd)
+            if self.network_isolated and self.settings.allowed_domains:
+                if self._network is None:
+                    self._network = NetworkGate(self.settings.allowed_domains, self.settings.denied_domains)
+                layout = attrs.evolve(layout, proxy_socket=self._network.socket())
+        except OSError as exc:
+            return unsandboxed(shell, command, "network proxy", refusal=(
+                f"The sandbox's network proxy could not start ({exc}), so the command was not run."))
         except Unresolved as exc:
             return unsandboxed(shell, command, "unresolved", refusal=(
                 f"The sandbox could not be built from the permission rules ({exc}), so the command was not run."))

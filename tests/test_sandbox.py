@@ -340,3 +340,84 @@ def test_a_hard_link_outside_the_writable_places_refuses_the_command(ws: Path, t
     os.link(ws / "secrets" / "key.txt", elsewhere / "copy")
     with pytest.raises(Unresolved, match="hard-linked"):
         resolve_layout(ws, read_rules=[("./secrets/**", None)], write_rules=[], writable=[ws])
+
+
+# --- network (loopback only) ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def web() -> Iterator[int]:
+    import http.server
+    import threading
+
+    class Hello(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"HELLO-FROM-LOOPBACK"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def _fetch(url: str) -> str:
+    return ("python3 -c \"import urllib.request,sys\ntry: print(urllib.request.urlopen('" + url
+            + "', timeout=10).read().decode())\nexcept Exception as e: print('FAILED', e)\"")
+
+
+def _connect(port: int) -> str:
+    return (f"python3 -c \"import socket\ntry: socket.create_connection(('127.0.0.1', {port}), 5); print('CONNECTED')\n"
+            "except OSError as e: print('REFUSED', e)\"")
+
+
+@needs_bwrap
+async def test_without_network_settings_the_network_is_shared(ws: Path, web: int) -> None:
+    out = await _bash(ws, _sandbox(ws), _fetch(f"http://127.0.0.1:{web}/"))
+    assert "HELLO-FROM-LOOPBACK" in out
+
+
+@needs_bwrap
+async def test_allowed_domains_pass_through_the_proxy_and_nothing_else_does(ws: Path, web: int) -> None:
+    sandbox = _sandbox(ws, SandboxSettings(allowed_domains=("localhost",)))
+    try:
+        assert "HELLO-FROM-LOOPBACK" in await _bash(ws, sandbox, _fetch(f"http://localhost:{web}/"))
+        refused = await _bash(ws, sandbox, _fetch(f"http://127.0.0.1:{web}/"))
+        assert "HELLO" not in refused and "403" in refused
+        # around the proxy: the sandbox has a network of its own, the host's loopback is not in it
+        assert "REFUSED" in await _bash(ws, sandbox, _connect(web))
+        records: list[dict[str, Any]] = []
+        sandbox.observer = records.append
+        await _bash(ws, sandbox, "true")
+        assert records[0]["policy"]["network"] == "isolated"
+    finally:
+        sandbox.close()
+
+
+@needs_bwrap
+async def test_denied_domains_win_and_an_empty_allow_list_cuts_the_network(ws: Path, web: int) -> None:
+    sandbox = _sandbox(ws, SandboxSettings(allowed_domains=("localhost",), denied_domains=("localhost",)))
+    try:
+        assert "403" in await _bash(ws, sandbox, _fetch(f"http://localhost:{web}/"))
+    finally:
+        sandbox.close()
+    closed = _sandbox(ws, SandboxSettings(allowed_domains=()))
+    out = await _bash(ws, closed, _fetch(f"http://localhost:{web}/") + "; " + _connect(web))
+    assert "HELLO" not in out and "REFUSED" in out
+
+
+def test_domain_patterns_read_as_claude_codes() -> None:
+    from agentfsm.tools.sandbox_proxy import domain_allowed
+
+    assert domain_allowed("pypi.org", ["pypi.org"]) and not domain_allowed("evil-pypi.org", ["pypi.org"])
+    assert domain_allowed("files.pythonhosted.org", ["*.pythonhosted.org"])
+    assert not domain_allowed("pythonhosted.org", ["*.pythonhosted.org"])
+    assert not domain_allowed("a.example.com", ["*.example.com"], ["a.example.com"])
+    assert domain_allowed("PyPI.org.", ["pypi.org"]) and not domain_allowed("", ["pypi.org"])

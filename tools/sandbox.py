@@ -70,6 +70,9 @@ class Layout:
     absent: tuple[tuple[str, bool], ...] = ()
     # a network namespace of its own (only loopback): the settings restrict the network
     network_isolated: bool = False
+    # with network_isolated: the session's allow-list proxy (a Unix socket), reached through the
+    # bridge; None = no network at all
+    proxy_socket: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """What the trace keeps of the policy: counts, the paths, and a digest naming it."""
@@ -228,8 +231,70 @@ def bwrap_argv(binary: str, layout: Layout, shell: str, command: str, cwd: str) 
         argv += ["--tmpfs", d, "--remount-ro", d]
     for f in sorted(layout.hidden_files, key=_depth):
         argv += ["--ro-bind", "/dev/null", f]
-    argv += ["--chdir", cwd, "--", shell, "-c", command]
+    argv += ["--chdir", cwd, "--"]
+    if layout.network_isolated and layout.proxy_socket is not None:
+        # stdlib only, isolated mode: nothing of the workspace (PYTHONPATH, a local site) is imported
+        argv += [sys.executable, "-I", "-S", str(BRIDGE), layout.proxy_socket, "--"]
+    argv += [shell, "-c", command]
     return argv
+
+
+#: The forwarder that runs inside a network-isolated sandbox (agentfsm.tools.sandbox_bridge).
+BRIDGE = Path(__file__).with_name("sandbox_bridge.py")
+
+
+class NetworkGate:
+    """The session's allow-list proxy process (:mod:`agentfsm.tools.sandbox_proxy`), started at the
+    first command that needs it and stopped with the session."""
+
+    READY_TIMEOUT_S = 20.0
+
+    def __init__(self, allowed: Iterable[str], denied: Iterable[str] = ()) -> None:
+        self.allowed, self.denied = tuple(allowed), tuple(denied)
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: str | None = None
+
+    def socket(self) -> str:
+        """The proxy's socket, starting the proxy if it is not running. Raises OSError when it
+        cannot start (the command is then refused: no proxy means no allowed network)."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None and self._dir is not None:
+                return os.path.join(self._dir, "proxy.sock")
+            self._dir = tempfile.mkdtemp(prefix="agentfsm-net-")
+            path = os.path.join(self._dir, "proxy.sock")
+            argv = [sys.executable, "-m", "agentfsm.tools.sandbox_proxy", path,
+                    *(f"--allow={d}" for d in self.allowed), *(f"--deny={d}" for d in self.denied)]
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            ready = threading.Event()
+
+            def wait_ready() -> None:
+                assert proc.stdout is not None
+                if proc.stdout.readline().strip() == b"ready":
+                    ready.set()
+
+            threading.Thread(target=wait_ready, daemon=True).start()
+            if not ready.wait(self.READY_TIMEOUT_S) or proc.poll() is not None:
+                proc.kill()
+                proc.wait()
+                raise OSError("the sandbox's network proxy did not start")
+            self._proc = proc
+            return path
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
 
 
 def unsandboxed(shell: str, command: str, reason: str, *, refusal: str | None = None,
