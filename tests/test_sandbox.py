@@ -184,6 +184,25 @@ async def test_other_hard_linked_names_are_masked_too(ws: Path) -> None:
     assert SECRET not in out and "Permission denied" in out
 
 
+@needs_bwrap
+async def test_background_commands_run_sandboxed_and_release_their_placeholders(ws: Path) -> None:
+    from agentfsm.tools.bash import BACKGROUND_JOBS
+
+    out = await _bash(ws, _sandbox(ws), "sleep 0.3; cat secrets/key.txt; touch .env; echo ran > bg.txt",
+                      run_in_background=True)
+    job_id = out.split("ID: ")[1].split(".")[0]
+    job = BACKGROUND_JOBS.pop(job_id)
+    assert job.process.wait(timeout=30) == 0
+    text = job.output_path.read_text()
+    assert SECRET not in text and "touch: cannot touch '.env'" in text
+    assert (ws / "bg.txt").read_text() == "ran\n"
+    for _ in range(100):  # the placeholder goes when the watcher sees the job end
+        if not (ws / ".env").exists():
+            break
+        await asyncio.sleep(0.05)
+    assert not (ws / ".env").exists()
+
+
 # --- through a whole session: no denied byte reaches a request body ------------------------------
 
 

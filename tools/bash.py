@@ -340,6 +340,8 @@ async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float, *,
     # the rules are resolved off the event loop: finding what a glob matches walks the workspace
     sandbox, prepared = await asyncio.to_thread(prepare, command, ctx, disable_sandbox)
     if prepared.refusal is not None:
+        if sandbox is not None:
+            sandbox.finished(prepared)
         return ToolOutput(prepared.refusal, is_error=True)
     try:
         return await _run_prepared(command, prepared, ctx, timeout_ms)
@@ -422,19 +424,26 @@ def background_dir(ctx: ToolContext) -> Path:
 
 
 def start_background(command: str, ctx: ToolContext, timeout_ms: float | None, *,
-                     disable_sandbox: bool = False) -> BackgroundJob:
-    sandbox, prepared = prepare(command, ctx, disable_sandbox)
-    if prepared.refusal is not None:
-        raise ToolError(prepared.refusal, wrapped=False)
+                     disable_sandbox: bool = False,
+                     prepared: tuple[CommandSandbox | None, Prepared] | None = None) -> BackgroundJob:
+    """Start ``command`` in the background. ``prepared``: how it runs, decided beforehand (off the
+    event loop: resolving the sandbox's rules walks the workspace); the process itself is started by
+    the calling thread, which must outlive it (bwrap's --die-with-parent follows the thread that
+    forked it)."""
+    sandbox, how = prepared if prepared is not None else prepare(command, ctx, disable_sandbox)
+    if how.refusal is not None:
+        if sandbox is not None:
+            sandbox.finished(how)
+        raise ToolError(how.refusal, wrapped=False)
     try:
-        job = _start_prepared(command, prepared, ctx, timeout_ms)
+        job = _start_prepared(command, how, ctx, timeout_ms)
     except BaseException:
         if sandbox is not None:
-            sandbox.finished(prepared)
+            sandbox.finished(how)
         raise
     if sandbox is not None:
         # the sandbox's placeholders go when the job ends
-        threading.Thread(target=_finish_when_done, args=(job.process, sandbox, prepared), daemon=True).start()
+        threading.Thread(target=_finish_when_done, args=(job.process, sandbox, how), daemon=True).start()
     return job
 
 
@@ -525,7 +534,8 @@ class BashTool(Tool):
         if input.get("run_in_background"):
             timeout = _timeout_ms(input) if input.get("timeout") else None
             disable = input.get("dangerouslyDisableSandbox") is True
-            job = await asyncio.to_thread(start_background, command, ctx, timeout, disable_sandbox=disable)
+            how = await asyncio.to_thread(prepare, command, ctx, disable)
+            job = start_background(command, ctx, timeout, prepared=how)
             return ToolOutput(f"Command running in background with ID: {job.id}. "
                               f"Output is being written to: {job.output_path}.")
         return await run_foreground(command, ctx, _timeout_ms(input),
