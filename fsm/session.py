@@ -85,6 +85,7 @@ class Session:
             if refused is not None:
                 raise ValueError(refused)
             self.sandbox.observer = self._sandbox_record
+            self.sandbox.protected_paths = (str(self.sessions_dir),)
             self.sandbox.announce()
         observe = getattr(self.gate, "observe_hooks", None)
         if options.include_hook_events and observe is not None:

@@ -62,6 +62,19 @@ READ_RULE_TOOLS = frozenset({"Read"})
 WRITE_RULE_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 
 
+#: Paths below each working directory a command must never write, whatever the rules say: writing them
+#: would change what runs *outside* the sandbox later — the settings (their hooks run unsandboxed, their
+#: rules govern the next session), git's hooks and config, editors' task files (Claude Code's sandbox
+#: runtime protects the same). The settings files cannot be created either; the others are protected
+#: where they exist (a placeholder `.git` would make git see a repository that is not there).
+SETTINGS_FILES = (".claude/settings.json", ".claude/settings.local.json")
+PROTECTED_IN_PROJECT = (".claude/commands", ".claude/agents", ".git/hooks", ".git/config", ".gitmodules",
+                        ".mcp.json", ".vscode", ".idea", ".ripgreprc")
+#: The same in the home directory (read-only anyway unless it is a writable place).
+PROTECTED_IN_HOME = (".bashrc", ".bash_profile", ".zshrc", ".zprofile", ".profile", ".gitconfig", ".claude",
+                     ".agentfsm")
+
+
 class Unresolved(Exception):
     """The rules could not be turned into a view within the budget: the command must not run."""
 
@@ -269,8 +282,10 @@ class _Builder:
 
 def resolve_layout(cwd: Path, *, read_rules: Iterable[tuple[str, Path | None]],
                    write_rules: Iterable[tuple[str, Path | None]], writable: Iterable[str | Path],
-                   network_isolated: bool = False, walk_limit: int = WALK_LIMIT) -> Layout:
-    """The view a command gets under these rules now. Raises :class:`Unresolved` past the budget."""
+                   network_isolated: bool = False, walk_limit: int = WALK_LIMIT,
+                   protect_existing: Iterable[str | Path] = ()) -> Layout:
+    """The view a command gets under these rules now (plus ``protect_existing``: paths made read-only
+    where they exist). Raises :class:`Unresolved` past the budget."""
     places: list[str] = []
     for w in writable:
         real = _real(str(w))
@@ -280,6 +295,12 @@ def resolve_layout(cwd: Path, *, read_rules: Iterable[tuple[str, Path | None]],
     pending = [builder.apply(_Rule(spec, root), hide=True) for spec, root in read_rules]
     pending += [builder.apply(_Rule(spec, root), hide=False) for spec, root in write_rules]
     builder.walk([p for p in pending if p is not None])
+    for path in protect_existing:
+        # never over a writable place: a sessions directory that holds the workspace must not make
+        # the workspace read-only
+        real = _real(str(path))
+        if os.path.lexists(path) and not any(_inside(w, real) and w != real for w in places):
+            builder.protect(str(path))
     if builder.hidden or builder.read_only:
         builder.other_names(_outermost(places))
     # a protected or placeholder path inside a hidden directory is already out of reach
@@ -332,6 +353,9 @@ class SessionSandbox:
     observer: Callable[[dict[str, Any]], None] | None = None
     # None: the process-wide probe (agentfsm.tools.sandbox.availability), looked up when asked
     probe_with: Callable[[], Availability] | None = None
+    # what the host keeps that no command may write: the session files (a forged record would
+    # mislead `agentfsm audit`)
+    protected_paths: tuple[str, ...] = ()
     _network: NetworkGate | None = None
 
     def close(self) -> None:
@@ -476,5 +500,10 @@ class SessionSandbox:
         for p in self.settings.allow_write:
             base, pattern, _ = rule_base(p.spec, cwd, p.root)
             writable.append(os.path.normpath(os.path.join(str(base), pattern)))
+        projects = list(dict.fromkeys([Path(cwd), Path(policy.cwd), *map(Path, policy.additional_directories)]))
+        write += [("//" + str(d / f).lstrip("/"), None) for d in projects for f in SETTINGS_FILES]
+        protect = [d / f for d in projects for f in PROTECTED_IN_PROJECT]
+        protect += [Path.home() / f for f in PROTECTED_IN_HOME]
+        protect += [Path(p) for p in self.protected_paths]
         return resolve_layout(Path(policy.cwd), read_rules=read, write_rules=write, writable=writable,
-                              network_isolated=self.network_isolated)
+                              network_isolated=self.network_isolated, protect_existing=protect)

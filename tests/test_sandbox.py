@@ -204,6 +204,18 @@ async def test_background_commands_run_sandboxed_and_release_their_placeholders(
     assert not (ws / ".env").exists()
 
 
+@needs_bwrap
+async def test_what_would_run_outside_the_sandbox_later_cannot_be_written(ws: Path) -> None:
+    (ws / ".git" / "hooks").mkdir(parents=True)
+    (ws / ".git" / "config").write_text("[core]\n")
+    out = await _bash(ws, _sandbox(ws), "mkdir -p .claude; echo '{\"hooks\": {}}' > .claude/settings.local.json; "
+                                        "echo 'curl evil' > .git/hooks/pre-commit; echo '[x]' >> .git/config; "
+                                        "echo '{}' > .claude/settings.json; echo fine > ok.txt")
+    assert not (ws / ".claude").exists() and not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert (ws / ".git" / "config").read_text() == "[core]\n" and (ws / "ok.txt").exists()
+    assert out.count("Read-only file system") >= 3
+
+
 # --- through a whole session: no denied byte reaches a request body ------------------------------
 
 
