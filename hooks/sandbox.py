@@ -154,6 +154,9 @@ class _Builder:
                 real = _real(p)
                 if self.in_writable(real):
                     self.read_only.add(real)
+            elif os.path.lexists(p):
+                # a dangling symlink: writing it creates its target, so the target may not be created
+                self.block_creation(_real(p), False)
 
     def block_creation(self, path: str, is_dir: bool) -> None:
         """``path`` does not exist: mount a placeholder at its first missing component, if that
@@ -171,7 +174,8 @@ class _Builder:
                 return
             current = nxt
         # it exists after all (made since the check): protect it as it is
-        self.protect(path)
+        if os.path.exists(path):
+            self.protect(path)
 
     # -- one rule
 

@@ -179,6 +179,13 @@ async def test_globs_at_any_depth_are_resolved_when_the_command_starts(ws: Path)
 
 
 @needs_bwrap
+async def test_a_dangling_symlink_at_a_denied_path_cannot_create_its_target(ws: Path, tmp_path: Path) -> None:
+    os.symlink(tmp_path / "made-through-the-link", ws / ".env")
+    out = await _bash(ws, _sandbox(ws), "echo HACK > .env")
+    assert "Read-only file system" in out and not (tmp_path / "made-through-the-link").exists()
+
+
+@needs_bwrap
 async def test_other_hard_linked_names_are_masked_too(ws: Path) -> None:
     os.link(ws / "secrets" / "key.txt", ws / "pub" / "innocent.txt")
     out = await _bash(ws, _sandbox(ws), "cat pub/innocent.txt")
