@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import agentfsm
 from agentfsm.audit import audit_file
@@ -221,6 +223,48 @@ async def test_what_would_run_outside_the_sandbox_later_cannot_be_written(ws: Pa
     assert not (ws / ".claude").exists() and not (ws / ".git" / "hooks" / "pre-commit").exists()
     assert (ws / ".git" / "config").read_text() == "[core]\n" and (ws / "ok.txt").exists()
     assert out.count("Read-only file system") >= 3
+
+
+READERS = ["cat {p}", "head -c 200 {p}", "python3 -c \"print(open('{p}').read())\"", "awk '{{print}}' {p}",
+           "sed -n p {p}", "cp {p} out.txt && cat out.txt", "ln {p} l && cat l", "ln -s {p} l && cat l",
+           "tar -cf - {p} 2>/dev/null | tar -xOf -", "dd if={p} status=none", "while read -r x; do echo $x; done < {p}",
+           "sh -c 'cat \"$1\"' _ {p}", "xargs -0 cat <<< {p}", "mkdir -p d && cp -r $(dirname {p}) d/ && cat d/*/*"]
+SECRET_SPELLINGS = ["secrets/key.txt", "./secrets/key.txt", "$PWD/secrets/key.txt", "pub/vlink/../key.txt",
+                    "secrets//key.txt", "pub/../secrets/key.txt", "~/.ssh/id_rsa", "$(printf secrets)/key.txt",
+                    "s*/key.txt", "$HOME/.ssh/id_rsa", "secrets/vault/../key.txt"]
+WRITERS = ["echo HACK > {p}", "echo HACK | tee {p}", "cp pub/x.txt {p}", "python3 -c \"open('{p}','w').write('H')\"",
+           "sed -i s/o/H/ {p}", "truncate -s0 {p}", "rm -f {p}", "ln -sf /etc/hostname {p}", "mv pub/x.txt {p}",
+           "touch {p}", "dd of={p} if=/dev/zero count=1 status=none", "printf H >> {p}"]
+TARGETS = [".env", "./.env", "$PWD/.env", "locked/a.txt", "./locked/a.txt", "locked/../locked/a.txt",
+           "$PWD/locked/a.txt", "l*/a.txt", "pub/../.env"]
+
+
+@needs_bwrap
+@settings(max_examples=int(os.environ.get("AGENTFSM_SANDBOX_EXAMPLES", "25")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(st.one_of(st.tuples(st.just("r"), st.sampled_from(READERS), st.sampled_from(SECRET_SPELLINGS)),
+                                st.tuples(st.just("w"), st.sampled_from(WRITERS), st.sampled_from(TARGETS))),
+                      min_size=1, max_size=4),
+       joiner=st.sampled_from([" ; ", " && ", " || ", " | "]))
+def test_composed_commands_never_get_past_the_sandbox(ws: Path, parts: list[tuple[str, str, str]],
+                                                      joiner: str) -> None:
+    before = _guarded(ws)
+    command = joiner.join(template.format(p=path) for _kind, template, path in parts)
+    try:
+        out = asyncio.run(_bash(ws, _sandbox(ws), command))
+        assert SECRET not in out and SSH not in out, (command, out)
+        assert _guarded(ws) == before, (command, out)
+    finally:
+        for leftover in ("out.txt", "l", "d"):
+            target = ws / leftover
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            elif target.is_dir():
+                import shutil
+
+                shutil.rmtree(target)
+        if not (ws / "pub" / "x.txt").exists():
+            (ws / "pub" / "x.txt").write_text("pub line\n")
 
 
 # --- through a whole session: no denied byte reaches a request body ------------------------------
