@@ -97,7 +97,7 @@ AGENTFSM = "agentfsm"
 SOURCES: Mapping[str, str] = {AGENTFSM: "agentfsm trace", claude_code.TRANSCRIPT: "Claude Code transcript",
                               claude_code.STREAM_JSON: "Claude Code stream-json output"}
 _KNOWN = "not an agentfsm trace, a Claude Code transcript or a Claude Code stream-json output"
-_OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request",
+_OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request", "sandbox",
                         "result"})
 
 

@@ -312,6 +312,23 @@ async def test_no_sandbox_option_runs_unsandboxed_and_audit_reports_it(ws: Path,
     assert len(found) == 1 and "--no-sandbox" in found[0].message
 
 
+@needs_bwrap
+async def test_a_session_with_sandbox_records_resumes(ws: Path, tmp_path: Path) -> None:
+    model = ScriptedModel([{"blocks": [{"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                                        "input": {"command": "echo hi"}}]},
+                           {"blocks": [{"type": "text", "text": "DONE"}]}])
+    opts = Options(cwd=ws, permission_mode="bypassPermissions", setting_sources=(),
+                   sessions_dir=tmp_path / "sessions", tools=("Bash",))
+    first = [m async for m in agentfsm.query("go", options=opts, client=model)]
+    again = ScriptedModel([{"blocks": [{"type": "text", "text": "AGAIN"}]}])
+    resumed = Options(cwd=ws, permission_mode="bypassPermissions", setting_sources=(), resume=first[-1]["session_id"],
+                      sessions_dir=tmp_path / "sessions", tools=("Bash",))
+    second = [m async for m in agentfsm.query("more", options=resumed, client=again)]
+    assert second[-1]["result"] == "AGAIN"
+    # the resumed request carries the earlier call and its result
+    assert "toolu_1" in json.dumps(again.bodies[0]["messages"])
+
+
 # --- settings --------------------------------------------------------------------------------
 
 
