@@ -25,6 +25,8 @@ import os
 import stat
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -96,30 +98,79 @@ def _inside(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+class _Listings:
+    """Directory listings kept between commands, each valid while its directory is unchanged: same
+    inode, same mtime and same ctime (ctime cannot be set from user space, so a command that resets a
+    directory's mtime after adding a file still invalidates it). A listing made less than
+    :data:`RACY_S` after its directory last changed is not trusted (a change within the same clock
+    tick would leave the times equal), as git treats racily clean index entries. So a walk costs a
+    ``stat`` per directory, and a ``scandir`` only where something changed."""
+
+    RACY_S = 2.0
+    LIMIT = 200_000  # directories kept; past it the cache starts afresh
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[str, tuple[tuple[int, int, int, int], tuple[str, ...], tuple[str, ...]]] = {}
+
+    def entries(self, directory: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(every name in ``directory``, the names of its subdirectories — symlinks not followed)."""
+        st = os.stat(directory)
+        key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        with self._lock:
+            kept = self._kept.get(directory)
+        if kept is not None and kept[0] == key:
+            return kept[1], kept[2]
+        scanned = time.time_ns()
+        names: list[str] = []
+        dirs: list[str] = []
+        for entry in os.scandir(directory):
+            names.append(entry.name)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.append(entry.name)
+            except OSError:
+                pass
+        listing = (tuple(names), tuple(dirs))
+        if scanned - max(st.st_mtime_ns, st.st_ctime_ns) > self.RACY_S * 1e9:
+            with self._lock:
+                if len(self._kept) >= self.LIMIT:
+                    self._kept.clear()
+                self._kept[directory] = (key, *listing)
+        return listing
+
+
+LISTINGS = _Listings()
+
+
 class _Walker:
     """Directory walks sharing one budget (per command)."""
 
     def __init__(self, limit: int) -> None:
         self.left = limit
 
-    def walk(self, top: str, skip: Callable[[str], bool]) -> Iterator[os.DirEntry[str]]:
+    def walk(self, top: str, skip: Callable[[str], bool]) -> Iterator[tuple[str, tuple[str, ...]]]:
+        """(directory, its names) for ``top`` and every directory below it that ``skip`` lets in."""
         stack = [top]
         while stack:
             directory = stack.pop()
             try:
-                entries = list(os.scandir(directory))
+                names, dirs = LISTINGS.entries(directory)
             except OSError:
                 continue
-            for entry in entries:
-                self.left -= 1
-                if self.left < 0:
-                    raise Unresolved(f"more than {WALK_LIMIT} entries to look at below {top}")
-                yield entry
-                try:
-                    if entry.is_dir(follow_symlinks=False) and not skip(entry.path):
-                        stack.append(entry.path)
-                except OSError:
-                    continue
+            self.left -= len(names)
+            if self.left < 0:
+                raise Unresolved(f"more than {WALK_LIMIT} entries to look at below {top}")
+            yield directory, names
+            for d in dirs:
+                path = os.path.join(directory, d)
+                if not skip(path):
+                    stack.append(path)
+
+    def paths(self, top: str, skip: Callable[[str], bool]) -> Iterator[str]:
+        for directory, names in self.walk(top, skip):
+            for name in names:
+                yield os.path.join(directory, name)
 
 
 @attrs.define
@@ -207,11 +258,12 @@ class _Builder:
             by_top.setdefault(top, []).append((rule, hide, _name_screen(rule.spec)))
         for top in _outermost(list(by_top)):
             rules = [r for t, rs in by_top.items() if _inside(t, top) for r in rs]
-            for entry in self.walker.walk(top, self.covered):
+            for directory, names in self.walker.walk(top, self.covered):
                 for rule, hide, screen in rules:
-                    if screen(entry.name) and path_rule_matches(rule.spec, os.path.normpath(entry.path),
-                                                                self.cwd, rule.root):
-                        self._mark(os.path.normpath(entry.path), hide, as_dir=False)
+                    for name in screen(names):
+                        path = os.path.normpath(os.path.join(directory, name))
+                        if path_rule_matches(rule.spec, path, self.cwd, rule.root):
+                            self._mark(path, hide, as_dir=False)
 
     def _mark(self, path: str, hide: bool, *, as_dir: bool) -> None:
         if os.path.lexists(path):
@@ -228,7 +280,8 @@ class _Builder:
         """Mask every other name of a hidden or protected file that has several hard links: a link
         made before the command started reads the same bytes, whatever path the mask covers.
         ``st_nlink`` says how many names there are; the walk over ``roots`` (the writable places)
-        must find them all, or the command is refused (a name elsewhere cannot be masked unseen)."""
+        must find them all, or the command is refused (a name elsewhere cannot be masked unseen).
+        ``roots`` are the writable places but the temporary directory (see :func:`resolve_layout`)."""
         wanted: dict[tuple[int, int], tuple[bool, int]] = {}  # inode -> (hide, link count)
         found: dict[tuple[int, int], set[str]] = {}
 
@@ -248,9 +301,9 @@ class _Builder:
                 except OSError:
                     pass
                 continue
-            for entry in self.walker.walk(path, lambda _p: False):
+            for entry in self.walker.paths(path, lambda _p: False):
                 try:
-                    note(os.path.normpath(entry.path), entry.stat(follow_symlinks=False), hide)
+                    note(os.path.normpath(entry), os.lstat(entry), hide)
                 except OSError:
                     continue
         if not wanted:
@@ -262,15 +315,15 @@ class _Builder:
                     continue
             except OSError:
                 continue
-            for entry in self.walker.walk(root, lambda p: self.covered(p) or p in self.read_only):
+            for entry in self.walker.paths(root, lambda p: self.covered(p) or p in self.read_only):
                 try:
-                    st = entry.stat(follow_symlinks=False)
+                    st = os.lstat(entry)
                 except OSError:
                     continue
                 key = (st.st_dev, st.st_ino)
                 if key not in wanted or not stat.S_ISREG(st.st_mode):
                     continue
-                path = os.path.normpath(entry.path)
+                path = os.path.normpath(entry)
                 found[key].add(path)
                 if wanted[key][0]:
                     self.hidden.setdefault(path, False)
@@ -306,7 +359,10 @@ def resolve_layout(cwd: Path, *, read_rules: Iterable[tuple[str, Path | None]],
         if os.path.lexists(path) and not any(_inside(w, real) and w != real for w in places):
             builder.protect(str(path))
     if builder.hidden or builder.read_only:
-        builder.other_names(_outermost(places))
+        # the temporary directory is shared with everything on the machine: its other names are not
+        # searched there (a link found missing refuses the command instead)
+        tmp = _real(tempfile.gettempdir())
+        builder.other_names(_outermost([p for p in places if p != tmp]))
     # a protected or placeholder path inside a hidden directory is already out of reach
     read_only = {p for p in builder.read_only if not builder.covered(p)}
     absent = {p: d for p, d in builder.absent.items() if not builder.covered(p)}
@@ -318,16 +374,17 @@ def resolve_layout(cwd: Path, *, read_rules: Iterable[tuple[str, Path | None]],
                   absent=tuple(sorted(absent.items())), network_isolated=network_isolated)
 
 
-def _name_screen(spec: str) -> Callable[[str], bool]:
-    """A quick test an entry's name must pass to be matched by the rule ``spec``: its last segment,
-    when that is a literal name or a plain ``*``/``?`` pattern; otherwise every name passes (``**``,
-    brackets, braces and escapes are left to the rule's own matcher)."""
+def _name_screen(spec: str) -> Callable[[Sequence[str]], Sequence[str]]:
+    """The names of a directory that may match the rule ``spec``, picked by its last segment when that
+    is a literal name (one lookup) or a plain ``*``/``?`` pattern (``fnmatch.filter``); otherwise every
+    name (``**``, brackets, braces and escapes are left to the rule's own matcher). Only the names it
+    keeps are matched by the rule itself: most names of a workspace pass no rule."""
     last = spec.rstrip("/").rsplit("/", 1)[-1]
     if not last or last == "**" or any(c in last for c in "[]{}\\!()|+@"):
-        return lambda _name: True
+        return lambda names: names
     if not has_magic(last):
-        return lambda name: name == last
-    return lambda name: fnmatch.fnmatchcase(name, last)
+        return lambda names: (last,) if last in names else ()
+    return lambda names: fnmatch.filter(names, last)
 
 
 def _outermost(dirs: Sequence[str]) -> list[str]:

@@ -524,3 +524,30 @@ def test_domain_patterns_read_as_claude_codes() -> None:
     assert not domain_allowed("pythonhosted.org", ["*.pythonhosted.org"])
     assert not domain_allowed("a.example.com", ["*.example.com"], ["a.example.com"])
     assert domain_allowed("PyPI.org.", ["pypi.org"]) and not domain_allowed("", ["pypi.org"])
+
+
+def test_kept_listings_see_every_change_even_with_the_mtime_put_back(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentfsm.hooks.sandbox import _Listings
+
+    monkeypatch.setattr(_Listings, "RACY_S", -1.0)  # trust listings at once (the race is tested by design)
+    listings = _Listings()
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a").write_text("x")
+    assert listings.entries(str(d)) == (("a",), ())
+    before = os.stat(d)
+    (d / "new.pem").write_text("secret")
+    # a command covering its tracks: the directory's mtime set back to what it was
+    os.utime(d, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(d).st_mtime_ns == before.st_mtime_ns
+    assert sorted(listings.entries(str(d))[0]) == ["a", "new.pem"]
+
+
+def test_a_listing_made_right_after_a_change_is_not_kept(tmp_path: Path) -> None:
+    from agentfsm.hooks.sandbox import _Listings
+
+    listings = _Listings()
+    (tmp_path / "f").write_text("x")
+    listings.entries(str(tmp_path))
+    assert str(tmp_path) not in listings._kept

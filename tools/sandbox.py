@@ -45,6 +45,8 @@ import attrs
 
 #: ``ToolContext.services`` key of the session's :class:`CommandSandbox`.
 SANDBOX = "sandbox"
+#: Paths of each kind a trace record lists (the digest names the whole policy).
+SUMMARY_PATHS = 50
 #: How long the one-time probe may take before the sandbox counts as unavailable.
 PROBE_TIMEOUT_S = 10.0
 
@@ -78,9 +80,16 @@ class Layout:
         """What the trace keeps of the policy: counts, the paths, and a digest naming it."""
         body = attrs.asdict(self, value_serializer=lambda _i, _a, v: list(v) if isinstance(v, tuple) else v)
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-        return {"digest": digest, "writable": list(self.writable), "read_only": list(self.read_only),
-                "hidden": [*self.hidden_dirs, *self.hidden_files], "absent": [p for p, _ in self.absent],
-                "network": "isolated" if self.network_isolated else "shared"}
+        hidden = [*self.hidden_dirs, *self.hidden_files]
+        out: dict[str, Any] = {"digest": digest, "writable": list(self.writable),
+                               "read_only": list(self.read_only[:SUMMARY_PATHS]), "hidden": hidden[:SUMMARY_PATHS],
+                               "absent": [p for p, _ in self.absent[:SUMMARY_PATHS]],
+                               "network": "isolated" if self.network_isolated else "shared"}
+        # a rule that matches thousands of files must not make every record as long: counts say the rest
+        for name, count in (("read_only", len(self.read_only)), ("hidden", len(hidden)), ("absent", len(self.absent))):
+            if count > SUMMARY_PATHS:
+                out[f"{name}_count"] = count
+        return out
 
 
 @attrs.frozen
