@@ -97,7 +97,7 @@ AGENTFSM = "agentfsm"
 SOURCES: Mapping[str, str] = {AGENTFSM: "agentfsm trace", claude_code.TRANSCRIPT: "Claude Code transcript",
                               claude_code.STREAM_JSON: "Claude Code stream-json output"}
 _KNOWN = "not an agentfsm trace, a Claude Code transcript or a Claude Code stream-json output"
-_OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request",
+_OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request", "sandbox",
                         "result"})
 
 
@@ -271,6 +271,9 @@ class _Auditor:
                 self._message(rec, replace=replacing)
                 replacing = False
                 continue
+            if kind == "sandbox":
+                self._sandbox(line, rec)
+                continue
             if kind in ("transition", "request", "result") and not self.active:
                 self.active, self.run_start = True, line
             if kind == "transition":
@@ -281,6 +284,14 @@ class _Auditor:
                 self._result(line, rec)
         self._end_run()
         return self.findings
+
+    def _sandbox(self, line: int, rec: Mapping[str, Any]) -> None:
+        """How a command of the model ran (agentfsm.tools.sandbox): report those outside the sandbox."""
+        if rec.get("sandboxed") is True:
+            return
+        what = "was refused" if rec.get("refused") else "ran outside the kernel sandbox"
+        self.add(line, "unsandboxed_command",
+                 f"command {rec.get('tool_use_id') or '?'} {what}: {rec.get('reason') or 'no reason recorded'}")
 
     def _message(self, rec: Mapping[str, Any], *, replace: bool) -> None:
         if replace:

@@ -68,6 +68,8 @@ CODES: Mapping[str, str] = {
     "no_session_record": "records before any session record; default limits are used",
     "incomplete_run": "a run without a result record (crashed or still running)",
     "unknown_record": "a Claude Code record type the recogniser does not know (a newer client?); not interpreted",
+    "unsandboxed_command": "a command the model ran outside the kernel sandbox (the record says why: turned off, "
+                           "unavailable, excludedCommands, dangerouslyDisableSandbox)",
     "cc_unmodelled_retry": "Claude Code sent the same request again in a way the graph has no edge for "
                            "(a 400 retried with fewer beta headers); no move is recorded",
     "cc_mid_stream_resume": "Claude Code kept a response an SSE error cut mid-stream and asked it to resume, on the "
@@ -95,7 +97,8 @@ CODES: Mapping[str, str] = {
 }
 WARNING_CODES: frozenset[str] = frozenset(
     {"graph_changed", "no_replay", "torn_last_line", "no_session_record", "incomplete_run", "unknown_record",
-     "cc_unmodelled_retry", "cc_mid_stream_resume", "cc_structured_output_once", "cc_structured_output_max_turns",
+     "unsandboxed_command", "cc_unmodelled_retry", "cc_mid_stream_resume", "cc_structured_output_once",
+     "cc_structured_output_max_turns",
      "cc_unparsable_tool_input_dispatched"})
 INFO_CODES: frozenset[str] = frozenset(
     {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "read_as_stop_hook_context",

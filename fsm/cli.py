@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=None)
     p.add_argument("--permission-mode", default=None)
     p.add_argument("--dangerously-skip-permissions", action="store_true")
+    p.add_argument("--no-sandbox", action="store_false", dest="sandbox",
+                   help="run the model's commands outside the kernel sandbox (docs/sandbox.md)")
     p.add_argument("--max-turns", type=int, default=None)
     p.add_argument("--max-budget-usd", type=float, default=None)
     p.add_argument("--limit", action="append", default=[], metavar="NAME=VALUE",
@@ -207,7 +209,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
             tools=_split_list(args.tools) if args.tools is not None else None,
             allowed_tools=_split_list(args.allowed_tools),
             disallowed_tools=_split_list(args.disallowed_tools),
-            permission_mode=mode, limits=limits, system_prompt=args.system_prompt,
+            permission_mode=mode, limits=limits, system_prompt=args.system_prompt, sandbox=args.sandbox,
             append_system_prompt=args.append_system_prompt,
             cwd=Path(args.cwd) if args.cwd else Path.cwd(), settings=args.settings,
             setting_sources=sources, session_id=args.session_id, resume=args.resume,

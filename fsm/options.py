@@ -76,6 +76,9 @@ class Options:
     hooks: Mapping[str, Any] = attrs.field(factory=dict)  # Python hooks: event -> [HookMatcher]
     extra_tools: tuple[Any, ...] = ()  # user Tool instances
     write_trace: bool = True
+    # False (`--no-sandbox`): the model's commands run outside the kernel sandbox whatever the
+    # settings say (docs/sandbox.md)
+    sandbox: bool = True
     # subagent types for the Agent tool, besides the built-in "general-purpose"
     agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
     # asked before every model request; a true answer ends the run `background_requested`

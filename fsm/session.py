@@ -37,6 +37,7 @@ from agentfsm.result import RunResult, merge_model_usage
 from agentfsm.state import TERMINAL_INFO, LoopState, Message, TerminalReason
 from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
 from agentfsm.tools.bash import TOOL_RESULTS_DIR
+from agentfsm.tools.sandbox import SANDBOX
 from agentfsm.trace import TraceWriter, sessions_dir
 
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -77,6 +78,15 @@ class Session:
             options, registry if registry is not None else build_registry(options), session_id=self.session_id,
             transcript_path=str(self.trace_path or ""))
         self.hooks: Any = self.gate
+        # the kernel sandbox of the model's commands (agentfsm.hooks.sandbox), when the gate has one
+        self.sandbox: Any = getattr(self.gate, "sandbox", None)
+        if self.sandbox is not None:
+            refused = self.sandbox.unavailable_error
+            if refused is not None:
+                raise ValueError(refused)
+            self.sandbox.observer = self._sandbox_record
+            self.sandbox.protected_paths = (str(self.sessions_dir),)
+            self.sandbox.announce()
         observe = getattr(self.gate, "observe_hooks", None)
         if options.include_hook_events and observe is not None:
             observe(lambda msg: self._emit({**msg, "session_id": self.session_id}))
@@ -126,12 +136,18 @@ class Session:
         if self.emit is not None:
             self.emit(msg)
 
+    def _sandbox_record(self, record: dict[str, Any]) -> None:
+        # how each command of the model ran: `agentfsm audit` reports those run outside the sandbox
+        self.trace.write(record)
+
     def init_message(self) -> dict[str, Any]:
-        """``system/init`` (see :func:`agentfsm.phases.init_message`)."""
+        """``system/init`` (see :func:`agentfsm.phases.init_message`), with how the model's commands
+        are sandboxed."""
+        extra = {"sandbox": self.sandbox.status()} if self.sandbox is not None else {}
         return phases.init_message(cwd=str(self.options.cwd), session_id=self.session_id,
                                    tools=self.registry.names(), model=self.options.model,
                                    permission_mode=self.permission_mode, agents=self.subagents.definitions(),
-                                   transcript_path=str(self.trace_path or ""))
+                                   transcript_path=str(self.trace_path or ""), **extra)
 
     # --- runs ------------------------------------------------------------------------------------
 
@@ -195,7 +211,7 @@ class Session:
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
                              trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.subagents.run,
+                             services={"run_subagent": self.subagents.run, SANDBOX: self.sandbox,
                                        # large Bash outputs are saved beside the session file
                                        TOOL_RESULTS_DIR: self.sessions_dir / self.session_id / "tool-results"},
                              observers=self.observers,
@@ -294,6 +310,8 @@ class Session:
             self._before_hooks("SessionEnd")
             await end("other")
         self.trace.close()
+        if self.sandbox is not None and hasattr(self.sandbox, "close"):
+            self.sandbox.close()
         client = self._client
         if close_client and self._owns_client and client is not None and hasattr(client, "aclose"):
             await client.aclose()

@@ -318,6 +318,8 @@ class RunStarts:
             return False
         if kind == "message":
             return rec.get("kind") in PROMPT_KINDS and not self.rewriting
+        if kind == "sandbox":
+            return False  # how a command ran (agentfsm.hooks.sandbox): no part of the conversation
         self.rewriting = False
         return False
 

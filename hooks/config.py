@@ -51,6 +51,34 @@ class PermissionSettings:
 
 
 @attrs.frozen
+class SandboxPath:
+    """A path a ``sandbox.filesystem`` key names, with the project directory of its settings file
+    (the base of a ``/path`` entry, as for permission rules)."""
+
+    spec: str
+    root: Path
+
+
+@attrs.frozen
+class SandboxSettings:
+    """The ``sandbox`` settings (Claude Code's keys, same meaning; see docs/sandbox.md). ``None``
+    means "not set by any source": :mod:`agentfsm.hooks.sandbox` applies the defaults."""
+
+    enabled: bool | None = None
+    fail_if_unavailable: bool | None = None
+    auto_allow_bash: bool | None = None
+    allow_unsandboxed: bool | None = None
+    excluded_commands: tuple[str, ...] = ()
+    allow_write: tuple[SandboxPath, ...] = ()
+    deny_write: tuple[SandboxPath, ...] = ()
+    deny_read: tuple[SandboxPath, ...] = ()
+    # network: None = no network key set (the network is shared); a tuple = only these domains
+    allowed_domains: tuple[str, ...] | None = None
+    denied_domains: tuple[str, ...] = ()
+    allow_local_binding: bool | None = None
+
+
+@attrs.frozen
 class Settings:
     """Merged settings. ``raw`` keeps every key (merged the same way) for the parts of the program
     that read settings this package does not interpret (``env``, ``model``, ...)."""
@@ -60,6 +88,7 @@ class Settings:
     sources: tuple[str, ...] = ()
     raw: Mapping[str, Any] = attrs.field(factory=dict)
     disable_all_hooks: bool = False
+    sandbox: SandboxSettings = attrs.field(factory=SandboxSettings)
 
     def active_hooks(self) -> Mapping[str, tuple[HookMatcher, ...]]:
         """The hooks to run: none at all when ``disableAllHooks`` is set."""
@@ -181,6 +210,90 @@ def _parse_permissions(source: str, perms: Any, root: Path) -> PermissionSetting
     )
 
 
+_SANDBOX_BOOLS = {"enabled": "enabled", "failIfUnavailable": "fail_if_unavailable",
+                  "autoAllowBashIfSandboxed": "auto_allow_bash", "allowUnsandboxedCommands": "allow_unsandboxed"}
+# keys Claude Code has that change nothing here (macOS-only, or escape hatches this sandbox does
+# not offer): accepted, so a shared settings file loads
+_SANDBOX_IGNORED = frozenset({"enableWeakerNestedSandbox", "ignoreViolations", "enableWeakerNetworkIsolation"})
+_FS_LISTS = {"allowWrite": "allow_write", "denyWrite": "deny_write", "denyRead": "deny_read"}
+_NET_IGNORED = frozenset({"allowUnixSockets", "allowAllUnixSockets", "httpProxyPort", "socksProxyPort",
+                          "allowManagedDomainsOnly"})
+
+
+def _string_list(source: str, where: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise SettingsError(source, f"{where} must be a list of non-empty strings, got {_short(value)}")
+    return tuple(value)
+
+
+def _parse_sandbox(source: str, data: Any, root: Path) -> SandboxSettings:
+    if not isinstance(data, Mapping):
+        raise SettingsError(source, f"'sandbox' must be an object, got {_short(data)}")
+    fields: dict[str, Any] = {}
+    for key, value in data.items():
+        where = f"sandbox.{key}"
+        if key in _SANDBOX_BOOLS:
+            if not isinstance(value, bool):
+                raise SettingsError(source, f"{where} must be true or false, got {_short(value)}")
+            fields[_SANDBOX_BOOLS[key]] = value
+        elif key == "excludedCommands":
+            fields["excluded_commands"] = _string_list(source, where, value)
+        elif key == "filesystem":
+            if not isinstance(value, Mapping):
+                raise SettingsError(source, f"{where} must be an object, got {_short(value)}")
+            for fkey, fvalue in value.items():
+                if fkey in _FS_LISTS:
+                    specs = _string_list(source, f"{where}.{fkey}", fvalue)
+                    fields[_FS_LISTS[fkey]] = tuple(SandboxPath(s, root) for s in specs)
+                elif fkey == "allowRead":
+                    _string_list(source, f"{where}.{fkey}", fvalue)
+                    log.warning("sandbox_setting_not_applied", source=source, key=f"{where}.{fkey}",
+                                detail="paths denied to reading stay hidden in the sandbox")
+                else:
+                    _unknown_sandbox_key(source, f"{where}.{fkey}")
+        elif key == "network":
+            if not isinstance(value, Mapping):
+                raise SettingsError(source, f"{where} must be an object, got {_short(value)}")
+            for nkey, nvalue in value.items():
+                if nkey == "allowedDomains":
+                    fields["allowed_domains"] = _string_list(source, f"{where}.{nkey}", nvalue) if nvalue else ()
+                elif nkey == "deniedDomains":
+                    fields["denied_domains"] = _string_list(source, f"{where}.{nkey}", nvalue) if nvalue else ()
+                elif nkey == "allowLocalBinding":
+                    if not isinstance(nvalue, bool):
+                        raise SettingsError(source, f"{where}.{nkey} must be true or false, got {_short(nvalue)}")
+                    fields["allow_local_binding"] = nvalue
+                elif nkey not in _NET_IGNORED:
+                    _unknown_sandbox_key(source, f"{where}.{nkey}")
+        elif key not in _SANDBOX_IGNORED:
+            _unknown_sandbox_key(source, where)
+    return SandboxSettings(**fields)
+
+
+def _unknown_sandbox_key(source: str, where: str) -> None:
+    # forward compatibility, as for hook events: a file written for a newer Claude Code still loads,
+    # and a typo does not go unnoticed (the sandbox keeps its defaults, which are the strict ones)
+    log.warning("sandbox_setting_unknown", source=source, key=where)
+
+
+def _merge_sandbox(low: SandboxSettings, high: SandboxSettings) -> SandboxSettings:
+    """Scalars from the higher source win; lists add up (every source's paths and commands count)."""
+    def pick(name: str) -> Any:
+        value = getattr(high, name)
+        return value if value is not None else getattr(low, name)
+
+    domains = (None if low.allowed_domains is None and high.allowed_domains is None
+               else (*(low.allowed_domains or ()), *(high.allowed_domains or ())))
+    return SandboxSettings(
+        enabled=pick("enabled"), fail_if_unavailable=pick("fail_if_unavailable"),
+        auto_allow_bash=pick("auto_allow_bash"), allow_unsandboxed=pick("allow_unsandboxed"),
+        excluded_commands=(*low.excluded_commands, *high.excluded_commands),
+        allow_write=(*low.allow_write, *high.allow_write), deny_write=(*low.deny_write, *high.deny_write),
+        deny_read=(*low.deny_read, *high.deny_read), allowed_domains=domains,
+        denied_domains=(*low.denied_domains, *high.denied_domains),
+        allow_local_binding=pick("allow_local_binding"))
+
+
 def parse_settings(data: Any, *, source: str, root: str | Path) -> Settings:
     """Validate one settings object. ``root`` is the project directory of the source: the base of
     ``/path`` permission rules and of relative ``additionalDirectories``."""
@@ -193,8 +306,9 @@ def parse_settings(data: Any, *, source: str, root: str | Path) -> Settings:
     disable = data.get("disableAllHooks", False)
     if not isinstance(disable, bool):
         raise SettingsError(source, f"disableAllHooks must be true or false, got {_short(disable)}")
+    sandbox = _parse_sandbox(source, data["sandbox"], root_p) if "sandbox" in data else SandboxSettings()
     return Settings(hooks=hooks, permissions=perms, sources=(source,), raw=dict(data),
-                    disable_all_hooks=disable)
+                    disable_all_hooks=disable, sandbox=sandbox)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -231,7 +345,9 @@ def merge_settings(layers: Sequence[Settings]) -> Settings:
     disable_bypass = False
     raw: Any = {}
     disable_all: bool = False
+    sandbox = SandboxSettings()
     for layer in layers:
+        sandbox = _merge_sandbox(sandbox, layer.sandbox)
         for event, matchers in layer.hooks.items():
             hooks.setdefault(event, []).extend(matchers)
         p = layer.permissions
@@ -252,6 +368,7 @@ def merge_settings(layers: Sequence[Settings]) -> Settings:
         sources=tuple(s for layer in layers for s in layer.sources),
         raw=raw,
         disable_all_hooks=disable_all,
+        sandbox=sandbox,
     )
 
 

@@ -37,6 +37,7 @@ from agentfsm.hooks.inputs import (
 )
 from agentfsm.hooks.permissions import CanUseTool, PermissionPolicy, normalize_mode
 from agentfsm.hooks.runner import HookMatcher, HookRunner, HookRunResult
+from agentfsm.hooks.sandbox import SessionSandbox
 from agentfsm.ports import (
     EventOutcome,
     PermissionOutcome,
@@ -75,7 +76,8 @@ class HookGate:
                  python_hooks: Mapping[str, Sequence[HookMatcher]] | None = None,
                  can_use_tool: CanUseTool | None = None, allowed_tools: str | Sequence[str] = (),
                  disallowed_tools: str | Sequence[str] = (), session_id: str = "",
-                 transcript_path: str = "", env: Mapping[str, str] | None = None) -> None:
+                 transcript_path: str = "", env: Mapping[str, str] | None = None,
+                 sandbox: bool = True) -> None:
         self.cwd = Path(cwd).resolve()
         self.settings = settings if settings is not None else Settings()
         self.policy = policy if policy is not None else PermissionPolicy.from_settings(
@@ -87,6 +89,9 @@ class HookGate:
         self.session_id = session_id
         self.transcript_path = transcript_path
         self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
+        # the kernel sandbox of the model's commands (hooks, the user's own commands, run outside it)
+        self.sandbox = SessionSandbox(self.settings.sandbox, self.policy, cli_enabled=sandbox)
+        self.policy.sandbox_auto_allow = self.sandbox.auto_allows
         if python_hooks:
             _validate_python_hooks(python_hooks)
             for event, matchers in python_hooks.items():
@@ -306,7 +311,7 @@ def build_gate(options: Any, *, session_id: str = "", transcript_path: str = "",
     gate = HookGate(options.cwd, settings=settings, permission_mode=mode, python_hooks=options.hooks or None,
                     can_use_tool=options.can_use_tool, allowed_tools=options.allowed_tools,
                     disallowed_tools=options.disallowed_tools, session_id=session_id,
-                    transcript_path=transcript_path)
+                    transcript_path=transcript_path, sandbox=getattr(options, "sandbox", True))
     if registry is not None:
         _warn_unknown_tools(gate.policy, list(registry.names()) + [a for t in registry for a in t.aliases])
     return gate

@@ -326,7 +326,7 @@ def _inside(paths: Sequence[str], dirs: Sequence[Path]) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Decisions and the can_use_tool callback
 
-DecidedBy = Literal["rule", "hook", "mode", "callback", "non_interactive"]
+DecidedBy = Literal["rule", "hook", "mode", "callback", "non_interactive", "sandbox"]
 
 
 @attrs.frozen
@@ -430,6 +430,9 @@ class PermissionPolicy:
     ask: list[PermissionRule] = attrs.field(factory=list)
     deny: list[PermissionRule] = attrs.field(factory=list)
     additional_directories: list[Path] = attrs.field(factory=list)
+    # `sandbox.autoAllowBashIfSandboxed`: a Bash call the mode would ask about is allowed when this
+    # says it will run in the sandbox (set by agentfsm.hooks.sandbox; deny and ask rules still apply)
+    sandbox_auto_allow: Callable[[Tool, Mapping[str, Any]], bool] | None = None
 
     @classmethod
     def build(cls, cwd: str | Path, *, mode: str | None = None,
@@ -675,6 +678,8 @@ class PermissionPolicy:
         if self.mode == "acceptEdits" and self._bash_edits_inside(tool, tool_input):
             # a shell command whose only effect is on files inside the working directories
             return PermissionDecision("allow", "", None, "mode")
+        if self.sandbox_auto_allow is not None and self.sandbox_auto_allow(tool, tool_input):
+            return PermissionDecision("allow", "", None, "sandbox")
         return self._mode_ask(tool, tool_input)
 
     async def evaluate_off_loop(self, tool: Tool, tool_input: Mapping[str, Any], *,

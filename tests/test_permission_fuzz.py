@@ -30,6 +30,7 @@ from agentfsm.pipeline import run_tool_call
 from agentfsm.tools.base import ToolContext
 from agentfsm.tools.pathmatch import path_rule_matcher
 from agentfsm.tools.read import record_read
+from agentfsm.tools.sandbox import SANDBOX
 
 CI_EXAMPLES = 150
 _PROFILE_SCALE = 10 if os.environ.get("HYPOTHESIS_PROFILE") == "nightly" else 1
@@ -203,7 +204,9 @@ async def _run(ws: Path, mode: str, read_specs: list[str], edit_specs: list[str]
     read_files: dict[str, float] = {}
 
     def ctx(tool_use_id: str) -> ToolContext:
-        c = ToolContext(cwd=ws, tool_use_id=tool_use_id, read_files=read_files, file_access=gate.file_access())
+        # each Bash probe runs in the session's kernel sandbox too (a second line behind the rules)
+        c = ToolContext(cwd=ws, tool_use_id=tool_use_id, read_files=read_files, file_access=gate.file_access(),
+                        services={SANDBOX: gate.sandbox})
         first = call.get("read_first")
         if first is not None and (ws / first).exists():
             record_read(c, ws / first)

@@ -283,7 +283,8 @@ def test_tool_traits_and_schema() -> None:
     jsonschema.Draft202012Validator.check_schema(schema)
     assert schema["required"] == ["command"]
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"command", "timeout", "description", "run_in_background"}
+    assert set(schema["properties"]) == {"command", "timeout", "description", "run_in_background",
+                                         "dangerouslyDisableSandbox"}
     v = jsonschema.Draft202012Validator(schema)
     assert v.is_valid({"command": "ls", "timeout": 600000})
     assert not v.is_valid({"command": "ls", "timeout": 600001})

@@ -27,6 +27,7 @@ import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from agentfsm.tools.environment import child_environment
+from agentfsm.tools.sandbox import SANDBOX, CommandSandbox, Prepared, unsandboxed
 from agentfsm.tools.shell import Analysis, analyse
 
 DEFAULT_TIMEOUT_MS = 120_000
@@ -324,14 +325,39 @@ def _timeout_ms(input: Mapping[str, Any]) -> float:
 PROCESS_GUARD = "process_guard"
 
 
-async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float) -> ToolOutput:
+def prepare(command: str, ctx: ToolContext, disable_requested: bool = False) -> tuple[CommandSandbox | None, Prepared]:
+    """How ``command`` runs: through the session's sandbox (``ctx.services[SANDBOX]``), or, when the
+    host wired none, as a plain shell command."""
+    sandbox: CommandSandbox | None = ctx.services.get(SANDBOX)
+    if sandbox is None:
+        return None, unsandboxed(_shell(), command, "no sandbox wired")
+    return sandbox, sandbox.prepare(command, Path(ctx.cwd), shell=_shell(), disable_requested=disable_requested,
+                                    tool_use_id=ctx.tool_use_id or "")
+
+
+async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float, *,
+                         disable_sandbox: bool = False) -> ToolOutput:
+    # the rules are resolved off the event loop: finding what a glob matches walks the workspace
+    sandbox, prepared = await asyncio.to_thread(prepare, command, ctx, disable_sandbox)
+    if prepared.refusal is not None:
+        if sandbox is not None:
+            sandbox.finished(prepared)
+        return ToolOutput(prepared.refusal, is_error=True)
+    try:
+        return await _run_prepared(command, prepared, ctx, timeout_ms)
+    finally:
+        if sandbox is not None:
+            sandbox.finished(prepared)
+
+
+async def _run_prepared(command: str, prepared: Prepared, ctx: ToolContext, timeout_ms: float) -> ToolOutput:
     fd, name = tempfile.mkstemp(prefix="agentfsm-bash-", suffix=".out")
     out_path = Path(name)
     guard = ctx.services.get(PROCESS_GUARD)
     try:
         with os.fdopen(fd, "wb") as out:
-            proc = await asyncio.create_subprocess_shell(
-                command, executable=_shell(), cwd=str(ctx.cwd), env=_environment(),
+            proc = await asyncio.create_subprocess_exec(
+                *prepared.argv, cwd=str(ctx.cwd), env={**_environment(), **prepared.env},
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True, preexec_fn=guard.preexec if guard is not None else None)
         if guard is not None:
@@ -397,14 +423,43 @@ def background_dir(ctx: ToolContext) -> Path:
     return Path(tempfile.gettempdir()) / "agentfsm" / (ctx.session_id or "default") / "tasks"
 
 
-def start_background(command: str, ctx: ToolContext, timeout_ms: float | None) -> BackgroundJob:
+def start_background(command: str, ctx: ToolContext, timeout_ms: float | None, *,
+                     disable_sandbox: bool = False,
+                     prepared: tuple[CommandSandbox | None, Prepared] | None = None) -> BackgroundJob:
+    """Start ``command`` in the background. ``prepared``: how it runs, decided beforehand (off the
+    event loop: resolving the sandbox's rules walks the workspace); the process itself is started by
+    the calling thread, which must outlive it (bwrap's --die-with-parent follows the thread that
+    forked it)."""
+    sandbox, how = prepared if prepared is not None else prepare(command, ctx, disable_sandbox)
+    if how.refusal is not None:
+        if sandbox is not None:
+            sandbox.finished(how)
+        raise ToolError(how.refusal, wrapped=False)
+    try:
+        job = _start_prepared(command, how, ctx, timeout_ms)
+    except BaseException:
+        if sandbox is not None:
+            sandbox.finished(how)
+        raise
+    if sandbox is not None:
+        # the sandbox's placeholders go when the job ends
+        threading.Thread(target=_finish_when_done, args=(job.process, sandbox, how), daemon=True).start()
+    return job
+
+
+def _finish_when_done(process: subprocess.Popen[bytes], sandbox: CommandSandbox, prepared: Prepared) -> None:
+    process.wait()
+    sandbox.finished(prepared)
+
+
+def _start_prepared(command: str, prepared: Prepared, ctx: ToolContext, timeout_ms: float | None) -> BackgroundJob:
     job_id = "b" + secrets.token_hex(4)
     out_dir = background_dir(ctx)
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path = out_dir / f"{job_id}.output"
     with out_path.open("wb") as out:
         # Popen, not asyncio: the job must outlive this call and the event loop that made it.
-        proc = subprocess.Popen([_shell(), "-c", command], cwd=str(ctx.cwd), env=_environment(),
+        proc = subprocess.Popen(list(prepared.argv), cwd=str(ctx.cwd), env={**_environment(), **prepared.env},
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     job = BackgroundJob(job_id, command, out_path, proc)
@@ -447,6 +502,11 @@ class BashTool(Tool):
             "run_in_background": {"type": "boolean",
                                   "description": "Set to true to run this command in the background; "
                                                  "its output is written to a file you can Read later."},
+            # Claude Code's parameter and text; whether it is honoured is the settings' call
+            # (sandbox.allowUnsandboxedCommands), and an unsandboxed command is never auto-allowed
+            "dangerouslyDisableSandbox": {"type": "boolean",
+                                          "description": "Set this to true to dangerously override sandbox mode "
+                                                         "and run commands without sandboxing."},
         },
         "required": ["command"],
         "additionalProperties": False,
@@ -473,7 +533,10 @@ class BashTool(Tool):
             raise ToolError(f"Working directory does not exist: {ctx.cwd}")
         if input.get("run_in_background"):
             timeout = _timeout_ms(input) if input.get("timeout") else None
-            job = start_background(command, ctx, timeout)
+            disable = input.get("dangerouslyDisableSandbox") is True
+            how = await asyncio.to_thread(prepare, command, ctx, disable)
+            job = start_background(command, ctx, timeout, prepared=how)
             return ToolOutput(f"Command running in background with ID: {job.id}. "
                               f"Output is being written to: {job.output_path}.")
-        return await run_foreground(command, ctx, _timeout_ms(input))
+        return await run_foreground(command, ctx, _timeout_ms(input),
+                                    disable_sandbox=input.get("dangerouslyDisableSandbox") is True)

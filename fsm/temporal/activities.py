@@ -75,6 +75,7 @@ from agentfsm.temporal.records import (
 )
 from agentfsm.tools.base import ToolContext
 from agentfsm.tools.bash import PROCESS_GUARD
+from agentfsm.tools.sandbox import SANDBOX
 from agentfsm.trace import read_records
 
 HOST = socket.gethostname()
@@ -375,10 +376,12 @@ class Activities:
         mode = getattr(ctx.gate, "permission_mode", None) or options.permission_mode or "default"
         from agentfsm.tools.agent import builtin_agents
 
+        sandbox = getattr(ctx.gate, "sandbox", None)
         init = phases.init_message(cwd=str(options.cwd), session_id=spec.session_id, tools=ctx.registry.names(),
                                    model=options.model, permission_mode=mode,
                                    agents=list(dict.fromkeys([*builtin_agents(), *options.agents])),
-                                   transcript_path=spec.trace_path or "", workflow_id=inp.workflow_id)
+                                   transcript_path=spec.trace_path or "", workflow_id=inp.workflow_id,
+                                   **({"sandbox": sandbox.status()} if sandbox is not None else {}))
         history: tuple[Message, ...] = ()
         next_seq = 0
         recorded: dict[str, str] = {}
@@ -538,7 +541,11 @@ class Activities:
                 return ToolCallOutcome(lost, interrupted=True, attempt=info.attempt)
         details: dict[str, Any] = {"host": HOST, "boot_id": BOOT_ID, "pid": os.getpid(), "pgids": []}
         read_files = dict(inp.read_files)
-        services = {PROCESS_GUARD: _ProcessGuard(details)}
+        services: dict[str, Any] = {PROCESS_GUARD: _ProcessGuard(details)}
+        # the model's commands run in the session's kernel sandbox here too
+        sandbox = getattr(ctx.gate, "sandbox", None)
+        if sandbox is not None:
+            services[SANDBOX] = sandbox
 
         def make_ctx(tid: str) -> ToolContext:
             # the gate's file rules, as a local run's driver passes them (without them every file tool

@@ -48,6 +48,8 @@ class SessionSpec:
     trace_path: str | None = None
     parent_session_id: str | None = None
     scripted: str | None = None
+    # Options.sandbox: False runs the model's commands outside the kernel sandbox (--no-sandbox)
+    sandbox: bool = True
 
     @classmethod
     def of(cls, options: Options, *, session_id: str, trace_path: Path | None,
@@ -61,7 +63,7 @@ class SessionSpec:
                    json_schema=options.json_schema,
                    sessions_dir=str(options.sessions_dir) if options.sessions_dir else None,
                    trace_path=str(trace_path) if trace_path else None,
-                   parent_session_id=options.parent_session_id, scripted=scripted)
+                   parent_session_id=options.parent_session_id, scripted=scripted, sandbox=options.sandbox)
 
     def options(self) -> Options:
         return Options(model=self.model, fallback_models=self.fallback_models, tools=self.tools,
@@ -71,7 +73,7 @@ class SessionSpec:
                        setting_sources=self.setting_sources, session_id=self.session_id,
                        sessions_dir=Path(self.sessions_dir) if self.sessions_dir else None,
                        json_schema=self.json_schema, write_trace=self.trace_path is not None,
-                       parent_session_id=self.parent_session_id)
+                       parent_session_id=self.parent_session_id, sandbox=self.sandbox)
 
     @property
     def models(self) -> tuple[str, ...]:
