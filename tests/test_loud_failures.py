@@ -76,3 +76,37 @@ def test_cli_a_missing_hook_script_is_on_stderr_and_the_tool_still_runs(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert "hooks/examples/audit_log.py" in proc.stderr and "could not run" in proc.stderr
     assert json.loads(proc.stdout)["result"] == "done"
+
+
+# --- resume of a file that is not a session; settings that do not load ----------------------------------
+
+SID = "5b7c1c52-0d5e-4a4e-9a59-1f1b8f3b2d11"
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b'{"type": "user", "message": {"role": "user"}}\n',
+                                     b'{"not": "a record"}\nplain text\n'])
+def test_resume_refuses_a_file_that_is_not_a_session_and_writes_nothing(tmp_path, content):
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    target = sessions / f"{SID}.jsonl"
+    target.write_bytes(content)
+    proc = _run_cli("-p", "hello", "--scripted", "read_probe", "--sessions-dir", str(sessions), "--resume", SID,
+                    cwd=tmp_path)
+    assert proc.returncode == 1
+    assert f"Cannot resume {SID}" in proc.stderr and "Nothing was written" in proc.stderr, proc.stderr
+    assert target.read_bytes() == content
+    assert sorted(p.name for p in sessions.iterdir()) == [target.name]
+
+
+@pytest.mark.parametrize(("settings", "said"), [
+    ("missing-settings.json", "missing-settings.json"),
+    ("{not json", "settings"),
+    ('{"permissions": {"allow": "Bash"}}', "allow"),
+])
+def test_bad_settings_leave_no_session_file(tmp_path, settings, said):
+    sessions = tmp_path / "sessions"
+    proc = _run_cli("-p", "hello", "--scripted", "read_probe", "--sessions-dir", str(sessions),
+                    "--settings", settings, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "agentfsm: error:" in proc.stderr and said in proc.stderr, proc.stderr
+    assert not sessions.exists() or not any(sessions.rglob("*")), list(sessions.rglob("*"))
