@@ -508,15 +508,36 @@ def _stop_on_signals(session: Any) -> None:
     interrupts = [0]
 
     def on_sigint() -> None:
-        # Ctrl-C is the user's interrupt (block tools finish); pressed again, it stops everything
+        # Ctrl-C in a terminal stops what is running now: the response being streamed and every
+        # running tool (a long Bash command is killed, as the terminal's Ctrl-C would kill it), then
+        # the run ends and is recorded. (The SDK's `interrupt` request, which lets `block` tools finish,
+        # is a different path: agentfsm.control.) Pressed again, the process exits at once.
         interrupts[0] += 1
-        (session.interrupt if interrupts[0] == 1 else session.abort)()
+        if interrupts[0] == 1:
+            _say("interrupted: stopping the model and any running tool; press Ctrl-C again to exit at once")
+            session.abort()
+            return
+        _say("exiting now; the session file holds the run up to the interrupt")
+        with contextlib.suppress(Exception):
+            session.trace.flush()
+        _exit_now(130)
 
-    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, session.abort)):
+    def on_sigterm() -> None:
+        _say("terminated: stopping the run")
+        session.abort()
+
+    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm)):
         try:
             loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError):
             break
+
+
+def _say(text: str) -> None:
+    """A line for the user on stderr (stdout is the headless protocol's channel)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"agentfsm: {text}\n")
+        sys.stderr.flush()
 
 
 async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None) -> int:

@@ -110,3 +110,35 @@ def test_bad_settings_leave_no_session_file(tmp_path, settings, said):
     assert proc.returncode == 1
     assert "agentfsm: error:" in proc.stderr and said in proc.stderr, proc.stderr
     assert not sessions.exists() or not any(sessions.rglob("*")), list(sessions.rglob("*"))
+
+
+# --- Ctrl-C during a long Bash command ------------------------------------------------------------------
+
+
+def test_the_first_ctrl_c_stops_a_long_bash_command(tmp_path):
+    import signal
+    import time
+
+    started = tmp_path / "started"
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"prompt": "wait", "responses": [
+        {"blocks": [{"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                     "input": {"command": f"touch {started} && sleep 600"}}], "stop_reason": "tool_use"},
+        {"blocks": [{"type": "text", "text": "never"}], "stop_reason": "end_turn"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTFSM_"))}
+    proc = subprocess.Popen([*AGENTFSM, "-p", "wait", "--scripted", str(scenario), "--permission-mode",
+                             "bypassPermissions", "--output-format", "json", "--sessions-dir", str(tmp_path / "s")],
+                            cwd=tmp_path, env={**env, "HOME": str(tmp_path)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        while not started.exists():  # the command is running
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)  # far less than the command's 600 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "interrupted: stopping the model and any running tool" in err
+    result = json.loads(out)
+    assert result["is_error"] is True and result.get("result") != "never", result
