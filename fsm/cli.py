@@ -136,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
                    help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
     p.add_argument("--task-queue", default="agentfsm", help="the workers' task queue (with --temporal)")
+    p.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --temporal: how long to wait for a worker to take the session (default 60)")
     return p
 
 
@@ -373,7 +375,7 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
         for flag, given in unsupported:
             if given:
                 raise UsageError(f"{flag} is not supported with --temporal")
-        return await _run_temporal(args, options, prompt)
+        return await _run_temporal(args, options, prompt, exit_at_once=exit_at_once)
     out = Stdout()
     printer = Printer(args.output_format, args.verbose, out, session_states=(
         args.input_format == "stream-json" and os.environ.get("CLAUDE_CODE_SDK_READS_SESSION_STATE") == "1"))
@@ -540,7 +542,8 @@ def _say(text: str) -> None:
         sys.stderr.flush()
 
 
-async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None) -> int:
+async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None, *,
+                        exit_at_once: bool = False) -> int:
     """The same run as a workflow on Temporal workers (agentfsm.temporal), printed the same way."""
     from agentfsm.resume import plan_session
 
@@ -560,8 +563,15 @@ async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | No
         from agentfsm.temporal.commands import print_run
     except ImportError as exc:
         raise UsageError(f"--temporal needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})") from None
-    return await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
-                           Printer(args.output_format, args.verbose), scripted=scripted)
+    code = await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
+                           Printer(args.output_format, args.verbose), scripted=scripted,
+                           worker_timeout=args.worker_timeout)
+    if exit_at_once:
+        # The Temporal client's core runtime keeps native threads that call into Python; letting the
+        # interpreter finalise under them can end in "Fatal Python error: PyGILState_Release". The
+        # result is printed and the session lives on the workers: nothing is left to tear down.
+        _exit_now(code)
+    return code
 
 
 def _exit_now(code: int) -> None:
