@@ -64,7 +64,26 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line is a :class:`UsageError` (exit 1, like Claude Code's)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message + self._suggestion(message))
+
+    def _suggestion(self, message: str) -> str:
+        """``unrecognized arguments: --outpt-format json`` → the flag that was meant (abbreviations are
+        refused, so a near miss says which flag it is near)."""
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [o for a in self._actions for o in a.option_strings
+                 if o.startswith("--") and a.help is not argparse.SUPPRESS]
+        hints = []
+        for word in message[len(prefix):].split():
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--"):
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
+                if close:
+                    hints.append(f"{flag} → {close[0]}")
+        return f" (did you mean: {', '.join(hints)}?)" if hints else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -568,7 +587,8 @@ async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | No
                            worker_timeout=args.worker_timeout)
     if exit_at_once:
         # The Temporal client's core runtime keeps native threads that call into Python; letting the
-        # interpreter finalise under them can end in "Fatal Python error: PyGILState_Release". The
+        # interpreter finalise under them can end in "Fatal Python error: PyGILState_Release"
+        # (temporalio sdk-python#300; `agentfsm worker` ends the same way for the same reason). The
         # result is printed and the session lives on the workers: nothing is left to tear down.
         _exit_now(code)
     return code

@@ -317,12 +317,12 @@ def test_without_a_renderer_pictures_are_reported_not_faked(tmp_path: Path, monk
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(rendering, "renderer", lambda: None)
     monkeypatch.setattr(diagram, "renderer", lambda: None)
-    with pytest.raises(diagram.DiagramError, match="pip install pygraphviz"):
+    with pytest.raises(diagram.DiagramError, match=r"pip install .agentfsm\[diagrams\]."):
         diagram.render(diagram.render_dot(), "svg")
     assert diagram.main(["--out", str(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert f"{tmp_path / 'overview.png'}: missing" in captured.err
-    assert "pip install pygraphviz" in captured.err
+    assert "pip install 'agentfsm[diagrams]'" in captured.err
     assert not (tmp_path / "overview.svg").exists()
     assert (tmp_path / "overview.dot").read_text() == diagram.render_dot()
 

@@ -142,3 +142,19 @@ def test_the_first_ctrl_c_stops_a_long_bash_command(tmp_path):
     assert "interrupted: stopping the model and any running tool" in err
     result = json.loads(out)
     assert result["is_error"] is True and result.get("result") != "never", result
+
+
+# --- wording ------------------------------------------------------------------------------------------
+
+
+def test_a_misspelt_flag_is_refused_naming_the_flag_that_was_meant(tmp_path):
+    proc = _run_cli("-p", "hi", "--outpt-format", "json", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "unrecognized arguments: --outpt-format json" in proc.stderr
+    assert "did you mean: --outpt-format → --output-format?" in proc.stderr
+
+
+def test_a_bad_limit_says_what_it_takes_in_words(tmp_path):
+    proc = _run_cli("-p", "hi", "--scripted", "read_probe", "--limit", "max_turns=three", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "limit max_turns takes a whole number, got 'three'" in proc.stderr

@@ -67,3 +67,30 @@ def test_a_client_gives_up_waiting_for_a_worker(server, tmp_path):
     assert proc.returncode == 1
     assert "no agentfsm worker took it within 2 s" in err, err
     assert "Fatal Python error" not in err
+
+
+def test_a_worker_without_credentials_says_so_and_its_sessions_end_as_a_setup_failure(server, tmp_path):
+    import json
+
+    from agentfsm.temporal.client import spawn_workers, stop_workers
+
+    queue = f"nokey-{uuid.uuid4().hex[:8]}"
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("ANTHROPIC_")}
+    try:
+        workers = spawn_workers(server.address, 1, task_queue=queue, log_dir=tmp_path)
+    finally:
+        os.environ.update(saved)
+    try:
+        assert "warning: no ANTHROPIC_API_KEY" in (tmp_path / "worker-0.log").read_text()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTFSM_"))}
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentfsm", "-p", "hello", "--temporal", server.address, "--task-queue", queue,
+             "--sessions-dir", str(tmp_path / "s"), "--output-format", "json"],
+            cwd=tmp_path, env={**env, "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=120)
+    finally:
+        stop_workers(workers)
+    assert proc.returncode == 1, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["subtype"] == "error_during_execution" and result["is_error"] is True, result
+    text = json.dumps(result)
+    assert text.count("no model to talk to") == 1 and "ANTHROPIC_API_KEY" in text, text

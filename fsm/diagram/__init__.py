@@ -328,8 +328,8 @@ def _main_directory(out: Path | None, *, check_only: bool, force: bool) -> int:
     if problems:
         for line in problems:
             print(f"  {line}", file=sys.stderr)
-        print("the SVG/PNG could not be rendered: `pip install pygraphviz` (its wheels include Graphviz) or "
-              "install Graphviz's `dot` program, then run again", file=sys.stderr)
+        print("the SVG/PNG could not be rendered: `pip install 'agentfsm[diagrams]'` (pygraphviz, whose wheels "
+              "include Graphviz) or install Graphviz's `dot` program, then run again", file=sys.stderr)
         return 1
     if not written:
         print(f"{out_dir}: diagrams are current")
