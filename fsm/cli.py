@@ -491,7 +491,26 @@ def _mcp_configs(args: argparse.Namespace, options: Any) -> list[Any]:
         if (c.source == "user" and "user" in options.setting_sources)
         or (c.source == "project" and "project" in options.setting_sources)]
     names = {c.name for c in given}
-    return [c for c in found if c.name not in names] + given
+    servers = [c for c in found if c.name not in names] + given
+    if servers and _mcp_missing():
+        listed = ", ".join(sorted({c.name for c in servers}))
+        if given:
+            raise UsageError(f"MCP servers are configured ({listed}) but the MCP client is not installed: "
+                             "pip install 'agentfsm[mcp]'")
+        # servers of the user's own settings files (~/.claude.json, .mcp.json): the run goes on without them
+        sys.stderr.write(f"agentfsm: warning: the MCP servers of your settings ({listed}) are skipped: the MCP "
+                         "client is not installed (pip install 'agentfsm[mcp]')\n")
+        return []
+    return servers
+
+
+def _mcp_missing() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mcp") is None
+    except (ImportError, ValueError):
+        return True
 
 
 def _with_mcp_status(mcp: Any) -> Any:

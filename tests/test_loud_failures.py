@@ -158,3 +158,30 @@ def test_a_bad_limit_says_what_it_takes_in_words(tmp_path):
     proc = _run_cli("-p", "hi", "--scripted", "read_probe", "--limit", "max_turns=three", cwd=tmp_path)
     assert proc.returncode == 1
     assert "limit max_turns takes a whole number, got 'three'" in proc.stderr
+
+
+# --- MCP is an extra ------------------------------------------------------------------------------------
+
+WITHOUT_MCP = ("import sys; sys.modules['mcp'] = None; from agentfsm.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+
+
+def test_mcp_servers_without_the_mcp_extra_name_the_extra(tmp_path):
+    config = json.dumps({"mcpServers": {"files": {"command": "npx", "args": ["some-server"]}}})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTFSM_"))}
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_MCP, "-p", "hi", "--scripted", "read_probe",
+                           "--mcp-config", config], cwd=tmp_path, env={**env, "HOME": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "MCP servers are configured (files)" in proc.stderr
+    assert "pip install 'agentfsm[mcp]'" in proc.stderr
+
+
+def test_the_plain_run_does_not_import_mcp(tmp_path):
+    (tmp_path / "probe-fixture.txt").write_text("x\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTFSM_"))}
+    proc = subprocess.run([sys.executable, "-c", WITHOUT_MCP, "-p", "hi", "--scripted", "read_probe",
+                           "--permission-mode", "bypassPermissions", "--sessions-dir", str(tmp_path / "s")],
+                          cwd=tmp_path, env={**env, "HOME": str(tmp_path)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
