@@ -185,3 +185,33 @@ def test_the_plain_run_does_not_import_mcp(tmp_path):
                           cwd=tmp_path, env={**env, "HOME": str(tmp_path)}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- papercuts -------------------------------------------------------------------------------------------
+
+
+def test_options_take_a_str_for_every_path(tmp_path):
+    from agentfsm import Options
+
+    options = Options(cwd=str(tmp_path), sessions_dir=str(tmp_path / "s"))
+    assert options.sessions_dir == tmp_path / "s" and options.cwd == tmp_path.resolve()
+    assert Options().sessions_dir is None
+
+
+def test_loggers_follow_a_reconfiguration_through_structlogs_public_api():
+    import structlog
+    from structlog.testing import capture_logs
+
+    from agentfsm import log
+
+    logger = log.get_logger("agentfsm.test")
+    saved = structlog.get_config()
+    try:
+        structlog.configure(processors=[structlog.processors.JSONRenderer()])
+        with capture_logs() as first:
+            logger.info("one")
+        with capture_logs() as second:
+            logger.info("two")
+    finally:
+        structlog.configure(**saved)
+    assert [e["event"] for e in first] == ["one"] and [e["event"] for e in second] == ["two"]
