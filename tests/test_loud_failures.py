@@ -215,3 +215,23 @@ def test_loggers_follow_a_reconfiguration_through_structlogs_public_api():
     finally:
         structlog.configure(**saved)
     assert [e["event"] for e in first] == ["one"] and [e["event"] for e in second] == ["two"]
+
+
+# --- progress on long work --------------------------------------------------------------------------------
+
+
+def test_bench_run_all_streams_each_bench_and_shows_progress_only_on_a_terminal(tmp_path, capsys, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        import run_all
+    finally:
+        sys.path.pop(0)
+    script = tmp_path / "fake.py"
+    script.write_text("print('first line', flush=True)\nprint('second line')\n")
+    monkeypatch.setattr(run_all, "HERE", tmp_path)
+    steps = run_all.Steps(1)
+    assert steps.progress is None  # pytest's stderr is no terminal: no bar, no control sequences
+    monkeypatch.setattr(run_all, "STEPS", steps)
+    assert run_all.run("fake.py") == "first line\nsecond line\n"
+    out = capsys.readouterr().out
+    assert "first line\nsecond line\n" in out and "\x1b[" not in out
