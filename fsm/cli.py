@@ -287,6 +287,12 @@ class Printer:
             msg = {**msg, "uuid": str(uuid.uuid4())}
         if self.decorate is not None:
             msg = self.decorate(msg)
+        if msg.get("type") == "system" and msg.get("subtype") == "api_retry" and self.fmt != "stream-json":
+            # text and json print only the result: a retry wait would be silent, so it is said on stderr
+            delay = (msg.get("retry_delay_ms") or 0) / 1000
+            status = msg.get("error_status") or "no answer"
+            _say(f"the API request failed ({status}: {printable(str(msg.get('error') or ''))[:200]}); retrying in "
+                 f"{delay:.1f} s (attempt {msg.get('attempt')} of {msg.get('max_retries')}; Ctrl-C stops)")
         if self.fmt == "stream-json":
             init = msg.get("type") == "system" and msg.get("subtype") == "init"
             if init and self.session_states:
@@ -327,8 +333,18 @@ def _read_prompt(args: argparse.Namespace) -> str | None:
         return None
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt: pass one as an argument or on stdin")
-    # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    import threading
+
+    # a pipe that stays open (a script that forgot `< /dev/null`) would be a silent wait
+    notice = threading.Timer(1.0, _say, ("reading the prompt from stdin until it is closed (pass the prompt as "
+                                         "an argument instead; Ctrl-C stops)",))
+    notice.daemon = True
+    notice.start()
+    try:
+        # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
+        raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    finally:
+        notice.cancel()
     data = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
     if not data.strip():
         raise UsageError("no prompt: stdin was empty")

@@ -235,3 +235,36 @@ def test_bench_run_all_streams_each_bench_and_shows_progress_only_on_a_terminal(
     assert run_all.run("fake.py") == "first line\nsecond line\n"
     out = capsys.readouterr().out
     assert "first line\nsecond line\n" in out and "\x1b[" not in out
+
+
+# --- waits say what they wait for -------------------------------------------------------------------------
+
+
+def test_a_prompt_read_from_an_open_stdin_says_so(tmp_path):
+    (tmp_path / "probe-fixture.txt").write_text("x\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTFSM_"))}
+    proc = subprocess.Popen([*AGENTFSM, "-p", "--scripted", "read_probe", "--permission-mode", "bypassPermissions",
+                             "--sessions-dir", str(tmp_path / "s")], cwd=tmp_path, env={**env, "HOME": str(tmp_path)},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None and proc.stdin is not None
+        line = proc.stderr.readline()  # said while stdin is still open
+        assert "reading the prompt from stdin until it is closed" in line and "Ctrl-C stops" in line, line
+        proc.stdin.write("what is in the file?")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_retry_wait_is_said_on_stderr_in_text_output(tmp_path):
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"prompt": "hi", "responses": [
+        {"status": 529, "error_type": "overloaded_error", "message": "Overloaded"},
+        {"blocks": [{"type": "text", "text": "fine now"}], "stop_reason": "end_turn"}]}))
+    proc = _run_cli("-p", "hi", "--scripted", str(scenario), "--sessions-dir", str(tmp_path / "s"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "fine now"
+    assert "the API request failed (529: " in proc.stderr and "retrying in" in proc.stderr, proc.stderr
+    assert "Ctrl-C stops" in proc.stderr
