@@ -190,22 +190,29 @@ class HookRunResult:
 
 # What an interpreter or shell prints, alone, when it cannot open the script it was given or find the
 # program: the hook's code never ran. Python and dash exit 2 then, which would otherwise read as the
-# hook's "block" (and the run would tell only the model); bash exits 126/127.
+# hook's "block" (and the run would tell only the model); bash exits 126/127; `python -m` of a module
+# that interpreter does not have exits 1.
 _UNRUNNABLE = re.compile(
     r"\A(?:\S+: )?(?:\d+: |line \d+: )?(?:"
     r"can't open file '(?P<py>[^\n]*)': \[Errno \d+\] (?P<pyerr>[^\n]+)"  # python3 missing.py
     r"|(?:cannot|Can't|can't) open (?P<sh>[^\n:]+): (?P<sherr>[^\n]+)"  # sh missing.sh (dash)
     r"|(?P<bash>[^\n:]+): (?P<basherr>No such file or directory|Permission denied|command not found)"  # bash -c
+    r"|(?:Error while finding module specification for '(?P<mod>[^'\n]+)' \((?P<moderr>[^\n]+)\)"  # python -m
+    r"|No module named (?P<mod2>[^\n]+))"
     r")\n?\Z")
 
 
 def unrunnable_reason(exit_code: int, stderr: str) -> str:
     """Why a command hook that exited ``exit_code`` with ``stderr`` never ran its own code ("" when it
     did): its interpreter could not open the script, or the shell could not find the program."""
-    if exit_code not in (2, 126, 127):
+    if exit_code not in (1, 2, 126, 127):
         return ""
     m = _UNRUNNABLE.match(stderr.strip() + "\n")
     if m is None:
+        return ""
+    if m["mod"] or m["mod2"]:  # `python -m` of a module this interpreter does not have (exit 1)
+        return f"{m['mod'] or m['mod2']}: {m['moderr'] or 'no such module'} for this Python"
+    if exit_code == 1:
         return ""
     what = m["py"] or m["sh"] or m["bash"]
     err = m["pyerr"] or m["sherr"] or m["basherr"]

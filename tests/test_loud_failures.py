@@ -36,6 +36,8 @@ def _run_cli(*argv: str, cwd: Path, env: dict[str, str] | None = None,
     (["sh", "no/such/hook.sh"], 2),           # dash: "cannot open", exit 2
     (["bash", "no/such/hook.sh"], 127),
     (["bash", "-c", "no-such-program-xyz"], 127),
+    ([sys.executable, "-m", "agentfsm_no_such.hook"], 1),   # python -m, a module this interpreter lacks
+    ([sys.executable, "-m", "nosuchmodule_xyz"], 1),
 ])
 def test_an_interpreter_that_cannot_open_the_hook_script_is_not_the_hooks_decision(tmp_path, argv, code):
     proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True)
@@ -43,9 +45,11 @@ def test_an_interpreter_that_cannot_open_the_hook_script_is_not_the_hooks_decisi
     assert unrunnable_reason(proc.returncode, proc.stderr), proc.stderr
 
 
-@pytest.mark.parametrize("stderr", ["denied: rm -rf is not allowed\n", "", "can't open file but I mean it\nline 2\n"])
+@pytest.mark.parametrize("stderr", ["denied: rm -rf is not allowed\n", "", "can't open file but I mean it\nline 2\n",
+                                    "Traceback (most recent call last):\nModuleNotFoundError: No module named 'x'\n"])
 def test_a_hooks_own_exit_2_still_blocks(stderr):
     assert unrunnable_reason(2, stderr) == ""
+    assert unrunnable_reason(1, stderr) == ""
 
 
 async def test_a_missing_hook_script_is_said_once_and_does_not_block(tmp_path):
