@@ -4,7 +4,8 @@ Every matching hook of an event runs concurrently; their answers are combined in
 :class:`HookRunResult`. A command hook gets the event JSON on stdin and nowhere else: the command
 line comes from settings, never from the model, so model-written text cannot reach a shell parser.
 No failure of a hook (crash, bad output, timeout, missing program) escapes this module: each
-becomes a non-blocking error note and the run goes on (docs/behaviour.md §5, §10).
+becomes a non-blocking error note and the run goes on (docs/behaviour.md §5, §10). A hook that never
+ran (its script or program is missing) is also said to the user, and a PreToolUse one fails closed.
 """
 
 from __future__ import annotations
@@ -202,6 +203,12 @@ _UNRUNNABLE = re.compile(
     r")\n?\Z")
 
 
+_SKIPPED = "It was skipped (its exit status is not taken as the hook's decision)."
+# what a hook that cannot run does to its event: a permission hook fails closed, the others are skipped
+_UNRUNNABLE_EFFECT = {HookEvent.PRE_TOOL_USE: "The tool call it guards was denied (fail closed) and the model "
+                                              "was told the hook could not run."}
+
+
 def unrunnable_reason(exit_code: int, stderr: str) -> str:
     """Why a command hook that exited ``exit_code`` with ``stderr`` never ran its own code ("" when it
     did): its interpreter could not open the script, or the shell could not find the program."""
@@ -274,6 +281,13 @@ def combine(event: str, results: Sequence[HookResult], duration_ms: float = 0.0)
 
     for r in results:
         errors.extend(f"{r.hook}: {n}" for n in r.notes)
+        if r.unrunnable and event == HookEvent.PRE_TOOL_USE:
+            # fail closed: a permission hook that cannot run cannot approve the call (Claude Code denies
+            # it too when the interpreter exits 2; here the program-not-found exits deny as well)
+            blocked = True
+            reasons.append(f"PreToolUse hook error: [{r.hook}] could not run ({r.unrunnable}); the call is denied "
+                           "because a hook that cannot run cannot approve it")
+            continue
         if r.outcome == "blocking":
             text = r.stderr.strip() or f"hook {r.hook!r} exited with status 2 and no stderr"
             if event in BLOCKING_EVENTS:
@@ -461,10 +475,11 @@ class HookRunner:
             self._warned.add(result.hook)
             where = f" (configured in {hook.source})" if isinstance(hook, CommandHook) and hook.source else ""
             cwd = record.cwd or self.project_dir
+            effect = _UNRUNNABLE_EFFECT.get(record.event, _SKIPPED)
             _tell_user(self.warn, f"agentfsm: warning: the {record.event} hook `{result.hook}`{where} could not run: "
-                                  f"{result.unrunnable}. It was skipped (not treated as a block). A relative path "
-                                  f"is resolved from the session's working directory, {cwd}: use an absolute "
-                                  "path, or \"$CLAUDE_PROJECT_DIR\"/… for a script in the project.")
+                                  f"{result.unrunnable}. {effect} A relative path is resolved from the session's "
+                                  f"working directory, {cwd}: use an absolute path, or \"$CLAUDE_PROJECT_DIR\"/… "
+                                  "for a script in the project.")
         return result
 
     async def _run_command(self, hook: CommandHook, record: HookInput) -> HookResult:

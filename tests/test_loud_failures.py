@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentfsm.hooks.inputs import PreToolUseInput
+from agentfsm.hooks.inputs import PostToolUseInput, PreToolUseInput
 from agentfsm.hooks.runner import CommandHook, HookMatcher, HookRunner, unrunnable_reason
 
 AGENTFSM = [sys.executable, "-m", "agentfsm"]
@@ -52,34 +52,58 @@ def test_a_hooks_own_exit_2_still_blocks(stderr):
     assert unrunnable_reason(1, stderr) == ""
 
 
-async def test_a_missing_hook_script_is_said_once_and_does_not_block(tmp_path):
+async def test_a_missing_hook_script_is_said_once_and_a_permission_hook_fails_closed(tmp_path):
     said: list[str] = []
     hook = CommandHook(command="python3 hooks/examples/no_such_hook.py", source=str(tmp_path / "settings.json"))
-    runner = HookRunner({"PreToolUse": [HookMatcher(None, [hook])]}, project_dir=tmp_path, warn=said.append)
+    matchers = [HookMatcher(None, [hook])]
+    runner = HookRunner({"PreToolUse": matchers, "PostToolUse": matchers}, project_dir=tmp_path, warn=said.append)
     record = PreToolUseInput(tool_name="Bash", tool_input={"command": "ls"}, tool_use_id="t1", session_id="s",
                              cwd=str(tmp_path))
     first = await runner.run(record)
     second = await runner.run(record)
-    assert not first.blocked and not second.blocked
+    # PreToolUse: denied as a hook error (fail closed), never as the hook's own decision
+    assert first.blocked and second.blocked
+    assert first.reason.startswith("PreToolUse hook error: [python3 hooks/examples/no_such_hook.py] could not run")
     assert first.results[0].outcome == "non_blocking_error"
-    assert len(said) == 1, said
-    assert "could not run" in said[0] and "no_such_hook.py" in said[0]
+    assert len(said) == 1, said  # once per hook
+    assert "could not run" in said[0] and "no_such_hook.py" in said[0] and "denied (fail closed)" in said[0]
     assert "CLAUDE_PROJECT_DIR" in said[0] and "settings.json" in said[0]
+    post = PostToolUseInput(tool_name="Bash", tool_input={"command": "ls"}, tool_use_id="t1", tool_response="x",
+                            session_id="s", cwd=str(tmp_path))
+    after = await runner.run(post)
+    assert not after.blocked and not after.user_messages  # its exit 2 is not a PostToolUse "block" either
 
 
-def test_cli_a_missing_hook_script_is_on_stderr_and_the_tool_still_runs(tmp_path):
+def _missing_hook_run(tmp_path: Path, event: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"prompt": "list", "responses": [
         {"blocks": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "echo ran-it"}}],
          "stop_reason": "tool_use"},
         {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}]}))
-    settings = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
+    settings = {"hooks": {event: [{"matcher": "Bash", "hooks": [
         {"type": "command", "command": "python3 hooks/examples/audit_log.py"}]}]}}
     proc = _run_cli("-p", "list", "--scripted", str(scenario), "--settings", json.dumps(settings),
-                    "--permission-mode", "bypassPermissions", "--output-format", "json", cwd=tmp_path)
+                    "--permission-mode", "bypassPermissions", "--output-format", "stream-json", "--verbose",
+                    cwd=tmp_path)
+    return proc, [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_cli_a_missing_permission_hook_is_on_stderr_and_denies_the_call(tmp_path):
+    proc, messages = _missing_hook_run(tmp_path, "PreToolUse")
     assert proc.returncode == 0, proc.stderr
     assert "hooks/examples/audit_log.py" in proc.stderr and "could not run" in proc.stderr
-    assert json.loads(proc.stdout)["result"] == "done"
+    results = [b for m in messages if m["type"] == "user" for b in m["message"]["content"]]
+    assert results[0]["is_error"] and "could not run" in str(results[0]["content"])
+    assert "ran-it" not in str(results[0]["content"])  # the command never ran
+
+
+def test_cli_a_missing_post_tool_hook_is_on_stderr_and_the_run_goes_on(tmp_path):
+    proc, messages = _missing_hook_run(tmp_path, "PostToolUse")
+    assert proc.returncode == 0, proc.stderr
+    assert "hooks/examples/audit_log.py" in proc.stderr and "skipped" in proc.stderr
+    results = [b for m in messages if m["type"] == "user" for b in m["message"]["content"]]
+    assert "ran-it" in str(results[0]["content"]) and not results[0].get("is_error")
+    assert messages[-1]["result"] == "done"
 
 
 # --- resume of a file that is not a session; settings that do not load ----------------------------------
