@@ -653,7 +653,7 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
     script's choice; a caller that goes on — tests, an embedding program — keeps it off)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        return _subcommand(argv[0], argv[1:])
+        return _subcommand(argv[0], argv[1:], exit_at_once=exit_at_once)
     parser = build_parser()
     try:
         _refuse_misspelt_subcommand(argv)
@@ -694,7 +694,7 @@ def _version() -> str:
     return __version__
 
 
-def _subcommand(name: str, argv: list[str]) -> int:
+def _subcommand(name: str, argv: list[str], *, exit_at_once: bool = False) -> int:
     if name == "demo":
         from agentfsm.demo import main as demo_main
 
@@ -714,7 +714,10 @@ def _subcommand(name: str, argv: list[str]) -> int:
         except ImportError as exc:
             sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
             return 2
-        return (worker_main if name == "worker" else batch_main)(argv)
+        code = (worker_main if name == "worker" else batch_main)(argv)
+        if exit_at_once:
+            _exit_now(code)  # no interpreter finalisation under the Temporal core's threads (see _run_temporal)
+        return code
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)
