@@ -186,4 +186,10 @@ def main(argv: Sequence[str] = ()) -> int:
             sessions = args.trace_dir.resolve()
         else:
             sessions = (base / "sessions") if args.keep else default_trace_dir()
+        try:
+            sessions.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            sys.stderr.write(f"agentfsm demo: cannot keep the session file in {sessions}: {exc.strerror or exc}; "
+                             "give another folder with --trace-dir DIR\n")
+            return 1
         return asyncio.run(_run(workspace, sessions))

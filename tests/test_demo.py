@@ -49,3 +49,11 @@ def test_the_demo_keeps_its_session_file_under_the_users_home(tmp_path):
     traces = list((tmp_path / "home" / ".agentfsm" / "demo").glob("*.jsonl"))
     assert len(traces) == 1, proc.stdout
     assert not (tmp_path / ".agentfsm").exists()  # nothing in the folder the user ran it from
+
+
+def test_a_trace_dir_that_cannot_be_made_is_said(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    proc = _demo(tmp_path, "--trace-dir", str(tmp_path / "file" / "traces"))
+    assert proc.returncode == 1
+    assert "cannot keep the session file in" in proc.stderr and "--trace-dir" in proc.stderr
+    assert "Traceback" not in proc.stderr
