@@ -20,8 +20,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -33,15 +35,64 @@ ORACLE = Path("/work/scratch/cc/node_modules/@anthropic-ai/claude-code/bin/claud
 Row = tuple[str, str, str, str, str]  # what, measured, baseline (same run), goal, met
 
 
+class Steps:
+    """Progress over the benches (rich): on a terminal, a bar with the bench running, how many are done
+    and the time spent, below the benches' own output as it comes; not on a terminal, nothing but
+    that output (a log file or CI gets no control sequences)."""
+
+    def __init__(self, total: int) -> None:
+        self.progress: Any = None
+        self.task: Any = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+            self.task = self.progress.add_task("benches", total=total)
+
+    def __enter__(self) -> Steps:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def start(self, what: str) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, description=f"{what} (Ctrl-C stops)")
+
+    def done(self) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task)
+
+
+STEPS: Steps | None = None
+
+
 def run(script: str, *args: str) -> str:
-    """The bench's stdout (also echoed), or '' when it failed."""
+    """The bench's stdout (echoed line by line as it comes), or '' when it failed."""
     cmd = [sys.executable, str(HERE / script), *args]
     print(f"$ {' '.join(cmd[1:])}", flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    print(proc.stdout, flush=True)
-    if proc.returncode != 0:
-        print(f"  ({script} exited {proc.returncode}: {proc.stderr[-800:]})", flush=True)
-    return proc.stdout
+    if STEPS is not None:
+        STEPS.start(" ".join(cmd[1:2]).rsplit("/", 1)[-1] + (" " + " ".join(args) if args else ""))
+    with tempfile.TemporaryFile(mode="w+") as err, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            print(line, end="", flush=True)
+        code = proc.wait(timeout=1800)
+        err.seek(0)
+        tail = err.read()[-800:]
+    if STEPS is not None:
+        STEPS.done()
+    if code != 0:
+        print(f"  ({script} exited {code}: {tail})", flush=True)
+    return "".join(lines)
 
 
 def grab(pattern: str, text: str, conv: Callable[[str], float] = float) -> float | None:
@@ -155,6 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-claude", action="store_true")
     args = ap.parse_args(argv)
     q = args.quick
+    global STEPS
+    STEPS = Steps(total=8)
+    with STEPS:
+        rows = _measure(args, q)
+    print(f"machine: {machine()}")
+    print(table(rows))
+    return 0
+
+
+def _measure(args: argparse.Namespace, q: bool) -> list[Row]:
     rows: list[Row] = []
     claude = claude_path(args.claude, args.no_claude)
     rows += cli_rows(run("cli.py", "--repeats", "3" if q else "5", "--claude-repeats", "3" if q else "5",
@@ -165,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in ("default", "tuned"):
         rows += sessions_rows(run("sessions.py", "--scale", "--gc", mode), mode)
     rows += critical_rows(run("critical_path.py", "--repeats", "3" if q else "5"))
-    print(f"machine: {machine()}")
-    print(table(rows))
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

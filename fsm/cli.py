@@ -64,7 +64,26 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a bad command line is a :class:`UsageError` (exit 1, like Claude Code's)."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+        raise UsageError(message + self._suggestion(message))
+
+    def _suggestion(self, message: str) -> str:
+        """``unrecognized arguments: --outpt-format json`` → the flag that was meant (abbreviations are
+        refused, so a near miss says which flag it is near)."""
+        import difflib
+
+        prefix = "unrecognized arguments: "
+        if not message.startswith(prefix):
+            return ""
+        known = [o for a in self._actions for o in a.option_strings
+                 if o.startswith("--") and a.help is not argparse.SUPPRESS]
+        hints = []
+        for word in message[len(prefix):].split():
+            flag = word.split("=", 1)[0]
+            if flag.startswith("--"):
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
+                if close:
+                    hints.append(f"{flag} → {close[0]}")
+        return f" (did you mean: {', '.join(hints)}?)" if hints else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
                    help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
     p.add_argument("--task-queue", default="agentfsm", help="the workers' task queue (with --temporal)")
+    p.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="with --temporal: how long to wait for a worker to take the session (default 60)")
     return p
 
 
@@ -268,6 +289,12 @@ class Printer:
             msg = {**msg, "uuid": str(uuid.uuid4())}
         if self.decorate is not None:
             msg = self.decorate(msg)
+        if msg.get("type") == "system" and msg.get("subtype") == "api_retry" and self.fmt != "stream-json":
+            # text and json print only the result: a retry wait would be silent, so it is said on stderr
+            delay = (msg.get("retry_delay_ms") or 0) / 1000
+            status = msg.get("error_status") or "no answer"
+            _say(f"the API request failed ({status}: {printable(str(msg.get('error') or ''))[:200]}); retrying in "
+                 f"{delay:.1f} s (attempt {msg.get('attempt')} of {msg.get('max_retries')}; Ctrl-C stops)")
         if self.fmt == "stream-json":
             init = msg.get("type") == "system" and msg.get("subtype") == "init"
             if init and self.session_states:
@@ -308,8 +335,18 @@ def _read_prompt(args: argparse.Namespace) -> str | None:
         return None
     if sys.stdin is None or sys.stdin.isatty():
         raise UsageError("no prompt: pass one as an argument or on stdin")
-    # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    import threading
+
+    # a pipe that stays open (a script that forgot `< /dev/null`) would be a silent wait
+    notice = threading.Timer(1.0, _say, ("reading the prompt from stdin until it is closed (pass the prompt as "
+                                         "an argument instead; Ctrl-C stops)",))
+    notice.daemon = True
+    notice.start()
+    try:
+        # bytes that are not UTF-8 become lone surrogates (data, escaped wherever they are written)
+        raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    finally:
+        notice.cancel()
     data = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
     if not data.strip():
         raise UsageError("no prompt: stdin was empty")
@@ -375,7 +412,7 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
         for flag, given in unsupported:
             if given:
                 raise UsageError(f"{flag} is not supported with --temporal")
-        return await _run_temporal(args, options, prompt)
+        return await _run_temporal(args, options, prompt, exit_at_once=exit_at_once)
     out = Stdout()
     printer = Printer(args.output_format, args.verbose, out, session_states=(
         args.input_format == "stream-json" and os.environ.get("CLAUDE_CODE_SDK_READS_SESSION_STATE") == "1"))
@@ -472,7 +509,26 @@ def _mcp_configs(args: argparse.Namespace, options: Any) -> list[Any]:
         if (c.source == "user" and "user" in options.setting_sources)
         or (c.source == "project" and "project" in options.setting_sources)]
     names = {c.name for c in given}
-    return [c for c in found if c.name not in names] + given
+    servers = [c for c in found if c.name not in names] + given
+    if servers and _mcp_missing():
+        listed = ", ".join(sorted({c.name for c in servers}))
+        if given:
+            raise UsageError(f"MCP servers are configured ({listed}) but the MCP client is not installed: "
+                             "pip install 'agentfsm[mcp]'")
+        # servers of the user's own settings files (~/.claude.json, .mcp.json): the run goes on without them
+        sys.stderr.write(f"agentfsm: warning: the MCP servers of your settings ({listed}) are skipped: the MCP "
+                         "client is not installed (pip install 'agentfsm[mcp]')\n")
+        return []
+    return servers
+
+
+def _mcp_missing() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("mcp") is None
+    except (ImportError, ValueError):
+        return True
 
 
 def _with_mcp_status(mcp: Any) -> Any:
@@ -510,18 +566,40 @@ def _stop_on_signals(session: Any) -> None:
     interrupts = [0]
 
     def on_sigint() -> None:
-        # Ctrl-C is the user's interrupt (block tools finish); pressed again, it stops everything
+        # Ctrl-C in a terminal stops what is running now: the response being streamed and every
+        # running tool (a long Bash command is killed, as the terminal's Ctrl-C would kill it), then
+        # the run ends and is recorded. (The SDK's `interrupt` request, which lets `block` tools finish,
+        # is a different path: agentfsm.control.) Pressed again, the process exits at once.
         interrupts[0] += 1
-        (session.interrupt if interrupts[0] == 1 else session.abort)()
+        if interrupts[0] == 1:
+            _say("interrupted: stopping the model and any running tool; press Ctrl-C again to exit at once")
+            session.abort()
+            return
+        _say("exiting now; the session file holds the run up to the interrupt")
+        with contextlib.suppress(Exception):
+            session.trace.flush()
+        _exit_now(130)
 
-    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, session.abort)):
+    def on_sigterm() -> None:
+        _say("terminated: stopping the run")
+        session.abort()
+
+    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm)):
         try:
             loop.add_signal_handler(sig, handler)
         except (NotImplementedError, RuntimeError):
             break
 
 
-async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None) -> int:
+def _say(text: str) -> None:
+    """A line for the user on stderr (stdout is the headless protocol's channel)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"agentfsm: {text}\n")
+        sys.stderr.flush()
+
+
+async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | None, *,
+                        exit_at_once: bool = False) -> int:
     """The same run as a workflow on Temporal workers (agentfsm.temporal), printed the same way."""
     from agentfsm.resume import plan_session
 
@@ -541,8 +619,16 @@ async def _run_temporal(args: argparse.Namespace, options: Any, prompt: str | No
         from agentfsm.temporal.commands import print_run
     except ImportError as exc:
         raise UsageError(f"--temporal needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})") from None
-    return await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
-                           Printer(args.output_format, args.verbose), scripted=scripted)
+    code = await print_run(args.temporal, args.task_queue, options, plan_session(options), prompt,
+                           Printer(args.output_format, args.verbose), scripted=scripted,
+                           worker_timeout=args.worker_timeout)
+    if exit_at_once:
+        # The Temporal client's core runtime keeps native threads that call into Python; letting the
+        # interpreter finalise under them can end in "Fatal Python error: PyGILState_Release"
+        # (temporalio sdk-python#300; `agentfsm worker` ends the same way for the same reason). The
+        # result is printed and the session lives on the workers: nothing is left to tear down.
+        _exit_now(code)
+    return code
 
 
 def _exit_now(code: int) -> None:
@@ -569,7 +655,7 @@ def main(argv: Sequence[str] | None = None, *, exit_at_once: bool = False) -> in
     script's choice; a caller that goes on — tests, an embedding program — keeps it off)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        return _subcommand(argv[0], argv[1:])
+        return _subcommand(argv[0], argv[1:], exit_at_once=exit_at_once)
     parser = build_parser()
     try:
         _refuse_misspelt_subcommand(argv)
@@ -610,7 +696,7 @@ def _version() -> str:
     return __version__
 
 
-def _subcommand(name: str, argv: list[str]) -> int:
+def _subcommand(name: str, argv: list[str], *, exit_at_once: bool = False) -> int:
     if name == "demo":
         from agentfsm.demo import main as demo_main
 
@@ -630,12 +716,19 @@ def _subcommand(name: str, argv: list[str]) -> int:
         except ImportError as exc:
             sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
             return 2
+<<<<<<< HEAD
         return (worker_main if name == "worker" else batch_main)(argv)
     if any(a == "--html" or a.startswith("--html=") for a in argv):
         # the page (agentfsm.report) sits above the auditor and the diagrams; the auditor cannot import it
         from agentfsm.report import main as report_main
 
         return report_main(argv)
+=======
+        code = (worker_main if name == "worker" else batch_main)(argv)
+        if exit_at_once:
+            _exit_now(code)  # no interpreter finalisation under the Temporal core's threads (see _run_temporal)
+        return code
+>>>>>>> newcomer
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)

@@ -17,12 +17,6 @@ import structlog
 
 _sink: IO[str] | None = None
 
-try:  # structlog keeps its global configuration here; only read, to notice a reconfiguration
-    from structlog._config import _CONFIG as _STRUCTLOG_CONFIG
-except ImportError:  # pragma: no cover - a structlog without it: loggers are rebuilt per call
-    _STRUCTLOG_CONFIG = None
-
-
 def configure(mode: str = "off", *, file: Path | None = None, level: str = "info") -> None:
     """``mode``: ``off`` (drop everything), ``json`` (JSON lines to ``file`` or stderr), ``console``
     (human-readable to stderr). Safe to call again; the last call wins."""
@@ -57,12 +51,11 @@ def configure(mode: str = "off", *, file: Path | None = None, level: str = "info
     )
 
 
-def _config_key() -> tuple[Any, ...] | None:
-    cfg = _STRUCTLOG_CONFIG
-    if cfg is None:
-        return None
-    return (cfg.default_wrapper_class, cfg.default_processors, cfg.logger_factory,
-            cfg.default_context_class)
+def _config_key() -> tuple[Any, ...]:
+    """The configuration's objects, through structlog's public ``get_config()`` (the objects
+    themselves, not copies): a reconfiguration replaces at least one of them."""
+    cfg = structlog.get_config()
+    return (cfg["wrapper_class"], cfg["processors"], cfg["logger_factory"], cfg["context_class"])
 
 
 class ModuleLogger:
@@ -87,7 +80,7 @@ class ModuleLogger:
         if not structlog.is_configured():
             return _DROP  # nobody configured logging: drop, without configuring anything globally
         key = _config_key()
-        if key is None or key != self._key or self._logger is None:
+        if key != self._key or self._logger is None:
             self._logger = structlog.get_logger(self._name).bind(**self._context)
             self._key = key
         return self._logger

@@ -58,7 +58,8 @@ class Options:
     resume: str | None = None
     continue_session: bool = False
     fork_session: bool = False
-    sessions_dir: Path | None = None
+    # a str is a path, as for cwd
+    sessions_dir: Path | None = attrs.field(default=None, converter=lambda p: None if p is None else Path(p))
     json_schema: Mapping[str, Any] | None = None
     # stream-json `stream_event` lines (each raw stream event) and `system`/`status` before each request,
     # as Claude Code prints them with --include-partial-messages

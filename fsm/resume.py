@@ -248,6 +248,18 @@ def heal_tail(path: Path) -> int:
         return size
 
 
+def not_a_session(path: Path) -> str | None:
+    """Why ``path`` cannot be resumed as an agentfsm session (None when it can): it is empty, or its
+    first record is not the ``session`` header every session file starts with (another program's
+    JSONL, a Claude Code transcript). Resuming such a file would start from nothing and append to it."""
+    for _, rec in numbered_records(path):
+        if rec.get("type") == "session" and isinstance(rec.get("session_id"), str):
+            return None
+        return (f"is not an agentfsm session file (its first record is of type {rec.get('type')!r}, not the "
+                "'session' header)")
+    return "holds no conversation (it is empty, or has no record agentfsm can read)"
+
+
 @attrs.frozen
 class SessionPlan:
     """What :func:`open_session` will do: ``source`` is the session file to resume or fork (None
@@ -278,6 +290,9 @@ def plan_session(options: Options) -> SessionPlan:
     path = directory / f"{source_id}.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"No conversation found with session ID: {source_id}")
+    if (problem := not_a_session(path)) is not None:
+        raise ValueError(f"Cannot resume {source_id}: {path} {problem}. Nothing was written to it; "
+                         "start a new session instead (leave out --resume/--continue).")
     if options.session_id and not options.fork_session:
         raise ValueError("--session-id can only be used with --continue or --resume if --fork-session "
                          "is also specified.")

@@ -70,13 +70,14 @@ class Session:
         self.sessions_dir: Path = sessions_dir(options)
         self.trace_path: Path | None = (
             self.sessions_dir / f"{self.session_id}.jsonl") if options.write_trace else None
-        # one writer per session: the file is locked (agentfsm.trace.lock_session_file); a resume
-        # passes the handle it locked before it read the file
-        self.trace = TraceWriter(self.trace_path, handle=trace_handle if self.trace_path is not None else None)
-        # fails closed: settings or hooks that cannot be loaded stop the session here
+        # fails closed: settings or hooks that cannot be loaded stop the session here — before the
+        # session file exists, so a bad input leaves nothing behind
         self.gate, self.registry = build_policy(
             options, registry if registry is not None else build_registry(options), session_id=self.session_id,
             transcript_path=str(self.trace_path or ""))
+        # one writer per session: the file is locked (agentfsm.trace.lock_session_file); a resume
+        # passes the handle it locked before it read the file
+        self.trace = TraceWriter(self.trace_path, handle=trace_handle if self.trace_path is not None else None)
         self.hooks: Any = self.gate
         # the kernel sandbox of the model's commands (agentfsm.hooks.sandbox), when the gate has one
         self.sandbox: Any = getattr(self.gate, "sandbox", None)

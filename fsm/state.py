@@ -180,7 +180,8 @@ def _parse_number(name: str, raw: str, kind: type) -> Any:
     try:
         return kind(raw)
     except ValueError:
-        raise ValueError(f"limit {name} takes a {kind.__name__}, got {raw!r}") from None
+        what = "a whole number" if kind is int else "a number"
+        raise ValueError(f"limit {name} takes {what}, got {raw!r}") from None
 
 
 def _block_tuple(value: Any) -> tuple[Mapping[str, Any], ...]:

@@ -4,7 +4,8 @@ Every matching hook of an event runs concurrently; their answers are combined in
 :class:`HookRunResult`. A command hook gets the event JSON on stdin and nowhere else: the command
 line comes from settings, never from the model, so model-written text cannot reach a shell parser.
 No failure of a hook (crash, bad output, timeout, missing program) escapes this module: each
-becomes a non-blocking error note and the run goes on (docs/behaviour.md §5, §10).
+becomes a non-blocking error note and the run goes on (docs/behaviour.md §5, §10). A hook that never
+ran (its script or program is missing) is also said to the user, and a PreToolUse one fails closed.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import re
 import signal
+import sys
 import tempfile
 import time
 import uuid
@@ -157,6 +159,9 @@ class HookResult:
     plain_output: str = ""  # exit-0 stdout that was not a JSON object
     notes: tuple[str, ...] = ()
     duration_ms: float = 0.0
+    # why the hook's own code never ran (its program or script is missing, not executable): a
+    # configuration mistake the user has to fix, never the hook's decision
+    unrunnable: str = ""
 
 
 @attrs.frozen
@@ -184,6 +189,43 @@ class HookRunResult:
     duration_ms: float = 0.0
 
 
+# What an interpreter or shell prints, alone, when it cannot open the script it was given or find the
+# program: the hook's code never ran. Python and dash exit 2 then, which would otherwise read as the
+# hook's "block" (and the run would tell only the model); bash exits 126/127; `python -m` of a module
+# that interpreter does not have exits 1.
+_UNRUNNABLE = re.compile(
+    r"\A(?:\S+: )?(?:\d+: |line \d+: )?(?:"
+    r"can't open file '(?P<py>[^\n]*)': \[Errno \d+\] (?P<pyerr>[^\n]+)"  # python3 missing.py
+    r"|(?:cannot|Can't|can't) open (?P<sh>[^\n:]+): (?P<sherr>[^\n]+)"  # sh missing.sh (dash)
+    r"|(?P<bash>[^\n:]+): (?P<basherr>No such file or directory|Permission denied|command not found)"  # bash -c
+    r"|(?:Error while finding module specification for '(?P<mod>[^'\n]+)' \((?P<moderr>[^\n]+)\)"  # python -m
+    r"|No module named (?P<mod2>[^\n]+))"
+    r")\n?\Z")
+
+
+_SKIPPED = "It was skipped (its exit status is not taken as the hook's decision)."
+# what a hook that cannot run does to its event: a permission hook fails closed, the others are skipped
+_UNRUNNABLE_EFFECT = {HookEvent.PRE_TOOL_USE: "The tool call it guards was denied (fail closed) and the model "
+                                              "was told the hook could not run."}
+
+
+def unrunnable_reason(exit_code: int, stderr: str) -> str:
+    """Why a command hook that exited ``exit_code`` with ``stderr`` never ran its own code ("" when it
+    did): its interpreter could not open the script, or the shell could not find the program."""
+    if exit_code not in (1, 2, 126, 127):
+        return ""
+    m = _UNRUNNABLE.match(stderr.strip() + "\n")
+    if m is None:
+        return ""
+    if m["mod"] or m["mod2"]:  # `python -m` of a module this interpreter does not have (exit 1)
+        return f"{m['mod'] or m['mod2']}: {m['moderr'] or 'no such module'} for this Python"
+    if exit_code == 1:
+        return ""
+    what = m["py"] or m["sh"] or m["bash"]
+    err = m["pyerr"] or m["sherr"] or m["basherr"]
+    return f"{what.strip()}: {err.strip()}"
+
+
 def interpret_command_result(event: str, exit_code: int, stdout: str,
                              stderr: str) -> tuple[Outcome, HookOutput | None, str, tuple[str, ...]]:
     """Map a finished command hook to (outcome, parsed JSON answer, plain stdout, notes).
@@ -191,6 +233,9 @@ def interpret_command_result(event: str, exit_code: int, stdout: str,
     Exit 0: stdout is the answer if it is a JSON object, plain text otherwise. Exit 2: blocking,
     stdout ignored (stderr is the reason). Anything else: a non-blocking error.
     """
+    if exit_code != 0 and (missing := unrunnable_reason(exit_code, stderr)):
+        return "non_blocking_error", None, "", (f"could not run (exit status {exit_code}: {missing}); "
+                                                      "not treated as the hook's decision",)
     if exit_code == 0:
         text = stdout.strip()
         if text.startswith("{"):
@@ -236,6 +281,13 @@ def combine(event: str, results: Sequence[HookResult], duration_ms: float = 0.0)
 
     for r in results:
         errors.extend(f"{r.hook}: {n}" for n in r.notes)
+        if r.unrunnable and event == HookEvent.PRE_TOOL_USE:
+            # fail closed: a permission hook that cannot run cannot approve the call (Claude Code denies
+            # it too when the interpreter exits 2; here the program-not-found exits deny as well)
+            blocked = True
+            reasons.append(f"PreToolUse hook error: [{r.hook}] could not run ({r.unrunnable}); the call is denied "
+                           "because a hook that cannot run cannot approve it")
+            continue
         if r.outcome == "blocking":
             text = r.stderr.strip() or f"hook {r.hook!r} exited with status 2 and no stderr"
             if event in BLOCKING_EVENTS:
@@ -348,8 +400,13 @@ class HookRunner:
     """
 
     def __init__(self, hooks: Mapping[str, Sequence[HookMatcher]] | None = None, *,
-                 project_dir: str | Path = ".", env: Mapping[str, str] | None = None) -> None:
+                 project_dir: str | Path = ".", env: Mapping[str, str] | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
         self._hooks: dict[str, list[HookMatcher]] = {}
+        # told, once per hook, when a command hook cannot run at all (its script or program is
+        # missing): the user's configuration is wrong and only the user can fix it. stderr by default.
+        self.warn: Callable[[str], None] = warn or _warn_stderr
+        self._warned: set[str] = set()
         # told when each command hook starts and how it ended (stream-json's hook_started and
         # hook_response, as Claude Code prints them with --include-hook-events)
         self.observer: Callable[[dict[str, Any]], None] | None = None
@@ -414,6 +471,15 @@ class HookRunner:
         )
         if observed is not None and started is not None:
             _tell(observed, hook_response_message(started, result))
+        if result.unrunnable and result.hook not in self._warned:
+            self._warned.add(result.hook)
+            where = f" (configured in {hook.source})" if isinstance(hook, CommandHook) and hook.source else ""
+            cwd = record.cwd or self.project_dir
+            effect = _UNRUNNABLE_EFFECT.get(record.event, _SKIPPED)
+            _tell_user(self.warn, f"agentfsm: warning: the {record.event} hook `{result.hook}`{where} could not run: "
+                                  f"{result.unrunnable}. {effect} A relative path is resolved from the session's "
+                                  f"working directory, {cwd}: use an absolute path, or \"$CLAUDE_PROJECT_DIR\"/… "
+                                  "for a script in the project.")
         return result
 
     async def _run_command(self, hook: CommandHook, record: HookInput) -> HookResult:
@@ -437,7 +503,7 @@ class HookRunner:
                 )
             except OSError as exc:
                 return HookResult(label, "command", "non_blocking_error", notes=(f"could not start: {exc}",),
-                                  duration_ms=elapsed())
+                                  duration_ms=elapsed(), unrunnable=f"could not start: {exc.strerror or exc}")
             feed = asyncio.ensure_future(_feed(proc, data))
             try:
                 await asyncio.wait_for(asyncio.shield(proc.wait()), hook.timeout)
@@ -463,7 +529,8 @@ class HookRunner:
         code = proc.returncode if proc.returncode is not None else -1
         outcome, output, plain, notes = interpret_command_result(record.event, code, stdout, stderr)
         return HookResult(label, "command", outcome, exit_code=code, stdout=stdout, stderr=stderr,
-                          output=output, plain_output=plain, notes=notes, duration_ms=elapsed())
+                          output=output, plain_output=plain, notes=notes, duration_ms=elapsed(),
+                          unrunnable=unrunnable_reason(code, stderr) if code else "")
 
     async def _run_python(self, fn: HookFn, timeout: float, record: HookInput) -> HookResult:
         label = _hook_label(fn)
@@ -533,6 +600,18 @@ def _tell(observer: Callable[[dict[str, Any]], None], message: dict[str, Any]) -
         observer(message)
     except Exception as exc:
         log.warning("hook.observer_failed", error=repr(exc))
+
+
+def _warn_stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def _tell_user(warn: Callable[[str], None], text: str) -> None:
+    try:
+        warn(text)
+    except Exception as exc:  # a closed stderr must not sink the turn
+        log.warning("hook.warn_failed", error=repr(exc))
 
 
 async def _as_coro(value: Awaitable[Any]) -> Any:

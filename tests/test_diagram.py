@@ -298,11 +298,15 @@ def test_committed_diagrams_are_current() -> None:
     if root is None:
         pytest.skip("not running from a checkout")
     assert diagram.check(root / "diagrams") == []
-    assert diagram.readme_problems(root / "README.md") == []
-    readme = (root / "README.md").read_text()
+    pages = diagram.embedding_pages(root)
+    assert pages[0] == root / "docs" / "loop.md"
+    assert [p for page in pages for p in diagram.readme_problems(page)] == []
+    loop = (root / "docs" / "loop.md").read_text()
     for view in diagram.VIEWS:
-        assert f"diagrams/{view}.png" in readme or f"diagrams/{view}.svg" in readme, view
-    assert "agentfsm diagram" in readme and "--check" in readme
+        assert f"diagrams/{view}.png" in loop or f"diagrams/{view}.svg" in loop, view
+    assert "agentfsm diagram" in loop and "--check" in loop
+    readme = (root / "README.md").read_text()
+    assert "](diagrams/overview.svg)" in readme  # the README shows the picture, the page embeds the Mermaid
 
 
 def test_readme_block_is_rewritten_in_place(tmp_path: Path) -> None:
@@ -320,12 +324,12 @@ def test_without_a_renderer_pictures_are_reported_not_faked(tmp_path: Path, monk
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(rendering, "renderer", lambda: None)
     monkeypatch.setattr(diagram, "renderer", lambda: None)
-    with pytest.raises(diagram.DiagramError, match="pip install pygraphviz"):
+    with pytest.raises(diagram.DiagramError, match=r"pip install .agentfsm\[diagrams\]."):
         diagram.render(diagram.render_dot(), "svg")
     assert diagram.main(["--out", str(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert f"{tmp_path / 'overview.png'}: missing" in captured.err
-    assert "pip install pygraphviz" in captured.err
+    assert "pip install 'agentfsm[diagrams]'" in captured.err
     assert not (tmp_path / "overview.svg").exists()
     assert (tmp_path / "overview.dot").read_text() == diagram.render_dot()
 

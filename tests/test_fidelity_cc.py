@@ -9,7 +9,7 @@ shape of the history sent back (the blocks other than tool_results), the tools o
 fields, the files left in ``ws/`` and ``out/``, and the number of model requests.
 
 A difference fails the test unless ``tests/fidelity/accepted.json`` lists it, with why (the same
-reasons are in the README's differences section). Normalised before comparing, because they are not
+reasons are in docs/compatibility.md). Normalised before comparing, because they are not
 about tools: Claude Code's ``<total_tokens>`` budget reminder (and the right-trim it does before
 adding it), the preamble reminders of the first message, the saved path of a persisted output
 (random in Claude Code), and the echo of a tool_use's input (Claude Code echoes it parsed, with

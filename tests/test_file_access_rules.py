@@ -118,12 +118,12 @@ def test_a_walk_checks_exactly_its_budget_and_denies_past_it(tmp_path: Path, mon
 
 
 def test_the_walk_limits_are_the_documented_ones() -> None:
-    """README, "Security": 200 000 entries to find a hard link's other names, 100 000 below a directory,
+    """docs/deny-rules.md: 200 000 entries to find a hard link's other names, 100 000 below a directory,
     10 000 paths a glob in a command expands to."""
     assert (file_access.HARDLINK_WALK_LIMIT, file_access.WALK_LIMIT, file_access.GLOB_LIMIT) == \
         (200_000, 100_000, 10_000)
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "(200 000, 100 000 and 10 000 entries)" in readme
+    page = (Path(__file__).resolve().parents[1] / "docs" / "deny-rules.md").read_text()
+    assert "(200 000, 100 000 and 10 000 entries)" in page
 
 
 @pytest.mark.parametrize("extra", [0, 1])

@@ -33,6 +33,7 @@ def _run(args: list[str], cwd: Path, extra_path: Path | None = None) -> subproce
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(extra_path), env.get("PYTHONPATH")]))
     env.pop("ANTHROPIC_API_KEY", None)
+    env["AGENTFSM_HOME"] = str(cwd / "agentfsm-home")  # the demo's session file stays in the test's folder
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -166,13 +166,19 @@ async def test_other_exit_codes_are_non_blocking_errors(tmp_path: Path) -> None:
     assert "exit status 1" in res.errors[0] and "oops" in res.errors[0]
 
 
-async def test_missing_program_is_a_non_blocking_error(tmp_path: Path) -> None:
+async def test_missing_program_is_a_non_blocking_error_and_a_permission_hook_fails_closed(tmp_path: Path) -> None:
     hooks = [CommandHook(args=["/nonexistent/agentfsm-hook"]), CommandHook("no-such-command-agentfsm")]
-    res = await runner("PreToolUse", *hooks, tmp=tmp_path).run(pre())
-    assert not res.blocked
-    assert [r.outcome for r in res.results] == ["non_blocking_error", "non_blocking_error"]
-    assert "could not start" in res.errors[0]
-    assert "exit status 127" in res.errors[1]
+    said: list[str] = []
+    for event, record in (("PreToolUse", pre()), ("PostToolUse", PostToolUseInput(
+            tool_name="Bash", tool_input={"command": "ls"}, tool_use_id="toolu_1", tool_response="x"))):
+        run = HookRunner({event: [HookMatcher(None, hooks)]}, project_dir=tmp_path, warn=said.append)
+        res = await run.run(record)
+        # a hook that never ran is no decision: the permission hook fails closed, the others are skipped
+        assert res.blocked == (event == "PreToolUse")
+        assert [r.outcome for r in res.results] == ["non_blocking_error", "non_blocking_error"]
+        assert "could not start" in res.errors[0]
+        assert "exit status 127" in res.errors[1]
+    assert len(said) == 4 and all("could not run" in s for s in said)
 
 
 async def test_plain_stdout_is_context_only_for_prompt_and_session_start(tmp_path: Path) -> None:

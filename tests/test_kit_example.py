@@ -1,4 +1,4 @@
-"""The README's worked example of the testing kit, run exactly as printed there, so it cannot rot."""
+"""The worked example of the testing kit (docs/kit.md), run exactly as printed there, so it cannot rot."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from agentfsm.testing.scenario import tool_response
 from agentfsm.testing.stateful import assert_invariants, run_loop
 from agentfsm.tools.base import tool
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "kit.md"
 _BLOCK = re.compile(
     r"<!-- kit-example:start[^>]*-->\s*```python\n(?P<code>.*?)```\s*<!-- kit-example:end -->", re.DOTALL)
 
 
 def _example() -> str:
     found = _BLOCK.search(README.read_text(encoding="utf-8"))
-    assert found is not None, "README.md lost its kit-example block"
+    assert found is not None, "docs/kit.md lost its kit-example block"
     return found.group("code")
 
 

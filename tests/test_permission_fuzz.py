@@ -5,7 +5,7 @@ checks that no byte of a file a ``Read(...)`` rule denies reached a tool_result 
 ``Edit(...)`` rule denies changed.
 
 Budget: ``HYPOTHESIS_PROFILE=ci`` (the default) runs :data:`CI_EXAMPLES` layouts; the nightly profile
-ten times as many; ``AGENTFSM_FUZZ_EXAMPLES=N`` sets the number outright (see README "Security").
+ten times as many; ``AGENTFSM_FUZZ_EXAMPLES=N`` sets the number outright (see docs/deny-rules.md).
 """
 
 from __future__ import annotations

@@ -141,9 +141,9 @@ def test_none_is_no_value_for_a_required_limit(name: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "raw", "message"), [
-    ("max_turns", "three", "limit max_turns takes a int, got 'three'"),
-    ("max_turns", "2.5", "limit max_turns takes a int"),
-    ("max_budget_usd", "lots", "limit max_budget_usd takes a float, got 'lots'"),
+    ("max_turns", "three", "limit max_turns takes a whole number, got 'three'"),
+    ("max_turns", "2.5", "limit max_turns takes a whole number"),
+    ("max_budget_usd", "lots", "limit max_budget_usd takes a number, got 'lots'"),
     ("auto_compact", "maybe", "limit auto_compact takes true or false, got 'maybe'"),
     ("auto_compact", "", "limit auto_compact takes true or false"),
     ("stream_retries", "-1", "limit stream_retries must be >= 0, got -1"),

@@ -226,6 +226,11 @@ class _Connection:
         except asyncio.CancelledError:
             self._fail("cancelled")
             raise
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types"):
+                self._fail(_describe(exc))
+            else:  # an optional part of agentfsm: say which extra brings it
+                self._fail("the MCP client is not installed: pip install 'agentfsm[mcp]'")
         except BaseException as exc:  # anyio wraps failures in exception groups; the run goes on
             self._fail(_describe(exc))
         finally:

@@ -103,8 +103,8 @@ def render(dot: str, fmt: str) -> bytes:
                 detail = err.read().decode(errors="replace")
                 raise DiagramError(f"pygraphviz failed: {exc}\n{detail}") from exc
     else:
-        raise DiagramError("no Graphviz renderer: `pip install pygraphviz` (its wheels include Graphviz) "
-                           "or install Graphviz's `dot` program")
+        raise DiagramError("no Graphviz renderer: `pip install 'agentfsm[diagrams]'` (pygraphviz, whose wheels "
+                           "include Graphviz) or install Graphviz's `dot` program")
     assert isinstance(data, bytes)
     return _stamp_png(data, dot_digest(dot)) if fmt == "png" else _stamp_svg(data, dot_digest(dot))
 

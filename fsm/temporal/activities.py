@@ -264,6 +264,11 @@ async def _without_notices(stream: AsyncIterator[Any], logger: Any) -> AsyncIter
         yield ev
 
 
+NO_MODEL_ON_WORKER = ("the agentfsm worker that took this session has no model to talk to: start it with "
+                      "ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL for a compatible endpoint) in its environment, or "
+                      "run the session with --scripted SCENARIO.json")
+
+
 class _NoModel:
     """No model to talk to on this worker: every request fails, saying why."""
 
@@ -327,9 +332,21 @@ class Activities:
 
             try:
                 self._client = AnthropicTransport(max_retries=spec.limits.api_max_retries)
-            except MissingCredentials as exc:
-                return _NoModel(f"the worker has no model to talk to: {exc}")
+            except MissingCredentials:
+                return _NoModel(self._no_model(spec) or NO_MODEL_ON_WORKER)
         return self._client
+
+    def _no_model(self, spec: SessionSpec) -> str | None:
+        """Why this worker cannot answer ``spec``'s requests (None when it can)."""
+        if spec.scripted is not None or self._client is not None:
+            return None
+        from agentfsm.transport import AnthropicTransport, MissingCredentials
+
+        try:
+            self._client = AnthropicTransport(max_retries=spec.limits.api_max_retries)
+        except MissingCredentials:
+            return NO_MODEL_ON_WORKER
+        return None
 
     def _messages(self, spec: SessionSpec, refs: Sequence[MessageRef]) -> list[Message]:
         """The messages a request names, read back from the session file where not inline."""
@@ -413,6 +430,10 @@ class Activities:
         erased = False
         if ctx.setup_error is not None:
             failed = SetupFailed(TerminalReason.TURN_SETUP_FAILED, ctx.setup_error)
+        elif (no_model := self._no_model(spec)) is not None:
+            # said before the first request, as the run's setup failure (error_during_execution), not as
+            # an API error of the model: the worker's configuration is what is missing
+            failed = SetupFailed(TerminalReason.TURN_SETUP_FAILED, no_model)
         else:
             first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
         if failed is None and phases.deferred_calls(history):

@@ -34,7 +34,13 @@ from agentfsm.trace import sessions_dir
 Emit = Callable[[Mapping[str, Any]], None]
 POLL_S = 0.05
 CLOSE_WAIT_S = 30.0
-WAIT_NOTICE_S = 5.0
+WAIT_NOTICE_S = 1.0  # a wait longer than this says what it waits for
+# how long a client waits for a worker to take its session before ending it (--worker-timeout)
+WORKER_WAIT_S = 60.0
+# a query or signal that the service cannot answer in this long is asked again (or given up)
+QUERY_TIMEOUT_S = 0.5
+# after an abort, how long the client keeps following for the session's last messages
+ABORT_GRACE_S = 1.0
 # a workflow task that is lost with its worker is given to another after this long
 TASK_TIMEOUT = timedelta(seconds=5)
 
@@ -67,27 +73,67 @@ async def start(client: Client, inp: SessionInput, *, task_queue: str = DEFAULT_
                            f"(workflow {workflow_id(inp.spec.session_id)})") from None
 
 
+@attrs.define
+class Following:
+    """How a client follows its session: what the user asked (signals) and how long it waits for a
+    worker. ``where`` names the service and task queue in messages."""
+
+    worker_timeout: float = WORKER_WAIT_S
+    where: str = ""
+    stop: str = ""  # "", "interrupt" or "abort": set by the signal handlers
+    changed: asyncio.Event = attrs.field(factory=asyncio.Event)
+
+    def ask(self, what: str) -> None:
+        if self.stop != "abort":
+            self.stop = what
+        self.changed.set()
+
+
 async def follow(client: Client, handle: WorkflowHandle[Any, Any], emit: Emit, *,
-                 poll_s: float = POLL_S) -> dict[str, Any]:
-    """Emit every message the session shows, as it shows it, until its result (returned)."""
+                 poll_s: float = POLL_S, following: Following | None = None) -> dict[str, Any]:
+    """Emit every message the session shows, as it shows it, until its result (returned).
+
+    Until a worker has answered, nothing of the session has run: a stop the user asks for then, or
+    no worker within ``following.worker_timeout``, ends the workflow (terminated, with the reason)
+    and raises :class:`SessionError` saying why. Once the session runs, an abort is relayed and the
+    client stops following within :data:`ABORT_GRACE_S` even if no worker is left to answer."""
+    watch = following or Following()
     latest = client.get_workflow_handle(handle.id)  # queries follow the session into a continued run
     ended = asyncio.ensure_future(handle.result())
     since = 0
-    answered, told = time.monotonic(), False
+    began = answered = time.monotonic()
+    seen_worker, told = False, False
+    aborted_at: float | None = None
+    rpc = timedelta(seconds=QUERY_TIMEOUT_S)
     try:
         while True:
+            now = time.monotonic()
+            if not seen_worker and (watch.stop or now - began > watch.worker_timeout):
+                why = ("stopped by the user before any worker took it" if watch.stop else
+                       f"no agentfsm worker took it within {watch.worker_timeout:g} s")
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(handle.terminate(reason=why), QUERY_TIMEOUT_S)
+                raise SessionError(f"session {handle.id} did not run: {why}{watch.where}; its workflow was "
+                                   "ended. Start a worker (`agentfsm worker --temporal HOST:PORT`) and run again.")
+            if watch.stop == "abort":
+                aborted_at = aborted_at or now
+                if now - aborted_at > ABORT_GRACE_S:
+                    raise SessionError(f"stopped following session {handle.id}: it was told to abort; its "
+                                       "session file has the run up to there")
             try:
-                page: OutputPage = await latest.query("output", since, result_type=OutputPage)
+                page: OutputPage = await latest.query("output", since, result_type=OutputPage, rpc_timeout=rpc)
             except Exception:  # no worker has the session yet (starting, failing over): ask again
                 if ended.done():
                     return _ended(ended, emit)
                 if not told and time.monotonic() - answered > WAIT_NOTICE_S:
                     told = True
-                    sys.stderr.write(f"agentfsm: waiting for an agentfsm worker to take session {handle.id} "
-                                     "(is `agentfsm worker` running on this task queue?)\n")
-                await asyncio.sleep(0.2)
+                    sys.stderr.write(f"agentfsm: waiting for an agentfsm worker to take session {handle.id}"
+                                     f"{watch.where} (is `agentfsm worker` running on this task queue?); giving up "
+                                     f"after {watch.worker_timeout:g} s; Ctrl-C stops waiting\n")
+                    sys.stderr.flush()
+                await _nap(0.2, watch)
                 continue
-            answered = time.monotonic()
+            seen_worker, answered = True, time.monotonic()
             if page.base > since:
                 sys.stderr.write(f"agentfsm: {page.base - since} messages were missed while following\n")
             for msg in page.messages:
@@ -102,12 +148,19 @@ async def follow(client: Client, handle: WorkflowHandle[Any, Any], emit: Emit, *
             if not page.messages:
                 if ended.done() and page.done:
                     return _ended(ended, emit)
-                await asyncio.sleep(poll_s)
+                await _nap(poll_s, watch)
     finally:
         if not ended.done():
             ended.cancel()
             with contextlib.suppress(BaseException):
                 await ended
+
+
+async def _nap(seconds: float, watch: Following) -> None:
+    """Sleep, but wake at once when the user asks to stop."""
+    watch.changed.clear()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(watch.changed.wait(), seconds)
 
 
 def _ended(ended: asyncio.Future[Any], emit: Emit) -> dict[str, Any]:
@@ -128,32 +181,53 @@ def _cause(exc: BaseException) -> str:
 
 
 async def run_session(client: Client, inp: SessionInput, emit: Emit, *, task_queue: str = DEFAULT_TASK_QUEUE,
-                      handle_signals: bool = False) -> dict[str, Any]:
+                      handle_signals: bool = False, worker_timeout: float = WORKER_WAIT_S,
+                      where: str = "") -> dict[str, Any]:
     """Start one session run and follow it to its result. With ``handle_signals``, Ctrl-C interrupts
-    the session (a second Ctrl-C, or SIGTERM, aborts it) instead of this process."""
+    the session (a second Ctrl-C, or SIGTERM, aborts it) instead of this process; before any worker
+    has taken the session, either one ends it at once (nothing of it has run)."""
     handle = await start(client, inp, task_queue=task_queue)
+    following = Following(worker_timeout=worker_timeout, where=where or f" on task queue {task_queue!r}")
     if handle_signals:
-        _forward_signals(client.get_workflow_handle(handle.id))
-    return await follow(client, handle, emit)
+        _forward_signals(client.get_workflow_handle(handle.id), following)
+    return await follow(client, handle, emit, following=following)
 
 
-def _forward_signals(handle: WorkflowHandle[Any, Any]) -> None:
+def _forward_signals(handle: WorkflowHandle[Any, Any], following: Following) -> None:
     loop = asyncio.get_running_loop()
     presses = [0]
     tasks: set[asyncio.Future[Any]] = set()
 
     def send(name: str) -> None:
-        task = asyncio.ensure_future(handle.signal(name))
+        following.ask(name)
+        task = asyncio.ensure_future(handle.signal(name, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S)))
         tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        task.add_done_callback(_quietly(tasks))
 
     def on_sigint() -> None:
         presses[0] += 1
+        sys.stderr.write("agentfsm: interrupting the session; press Ctrl-C again to abort it\n" if presses[0] == 1
+                         else "agentfsm: aborting the session\n")
         send("interrupt" if presses[0] == 1 else "abort")
 
-    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, lambda: send("abort"))):
+    def on_sigterm() -> None:
+        sys.stderr.write("agentfsm: terminated: aborting the session\n")
+        send("abort")
+
+    for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm)):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, handler)
+
+
+def _quietly(tasks: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
+    # a signal that could not be delivered (no service, the workflow already ended) is not an error
+    # the user can act on: the client's own stop handling has already begun
+    def done(task: asyncio.Future[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done
 
 
 # --- many sessions ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import attrs
 from agentfsm.options import Options
 from agentfsm.temporal import DEFAULT_TASK_QUEUE, ENV_ADDRESS
 from agentfsm.temporal.client import (
+    WORKER_WAIT_S,
     BatchItem,
     SessionError,
     batch_item,
@@ -31,7 +32,8 @@ from agentfsm.temporal.worker import connect
 
 
 async def print_run(address: str, task_queue: str, options: Options, plan: Any, prompt: str,
-                    emit: Callable[[Mapping[str, Any]], None], *, scripted: str | None = None) -> int:
+                    emit: Callable[[Mapping[str, Any]], None], *, scripted: str | None = None,
+                    worker_timeout: float = WORKER_WAIT_S) -> int:
     """``agentfsm -p PROMPT --temporal``: the session run as a workflow, its messages printed as they
     come; the exit status of a local run (0, or 1 for an error result or a failed workflow)."""
     resume_path, resumed, session_id = None, False, options.session_id
@@ -45,7 +47,9 @@ async def print_run(address: str, task_queue: str, options: Options, plan: Any, 
                         scripted=scripted)
     try:
         client = await connect(address)
-        result = await run_session(client, inp, emit, task_queue=task_queue, handle_signals=True)
+        result = await run_session(client, inp, emit, task_queue=task_queue, handle_signals=True,
+                                   worker_timeout=worker_timeout,
+                                   where=f" on task queue {task_queue!r} at {address}")
     except (ConnectionError, SessionError) as exc:
         sys.stderr.write(f"agentfsm: {exc}\n")
         return 1

@@ -114,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.configure("console" if args.debug else "json", level="debug" if args.debug else "warning")
 
     def ready() -> None:
+        if not any(os.environ.get(k) for k in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")):
+            sys.stderr.write("agentfsm worker: warning: no ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL here: this worker "
+                             "runs only --scripted sessions (the others end at once, saying so)\n")
         sys.stderr.write(f"agentfsm worker ready: {args.temporal} task queue {args.task_queue} pid {os.getpid()}\n")
         sys.stderr.flush()
 
