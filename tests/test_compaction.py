@@ -274,6 +274,13 @@ async def test_a_summary_replaces_the_head_and_keeps_the_last_exchange() -> None
     assert got.summary == "the gist" and got.trigger == "manual"
     assert got.pre_tokens == estimate_tokens(HISTORY)
     assert len(usage) == 1 and usage[0][0] == "m" and usage[0][1]["output_tokens"] >= 0
+    # the request: no tools, the default output budget (the loop passes none of its own)
+    assert model.requests[0].tools == () and model.requests[0].max_tokens == 8192
+
+
+async def test_the_summary_usage_is_charged_to_the_model_that_answered() -> None:
+    got, _, usage = await _compact([text("gist")], model_kw={"model": "claude-other"})
+    assert got is not None and [name for name, _ in usage] == ["claude-other"]
 
 
 @pytest.mark.parametrize("answer", [
