@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from agentfsm.audit import audit_file
-from agentfsm.checks import check_request
+from agentfsm.checks import CODES, check_request
 from agentfsm.options import Options
 from agentfsm.resume import load_history
 from agentfsm.session import Session
@@ -178,6 +178,12 @@ def _rewrite(path: Path, recs: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+def _found(path: Path) -> set[tuple[int, str]]:
+    findings = audit_file(path)
+    assert {f.code for f in findings} <= set(CODES), "every code the auditor reports is documented"
+    return {(f.line, f.code) for f in findings}
+
+
 def _into_stop(recs: list[dict[str, Any]]) -> int:
     """0-based index of the first move into stop."""
     return next(i for i, r in enumerate(recs) if r["type"] == "transition" and r["to"] == "stop")
@@ -190,8 +196,7 @@ async def test_a_move_into_stop_without_its_reason_is_caught(tmp_path: Path, nam
     recs[i].pop("terminal_reason")
     recs[i].get("changed", {}).pop("terminal_reason", None)
     _rewrite(path, recs)
-    codes = {(f.line, f.code) for f in audit_file(path)}
-    assert (i + 1, "bad_terminal_reason") in codes
+    assert (i + 1, "bad_terminal_reason") in _found(path)
 
 
 @pytest.mark.parametrize("name", sorted(ENDINGS))
@@ -201,7 +206,7 @@ async def test_a_move_into_stop_with_another_edges_reason_is_caught(tmp_path: Pa
     other = "blocking_limit"  # no edge of these endings allows it
     recs[i]["terminal_reason"] = other
     _rewrite(path, recs)
-    assert (i + 1, "bad_terminal_reason") in {(f.line, f.code) for f in audit_file(path)}
+    assert (i + 1, "bad_terminal_reason") in _found(path)
 
 
 @pytest.mark.parametrize("name", sorted(ENDINGS))
@@ -210,6 +215,7 @@ async def test_a_run_without_its_result_is_incomplete(tmp_path: Path, name: str)
     _rewrite(path, [r for r in recs if r["type"] != "result"])
     findings = audit_file(path)
     assert [f.code for f in findings] == ["incomplete_run"] and not findings[0].is_error
+    assert "incomplete_run" in CODES
     # the run starts with its first move
     assert findings[0].line == 1 + next(i for i, r in enumerate(recs) if r["type"] == "transition")
 
@@ -226,7 +232,7 @@ async def test_a_result_without_the_stops_reason_is_caught(tmp_path: Path, name:
     else:
         recs[result]["terminal_reason"] = reason
     _rewrite(path, recs)
-    assert (result + 1, "result_mismatch") in {(f.line, f.code) for f in audit_file(path)}
+    assert (result + 1, "result_mismatch") in _found(path)
 
 
 @pytest.mark.parametrize("name", sorted(ENDINGS))
@@ -236,4 +242,4 @@ async def test_a_result_before_any_move_into_stop_is_caught(tmp_path: Path, name
     i = _into_stop(recs)
     recs.insert(i, result)
     _rewrite(path, [{**r, "seq": n} for n, r in enumerate(recs)])
-    assert (i + 1, "result_before_stop") in {(f.line, f.code) for f in audit_file(path)}
+    assert (i + 1, "result_before_stop") in _found(path)

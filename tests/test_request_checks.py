@@ -23,6 +23,8 @@ from agentfsm.checks import (
     WARNING,
     WARNING_CODES,
     Finding,
+    MoveAt,
+    Report,
     check_pairs,
     check_request,
     merge_roles,
@@ -126,7 +128,9 @@ def msg(role: str, *blocks: Any) -> dict[str, Any]:
 
 
 def codes(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [c for c, _ in check_request(messages)]
+    found = [c for c, _ in check_request(messages)]
+    assert set(found) <= set(CODES), "every code a check yields is documented (agentfsm audit --codes)"
+    return found
 
 
 def test_a_well_paired_request_has_no_problem() -> None:
@@ -245,6 +249,7 @@ def test_pairing_findings_follow_the_rule(opening: list[str], turns: list[tuple[
     for calls, answers in turns:
         messages += [msg("assistant", "x", *[use(i) for i in calls]), msg("user", *[res(i) for i in answers], "y")]
     got = [(c, re.search(r"'(\w+)'", m).group(1)) for c, m in check_request(messages)]  # type: ignore[union-attr]
+    assert {c for c, _ in got} <= set(CODES)
     assert got == _expected_pairing(messages)
 
 
@@ -311,3 +316,17 @@ def test_a_record_nested_too_deeply_is_unreadable_not_a_crash(tmp_path: Path) ->
     path.write_text("[" * 100000 + "]" * 100000 + "\n" + json.dumps({"type": "a"}) + "\n")
     records, findings = read_numbered(path)
     assert [r["type"] for _, r in records] == ["a"] and [f.code for f in findings] == ["unreadable_line"]
+
+
+def test_a_reports_json_names_every_part() -> None:
+    move = MoveAt("end_turn", "stream", "stop", 6, reason="completed")
+    assert move.to_json() == {"from": "stream", "to": "stop", "label": "end_turn", "line": 6}
+    assert MoveAt("x", "a", "b", 2, declared=False).to_json()["declared"] is False
+    finding = Finding(6, "torn_last_line", "cut")
+    report = Report("p.jsonl", "agentfsm", (move,), "completed", {"turn": 1}, (finding,))
+    assert report.to_json() == {
+        "path": "p.jsonl", "source": "agentfsm", "moves": [move.to_json()], "terminal_reason": "completed",
+        "counters": {"turn": 1}, "errors": 0, "warnings": 1, "findings": [{"path": "p.jsonl", **finding.to_json()}]}
+    full = Report("p", "cc", (), None, {}, (), internal=((3, "retry", "why"),), version="2.1.332").to_json()
+    assert full["internal"] == [{"line": 3, "action": "retry", "detail": "why"}]
+    assert full["client_version"] == "2.1.332"
