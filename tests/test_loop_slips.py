@@ -23,6 +23,7 @@ import pytest
 from agentfsm.audit import audit_file
 from agentfsm.checks import CODES, check_request
 from agentfsm.options import Options
+from agentfsm.pipeline import REJECT_MESSAGE, WORKER_LOST, synthetic_result, synthetic_text
 from agentfsm.resume import load_history
 from agentfsm.session import Session
 from agentfsm.state import Limits, TerminalReason
@@ -151,6 +152,22 @@ async def test_a_stream_that_breaks_for_good_answers_the_running_call_with_the_s
     answer = history[2].content[0]
     assert answer["tool_use_id"] == "slow" and answer["is_error"] is True
     assert answer["content"] == "<tool_use_error>Error: Tool execution discarded (stream_failed)</tool_use_error>"
+
+
+@pytest.mark.parametrize("reason, text", [
+    ("user_interrupted", REJECT_MESSAGE),
+    ("streaming_fallback", "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"),
+    ("fallback", "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"),
+    ("stream_failed", "<tool_use_error>Error: Tool execution discarded (stream_failed)</tool_use_error>"),
+    ("discarded", "<tool_use_error>Error: Tool execution discarded (discarded)</tool_use_error>"),
+])
+def test_each_abort_reason_has_its_text_and_the_result_is_an_error(reason: str, text: str) -> None:
+    assert synthetic_text(reason) == text
+    result = synthetic_result("t", "Bash", reason, {"command": "x"})
+    assert result.block == {"type": "tool_result", "tool_use_id": "t", "content": text, "is_error": True}
+    assert result.is_error and result.cancel_reason == reason and result.tool_input == {"command": "x"}
+    assert result.interrupted == (reason == "user_interrupted")
+    assert "worker" in synthetic_text(WORKER_LOST) and synthetic_text(WORKER_LOST).startswith("<tool_use_error>")
 
 
 # --- the auditor on stops without a reason or a result -------------------------------------------------
