@@ -13,6 +13,7 @@ Every run's session file is audited clean and every request it sent passes the p
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from agentfsm.session import Session
 from agentfsm.state import Limits, TerminalReason
 from agentfsm.testing.scenario import populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext, tool
 
 DONE = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}
 GOOD = {"type": "tool_use", "id": "good", "name": "Read", "input": {"file_path": "$WS/a.txt"}}
@@ -168,6 +170,63 @@ def test_each_abort_reason_has_its_text_and_the_result_is_an_error(reason: str, 
     assert result.is_error and result.cancel_reason == reason and result.tool_input == {"command": "x"}
     assert result.interrupted == (reason == "user_interrupted")
     assert "worker" in synthetic_text(WORKER_LOST) and synthetic_text(WORKER_LOST).startswith("<tool_use_error>")
+
+
+class Waiting:
+    """Two concurrency-safe tools that wait: ``Blocker`` (interrupt behaviour ``block``) until released,
+    ``Canceller`` (``cancel``) for good. ``running`` is set once both run."""
+
+    def __init__(self) -> None:
+        self.running, self.release, self.count = asyncio.Event(), asyncio.Event(), 0
+        schema = {"type": "object", "properties": {}, "additionalProperties": False}
+
+        async def wait(release: asyncio.Event | None) -> str:
+            self.count += 1
+            if self.count == 2:
+                self.running.set()
+            await (release.wait() if release is not None else asyncio.sleep(3600))
+            return "finished"
+
+        @tool("Blocker", "Waits until released.", schema, concurrency_safe=True, interrupt="block")
+        async def blocker(input: Any, ctx: ToolContext) -> str:
+            return await wait(self.release)
+
+        @tool("Canceller", "Waits for ever.", schema, concurrency_safe=True, interrupt="cancel")
+        async def canceller(input: Any, ctx: ToolContext) -> str:
+            return await wait(None)
+
+        self.tools = (blocker, canceller)
+
+
+@pytest.mark.parametrize("hard", [False, True])
+async def test_an_interrupt_cancels_cancel_tools_and_lets_block_tools_finish_a_hard_abort_cancels_both(
+        tmp_path: Path, hard: bool) -> None:
+    ws = populate_workspace(tmp_path / "ws").resolve()
+    both = {"blocks": [{"type": "tool_use", "id": "b1", "name": "Blocker", "input": {}},
+                       {"type": "tool_use", "id": "c1", "name": "Canceller", "input": {}}], "stop_reason": "tool_use"}
+    model = ScriptedModel([both, DONE], ws=ws)
+    waiting = Waiting()
+    options = Options(tools=(), extra_tools=waiting.tools, permission_mode="bypassPermissions", cwd=ws,
+                      sessions_dir=tmp_path / "sessions", setting_sources=())
+    session = Session(options, client=model)
+    try:
+        run_task = asyncio.create_task(session.run("go"))
+        await asyncio.wait_for(waiting.running.wait(), 30)
+        session.abort() if hard else session.interrupt()
+        waiting.release.set()
+        result = await asyncio.wait_for(run_task, 30)
+    finally:
+        await session.aclose()
+    assert result.is_error and result.terminal_reason.value.startswith("aborted") and model.count == 1
+    assert session.trace_path is not None and audit_file(session.trace_path) == []
+    history = load_history(session.trace_path)
+    assert [m.kind for m in history] == ["prompt", "assistant", "tool_results", "interrupt_marker"]
+    answers = {b["tool_use_id"]: b for b in history[2].content}
+    assert answers["c1"]["content"] == REJECT_MESSAGE and answers["c1"]["is_error"] is True
+    if hard:
+        assert answers["b1"]["content"] == REJECT_MESSAGE and answers["b1"]["is_error"] is True
+    else:
+        assert answers["b1"]["content"] == "finished" and not answers["b1"].get("is_error")
 
 
 # --- the auditor on stops without a reason or a result -------------------------------------------------
