@@ -184,7 +184,7 @@ def unique_tool_ids(messages: Sequence[Message]) -> list[Message]:
 def repair(messages: Sequence[Message]) -> tuple[Message, ...]:
     """``messages`` with unique tool_use ids (:func:`unique_tool_ids`), every tool_use answered (a
     synthetic error result for each one without a result) and every tool_result that answers no
-    tool_use of the message before it dropped."""
+    tool_use of the message before it, or answers one a second time, dropped."""
     messages = unique_tool_ids(messages)
     # a conversation starts with the user: what precedes the first user message (its record lost to
     # damage) cannot be sent
@@ -197,8 +197,7 @@ def repair(messages: Sequence[Message]) -> tuple[Message, ...]:
         if m.role == "user" and m.tool_result_ids():
             prev = out[-1] if out and out[-1].role == "assistant" else None
             calls = set(prev.tool_use_ids()) if prev is not None else set()
-            kept = tuple(b for b in m.content
-                         if b.get("type") != "tool_result" or b.get("tool_use_id") in calls)
+            kept = _answering(m.content, calls)
             if len(kept) != len(m.content):
                 m = attrs.evolve(m, content=kept)
                 if not kept:
@@ -214,12 +213,26 @@ def repair(messages: Sequence[Message]) -> tuple[Message, ...]:
                 synthetic = tuple({"type": "tool_result", "tool_use_id": t, "is_error": True,
                                    "content": DANGLING_RESULT} for t in missing)
                 if nxt is not None and nxt.role == "user" and have:
-                    out.append(attrs.evolve(nxt, content=tuple(nxt.content) + synthetic))
+                    out.append(attrs.evolve(nxt, content=_answering(nxt.content, set(ids)) + synthetic))
                     i += 2
                     continue
                 out.append(Message("user", synthetic, kind="synthetic"))
         i += 1
     return tuple(out)
+
+
+def _answering(blocks: Sequence[Mapping[str, Any]], calls: set[str]) -> tuple[Mapping[str, Any], ...]:
+    """``blocks`` without the tool_results that answer none of ``calls``, or answer one a second time
+    (the API refuses a second result for a call as surely as an orphan)."""
+    answered: set[Any] = set()
+    kept: list[Mapping[str, Any]] = []
+    for b in blocks:
+        if b.get("type") == "tool_result":
+            if b.get("tool_use_id") not in calls or b.get("tool_use_id") in answered:
+                continue
+            answered.add(b.get("tool_use_id"))
+        kept.append(b)
+    return tuple(kept)
 
 
 def heal_tail(path: Path) -> int:

@@ -1,0 +1,397 @@
+"""Compaction and context accounting, by their rules: the token estimate that decides auto-compaction,
+the split between what is summarised and what is kept, the summary request, and every way a
+summarisation fails (an error, a broken or unfinished stream, a response with no text). Then, end to
+end, the prompt-too-long errors the graph answers by compacting and the ones it will not.
+
+Each boundary is tested on both sides, and the split against an independent statement of it over
+generated histories."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentfsm import prompts
+from agentfsm.audit import audit_file
+from agentfsm.compact import (
+    CHARS_PER_TOKEN,
+    chars_of,
+    compact,
+    estimate_tokens,
+    split_for_compaction,
+    summary_request,
+)
+from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, ModelRequest
+from agentfsm.options import Options
+from agentfsm.request import normalize
+from agentfsm.session import Session
+from agentfsm.state import Limits, Message, TerminalReason
+from agentfsm.testing.scenario import populate_workspace
+from agentfsm.testing.scripted import ScriptedModel
+
+SYSTEM = ({"type": "text", "text": "sys"},)
+PTL = {"status": 400, "error_type": "invalid_request_error",
+       "message": "prompt is too long: 212345 tokens > 200000 maximum"}
+
+
+def user(text: str = "u") -> Message:
+    return Message("user", text)
+
+
+def said(text: str = "a") -> Message:
+    return Message("assistant", text, kind="assistant")
+
+
+def calls(*ids: str) -> Message:
+    return Message("assistant", tuple({"type": "tool_use", "id": i, "name": "Read", "input": {}} for i in ids),
+                   kind="assistant")
+
+
+def results(*ids: str) -> Message:
+    return Message("user", tuple({"type": "tool_result", "tool_use_id": i, "content": "x"} for i in ids),
+                   kind="tool_results")
+
+
+def sized(chars: int) -> Message:
+    """A user message whose serialised content is exactly ``chars`` characters."""
+    overhead = chars_of([{"type": "text", "text": ""}])
+    m = user("x" * (chars - overhead))
+    assert chars_of([dict(b) for b in m.content]) == chars
+    return m
+
+
+# --- the token estimate ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chars, tokens", [(399, 99), (400, 100), (401, 100), (403, 100), (404, 101)])
+def test_without_usage_the_estimate_is_characters_over_four_rounded_down(chars: int, tokens: int) -> None:
+    assert CHARS_PER_TOKEN == 4
+    assert estimate_tokens([sized(chars)]) == tokens
+
+
+def test_without_usage_every_message_counts_and_the_static_part_is_added() -> None:
+    msgs = [sized(400), said("y" * 100), sized(800)]
+    every = sum(chars_of([dict(b) for b in m.content]) for m in msgs) // 4
+    assert estimate_tokens(msgs) == every
+    assert estimate_tokens(msgs, static_tokens=37) == every + 37
+    assert estimate_tokens(msgs[:2]) < estimate_tokens(msgs)  # the last one counts
+    assert estimate_tokens(msgs[1:]) < estimate_tokens(msgs)  # and the first
+
+
+@pytest.mark.parametrize("key", ["input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                 "cache_read_input_tokens"])
+def test_each_reported_usage_field_counts(key: str) -> None:
+    msgs = [sized(400), said()]
+    assert estimate_tokens(msgs, {key: 1000}, counted_upto=2) == 1000
+    # the other fields add to it, and a missing or null one is nothing
+    assert estimate_tokens(msgs, {key: 1000, "input_tokens" if key != "input_tokens" else "output_tokens": 5,
+                                  "cache_read_input_tokens" if key != "cache_read_input_tokens" else "x": None},
+                           counted_upto=2) == 1005
+
+
+def test_a_reported_usage_replaces_the_static_part_and_what_the_last_request_carried() -> None:
+    before = [sized(4000), said("z" * 4000)]
+    assert estimate_tokens(before, {"input_tokens": 10}, counted_upto=2, static_tokens=999) == 10
+
+
+def test_only_user_messages_after_the_last_request_are_estimated_on_top_of_the_usage() -> None:
+    carried = [sized(400)]
+    answer = said("w" * 4000)  # the response itself: already in output_tokens
+    fresh = sized(800)
+    usage = {"input_tokens": 100, "output_tokens": 20}
+    assert estimate_tokens([*carried, answer], usage, counted_upto=1) == 120
+    assert estimate_tokens([*carried, answer, fresh], usage, counted_upto=1) == 120 + 200
+
+
+@pytest.mark.parametrize("upto, expected", [(0, 100 + 310), (1, 100 + 210), (2, 100 + 10), (3, 100)])
+def test_counted_upto_is_the_index_of_the_first_message_not_carried(upto: int, expected: int) -> None:
+    msgs = [sized(400), sized(800), sized(40)]  # 100, 200 and 10 tokens
+    assert estimate_tokens(msgs, {"input_tokens": 100}, counted_upto=upto) == expected
+
+
+@pytest.mark.parametrize("usage", [None, {}, {"input_tokens": 0, "output_tokens": 0}, {"input_tokens": None}])
+def test_a_usage_that_reports_nothing_falls_back_to_the_full_estimate(usage: dict[str, Any] | None) -> None:
+    msgs = [sized(400), said(), sized(800)]
+    assert estimate_tokens(msgs, usage, counted_upto=3, static_tokens=7) == estimate_tokens(msgs) + 7
+    assert estimate_tokens(msgs) == sum(chars_of([dict(b) for b in m.content]) for m in msgs) // 4
+
+
+@given(st.lists(st.text(max_size=60), min_size=1, max_size=6), st.text(max_size=60), st.integers(0, 50))
+def test_appending_a_message_never_lowers_the_estimate(texts: list[str], more: str, static: int) -> None:
+    msgs = [user(t) for t in texts]
+    assert estimate_tokens([*msgs, user(more)], static_tokens=static) >= estimate_tokens(msgs, static_tokens=static)
+
+
+# --- the split ---------------------------------------------------------------------------------------
+
+
+def _expected_split(messages: Sequence[Message]) -> tuple[list[Message], list[Message]] | None:
+    """The rule, stated independently: keep from the last assistant message that calls tools; without
+    one, keep the trailing user messages; summarise the rest, if it holds an answer."""
+    uses = [i for i, m in enumerate(messages) if m.role == "assistant" and m.tool_use_ids()]
+    if uses:
+        cut = uses[-1]
+    else:
+        trailing = 0
+        for m in reversed(messages):
+            if m.role != "user":
+                break
+            trailing += 1
+        cut = len(messages) - trailing
+    head = list(messages[:cut])
+    return (head, list(messages[cut:])) if any(m.role == "assistant" for m in head) else None
+
+
+def test_the_split_keeps_the_last_tool_exchange() -> None:
+    msgs = [user(), calls("a"), results("a"), said(), user("again"), calls("b", "c"), results("b", "c")]
+    assert split_for_compaction(msgs) == (msgs[:5], msgs[5:])
+
+
+def test_the_split_keeps_the_last_of_two_tool_exchanges_not_the_first() -> None:
+    msgs = [user(), calls("a"), results("a"), calls("b"), results("b")]
+    assert split_for_compaction(msgs) == (msgs[:3], msgs[3:])
+
+
+def test_an_answer_without_tool_calls_is_no_cut_point() -> None:
+    msgs = [user(), said(), user(), calls("a"), results("a"), said("text only"), user("next")]
+    assert split_for_compaction(msgs) == (msgs[:3], msgs[3:])
+    # the cut is the tool exchange even when it leaves nothing to summarise
+    assert split_for_compaction(msgs[2:]) is None
+
+
+def test_without_tool_calls_the_trailing_user_messages_are_kept() -> None:
+    msgs = [user(), said(), user("one"), user("two")]
+    assert split_for_compaction(msgs) == (msgs[:2], msgs[2:])
+    assert split_for_compaction(msgs[:2]) == (msgs[:2], [])  # nothing trailing: everything is summarised
+    assert split_for_compaction(msgs[:3]) == (msgs[:2], msgs[2:3])
+
+
+@pytest.mark.parametrize("msgs", [
+    [],
+    [user()],
+    [user(), user()],
+    [user(), calls("a"), results("a")],  # one exchange: the head [user] has no answer
+])
+def test_a_history_with_no_earlier_answer_cannot_be_split(msgs: list[Message]) -> None:
+    expected = _expected_split(msgs)
+    assert split_for_compaction(msgs) == expected
+    if msgs and msgs[0].role == "user":
+        assert expected is None
+
+
+def test_one_answer_before_the_kept_exchange_is_enough() -> None:
+    msgs = [user(), said(), user(), calls("a"), results("a")]
+    assert split_for_compaction(msgs) == (msgs[:3], msgs[3:])
+    # and without that answer there is nothing to summarise
+    assert split_for_compaction([msgs[0], msgs[2], *msgs[3:]]) is None
+
+
+_KINDS = st.sampled_from(["user", "said", "calls", "results"])
+
+
+def _history(kinds: list[str]) -> list[Message]:
+    make = {"user": lambda n: user(f"u{n}"), "said": lambda n: said(f"a{n}"), "calls": lambda n: calls(f"t{n}"),
+            "results": lambda n: results(f"t{n - 1}")}
+    return [make[k](n) for n, k in enumerate(kinds)]
+
+
+@given(st.lists(_KINDS, max_size=12))
+def test_the_split_follows_its_rule_over_any_history(kinds: list[str]) -> None:
+    msgs = _history(kinds)
+    got = split_for_compaction(msgs)
+    assert got == _expected_split(msgs)
+    if got is not None:
+        head, tail = got
+        assert head + tail == msgs and head
+        assert not [m for m in tail[1:] if m.role == "assistant" and m.tool_use_ids()]
+
+
+# --- the summary request -----------------------------------------------------------------------------
+
+
+def test_the_summary_request_carries_the_head_and_the_instruction_and_offers_no_tools() -> None:
+    msgs = [user("first"), said("answer"), user(), calls("a"), results("a")]
+    built = summary_request(msgs, model="m-1", system=SYSTEM, max_tokens=123, metadata={"user_id": "u"})
+    assert built is not None
+    request, tail = built
+    assert tail == msgs[3:]
+    assert request.model == "m-1" and request.system == SYSTEM and request.max_tokens == 123
+    assert request.tools == () and dict(request.metadata) == {"user_id": "u"}
+    instruction = Message("user", prompts.COMPACT_INSTRUCTION, kind="meta")
+    assert list(request.messages) == normalize([*msgs[:3], instruction])
+    assert request.messages[-1]["content"][-1]["text"] == prompts.COMPACT_INSTRUCTION
+
+
+@pytest.mark.parametrize("custom", [None, ""])
+def test_no_custom_instructions_leave_the_instruction_alone(custom: str | None) -> None:
+    built = summary_request([user(), said(), user()], model="m", system=SYSTEM, custom_instructions=custom)
+    assert built is not None
+    assert built[0].messages[-1]["content"][-1]["text"] == prompts.COMPACT_INSTRUCTION
+    assert built[0].max_tokens == 8192 and dict(built[0].metadata) == {}
+
+
+def test_custom_instructions_follow_the_instruction() -> None:
+    built = summary_request([user(), said(), user()], model="m", system=SYSTEM, custom_instructions="keep paths")
+    assert built is not None
+    text = built[0].messages[-1]["content"][-1]["text"]
+    assert text == prompts.COMPACT_INSTRUCTION + "\n\nAdditional instructions:\nkeep paths"
+
+
+def test_no_summary_request_when_nothing_can_be_summarised() -> None:
+    assert summary_request([user(), calls("a"), results("a")], model="m", system=SYSTEM) is None
+
+
+# --- compact(): success and every failure --------------------------------------------------------------
+
+HISTORY = [user("first"), said("answer"), user("more"), calls("a"), results("a")]
+
+
+def text(t: str, **kw: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "text", "text": t}], "stop_reason": "end_turn", **kw}
+
+
+async def _compact(responses: Sequence[Any], messages: Sequence[Message] = HISTORY, **kw: Any) -> tuple[Any, Any,
+                                                                                                        list[Any]]:
+    model = ScriptedModel(list(responses), **kw.pop("model_kw", {}))
+    usage: list[Any] = []
+    got = await compact(model, model="m", system=SYSTEM, messages=messages, trigger=kw.pop("trigger", "auto"),
+                        on_usage=lambda name, u: usage.append((name, u)), **kw)
+    return got, model, usage
+
+
+async def test_a_summary_replaces_the_head_and_keeps_the_last_exchange() -> None:
+    got, model, usage = await _compact([text("  the gist  ")], trigger="manual")
+    assert got is not None and model.count == 1
+    summary, *kept = got.messages
+    assert kept == HISTORY[3:]
+    assert summary.role == "user" and summary.kind == "compact_summary"
+    assert summary.text() == prompts.COMPACT_SUMMARY_PREFIX + "the gist"
+    assert got.summary == "the gist" and got.trigger == "manual"
+    assert got.pre_tokens == estimate_tokens(HISTORY)
+    assert len(usage) == 1 and usage[0][0] == "m" and usage[0][1]["output_tokens"] >= 0
+    # the request: no tools, the default output budget (the loop passes none of its own)
+    assert model.requests[0].tools == () and model.requests[0].max_tokens == 8192
+
+
+async def test_the_summary_usage_is_charged_to_the_model_that_answered() -> None:
+    got, _, usage = await _compact([text("gist")], model_kw={"model": "claude-other"})
+    assert got is not None and [name for name, _ in usage] == ["claude-other"]
+
+
+@pytest.mark.parametrize("answer", [
+    text(""),
+    text("   \n "),
+    {"blocks": [{"type": "thinking", "thinking": "hmm", "signature": "s"}], "stop_reason": "end_turn"},
+    {"blocks": [{"type": "tool_use", "id": "x", "name": "Read", "input": {}}], "stop_reason": "tool_use"},
+])
+async def test_a_summary_without_text_is_a_failed_compaction(answer: dict[str, Any]) -> None:
+    got, model, usage = await _compact([answer])
+    assert got is None and model.count == 1
+    assert usage  # its cost still counts
+
+
+@pytest.mark.parametrize("answer", [
+    PTL,
+    {"status": 500, "error_type": "api_error", "message": "boom"},
+    {"status": 529, "error_type": "overloaded_error", "message": "Overloaded"},
+    {"blocks": [{"type": "text", "text": "cut off"}], "break_after": 1},
+    {"blocks": [{"type": "text", "text": "cut off"}], "sse_error": "overloaded_error"},
+])
+async def test_an_error_or_a_broken_stream_is_a_failed_compaction(answer: dict[str, Any]) -> None:
+    got, model, _ = await _compact([answer, text("never asked")])
+    assert got is None and model.count == 1
+
+
+async def test_a_retried_summary_request_still_compacts() -> None:
+    overloaded = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0}
+    got, model, _ = await _compact([overloaded, text("gist")], model_kw={"max_retries": 1})
+    assert got is not None and got.summary == "gist" and model.count == 2
+
+
+class Unfinished:
+    """A client whose stream ends cleanly but without message_stop."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[Any]:
+        self.count += 1
+        yield MessageStart(model="m", usage={"input_tokens": 5})
+        yield BlockStart(0, {"type": "text", "text": ""})
+        yield BlockDelta(0, {"type": "text_delta", "text": "a whole summary"})
+        yield BlockStop(0)
+        yield MessageDelta("end_turn", {"output_tokens": 3})
+
+
+async def test_a_summary_stream_that_ends_before_message_stop_is_a_failed_compaction() -> None:
+    client = Unfinished()
+    usage: list[Any] = []
+    got = await compact(client, model="m", system=SYSTEM, messages=HISTORY, trigger="auto",
+                        on_usage=lambda name, u: usage.append(u))
+    assert got is None and client.count == 1
+    assert usage and usage[0]["input_tokens"] == 5
+
+
+async def test_nothing_to_summarise_asks_nothing() -> None:
+    got, model, usage = await _compact([text("never asked")], messages=[user(), calls("a"), results("a")])
+    assert got is None and model.count == 0 and usage == []
+
+
+async def test_a_request_without_usage_reports_none() -> None:
+    got, _, usage = await _compact([{"status": 500, "error_type": "api_error", "message": "boom"}])
+    assert got is None and usage == []
+
+
+# --- end to end: which prompt-too-long errors the graph compacts ----------------------------------------
+
+
+def read(tid: str) -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": "$WS/a.txt"}}],
+            "stop_reason": "tool_use"}
+
+
+async def _run(tmp: Path, responses: Sequence[Any], **limits: Any) -> tuple[Any, ScriptedModel]:
+    ws = populate_workspace(tmp / "ws").resolve()
+    model = ScriptedModel(list(responses), ws=ws)
+    options = Options(tools=("Read",), permission_mode="bypassPermissions", cwd=ws, limits=Limits(**limits),
+                      sessions_dir=tmp / "sessions", setting_sources=())
+    session = Session(options, client=model)
+    try:
+        result = await session.run("go")
+    finally:
+        await session.aclose()
+    assert session.trace_path is not None and audit_file(session.trace_path) == []
+    return result, model
+
+
+@pytest.mark.parametrize("before", [0, 1])
+async def test_a_prompt_too_long_with_at_most_one_answer_is_not_compacted(tmp_path: Path, before: int) -> None:
+    responses = [read(f"r{i}") for i in range(before)]
+    result, model = await _run(tmp_path, [*responses, PTL, text("never sent"), text("never sent")])
+    assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG and result.is_error
+    assert model.count == before + 1  # no summary request was made
+
+
+async def test_a_prompt_too_long_after_two_answers_is_compacted_and_the_turn_goes_on(tmp_path: Path) -> None:
+    result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, text("SUMMARY"), text("done")])
+    assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
+    assert model.count == 5
+    summary_req, retried = model.requests[3], model.requests[4]
+    assert summary_req.tools == ()
+    first = retried.messages[0]["content"][0]["text"]
+    assert first == prompts.COMPACT_SUMMARY_PREFIX + "SUMMARY"
+    # the kept exchange follows the summary: r2's call and its result
+    assert [b.get("id") for m in retried.messages for b in m["content"] if b["type"] == "tool_use"] == ["r2"]
+
+
+@pytest.mark.parametrize("summary", [text(""), PTL, {"blocks": [{"type": "text", "text": "x"}], "break_after": 1}])
+async def test_a_failed_reactive_compaction_ends_the_turn_prompt_too_long(tmp_path: Path,
+                                                                       summary: dict[str, Any]) -> None:
+    result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, summary, text("never sent")])
+    assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG
+    assert model.count == 4
