@@ -184,11 +184,13 @@ def test_a_search_is_denied_with_the_read_text_naming_the_path_as_given(tmp_path
         assert (decision.behavior, decision.reason) == ("deny", read_denied(str(where)))
 
 
-def test_a_subject_that_cannot_be_computed_matches_no_rule(tmp_path: Path) -> None:
+def test_a_subject_that_cannot_be_computed_is_denied_by_any_rule_that_could_apply(tmp_path: Path) -> None:
+    # it used to match no rule, so bypassPermissions let the call through (the fail-open of issue 31)
     tool = BrokenSubject("Weird")
     p = policy(tmp_path, mode="bypassPermissions", deny=["Weird(x)"])
-    assert p.deny_rule_for(tool, {"x": 1}) is None
-    assert p.evaluate(tool, {"x": 1}).behavior == "allow"
+    assert str(p.deny_rule_for(tool, {"x": 1})) == "Weird(x)"
+    assert p.evaluate(tool, {"x": 1}).behavior == "deny"
+    assert policy(tmp_path, mode="bypassPermissions", deny=["Other(x)"]).evaluate(tool, {"x": 1}).behavior == "allow"
 
 
 # --- Glob patterns --------------------------------------------------------------------------------
