@@ -446,6 +446,7 @@ def _archive(program: str, args: Sequence[Word], options: Sequence[Word], operan
 
 def _tar(args: Sequence[Word], texts: list[str | None]) -> Effects:
     mode, directory, archive, operands = _tar_values(args, texts)
+    archive = [a for a in archive if a.text != "-"]  # `-f -`: standard input or output, no file
     uses: list[Use] = []
     if "c" in mode or "r" in mode or "u" in mode or "A" in mode:
         uses += [Use(a, "write", "tar archive") for a in archive]
