@@ -185,20 +185,40 @@ def file_effects(program: str, args: Sequence[Word]) -> Effects:
         return _reader(program, args, options, operands)
     if program in INTERPRETERS:
         return _interpreter(program, args, options, operands)
+    if program == "git":
+        return _git(args)
     return _unknown(program, args)
 
 
 def _unknown(program: str, args: Sequence[Word]) -> Effects:
-    """An unlisted program: every word it is given may be a file it reads and writes — and, when the
-    word names a directory, anything below it (``git diff --no-index a b``, a script handed a tree)."""
+    """An unlisted program: every word it is given may be a file it reads and writes."""
     why = f"{program} (a program whose file use is not known)"
     uses: list[Use] = []
     options, _ = _split_options(args)
     for a in [*[w for w in args if w.text is None or not w.text.startswith("-") or w.text == "-"],
               *_attached_values(options)]:
-        value = a if a.text is not None else None
-        uses += [Use(value, "read", why, recursive=True), Use(value, "write", why, recursive=True)]
+        uses += [Use(a if a.text is not None else None, "read", why), Use(a if a.text is not None else None,
+                                                                          "write", why)]
     return Effects(tuple(uses))
+
+
+# git's subcommands that read the files below the directories they are given, as grep -r does
+# (`git grep x dir`, `git diff --no-index a b`). Without a path they read the whole work tree, as
+# `git show` prints tracked contents: that stays the stated limit of deny rules (docs/security.md).
+_GIT_TREE_READERS = {"grep": ("-e", "-f", "--and", "--or", "--not"), "diff": ()}
+
+
+def _git(args: Sequence[Word]) -> Effects:
+    """``git SUBCOMMAND ...`` (global options were peeled off by the unwrapper)."""
+    sub = args[0].text if args else None
+    if sub not in _GIT_TREE_READERS:
+        return _unknown("git", args)
+    options, operands = _split_options(args[1:])
+    if sub == "grep" and operands and not _has_option(options, _GIT_TREE_READERS["grep"]):
+        operands = operands[1:]  # the pattern
+    reads = tuple(Use(t, "read", f"git {sub} (recursive)", recursive=True) for t in operands)
+    # what else git may do with its words stays as for any program it does not know
+    return Effects((*reads, *_unknown("git", args).uses))
 
 
 # Programs that run in a directory an option names (their relative operands are below it, and they
