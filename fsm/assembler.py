@@ -16,10 +16,10 @@ after ``message_stop``) raises :class:`StreamProtocolError`; the loop ends ``mod
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
+from agentfsm.bounded_json import DEFAULT_BOUNDS, InputRejected, JsonBounds, parse_object
 from agentfsm.events import ModelResponse
 from agentfsm.model import (
     BlockDelta,
@@ -37,8 +37,10 @@ class StreamProtocolError(Exception):
 
 
 class ResponseAssembler:
-    def __init__(self, taken_ids: Iterable[str] = ()) -> None:
+    def __init__(self, taken_ids: Iterable[str] = (), bounds: JsonBounds = DEFAULT_BOUNDS) -> None:
         self._taken: set[str] = set(taken_ids)
+        self._bounds = bounds
+        self._json_chars: dict[int, int] = {}
         self.renamed_ids: dict[str, str] = {}
         self._open: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
@@ -88,7 +90,7 @@ class ResponseAssembler:
             if kind == "text_delta":
                 block["text"] = block.get("text", "") + d.get("text", "")
             elif kind == "input_json_delta":
-                self._json.setdefault(event.index, []).append(d.get("partial_json", ""))
+                self._take_json(event.index, d.get("partial_json", ""))
             elif kind == "thinking_delta":
                 block["thinking"] = block.get("thinking", "") + d.get("thinking", "")
             elif kind == "signature_delta":
@@ -102,14 +104,12 @@ class ResponseAssembler:
                 raise StreamProtocolError(f"content_block_stop for block {event.index} that is not open")
             if block.get("type") == "tool_use":
                 raw = "".join(self._json.pop(event.index, []))
+                self._json_chars.pop(event.index, None)
                 try:
-                    parsed = json.loads(raw) if raw.strip() else {}
-                except json.JSONDecodeError:
-                    parsed = None
-                if isinstance(parsed, dict):
-                    block["input"] = parsed
-                else:
-                    # sent back as {} (the API needs an object); the pipeline echoes the raw text
+                    block["input"] = parse_object(raw, self._bounds)
+                except InputRejected:
+                    # too large, too deep, not JSON, not an object: malformed input, sent back as {}
+                    # (the API needs an object); the pipeline says why and echoes the raw text
                     self.invalid_tool_inputs[block["id"]] = raw
             self.blocks.append(block)
             return block
@@ -129,6 +129,19 @@ class ResponseAssembler:
             self.stopped = True
             return None
         raise StreamProtocolError(f"unknown stream event {event!r}")
+
+    def _take_json(self, index: int, chunk: Any) -> None:
+        """Keep a tool input's text up to one character past the size bound: enough to tell that
+        it is too large, without holding whatever else the stream sends."""
+        if not isinstance(chunk, str):
+            chunk = ""
+        held = self._json_chars.get(index, 0)
+        room = self._bounds.max_chars + 1 - held
+        if room <= 0:
+            return
+        chunk = chunk[:room]
+        self._json.setdefault(index, []).append(chunk)
+        self._json_chars[index] = held + len(chunk)
 
     @property
     def has_content(self) -> bool:

@@ -384,9 +384,10 @@ async def _stdin_messages() -> AsyncIterator[Any]:
     while (item := await lines.get()) is not None:
         n, line = item
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError:
-            yield {"type": "invalid", "line": n}
+            message = json.loads(line)
+        except (ValueError, RecursionError):  # not JSON, too many digits, nested past the stack
+            message = {"type": "invalid", "line": n}
+        yield message
 
 
 async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> int:

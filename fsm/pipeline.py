@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 import inspect
-import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import attrs
 
 from agentfsm import log as fsm_log
+from agentfsm.bounded_json import InputRejected, parse_object, rejection
 from agentfsm.ports import PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from agentfsm.tools.schema import coerce_input, compile_validator, schema_error, schema_issues
@@ -262,8 +262,8 @@ class ToolTable:
         """Steps 3 and 4: parse, coerce and validate. Raises only for a broken tool schema."""
         if invalid_json is None and isinstance(raw, str):
             try:
-                raw = json.loads(raw)
-            except ValueError:
+                raw = parse_object(raw)
+            except InputRejected:
                 invalid_json = raw
         if invalid_json is not None:
             return PreparedInput({}, (invalid_json_issue(invalid_json),), invalid_json=True)
@@ -292,10 +292,13 @@ def input_validation_error(tool_name: str, issues: Iterable[str]) -> str:
 
 
 def invalid_json_issue(raw: str) -> str:
-    data = raw.encode("utf-8")
+    """What is wrong with a tool input's text (not JSON, too deep, too large, not an object), with
+    its first bytes."""
+    why = rejection(raw) or "The tool input is not valid JSON"
+    data = raw[:_INVALID_JSON_ECHO_BYTES].encode("utf-8", errors="surrogatepass")
     head = data[:_INVALID_JSON_ECHO_BYTES].decode("utf-8", errors="ignore")
-    more = "…" if len(data) > _INVALID_JSON_ECHO_BYTES else ""
-    return (f"The tool input is not valid JSON: {head}{more}\n"
+    more = "…" if len(raw) > _INVALID_JSON_ECHO_BYTES or len(data) > _INVALID_JSON_ECHO_BYTES else ""
+    return (f"{why}: {head}{more}\n"
             "Send the tool call again with its input as one complete, valid JSON object.")
 
 

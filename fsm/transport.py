@@ -117,9 +117,14 @@ class AnthropicTransport:
             raise ModelCallError(_status_error(exc)) from exc
         except (a.APIConnectionError, a.APITimeoutError) as exc:
             raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+            # (RecursionError: a body nested deeper than the JSON decoder's stack, a tool input of
+            # 100,000 arrays say; the streamed path bounds that in agentfsm.bounded_json)
             raise ModelCallError(ModelError("model", f"Malformed response from the API: {exc}")) from exc
-        return message_events(_dump(message))
+        try:
+            return message_events(_dump(message))
+        except RecursionError as exc:
+            raise ModelCallError(ModelError("model", "Malformed response from the API: nested too deeply")) from exc
 
 
 def _retry_headers(exc: Any) -> tuple[bool | None, float | None]:

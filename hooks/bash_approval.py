@@ -24,7 +24,8 @@ UNCLASSIFIED = "This command requires approval"
 
 
 def _inside(path: str, dirs: Sequence[Path]) -> bool:
-    # through links: `echo x > link` writes where the link points
+    # where the write lands, as the kernel resolves it: `echo x > link` writes where the link points,
+    # and `a/link/../f` (the analysis keeps its `..`) is below the link's target's parent
     real = os.path.realpath(path)
     for d in dirs:
         root = os.path.realpath(d)

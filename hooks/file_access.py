@@ -2,8 +2,10 @@
 
 One decision, asked by Read, Write, Edit, Glob and Grep through the :class:`agentfsm.tools.base.FileAccess`
 port and by the Bash check for the files a command touches. A path is judged in every spelling that
-reaches the same bytes: as given (``..`` folded), with its symlinks resolved, and — for a file with
-more than one hard link — as every other name of the same inode below the roots the rules protect.
+reaches the same bytes (:func:`spellings`): as written (``..`` folded on the text), as the kernel
+resolves it (each symlink followed before the ``..`` after it is taken: ``pub/link/../key`` where
+``pub/link -> ../secrets/vault`` is ``secrets/key``), and — for a file with more than one hard link
+— as every other name of the same inode below the roots the rules protect.
 What cannot be checked within its budget (a hard-link search or a directory walk over too many
 files) is denied, never waved through.
 
@@ -91,7 +93,15 @@ def _real(path: str) -> str:
     try:
         return os.path.realpath(path)
     except (OSError, ValueError):
-        return path
+        return normalise(path)
+
+
+def spellings(path: str) -> list[str]:
+    """The names ``path`` (absolute, ``..`` possibly kept) is judged under: folded on the text, then
+    — when it differs — as the kernel resolves it. The one resolution every check of a path uses."""
+    written = normalise(path)
+    kernel = _real(path)  # realpath walks the components: a link is followed before the `..` after it
+    return [written] if kernel == written else [written, kernel]
 
 
 class PathChecker:
@@ -118,16 +128,12 @@ class PathChecker:
         """Why ``path`` (absolute) is denied: as given, once resolved, or as another name of it."""
         if not self.rules:
             return None
-        norm = normalise(path)
-        hit = self._hit(norm)
-        if hit is not None:
-            return AccessDenial(path, str(hit))
-        real = _real(norm)
-        if real != norm:
-            hit = self._hit(real)
+        names = spellings(path)
+        for k, name in enumerate(names):
+            hit = self._hit(name)
             if hit is not None:
-                return AccessDenial(path, str(hit), through_link=True)
-        return self._hard_link(path, real)
+                return AccessDenial(path, str(hit), through_link=k > 0)
+        return self._hard_link(path, names[-1])
 
     def check_tree(self, directory: str) -> AccessDenial | None:
         """Why ``directory`` as a whole is denied: it is, or everything inside it is."""
@@ -136,10 +142,11 @@ class PathChecker:
         found = self.check(directory)
         if found is not None:
             return found
-        for candidate in {normalise(directory), _real(normalise(directory))}:
+        names = spellings(directory)
+        for k, candidate in enumerate(names):
             hit = self._hit(os.path.join(candidate, _PROBE))
             if hit is not None:
-                return AccessDenial(directory, str(hit), through_link=candidate != normalise(directory))
+                return AccessDenial(directory, str(hit), through_link=k > 0)
         return None
 
     def check_below(self, directory: str, *, creating: bool = False) -> AccessDenial | None:
@@ -153,25 +160,27 @@ class PathChecker:
         found = self.check_tree(directory)
         if found is not None:
             return found
-        top = normalise(directory)
+        tops = spellings(directory)
         # before anything on disk: a directory the access creates (`cp -r src new`) does not exist yet,
         # and the names it creates below it are not known either way
         for r in self.rules if creating else ():
             assert r.specifier is not None
             # an anchored rule whose paths lie below `top` may be hit (an unanchored one, such as
             # `.env`, is judged on the walk below)
-            if rule_base(r.specifier, self.cwd, r.root)[2] and _overlaps(rule_root(r.specifier, self.cwd, r.root), top):
+            if rule_base(r.specifier, self.cwd, r.root)[2] and any(
+                    _overlaps(rule_root(r.specifier, self.cwd, r.root), top) for top in tops):
                 return AccessDenial(directory, str(r))
         # (a `top` that is no directory was judged by check_tree above; the walk finds nothing in it)
         seen_dirs: set[str] = set()
         count = 0
-        for entry in _walk(top, seen_dirs):
-            count += 1
-            if count > WALK_LIMIT:
-                return AccessDenial(directory, f"more than {WALK_LIMIT} entries to check below it")
-            found = self.check(entry)
-            if found is not None:
-                return AccessDenial(directory, found.rule, through_link=True)
+        for top in tops:
+            for entry in _walk(top, seen_dirs):
+                count += 1
+                if count > WALK_LIMIT:
+                    return AccessDenial(directory, f"more than {WALK_LIMIT} entries to check below it")
+                found = self.check(entry)
+                if found is not None:
+                    return AccessDenial(directory, found.rule, through_link=True)
         return None
 
     def check_unlink(self, path: str, *, recursive: bool = False) -> AccessDenial | None:
@@ -183,8 +192,10 @@ class PathChecker:
         symlink there points to). Over :data:`WALK_LIMIT` entries the answer is a denial."""
         if not self.rules:
             return None
-        norm = normalise(path)
-        entries: Iterator[str] = iter([norm])
+        # the name as the kernel reaches it: its directory resolved, its last component kept
+        parent, _, last = path.rstrip("/").rpartition("/")
+        norm = normalise(os.path.join(_real(parent or "/"), last)) if last not in ("", ".", "..") else _real(path)
+        entries: Iterator[str] = iter(dict.fromkeys([normalise(path), norm]))
         if recursive and os.path.isdir(norm) and not os.path.islink(norm):
             entries = _walk(norm, set(), follow=False)
         count = 0
@@ -312,7 +323,7 @@ def expand_glob(pattern: str) -> list[str] | None:
     flags = wcglob.FORCEUNIX | wcglob.DOTGLOB
     try:
         for hit in wcglob.iglob(pattern, flags=flags):
-            out.append(normalise(hit))
+            out.append(hit)  # as the kernel will receive it: a `..` in it is for the checker to resolve
             if len(out) > GLOB_LIMIT:
                 return None
     except (OSError, ValueError):
@@ -330,7 +341,7 @@ def _unescape(pattern: str) -> str:
             continue
         out.append(pattern[i])
         i += 1
-    return normalise("".join(out))
+    return "".join(out)  # (a `..` kept: see expand_glob)
 
 
 class PolicyFileAccess:

@@ -214,12 +214,29 @@ def _rule_hits(rule: PermissionRule, tool: Tool, tool_input: Mapping[str, Any], 
 
 
 def _generic_subject(tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
+    # A tool's permission_subject that raises is not caught here: "no subject" would read as "no
+    # rule applies", an allow. The exception reaches the deciding method, which fails closed.
     if tool.name in ("Agent", "Task") and isinstance(tool_input.get("subagent_type"), str):
         return tool_input["subagent_type"]
-    try:
-        return tool.permission_subject(tool_input)
-    except Exception:
-        return None
+    return tool.permission_subject(tool_input)
+
+
+def _may_apply(rule: PermissionRule, tool: Tool) -> bool:
+    """Whether ``rule`` could apply to some call of ``tool``: it names the tool, or it is a path
+    rule of a family the tool belongs to (a Bash command answers to Read and Edit rules too)."""
+    if rule.names_tool(tool):
+        return True
+    names = _tool_names(tool)
+    family = _PATH_FAMILIES.get(rule.tool)
+    if family is not None and names & family:
+        return True
+    return "Bash" in names and rule.specifier is not None and rule.tool in BASH_READ_RULES | EDIT_TOOLS
+
+
+def unjudged_text(tool: Tool, exc: BaseException) -> str:
+    """What the model is told when a call could not be judged against the rules."""
+    return (f"Permission to use {tool.name} has been denied: the call could not be checked against the "
+            f"permission rules ({type(exc).__name__}: {exc}).")
 
 
 def _domain_matches(domain: str, url: Any) -> bool:
@@ -490,6 +507,19 @@ class PermissionPolicy:
         rules = self.deny if behavior == "deny" else self.ask
         if not rules:
             return None
+        try:
+            return self._rule_decision(tool, tool_input, rules, behavior)
+        except Exception as exc:
+            # Fail closed: a call that could not be judged (a tool's permission_subject raised, a
+            # path could not be read) counts as hit by the first rule that could apply to it.
+            rule = next((r for r in rules if _may_apply(r, tool)), None)
+            if rule is None:
+                return None
+            log.warning("permission.unjudged", tool=tool.name, rule=str(rule), error=repr(exc))
+            return self._decision(behavior, rule, unjudged_text(tool, exc))
+
+    def _rule_decision(self, tool: Tool, tool_input: Mapping[str, Any], rules: Sequence[PermissionRule],
+                       behavior: Literal["deny", "ask"]) -> PermissionDecision | None:
         names = _tool_names(tool)
         if "Bash" in names:
             command = tool_input.get("command")
@@ -561,7 +591,15 @@ class PermissionPolicy:
 
     def allow_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
         """The allow rule that pre-approves the call. A compound Bash command is approved when each
-        of its parts is approved by some allow rule (the first such rule is reported)."""
+        of its parts is approved by some allow rule (the first such rule is reported). A call that
+        cannot be judged is approved by none."""
+        try:
+            return self._allow_rule_for(tool, tool_input)
+        except Exception as exc:
+            log.warning("permission.unjudged", tool=tool.name, rule="allow", error=repr(exc))
+            return None
+
+    def _allow_rule_for(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionRule | None:
         whole = next((r for r in self.allow if r.specifier is None and r.names_tool(tool)), None)
         if whole is not None:
             return whole
@@ -601,7 +639,16 @@ class PermissionPolicy:
     def evaluate(self, tool: Tool, tool_input: Mapping[str, Any], *,
                  hook_decision: str | None = None, hook_reason: str = "") -> PermissionDecision:
         """Rules, hook decision and mode (steps 1–7 of the module doc, plus dontAsk). The result
-        may be ``ask``; :meth:`decide` resolves that."""
+        may be ``ask``; :meth:`decide` resolves that. Whatever raises while judging denies: no
+        failure of the check may end in an allow (or in no answer at all)."""
+        try:
+            return self._evaluate(tool, tool_input, hook_decision, hook_reason)
+        except Exception as exc:
+            log.warning("permission.unjudged", tool=tool.name, error=repr(exc))
+            return PermissionDecision("deny", unjudged_text(tool, exc), None, "rule")
+
+    def _evaluate(self, tool: Tool, tool_input: Mapping[str, Any], hook_decision: str | None,
+                  hook_reason: str) -> PermissionDecision:
         denied = self.rule_decision(tool, tool_input, "deny")
         if denied is not None:
             return denied
@@ -621,8 +668,8 @@ class PermissionPolicy:
         """Claude Code's plan-mode texts: a file write names its path, a shell command says what it
         would change (as in the default mode); anything else says plan mode is read-only."""
         names = _tool_names(tool)
-        paths = _subject_paths(tool, tool_input, self.cwd)
-        if names & EDIT_TOOLS and paths:
+        paths = _subject_paths(tool, tool_input, self.cwd) if names & EDIT_TOOLS else []
+        if paths:
             return f"Cannot write to {paths[0]} while in plan mode."
         if "Bash" in names and isinstance(tool_input.get("command"), str):
             return approval_text(analyse(tool_input["command"], str(self.cwd)), self.working_dirs)
@@ -635,8 +682,8 @@ class PermissionPolicy:
     def _mode_ask(self, tool: Tool, tool_input: Mapping[str, Any]) -> PermissionDecision:
         """An ``ask`` from the permission mode, with Claude Code's text saying what needs approval."""
         names = _tool_names(tool)
-        paths = _subject_paths(tool, tool_input, self.cwd)
-        if names & EDIT_TOOLS and paths:
+        paths = _subject_paths(tool, tool_input, self.cwd) if names & EDIT_TOOLS else []
+        if paths:
             return PermissionDecision("ask", requested("write", paths[0]), None, "mode", bare=True)
         if "Bash" in names and isinstance(tool_input.get("command"), str):
             analysis = analyse(tool_input["command"], str(self.cwd))

@@ -221,6 +221,17 @@ def test_stdin_closed_at_once_prints_nothing(tmp_path: Path) -> None:
     assert (proc.returncode, proc.stdout) == (0, "")
 
 
+@pytest.mark.parametrize("line", ["[" * 100_000, "9" * 5_000])
+def test_a_stdin_line_nested_past_the_stack_is_an_invalid_message(tmp_path: Path, line: str) -> None:
+    # json.loads raised RecursionError (and ValueError for 5,000 digits), not JSONDecodeError: a traceback
+    user = json.dumps({"type": "user", "message": {"role": "user", "content": "hi"}})
+    proc = agentfsm("--output-format", "stream-json", "--verbose", "--input-format", "stream-json",
+                    "--scripted", scenario_file(tmp_path, [text("x")]), cwd=tmp_path, home=tmp_path / "home",
+                    stdin=f"{line}\n{user}\n")
+    assert "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert "not a stream-json user message" in proc.stderr
+
+
 # --- MCP servers ----------------------------------------------------------------------------------
 
 TINY_SERVER = '''

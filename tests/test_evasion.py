@@ -94,3 +94,64 @@ def test_wrapped_spellings_that_run_rm_are_denied(tmp_path_factory: pytest.TempP
     p = PermissionPolicy.build("/", mode="bypassPermissions", deny=["Bash(rm:*)"])
     if removed:
         assert p.evaluate(BASH, {"command": command}).behavior == "deny", command
+
+
+# --- path semantics: what a path names once the kernel resolves it (tests/evasion/path_semantics.json) -----
+
+PATH_CORPUS: list[dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "evasion" / "path_semantics.json").read_text(encoding="utf-8"))["entries"]
+PATH_RULES = ["Read(./secrets/**)", "Edit(./locked/**)"]
+
+
+def path_workspace(root: Path) -> Path:
+    """secrets/ (a key and a vault), locked/, pub/ with links into both, an empty e/; a git repository."""
+    ws = root / "ws"
+    for d in ("secrets/vault", "locked/sub", "pub", "e"):
+        (ws / d).mkdir(parents=True)
+    (ws / "secrets" / "key.txt").write_text("SECRET_MARKER\n")
+    (ws / "secrets" / "vault" / "v.txt").write_text("vault\n")
+    (ws / "locked" / "conf.txt").write_text("original\n")
+    (ws / "pub" / "p.txt").write_text("public\n")
+    (ws / "pub" / "mk").write_text("all:\n\tcat key.txt\n")
+    (ws / "pub" / "vlink").symlink_to("../secrets/vault")
+    (ws / "pub" / "lk").symlink_to("../locked/sub")
+    if shutil.which("git") is not None:
+        subprocess.run(["git", "init", "-q"], cwd=ws, check=True)
+        subprocess.run(["git", "add", "-A"], cwd=ws, check=True)
+    return ws
+
+
+@pytest.mark.parametrize("entry", PATH_CORPUS, ids=ids(PATH_CORPUS))
+def test_paths_are_judged_where_the_kernel_resolves_them(tmp_path: Path, entry: dict[str, Any]) -> None:
+    ws = path_workspace(tmp_path)
+    for mode in PERMISSION_MODES:
+        p = PermissionPolicy.build(ws, mode=mode, deny=PATH_RULES, allow=["Bash"])
+        d = p.evaluate(BASH, {"command": entry["command"]})
+        assert d.behavior == "deny" and d.decided_by == "rule", (mode, entry["command"], d)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.parametrize("entry", PATH_CORPUS, ids=ids(PATH_CORPUS))
+def test_the_path_corpus_is_real(tmp_path: Path, entry: dict[str, Any]) -> None:
+    # each entry really reads the secret or really writes the locked file when bash runs it
+    ws = path_workspace(tmp_path)
+    done = subprocess.run(["bash", "-c", entry["command"]], cwd=ws, capture_output=True, text=True, timeout=30,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(tmp_path), "CDPATH": ""})
+    if done.returncode in (126, 127) and "SECRET_MARKER" not in done.stdout:
+        pytest.skip(f"a program the entry needs is missing here: {done.stderr.strip()[:120]}")
+    if entry["effect"] == "reads":
+        assert "SECRET_MARKER" in done.stdout, (entry["command"], done.returncode, done.stderr)
+    else:
+        assert (ws / "locked" / "conf.txt").read_text() != "original\n", (entry["command"], done.stderr)
+
+
+def test_the_same_paths_without_the_detour_are_allowed(tmp_path: Path) -> None:
+    # the resolution must not deny what does not reach the protected files
+    ws = path_workspace(tmp_path)
+    p = PermissionPolicy.build(ws, mode="bypassPermissions", deny=PATH_RULES)
+    # (a directory read as a whole is walked through its links: pub, which links into secrets, is not
+    # one to name here)
+    for command in ("cat pub/vlink/../../pub/p.txt", "cat pub/p.txt", "cd pub/vlink/.. && cat p.txt",
+                    "tar -C locked -cf - conf.txt", "diff -r e locked", "git -C e status",
+                    "echo x > pub/new.txt", "CDPATH=locked cd sub && cat ../conf.txt"):
+        assert p.evaluate(BASH, {"command": command}).behavior == "allow", command

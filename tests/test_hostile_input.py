@@ -207,3 +207,28 @@ def test_one_writer_per_session(agentfsm_workspace: Path, home: Path) -> None:
             _out, err = first.communicate(timeout=60)
         assert first.returncode == 0, err
     assert audit(session_path(home, agentfsm_workspace, sid)).returncode == 0
+
+
+@pytest.mark.parametrize("hostile", [
+    '{"file_path": ' + "[" * 100_000 + "]" * 100_000 + "}",  # parses only with a deep enough stack
+    "[" * 100_000,  # json.loads recursed into every "[" before finding the text incomplete
+    '{"file_path": ' + "1" * 5_000 + "}",  # past Python's integer-digits limit: a ValueError, no JSONDecodeError
+])
+def test_a_deep_or_huge_tool_input_is_malformed_input(agentfsm_workspace: Path, home: Path, hostile: str) -> None:
+    # it used to end the run with RecursionError and leave the call without a tool_result
+    sid = str(uuid.uuid4())
+    script = [{"blocks": [{"type": "raw_tool_json", "id": "toolu_deep", "name": "Read", "json": hostile}],
+               "stop_reason": "tool_use"},
+              text("recovered")]
+    with ScriptedServer(script, ws=agentfsm_workspace) as server:
+        proc = run(server, agentfsm_workspace, home, "-p", "go", "--session-id", sid)
+        assert "Traceback" not in proc.stderr and "RecursionError" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert (result(proc)["terminal_reason"], result(proc)["result"]) == ("completed", "recovered")
+        assert len(server.requests) == 2
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    answers = [b for m in lines if m["type"] == "user" for b in m["message"]["content"]
+               if b.get("type") == "tool_result" and b["tool_use_id"] == "toolu_deep"]
+    # answered as invalid JSON is: the call withdrawn (with its tool_result), the model asked again
+    assert len(answers) == 1 and answers[0]["is_error"], answers
+    assert audit(session_path(home, agentfsm_workspace, sid)).returncode == 0

@@ -184,11 +184,13 @@ def test_a_search_is_denied_with_the_read_text_naming_the_path_as_given(tmp_path
         assert (decision.behavior, decision.reason) == ("deny", read_denied(str(where)))
 
 
-def test_a_subject_that_cannot_be_computed_matches_no_rule(tmp_path: Path) -> None:
+def test_a_subject_that_cannot_be_computed_is_denied_by_any_rule_that_could_apply(tmp_path: Path) -> None:
+    # it used to match no rule, so bypassPermissions let the call through (the fail-open of issue 31)
     tool = BrokenSubject("Weird")
     p = policy(tmp_path, mode="bypassPermissions", deny=["Weird(x)"])
-    assert p.deny_rule_for(tool, {"x": 1}) is None
-    assert p.evaluate(tool, {"x": 1}).behavior == "allow"
+    assert str(p.deny_rule_for(tool, {"x": 1})) == "Weird(x)"
+    assert p.evaluate(tool, {"x": 1}).behavior == "deny"
+    assert policy(tmp_path, mode="bypassPermissions", deny=["Other(x)"]).evaluate(tool, {"x": 1}).behavior == "allow"
 
 
 # --- Glob patterns --------------------------------------------------------------------------------
@@ -261,3 +263,33 @@ async def test_a_bash_check_that_outlasts_its_budget_denies(tmp_path: Path, monk
     assert decision.reason == "Permission to use Bash has been denied: the command could not be checked within 0.05s."
     monkeypatch.setattr(permissions, "analyse", real)
     assert (await p.decide(BASH, {"command": "ls"})).behavior == "allow"
+
+
+# --- paths resolved as the kernel resolves them ------------------------------------------------------
+
+
+def _linked_workspace(tmp_path: Path) -> Path:
+    """ws/pub/out -> a directory outside the workspace; ws/pub/lk -> ws/locked/sub."""
+    ws, outside = tmp_path / "ws", tmp_path / "outside"
+    for d in (ws / "pub", ws / "locked" / "sub", outside / "sub"):
+        d.mkdir(parents=True)
+    (ws / "pub" / "out").symlink_to(outside / "sub")
+    (ws / "pub" / "lk").symlink_to(ws / "locked" / "sub")
+    return ws
+
+
+def test_accept_edits_judges_a_write_after_a_symlink_and_dotdot_where_it_lands(tmp_path: Path) -> None:
+    # `pub/out/../f` is outside/f, not ws/pub/f: acceptEdits may not take it as an edit inside
+    ws = _linked_workspace(tmp_path)
+    p = policy(ws, mode="acceptEdits")
+    assert p.evaluate(BASH, {"command": "touch pub/out/../f"}).behavior == "ask"
+    assert p.evaluate(BASH, {"command": "touch pub/f"}).behavior == "allow"
+
+
+def test_an_edit_rule_holds_through_a_symlink_and_dotdot(tmp_path: Path) -> None:
+    ws = _linked_workspace(tmp_path)
+    p = policy(ws, mode="bypassPermissions", deny=["Edit(./locked/**)"])
+    for command in ("touch pub/lk/../conf.txt", "echo x > pub/lk/../conf.txt", "cp /etc/hostname pub/lk/../c",
+                    "rm -f pub/lk/../conf.txt"):
+        assert p.evaluate(BASH, {"command": command}).behavior == "deny", command
+    assert p.evaluate(BASH, {"command": "touch pub/lk/../../pub/x"}).behavior == "allow"

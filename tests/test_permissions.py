@@ -348,6 +348,51 @@ def test_a_read_only_classifier_that_raises_is_not_trusted(tmp_path: Path) -> No
     assert policy(tmp_path, mode="plan").evaluate(Broken("X"), {}).behavior == "deny"
 
 
+class RaisingSubject(FakeTool):
+    """A tool whose subject cannot be named: every part of the check that asks for it fails."""
+
+    def permission_subject(self, input: Mapping[str, Any]) -> str | None:
+        raise RuntimeError("no subject")
+
+
+@pytest.mark.parametrize("mode", ["default", "acceptEdits", "plan", "bypassPermissions", "dontAsk"])
+def test_a_subject_that_raises_is_denied_by_any_rule_that_could_apply(tmp_path: Path, mode: str) -> None:
+    deploy = RaisingSubject("Deploy", read_only=True)
+    d = policy(tmp_path, mode=mode, deny=["Deploy(prod*)"]).evaluate(deploy, {"target": "prod-eu"})
+    assert (d.behavior, d.decided_by, str(d.rule)) == ("deny", "rule", "Deploy(prod*)")
+    assert "could not be checked against the permission rules (RuntimeError: no subject)" in d.reason
+    # an ask rule asks (and is no allow), an allow rule with a specifier approves nothing
+    asked = policy(tmp_path, mode=mode, ask=["Deploy(prod*)"]).evaluate(deploy, {})
+    assert asked.behavior != "allow" and str(asked.rule) == "Deploy(prod*)"
+    # a rule of another tool does not apply: the (read-only) call is judged by the mode alone
+    assert policy(tmp_path, mode=mode, deny=["Other(prod*)"]).evaluate(deploy, {}).behavior == "allow"
+
+
+def test_a_subject_that_raises_is_approved_by_no_allow_rule(tmp_path: Path) -> None:
+    tool = RaisingSubject("Deploy")
+    d = policy(tmp_path, allow=["Deploy(prod*)"]).evaluate(tool, {})
+    assert d.behavior == "ask" and d.rule is None
+    assert policy(tmp_path, allow=["Deploy"]).evaluate(tool, {}).behavior == "allow"  # the whole tool
+
+
+def test_a_file_tool_whose_subject_raises_is_denied_by_its_path_rules(tmp_path: Path) -> None:
+    # no path key: the subject comes from permission_subject, which fails
+    for name in ("Read", "Write"):  # (Grep and Glob without a path search the cwd: no subject asked)
+        tool = RaisingSubject(name, read_only=name != "Write")
+        d = policy(tmp_path, mode="bypassPermissions", deny=["Read(./secrets/**)", "Edit(.env)"]).evaluate(tool, {})
+        assert d.behavior == "deny", name
+
+
+def test_any_failure_of_the_check_denies(tmp_path: Path) -> None:
+    class Exploding(FakeTool):
+        def permission_subject(self, input: Mapping[str, Any]) -> str | None:
+            raise RecursionError("deep")
+
+    # an Edit-family tool in acceptEdits asks for its paths, which asks for the subject
+    d = policy(tmp_path, mode="acceptEdits").evaluate(Exploding("Write"), {})
+    assert d.behavior == "deny" and "RecursionError: deep" in d.reason
+
+
 # ---------------------------------------------------------------------------------------------
 # Hook decisions and the callback
 

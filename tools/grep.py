@@ -1,76 +1,48 @@
-"""Grep: regex search over file contents, ripgrep-backed (Claude Code's Grep tool).
+"""Grep: regex search over file contents by ripgrep, run as Claude Code runs it.
 
-Two backends produce the same records (:class:`FileHits`, counts, file lists): ripgrep, run as a
-subprocess with the arguments Claude Code passes it, and a pure-Python walk that reproduces
-ripgrep's file selection (hidden files searched, VCS directories skipped, ``.gitignore`` inside a
-git work tree, ``.ignore``/``.rgignore``, ``--glob`` overrides, ``--type``, symlinks not followed,
-binary files skipped). One formatter turns the records into text, so both backends print alike.
-
-Known fallback differences: Python's ``re`` dialect instead of Rust's regex; the global git
-excludes file (core.excludesFile) is not read; globs follow :mod:`agentfsm.tools.pathmatch`, the one
-dialect of the Glob tool and the permission rules, so a ``[...]`` class never matches ``/`` and knows
-``[:digit:]``-style names and ``\\`` escapes, where ripgrep's globset lets a class match ``/``, has
-no named classes and rejects a reversed range such as ``[z-a]``.
+ripgrep comes from the ``ripgrep`` wheel, a dependency of agentfsm, so every machine searches with
+the same engine, file selection (hidden files, VCS directories skipped, ``.gitignore`` inside a git
+work tree, ``.ignore``/``.rgignore``, ``--glob``, ``--type``, no symlinks followed, binary files
+skipped) and error texts as Claude Code's bundled ripgrep. There is no second engine: the pure-Python
+fallback this replaced used ``re``, whose backtracking made ``(a+)+$`` over 49 bytes hang the
+process, and it differed from ripgrep in dialect and file selection. ripgrep's regex engine runs in
+time linear in the input; the search runs as a child process (off the event loop) that the run's
+abort and a time limit (Claude Code's: 20 s, ``CLAUDE_CODE_GLOB_TIMEOUT_SECONDS``) both kill.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import bisect
 import contextlib
+import functools
+import importlib.metadata
 import json
 import os
 import re
 import shutil
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+import sysconfig
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, cast
 
 import attrs
 
 from agentfsm.tools.base import FileAccess, ReadOnlyTool, ToolContext, ToolError, ToolOutput, ValidationResult
-from agentfsm.tools.glob import VCS_DIRS, display_path, run_stoppable, search_root_denial, visible
-from agentfsm.tools.pathmatch import IgnoreRule, PatternError, expand_braces, ignore_rule
-from agentfsm.tools.read import CWD_NOTE, decode_text
+from agentfsm.tools.glob import VCS_DIRS, display_path, search_root_denial, visible
+from agentfsm.tools.read import CWD_NOTE
 
-Backend = Literal["auto", "rg", "python"]
 OutputMode = Literal["content", "files_with_matches", "count"]
 
-#: Process-wide default; tests set it to ``"python"`` to exercise the fallback with rg installed.
-BACKEND: Backend = "auto"
 DEFAULT_HEAD_LIMIT = 250
 #: Claude Code's head for a pattern, glob or type the search engine refused (sent without <tool_use_error>).
 SEARCH_REJECTED = "Search failed \u2014 ripgrep rejected the pattern, glob, or file type without searching:\n"
-#: Largest file the pure-Python fallback searches (it reads a file whole).
-MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_LINE_CHARS = 500
-
-# Globs of the file types the fallback knows (copied from ripgrep's own type table).
-FILE_TYPES: dict[str, tuple[str, ...]] = {
-    "py": ("*.py", "*.pyi"),
-    "python": ("*.py", "*.pyi"),
-    "js": ("*.js", "*.jsx", "*.vue", "*.cjs", "*.mjs"),
-    "ts": ("*.ts", "*.tsx", "*.cts", "*.mts"),
-    "typescript": ("*.ts", "*.tsx", "*.cts", "*.mts"),
-    "rust": ("*.rs",),
-    "go": ("*.go",),
-    "java": ("*.java", "*.jsp", "*.jspx", "*.properties"),
-    "md": ("*.markdown", "*.md", "*.mdown", "*.mkdn"),
-    "markdown": ("*.markdown", "*.md", "*.mdown", "*.mkdn"),
-    "json": ("*.json", "composer.lock"),
-    "yaml": ("*.yaml", "*.yml"),
-    "toml": ("*.toml", "Cargo.lock"),
-    "c": ("*.[chH]", "*.[chH].in", "*.cats"),
-    "cpp": ("*.[ChH]", "*.[ChH].in", "*.[ch]pp", "*.[ch]pp.in", "*.[ch]xx", "*.[ch]xx.in", "*.cc",
-            "*.cc.in", "*.hh", "*.hh.in", "*.inl"),
-    "sh": ("*.bash", "*.sh", "*.zsh", "*.ksh", ".bashrc", ".zshrc", ".profile", ".bash_profile"),
-    "html": ("*.ejs", "*.htm", "*.html"),
-    "css": ("*.css", "*.scss"),
-    "txt": ("*.txt",),
-}
-
+#: Claude Code's time limit of one search, in seconds (it allows 60 on WSL); the variable overrides it.
+DEFAULT_TIME_LIMIT_S = 20.0
+TIME_LIMIT_ENV = "CLAUDE_CODE_GLOB_TIMEOUT_SECONDS"
+#: The distribution whose wheel ships the ``rg`` binary.
+RIPGREP_DIST = "ripgrep"
 
 # --- records ---------------------------------------------------------------------------------
 
@@ -124,7 +96,43 @@ def split_globs(glob: str | None) -> tuple[str, ...]:
     return tuple(out)
 
 
-# --- ripgrep backend -------------------------------------------------------------------------
+# --- ripgrep -----------------------------------------------------------------------------------
+
+
+@functools.cache
+def ripgrep_path() -> str | None:
+    """The ``rg`` binary: the one the ``ripgrep`` wheel installed (found through its file list, so a
+    PATH without the environment's scripts directory does not matter), else the scripts directory
+    of this interpreter, else ``rg`` on PATH."""
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        for f in importlib.metadata.files(RIPGREP_DIST) or ():
+            if f.name in ("rg", "rg.exe"):
+                located = Path(str(f.locate())).resolve()
+                if os.access(located, os.X_OK):
+                    return str(located)
+    scripts = sysconfig.get_path("scripts")
+    for name in ("rg", "rg.exe"):
+        candidate = os.path.join(scripts, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("rg")
+
+
+def time_limit_s() -> float:
+    """How long one search may run: Claude Code's limit, or the variable that overrides it."""
+    try:
+        given = float(os.environ.get(TIME_LIMIT_ENV, "") or 0)
+    except ValueError:
+        given = 0.0
+    return given if given > 0 else DEFAULT_TIME_LIMIT_S
+
+
+def timed_out_text(limit: float) -> str:
+    """Claude Code's words for a search that ran past its time limit."""
+    shown = f"{limit:g}"
+    unit = "second" if shown == "1" else "seconds"
+    return (f"Ripgrep search timed out after {shown} {unit}. The search may have matched files but did not "
+            "complete in time. Try searching a more specific path or pattern.")
 
 
 def rg_args(q: Query) -> list[str]:
@@ -199,18 +207,27 @@ def parse_rg_json(out: bytes) -> list[FileHits]:
 
 
 async def run_rg(q: Query, ctx: ToolContext) -> bytes:
+    """ripgrep's output for ``q``. The child is killed when the run aborts or the time limit passes
+    (either way the tool answers with an error, never with partial results read as complete)."""
+    binary = ripgrep_path()
+    if binary is None:
+        raise ToolError(f"ripgrep (rg) is not installed: install agentfsm's dependency `{RIPGREP_DIST}` "
+                        "(pip install ripgrep) or put rg on PATH.")
+    if ctx.abort.is_set():
+        raise ToolError("Search aborted.")
     # ripgrep matches --glob patterns against paths relative to its working directory, so it runs
-    # in the searched directory: "src/*" then means the same as in the fallback.
+    # in the searched directory: "src/*" then means the files of src below it.
     cwd = q.root if os.path.isdir(q.root) else os.path.dirname(q.root)
     proc = await asyncio.create_subprocess_exec(
-        "rg", *rg_args(q), cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        binary, *rg_args(q), cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     talk = asyncio.ensure_future(proc.communicate())
     aborted = asyncio.ensure_future(ctx.abort.wait())
+    limit = time_limit_s()
     try:
-        await asyncio.wait({talk, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({talk, aborted}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
         if not talk.done():
-            raise ToolError("Search aborted.")
+            raise ToolError("Search aborted." if aborted.done() else timed_out_text(limit))
         out, err = talk.result()
     finally:
         aborted.cancel()
@@ -226,324 +243,19 @@ async def run_rg(q: Query, ctx: ToolContext) -> bytes:
     return out
 
 
-async def search_rg(q: Query, ctx: ToolContext) -> Found:
-    out = await run_rg(q, ctx)
-    if q.mode == "files_with_matches":
+def parse_rg(mode: OutputMode, out: bytes) -> Found:
+    if mode == "files_with_matches":
         return [os.fsdecode(p) for p in out.split(b"\0") if p.strip(b"\n")]
-    if q.mode == "count":
+    if mode == "count":
         return [(os.fsdecode(m[1]), int(m[2])) for m in re.finditer(rb"([^\0]*)\0(\d+)(?:\n|\Z)", out)
                 if m[2] != b"0"]
     return parse_rg_json(out)
 
 
-# --- pure-Python backend: file selection ------------------------------------------------------
-
-
-def _verdict(rules: Sequence[tuple[str, IgnoreRule]], path: str, is_dir: bool) -> bool | None:
-    """Whether the last matching rule is a plain one (True) or a ``!`` one (False); None if none
-    matches. For ignore files plain means "ignore"; for ``--glob`` overrides it means "keep"."""
-    verdict: bool | None = None
-    for base, rule in rules:
-        if path.startswith(base) and rule.matches(path[len(base):], is_dir):
-            verdict = not rule.negated
-    return verdict
-
-
-def _read_rules(directory: str, name: str) -> list[tuple[str, IgnoreRule]]:
-    """The rules of one ignore file, each tagged with the directory its patterns are relative to."""
-    try:
-        text = Path(directory, name).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    base = directory.rstrip("/") + "/"
-    return [(base, r) for r in (ignore_rule(ln) for ln in text.splitlines()) if r is not None]
-
-
-@attrs.frozen
-class DirRules:
-    """What one directory contributes to ignoring, by ripgrep's categories."""
-
-    rgignore: list[tuple[str, IgnoreRule]]
-    ignore: list[tuple[str, IgnoreRule]]
-    gitignore: list[tuple[str, IgnoreRule]]
-    exclude: list[tuple[str, IgnoreRule]]
-    has_git: bool
-
-    @classmethod
-    def of(cls, directory: str) -> DirRules:
-        has_git = os.path.exists(os.path.join(directory, ".git"))
-        exclude: list[tuple[str, IgnoreRule]] = []
-        if has_git:
-            base = directory.rstrip("/") + "/"
-            exclude = [(base, r) for _, r in _read_rules(os.path.join(directory, ".git", "info"), "exclude")]
-        return cls(_read_rules(directory, ".rgignore"), _read_rules(directory, ".ignore"),
-                   _read_rules(directory, ".gitignore"), exclude, has_git)
-
-
-def ignored(chain: Sequence[DirRules], path: str, is_dir: bool) -> bool:
-    """ripgrep's verdict from the ignore files of ``path``'s directories (outermost first): in each
-    category the nearest directory with a matching rule decides; .rgignore beats .ignore beats
-    .gitignore beats .git/info/exclude; git files count only inside a work tree and stop applying
-    above the nearest repository root."""
-    any_git = any(d.has_git for d in chain)
-    found: dict[str, bool | None] = {"rgignore": None, "ignore": None, "gitignore": None, "exclude": None}
-    saw_git = False
-    for d in reversed(chain):
-        for category in ("rgignore", "ignore"):
-            if found[category] is None:
-                found[category] = _verdict(getattr(d, category), path, is_dir)
-        if any_git and not saw_git:
-            for category in ("gitignore", "exclude"):
-                if found[category] is None:
-                    found[category] = _verdict(getattr(d, category), path, is_dir)
-        saw_git = saw_git or d.has_git
-    for verdict in found.values():
-        if verdict is not None:
-            return verdict
-    return False
-
-
-class Selector:
-    """Decides which files under ``root`` ripgrep would search, given the query's filters."""
-
-    def __init__(self, q: Query) -> None:
-        self.root = q.root
-        self.overrides: list[tuple[str, IgnoreRule]] = []
-        for g in [f"!{d}" for d in VCS_DIRS] + list(q.globs):
-            try:
-                alternatives = expand_braces(g)
-            except PatternError as exc:
-                raise ToolError(SEARCH_REJECTED + str(exc), wrapped=False) from exc
-            for alt in alternatives:
-                rule = ignore_rule(alt, comments=False)
-                if rule is not None:
-                    self.overrides.append((q.root.rstrip("/") + "/", rule))
-        self.has_whitelist = any(not r.negated for _, r in self.overrides)
-        self.types: list[IgnoreRule] | None = None
-        if q.file_type:
-            globs = FILE_TYPES.get(q.file_type)
-            if globs is None:
-                raise ToolError(f"{SEARCH_REJECTED}unrecognized file type: {q.file_type}", wrapped=False)
-            self.types = [r for r in (ignore_rule(g, comments=False) for g in globs) if r is not None]
-
-    def _parents(self) -> list[DirRules]:
-        """ripgrep also reads the ignore files of the directories above the one searched."""
-        chain: list[str] = []
-        d = os.path.dirname(self.root)
-        while True:
-            chain.append(d)
-            parent = os.path.dirname(d)
-            if parent == d:
-                break
-            d = parent
-        return [DirRules.of(c) for c in reversed(chain)]
-
-    def wanted(self, path: str, is_dir: bool, chain: Sequence[DirRules]) -> bool:
-        # For overrides the sense is inverted: a plain glob keeps the path, "!glob" drops it; and an
-        # override is the last word, keeping even ignored or untyped files.
-        override = _verdict(self.overrides, path, is_dir)
-        if override is not None:
-            return override
-        if not is_dir and self.has_whitelist:
-            return False
-        if ignored(chain, path, is_dir):
-            return False
-        if is_dir or self.types is None:
-            return True
-        name = os.path.basename(path)
-        return any(t.matches(name, is_dir=False) for t in self.types)
-
-    def files(self, stop: threading.Event) -> Iterator[str]:
-        if not os.path.isdir(self.root):
-            yield self.root  # a file named explicitly is searched whatever the filters say
-            return
-        stack: list[tuple[str, list[DirRules]]] = [(self.root, self._parents())]
-        while stack:
-            if stop.is_set():
-                return
-            directory, chain = stack.pop()
-            chain = [*chain, DirRules.of(directory)]
-            try:
-                entries = sorted(os.scandir(directory), key=lambda e: e.name)
-            except OSError:
-                continue
-            subdirs: list[tuple[str, list[DirRules]]] = []
-            for entry in entries:
-                try:
-                    if entry.is_symlink():
-                        continue
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                    if not is_dir and not entry.is_file(follow_symlinks=False):
-                        continue
-                except OSError:
-                    continue
-                if not self.wanted(entry.path, is_dir, chain):
-                    continue
-                if is_dir:
-                    subdirs.append((entry.path, chain))
-                else:
-                    yield entry.path
-            stack.extend(reversed(subdirs))
-
-
-# --- pure-Python backend: matching -----------------------------------------------------------
-
-def _escapes_line_feed(pattern: str, i: int) -> bool:
-    """Whether the escape at ``pattern[i]`` (a backslash) spells a line feed."""
-    rest = pattern[i + 1:i + 7].lower()
-    return rest[:1] == "n" or rest.startswith(("x0a", "u000a")) or re.match(r"x\{0*a\}", rest) is not None
-
-
-def may_match_newline(pattern: str) -> bool:
-    """Whether a multiline search must look across lines. ripgrep decides this from the parsed
-    regex and falls back to line-by-line search when no line terminator can match; this reads
-    the same cases off the pattern text: a line feed spelled out, ``.`` (which --multiline-dotall
-    lets match it), ``\\s``, ``\\W``, ``\\D``, ``\\P{..}`` and negated classes."""
-    i = 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            if _escapes_line_feed(pattern, i) or pattern[i + 1:i + 2] in ("s", "W", "D", "P"):
-                return True
-            i += 2
-            continue
-        if ch in ".\n" or (ch == "[" and pattern[i + 1:i + 2] == "^"):
-            return True
-        i += 1
-    return False
-
-
-def _lines(text: str) -> list[str]:
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-NEWLINE_REFUSED = ("the literal '\"\\n\"' is not allowed in a regex\n\nConsider enabling multiline mode with "
-                   "the --multiline flag (or -U for short).\nWhen multiline mode is enabled, new line "
-                   "characters can be matched.")
-
-
-def names_a_newline(pattern: str) -> bool:
-    """Whether the pattern spells out a line feed (``\\n``, ``\\x0a`` or the character itself)."""
-    i = 0
-    while i < len(pattern):
-        if pattern[i] == "\n":
-            return True
-        if pattern[i] == "\\":
-            if _escapes_line_feed(pattern, i):
-                return True
-            i += 2
-            continue
-        i += 1
-    return False
-
-
-class Matcher:
-    def __init__(self, q: Query) -> None:
-        if not q.multiline and names_a_newline(q.pattern):
-            # ripgrep refuses these outside multiline mode; so does the fallback, with its words
-            raise ToolError(NEWLINE_REFUSED)
-        flags = re.IGNORECASE if q.ignore_case else 0
-        self.across_lines = q.multiline and may_match_newline(q.pattern)
-        if self.across_lines:
-            flags |= re.MULTILINE | re.DOTALL
-        try:
-            self.regex = re.compile(q.pattern, flags)
-        except re.error as exc:
-            raise ToolError(f"{SEARCH_REJECTED}regex parse error: {exc}", wrapped=False) from exc
-        self.q = q
-
-    def any(self, text: str) -> bool:
-        if self.across_lines:
-            return self.regex.search(text) is not None
-        return any(self.regex.search(line) for line in _lines(text))
-
-    def count(self, text: str) -> int:
-        """What ``rg -c`` reports: matching lines, or matches when a match may span lines."""
-        if self.across_lines:
-            return sum(1 for _ in self.regex.finditer(text))
-        return sum(1 for line in _lines(text) if self.regex.search(line))
-
-    def _events(self, text: str, lines: list[str]) -> list[tuple[int, int, list[tuple[int, str]]]]:
-        """(first line, last line, submatches) of each match event, lines 0-based."""
-        if not self.across_lines:
-            out = []
-            for i, line in enumerate(lines):
-                found = [(0, m.group(0)) for m in self.regex.finditer(line)]
-                if found:
-                    out.append((i, i, found))
-            return out
-        starts = [0, *(i + 1 for i, ch in enumerate(text) if ch == "\n")]
-        merged: list[tuple[int, int, list[tuple[int, str]]]] = []
-        for m in self.regex.finditer(text):
-            first = bisect.bisect_right(starts, m.start()) - 1
-            last = bisect.bisect_right(starts, max(m.end() - 1, m.start())) - 1
-            if first >= len(lines):
-                continue
-            # ripgrep grows a match event while the next match starts on a line it already covers
-            if merged and first <= merged[-1][1]:
-                head, tail, subs = merged[-1]
-                merged[-1] = (head, max(tail, last), [*subs, (first - head, m.group(0))])
-            else:
-                merged.append((first, last, [(0, m.group(0))]))
-        return [(a, min(b, len(lines) - 1), subs) for a, b, subs in merged]
-
-    def hits(self, path: str, text: str) -> FileHits | None:
-        lines = _lines(text)
-        events = self._events(text, lines)
-        if not events:
-            return None
-        by_first = {first: (last, subs) for first, last, subs in events}
-        shown: set[int] = set()
-        for first, last, _ in events:
-            shown.update(range(max(0, first - self.q.before), min(len(lines), last + self.q.after + 1)))
-        hits = FileHits(path)
-        covered_until = -1
-        for n in sorted(shown):
-            if n in by_first:
-                last, subs = by_first[n]
-                hits.events.append(Event("match", n + 1, "\n".join(lines[n:last + 1]), tuple(subs)))
-                covered_until = last
-            elif n > covered_until:
-                hits.events.append(Event("context", n + 1, lines[n]))
-        return hits
-
-
-def search_python(q: Query, stop: threading.Event) -> Found:
-    matcher = Matcher(q)
-    files: list[str] = []
-    counts: list[tuple[str, int]] = []
-    hits: list[FileHits] = []
-    named_file = not os.path.isdir(q.root)
-    for path in Selector(q).files(stop):
-        if stop.is_set():
-            break
-        try:
-            with open(path, "rb") as fh:
-                if os.fstat(fh.fileno()).st_size > MAX_FILE_BYTES:
-                    continue  # ripgrep streams such a file; this fallback will not hold it in memory
-                data = fh.read(MAX_FILE_BYTES + 1)
-        except OSError:
-            continue
-        binary_at = data.find(b"\0")
-        if binary_at >= 0 and not named_file:
-            continue  # ripgrep skips binary files met while walking, but searches one named outright
-        text = decode_text(data)
-        if q.mode == "files_with_matches":
-            if matcher.any(text):
-                files.append(path)
-        elif q.mode == "count":
-            n = matcher.count(text)
-            if n:
-                counts.append((path, n))
-        else:
-            found = matcher.hits(path, text)
-            if found is not None:
-                found.binary_offset = binary_at if binary_at >= 0 else None
-                hits.append(found)
-    return files if q.mode == "files_with_matches" else counts if q.mode == "count" else hits
+async def search_rg(q: Query, ctx: ToolContext) -> Found:
+    out = await run_rg(q, ctx)
+    # reading a large output is work too: in a thread, so other sessions keep running
+    return await asyncio.to_thread(parse_rg, q.mode, out)
 
 
 def only_visible(access: FileAccess, mode: OutputMode, found: Found) -> Found:
@@ -562,7 +274,7 @@ def only_visible(access: FileAccess, mode: OutputMode, found: Found) -> Found:
     return [h for h in cast(list[FileHits], found) if shown(h.path)]
 
 
-# --- formatting (shared by both backends) ----------------------------------------------------
+# --- formatting ------------------------------------------------------------------------------
 
 
 def paginate(items: list[Any], head_limit: int | None, offset: int) -> tuple[list[Any], int | None]:
@@ -749,22 +461,9 @@ class GrepTool(ReadOnlyTool):
         "additionalProperties": False,
     }
 
-    def __init__(self, backend: Backend | None = None) -> None:
-        self.backend = backend
-
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         path = input.get("path")
         return path if isinstance(path, str) else None
-
-    def use_ripgrep(self) -> bool:
-        choice = self.backend or BACKEND
-        if choice == "python":
-            return False
-        if choice == "rg":
-            if shutil.which("rg") is None:
-                raise ToolError("ripgrep (rg) is not installed.")
-            return True
-        return shutil.which("rg") is not None
 
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
         given = input.get("path")
@@ -788,11 +487,7 @@ class GrepTool(ReadOnlyTool):
             multiline=bool(input.get("multiline")), before=before, after=after,
             only_matching=bool(input.get("-o")) and mode == "content",
             file_type=input.get("type") or None, globs=split_globs(input.get("glob")))
-        if self.use_ripgrep():
-            result = await search_rg(q, ctx)
-        else:
-            stop = threading.Event()
-            result = await run_stoppable(ctx, stop, lambda: search_python(q, stop))
+        result = await search_rg(q, ctx)
         # what the permission settings deny is left out before anything is counted or paged
         result = await asyncio.to_thread(only_visible, ctx.access, mode, result)
         head_limit: int | None = input.get("head_limit")

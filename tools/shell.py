@@ -110,8 +110,10 @@ class Command:
 
 @attrs.frozen
 class PathUse:
-    """A file the command reads or writes. ``path`` is absolute and normalised (``..`` folded, links
-    kept), or None when it is not static; ``glob`` marks a pattern (backslash escapes, bash's dialect)
+    """A file the command reads or writes. ``path`` is absolute, as the kernel receives it: ``.`` and
+    repeated slashes dropped, ``..`` kept — folding ``a/link/..`` on the text names ``a``, while the
+    kernel follows ``link`` first (:func:`agentfsm.hooks.file_access.spellings` resolves it the
+    kernel's way) — or None when it is not static; ``glob`` marks a pattern (backslash escapes, bash's dialect)
     to expand against the disk; ``recursive``: everything below a directory (``grep -r``, ``cp -r``,
     ``find -delete``)."""
 
@@ -239,6 +241,8 @@ class _Walker:
         # `cd` named an absolute one): relative paths are checked against each
         self.bases: list[str] = ["."]
         self.bases_unknown = False
+        # the directories a CDPATH set in the command names (a relative `cd` may land below any)
+        self.cdpath: list[str] = []
 
     # -- results
 
@@ -267,14 +271,14 @@ class _Walker:
         if raw is None:
             return [None]
         if raw.startswith("/"):
-            return [_normpath(raw)]
+            return [kernel_path(raw)]
         if self.bases_unknown:
             return [None]
         out: list[str | None] = []
         for base in self.bases:
-            where = _normpath(os.path.join(cwd, base))
+            where = kernel_path(os.path.join(cwd, base))
             # a glob is a pattern: the directory it is joined to must not add wildcards of its own
-            out.append(_normpath(os.path.join(escape(where) if is_glob else where, raw)))
+            out.append(kernel_path(os.path.join(escape(where) if is_glob else where, raw)))
         return out
 
     # -- parsing
@@ -377,10 +381,22 @@ class _Walker:
             self.assigns = True
             if programs.code_variable(var):
                 self.bad(f"assigning {var} may make a program run code")
+            if var == "CDPATH":
+                self._cdpath(n, src)
         value = n.child_by_field_name("value")
         if value is not None and _SUBSCRIPT_CODE.search(src[value.start_byte:value.end_byte]):
             # a[$(cmd)] as a value: bash runs cmd wherever the value is used as a name or a number
             self.bad("a value holding a subscript that runs code")
+
+    def _cdpath(self, n: Node, src: bytes) -> None:
+        """Note the directories of a CDPATH assignment (``CDPATH=secrets cd vault`` lands in
+        secrets/vault); one that is not static leaves every later relative path unknown."""
+        value = n.child_by_field_name("value")
+        text = word_value(value, src).text if value is not None else ""
+        if text is None:
+            self.bases_unknown = True
+            return
+        self.cdpath = list(dict.fromkeys([*self.cdpath, *(d or "." for d in text.split(":"))]))
 
     def _redirect(self, n: Node, src: bytes) -> None:
         op = next((node_text(src, c) for c in n.children if not c.is_named and c.type != "ERROR"), "")
@@ -446,6 +462,9 @@ class _Walker:
         words: list[Word] = []
         for c in n.named_children:
             t = c.type
+            name = c.child_by_field_name("name") if t == "variable_assignment" else None
+            if name is not None and node_text(src, name) == "CDPATH":
+                self._cdpath(c, src)  # before the command runs: `CDPATH=… cd` is read by this cd
             if t in ("variable_assignment", "file_redirect", "herestring_redirect", "heredoc_redirect", "subscript"):
                 continue
             if t == "command_name":
@@ -510,6 +529,9 @@ class _Walker:
         args = words[1:]
         inner = programs.unwrap(program, args, stdin or programs.TERMINAL)
         if inner is None:
+            for where in files.working_directories(program, args):
+                self._cd("cd", (where.text,))
+                self.path(where, "read", f"{program} runs in this directory", recursive=True)
             effects = files.file_effects(program, args)
             for use in effects.uses:
                 self.path(use.value, use.access, use.why, use.recursive, use.creates)
@@ -526,6 +548,8 @@ class _Walker:
             self.path(use.value, use.access, use.why, use.recursive, use.creates)
         if inner.chdir is not None:
             self._cd("cd", (inner.chdir.text,))
+            # a program run in a directory (env -C, git -C, make -C, tar -C) may read below it
+            self.path(inner.chdir, "read", f"{program} runs in this directory", recursive=True)
         if inner.kind == "argv":
             for inner_argv in inner.argvs:
                 self.simple(inner_argv, (*via, program), text, depth, inner.stdin or stdin)
@@ -542,6 +566,9 @@ class _Walker:
         if program == "popd" or (operands and operands[0] in (None, "-")):
             self.bases_unknown = True
             return
+        # `cd` folds `..` on the text (bash's -L, the default); `cd -P` resolves links first, as the
+        # kernel does: the base then keeps its `..` for the checker to resolve
+        physical = any(a is not None and a.startswith("-") and "P" in a and a != "--" for a in args)
         target = operands[0] if operands else self.home
         assert target is not None
         if target.startswith("~"):
@@ -550,7 +577,10 @@ class _Walker:
                 self.bases_unknown = True
                 return
             target = expanded
-        new = {_normpath(os.path.join(b, target)) for b in self.bases}
+        fold = kernel_path if physical else _normpath
+        # a relative name that does not start with . or .. is looked up in CDPATH's directories first
+        via = self.cdpath if not target.startswith(("/", "./", "../")) and target not in (".", "..") else []
+        new = {fold(os.path.join(b, d, target)) for b in self.bases for d in ["", *via]}
         self.bases = list(dict.fromkeys([*self.bases, *sorted(new)]))
         if len(self.bases) > _MAX_BASES:
             self.bases_unknown = True
@@ -564,6 +594,15 @@ _CONTINUATION_IN_WORD = re.compile(r"(?<![\s\\])\\\n")
 def _normpath(path: str) -> str:
     out = os.path.normpath(path)
     return "/" + out.lstrip("/") if out.startswith("//") else out
+
+
+def kernel_path(path: str) -> str:
+    """``path`` as the kernel reads it, without the disk: repeated slashes and ``.`` dropped, ``..``
+    kept (only the disk can say what it leads to: the parent of a symlink's target, not the
+    parent of the link)."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    head = "/" if path.startswith("/") else ""
+    return head + "/".join(parts) if parts else (head or ".")
 
 
 def _redirects_of(statement: Node) -> Iterator[Node]:

@@ -100,8 +100,10 @@ _PATTERN_FIRST = {"grep": ("-e", "--regexp", "-f", "--file"), "egrep": ("-e", "-
                   "yq": ("--from-file",), "xq": (), "tomlq": (), "awk": ("-f", "--file"), "gawk": ("-f", "--file"),
                   "mawk": ("-f",), "nawk": ("-f",), "sed": ("-e", "--expression", "-f", "--file"),
                   "htmlq": (), "pup": ()}
-# Recursive readers: the flags that make them recurse (empty: they always do).
-_RECURSIVE = {"grep": ("-r", "-R", "--recursive", "--dereference-recursive", "--directories=recurse"),
+# Recursive readers: the flags that make them recurse (empty: they always do). diff reads the files
+# inside two directories it is given even without -r (and prints them with -N).
+_RECURSIVE = {"diff": (), "colordiff": (),
+              "grep": ("-r", "-R", "--recursive", "--dereference-recursive", "--directories=recurse"),
               "egrep": ("-r", "-R", "--recursive"), "fgrep": ("-r", "-R", "--recursive"),
               "zgrep": ("-r", "-R"), "rg": (), "ag": (), "ack": (), "bat": ()}
 
@@ -183,6 +185,8 @@ def file_effects(program: str, args: Sequence[Word]) -> Effects:
         return _reader(program, args, options, operands)
     if program in INTERPRETERS:
         return _interpreter(program, args, options, operands)
+    if program == "git":
+        return _git(args)
     return _unknown(program, args)
 
 
@@ -196,6 +200,43 @@ def _unknown(program: str, args: Sequence[Word]) -> Effects:
         uses += [Use(a if a.text is not None else None, "read", why), Use(a if a.text is not None else None,
                                                                           "write", why)]
     return Effects(tuple(uses))
+
+
+# git's subcommands that read the files below the directories they are given, as grep -r does
+# (`git grep x dir`, `git diff --no-index a b`). Without a path they read the whole work tree, as
+# `git show` prints tracked contents: that stays the stated limit of deny rules (docs/security.md).
+_GIT_TREE_READERS = {"grep": ("-e", "-f", "--and", "--or", "--not"), "diff": ()}
+
+
+def _git(args: Sequence[Word]) -> Effects:
+    """``git SUBCOMMAND ...`` (global options were peeled off by the unwrapper)."""
+    sub = args[0].text if args else None
+    if sub not in _GIT_TREE_READERS:
+        return _unknown("git", args)
+    options, operands = _split_options(args[1:])
+    if sub == "grep" and operands and not _has_option(options, _GIT_TREE_READERS["grep"]):
+        operands = operands[1:]  # the pattern
+    reads = tuple(Use(t, "read", f"git {sub} (recursive)", recursive=True) for t in operands)
+    # what else git may do with its words stays as for any program it does not know
+    return Effects((*reads, *_unknown("git", args).uses))
+
+
+# Programs that run in a directory an option names (their relative operands are below it, and they
+# may read anything there): `make -C dir`, `tar -C dir -cf - key.txt`. (git's -C, and env's, are
+# read where those wrappers are unwrapped.)
+CHDIR_OPTIONS = {"make": ("-C", "--directory"), "gmake": ("-C", "--directory"), "tar": ("-C", "--directory"),
+                 "ninja": ("-C",), "meson": ("-C",), "bsdtar": ("-C", "--cd", "--directory")}
+
+
+def working_directories(program: str, args: Sequence[Word]) -> list[Word]:
+    """The directories ``program args`` runs in by its own option (``make -C dir``)."""
+    names = CHDIR_OPTIONS.get(program)
+    if names is None:
+        return []
+    if program == "tar":
+        # tar's letters take values in order (`-xzfC a.tgz dir`): its own parser finds -C in a cluster
+        return list(_tar_values(args, text_of(args))[1])
+    return _value_of(args, names)
 
 
 INTERPRETERS = {"python": ("-c",), "python2": ("-c",), "python3": ("-c",), "pypy": ("-c",), "pypy3": ("-c",),
@@ -424,6 +465,25 @@ def _archive(program: str, args: Sequence[Word], options: Sequence[Word], operan
 
 
 def _tar(args: Sequence[Word], texts: list[str | None]) -> Effects:
+    mode, directory, archive, operands = _tar_values(args, texts)
+    archive = [a for a in archive if a.text != "-"]  # `-f -`: standard input or output, no file
+    uses: list[Use] = []
+    if "c" in mode or "r" in mode or "u" in mode or "A" in mode:
+        uses += [Use(a, "write", "tar archive") for a in archive]
+        uses += [Use(o, "read", "tar", recursive=True) for o in operands]
+    elif "x" in mode:
+        uses += [Use(a, "read", "tar archive") for a in archive]
+        uses += [Use(d, "write", "tar extract", recursive=True, creates=True)
+                 for d in (directory or [Word.literal(".")])]
+    elif "t" in mode or "d" in mode:
+        uses += [Use(a, "read", "tar archive") for a in archive]
+    else:
+        uses += [Use(None, "read", "tar"), Use(None, "write", "tar")]
+    return Effects(tuple(uses))
+
+
+def _tar_values(args: Sequence[Word], texts: list[str | None]) -> tuple[str, list[Word], list[Word], list[Word]]:
+    """(mode letters, -C directories, archives, operands) of a tar command line."""
     mode = ""
     archive: list[Word] = []
     directory: list[Word] = []
@@ -474,19 +534,7 @@ def _tar(args: Sequence[Word], texts: list[str | None]) -> Effects:
                 k += 1
                 if w is not None:
                     (archive if c == "f" else directory if c == "C" else operands).append(w)
-    uses: list[Use] = []
-    if "c" in mode or "r" in mode or "u" in mode or "A" in mode:
-        uses += [Use(a, "write", "tar archive") for a in archive]
-        uses += [Use(o, "read", "tar", recursive=True) for o in operands]
-    elif "x" in mode:
-        uses += [Use(a, "read", "tar archive") for a in archive]
-        uses += [Use(d, "write", "tar extract", recursive=True, creates=True)
-                 for d in (directory or [Word.literal(".")])]
-    elif "t" in mode or "d" in mode:
-        uses += [Use(a, "read", "tar archive") for a in archive]
-    else:
-        uses += [Use(None, "read", "tar"), Use(None, "write", "tar")]
-    return Effects(tuple(uses))
+    return mode, directory, archive, operands
 
 
 def _patch(program: str, args: Sequence[Word], options: Sequence[Word], operands: Sequence[Word]) -> Effects:

@@ -10,6 +10,7 @@ a value, every plausible start of the wrapped command is reported (see :func:`_a
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -542,6 +543,7 @@ _GIT_COMMAND_KEYS = re.compile(r"^(core\.(pager|editor|sshcommand|fsmonitor|hook
 def _git(args: Sequence[Word]) -> Inner | None:
     texts = _texts(args)
     k = 0
+    chdirs: list[str | None] = []
     while k < len(args):
         a = texts[k]
         if a is None:
@@ -554,6 +556,8 @@ def _git(args: Sequence[Word]) -> Inner | None:
             continue
         if a.startswith("--exec-path") or a.startswith("--config-env="):
             return _opaque("git runs its commands from another place")
+        if a == "-C":
+            chdirs.append(texts[k + 1] if k + 1 < len(texts) else None)
         if a in ("-C", "--git-dir", "--work-tree", "--namespace"):
             k += 2
             continue
@@ -565,4 +569,8 @@ def _git(args: Sequence[Word]) -> Inner | None:
         return None
     # `git -C dir push` is `git push` run elsewhere: rules on git's subcommands see it without the
     # global options (the command as written is recorded too)
-    return Inner("argv", ((Word.literal("git"), *args[k:]),))
+    # `git -C a -C b` runs in a/b (a later absolute -C starts over)
+    chdir: Word | None = None
+    if chdirs:
+        chdir = NOT_STATIC if None in chdirs else Word.literal(os.path.join(*(c for c in chdirs if c is not None)))
+    return Inner("argv", ((Word.literal("git"), *args[k:]),), chdir=chdir)
