@@ -717,19 +717,15 @@ def _subcommand(name: str, argv: list[str], *, exit_at_once: bool = False) -> in
         except ImportError as exc:
             sys.stderr.write(f"agentfsm {name}: needs the Temporal extra: pip install 'agentfsm[temporal]' ({exc})\n")
             return 2
-<<<<<<< HEAD
-        return (worker_main if name == "worker" else batch_main)(argv)
+        code = (worker_main if name == "worker" else batch_main)(argv)
+        if exit_at_once:
+            _exit_now(code)  # no interpreter finalisation under the Temporal core's threads (see _run_temporal)
+        return code
     if any(a == "--html" or a.startswith("--html=") for a in argv):
         # the page (agentfsm.report) sits above the auditor and the diagrams; the auditor cannot import it
         from agentfsm.report import main as report_main
 
         return report_main(argv)
-=======
-        code = (worker_main if name == "worker" else batch_main)(argv)
-        if exit_at_once:
-            _exit_now(code)  # no interpreter finalisation under the Temporal core's threads (see _run_temporal)
-        return code
->>>>>>> newcomer
     from agentfsm.audit import main as audit_main
 
     return audit_main(argv)

@@ -121,17 +121,12 @@ def _readme() -> str:
         "PNG by the SHA-256 of the DOT source it was rendered from, which it carries).\n\n"
         "| view | shows | files |\n|---|---|---|\n" + rows + "\n\n"
         f"{LEGEND}.\n\n"
-<<<<<<< HEAD
         "![overview](overview.svg)\n\n"
         "## How call_model and stream decide\n\n![recovery](recovery.svg)\n\nThe same, as tables:\n\n"
         + recovery_markdown() + "\n"
         "## Edges into stop and their terminal reasons\n\n" + terminal_markdown() + "\n"
         "([terminal.svg](terminal.svg) draws the same table.)\n\n"
-        "The overview in Mermaid (what the project README embeds):\n\n"
-=======
-        "![overview](overview.png)\n\n![recovery](recovery.png)\n\n![terminal](terminal.png)\n\n"
         "The overview in Mermaid (what the documentation's page on the loop embeds):\n\n"
->>>>>>> newcomer
         "```mermaid\n" + render_mermaid("overview") + "```\n"
     )
 
