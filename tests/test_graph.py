@@ -371,15 +371,20 @@ def test_refusals_and_setup_failures() -> None:
         decide(start(), SetupFailed(TerminalReason.COMPLETED, "x"), LIM)
 
 
-def test_abort_requires_pairing() -> None:
+def test_abort_pairs_every_call_it_shows() -> None:
+    """The abort event carries raw facts (the blocks shown, the results finished); the route pairs
+    each shown call: with its finished result, else with the synthetic result its edge declares."""
     s, m = to_stream()
-    with pytest.raises(UndeclaredMove):
-        decide(s, Aborted(partial=Message("assistant", USE, kind="assistant")), LIM)
-    res = Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
-                            "content": "interrupted"},))
-    _, s = fire(m, Aborted(partial=Message("assistant", USE, kind="assistant"), partial_results=res), LIM)
+    step = decide(s, Aborted(shown=USE), LIM)
+    partial, results, _marker = step.state.messages[-3:]
+    assert partial.tool_use_ids() == results.tool_result_ids() == ["toolu_1"]
+    assert results.content[0]["content"] == prompts.synthetic_text(step.edge.does.close_calls)
+    assert graph.shown_results(step, Aborted(shown=USE)) == results.content
+    done = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "real"}
+    _, s = fire(m, Aborted(shown=USE, finished=(done,)), LIM)
     assert s.terminal_reason is TerminalReason.ABORTED_STREAMING
-    assert s.messages[-2].tool_use_ids() == s.messages[-1].tool_result_ids()
+    assert s.messages[-3].tool_use_ids() == s.messages[-2].tool_result_ids()
+    assert s.messages[-2].content == (done,)
 
 
 @pytest.mark.parametrize(("turns_since", "rapid"), [(0, True), (1, True), (2, False)])

@@ -20,6 +20,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentfsm import graph
 from agentfsm.audit import audit_file
 from agentfsm.hooks import HookMatcher
 from agentfsm.hooks.inputs import HookOutput
@@ -32,6 +33,7 @@ from agentfsm.testing.scenario import Response, exhausted_response
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.strategies import loop_limits, model_behaviours, tool_call_responses, unique_tool_ids
 from agentfsm.tools.base import Tool, ToolContext, ToolOutput
+from agentfsm.trace import read_records
 
 
 class Echo(Tool):
@@ -128,6 +130,35 @@ async def drive(tmp: Path, behaviour: list[Response], limits: Limits, *, retries
     assert session.trace_path is not None
     findings = audit_file(session.trace_path)
     assert findings == [], findings
+    shown_follows_the_moves(out, list(read_records(session.trace_path)))
+
+
+def shown_follows_the_moves(out: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
+    """What the client saw of every response that broke off (or was stopped) is what the move the
+    machine took declares (agentfsm.graph.Does): withdrawn — a tombstone names each call it showed,
+    none of them is answered "stream_failed" and none reaches the history; paired — no tombstone,
+    and the result the client was shown for each call is the one the history holds."""
+    tombstoned = {i for m in out if m.get("subtype") == "tombstone" for i in m["tool_use_ids"]}
+    shown: dict[str, list[Any]] = {}
+    for m in out:
+        if m.get("type") == "user":
+            for b in m["message"]["content"]:
+                if b.get("type") == "tool_result":
+                    shown.setdefault(b["tool_use_id"], []).append(b.get("content"))
+    history = {b["tool_use_id"]: b.get("content") for r in records if r.get("type") == "message"
+               for b in r.get("content", ()) if b.get("type") == "tool_result"}
+    for rec in records:
+        event = rec.get("event") or {}
+        if rec.get("type") != "transition" or event.get("type") not in ("CallFailed", "Aborted"):
+            continue
+        does = graph.EDGES_BY_TRIGGER[rec["trigger"]].does
+        for call in (b["id"] for b in event.get("shown", ()) if b.get("type") == "tool_use"):
+            if does.shown is graph.Shown.WITHDRAW:
+                assert call in tombstoned and call not in history, (rec["trigger"], call)
+                assert not any("stream_failed" in str(c) for c in shown.get(call, ())), (rec["trigger"], call)
+            else:
+                assert does.shown is graph.Shown.PAIR and call not in tombstoned, (rec["trigger"], call)
+                assert shown[call] == [history[call]], (rec["trigger"], call)
 
 
 # A few good tool turns first, sometimes: a conversation with history is what reactive compaction,
