@@ -159,11 +159,6 @@ class Driver:
 
     # --- public --------------------------------------------------------------------------------
 
-    @property
-    def abort_signal(self) -> Any:
-        """The run's abort event (what tools see as ``ToolContext.abort``)."""
-        return self.signals.abort_event
-
     def abort(self) -> None:
         """Hard stop: everything running is cancelled at once. Finished tools keep their effects."""
         self.signals.abort()

@@ -1,8 +1,9 @@
 """The work of each phase that does not depend on how the loop is run.
 
-What the request of a turn is, how a failed model call is classified, how a response cut off mid-way
-is paired, what a finished tool batch reports to the machine, what the Stop hooks' answer means. The
-local driver (:mod:`agentfsm.driver`) performs the phases on one event loop; a Temporal workflow
+What the request of a turn is, how a failed model call is classified, what a finished tool batch
+reports to the machine, what the Stop hooks' answer means, the stream-json messages a step shows. (How
+a response cut off mid-way is paired is the machine's: :func:`agentfsm.graph.pair_shown`.) The local
+driver (:mod:`agentfsm.driver`) performs the phases on one event loop; a Temporal workflow
 (:mod:`agentfsm.temporal`) performs them as activities. Both call these functions, so the two
 runtimes build the same requests, events and messages from the same facts.
 """

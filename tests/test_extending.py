@@ -90,9 +90,7 @@ def edited(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
                 if value is original:
                     monkeypatch.setattr(module, attr, new[name])
     # the machine is built from the (installed) routes, as at import
-    machine = graph.build_machine(routes)
-    monkeypatch.setattr(graph, "MACHINE", machine)
-    monkeypatch.setattr(graph, "_FIRING", graph._firing_table(machine))
+    monkeypatch.setattr(graph, "MACHINE", graph.build_machine(routes))
     graph_digest.cache_clear()
     yield
     graph_digest.cache_clear()

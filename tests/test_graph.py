@@ -81,14 +81,21 @@ def test_machine_runs_exactly_the_routes() -> None:
             "thinking_only_nudge", "stop_hook_blocking"} <= graph.REENTRY_LABELS
 
 
-def test_loops_fire_the_machines_own_transitions_in_its_order() -> None:
-    """The loop's firing table is MACHINE's transitions, list for list: the same conditions and
-    before callbacks, in the order transitions would try them, to the same destination."""
-    for name, event in graph.MACHINE.events.items():
-        for src, transitions in event.transitions.items():
-            assert graph._FIRING[(name, src)] == tuple(
-                (tuple(c.func for c in t.conditions), tuple(t.before), t.dest) for t in transitions)
-    assert len(graph._FIRING) == sum(len(e.transitions) for e in graph.MACHINE.events.values())
+def test_transitions_runs_each_move() -> None:
+    """A loop's move is transitions' own event processing, not a walk of its lists: a callback that
+    only transitions runs (a transition's ``after``, the machine's ``finalize_event``) is run by
+    LoopMachine.fire, with the event data transitions builds."""
+    seen: list[tuple[str, str]] = []
+    (first,) = graph.MACHINE.events["Assembled"].transitions[Phase.ASSEMBLE.value][-1:]
+    first.after.append(lambda ed: seen.append(("after", ed.model.record.phase.value)))
+    graph.MACHINE.finalize_event.append(lambda ed: seen.append(("finalize", type(ed.kwargs["event"]).__name__)))
+    try:
+        with LoopMachine(start()) as m:
+            m.fire(Assembled(), LIM)
+    finally:
+        first.after.pop()
+        graph.MACHINE.finalize_event.pop()
+    assert seen == [("after", Phase.CALL_MODEL.value), ("finalize", "Assembled")]
 
 
 def test_firing_agrees_with_transitions_own_trigger() -> None:

@@ -932,8 +932,8 @@ def test_declared_moves_index_every_edge_by_its_endpoints() -> None:
 
 
 def test_a_loop_machine_is_released_once() -> None:
-    # loops fire MACHINE's transition lists themselves: none is ever registered with it, and closing
-    # twice is harmless
+    # loops trigger MACHINE's events on their own model, never registered with it; closing twice is
+    # harmless
     before = list(graph.MACHINE.models)
     machine = graph.LoopMachine(base(A))
     machine.close()
@@ -1061,7 +1061,7 @@ def test_decide_is_the_first_move_of_an_event() -> None:
 
 def test_the_shared_machine_has_the_phases_and_the_loops_only() -> None:
     """One transitions machine for every loop: its states are exactly the phases, and it holds no loop
-    (each fires the machine's transition lists on its own model)."""
+    (each triggers the machine's events on its own model)."""
     assert set(graph.MACHINE.states) == {p.value for p in Phase}
     with graph.LoopMachine(base(A)):
         assert not any(isinstance(m, graph.LoopModel) for m in graph.MACHINE.models)
@@ -1207,34 +1207,6 @@ def test_following_the_edge_the_machine_chose_is_the_move_it_made(data: st.DataO
         assert (followed.route, followed.notices) == (step.route, step.notices)
         assert observable(followed.state) == observable(step.state)
 
-
-
-def _noop(_ed: Any) -> None:
-    return None
-
-
-def _tiny_machine(**machine_kw: Any) -> Any:
-    from transitions import Machine
-
-    return Machine(model=None, states=["a", "b"], initial="a", auto_transitions=False, send_event=True, **machine_kw)
-
-
-@pytest.mark.parametrize("extra", ["prepare", "after", "unless", "on_enter", "after_state_change"])
-def test_the_firing_table_refuses_a_machine_using_what_the_loops_firing_skips(extra: str) -> None:
-    """A loop walks MACHINE's transition lists itself and runs only conditions and `before` callbacks:
-    a machine with anything else (a prepare or after callback, an `unless` condition, a state's or the
-    machine's own callbacks) is refused at import rather than half run."""
-    plain = _tiny_machine()
-    plain.add_transition("go", "a", "b", conditions=[lambda _ed: True], before=[_noop])
-    ((conditions, befores, dest),) = graph._firing_table(plain)[("go", "a")]
-    assert (len(conditions), len(befores), dest) == (1, 1, "b")
-    m = _tiny_machine(**({"after_state_change": [_noop]} if extra == "after_state_change" else {}))
-    m.add_transition("go", "a", "b", conditions=[lambda _ed: True],
-                     **({extra: [_noop]} if extra in ("prepare", "after", "unless") else {}))
-    if extra == "on_enter":
-        m.get_state("b").add_callback("enter", _noop)
-    with pytest.raises(ImportError):
-        graph._firing_table(m)
 
 
 def test_following_an_edge_whose_effect_cannot_apply_gives_none() -> None:
