@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+import attrs
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agentfsm import graph
@@ -29,9 +30,15 @@ from agentfsm.options import Options
 from agentfsm.request import normalize
 from agentfsm.session import Session
 from agentfsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, TerminalReason
-from agentfsm.testing.scenario import Response, exhausted_response
+from agentfsm.testing.scenario import Response, SseError, StreamedResponse, TextBlock, ToolUseBlock, exhausted_response
 from agentfsm.testing.scripted import ScriptedModel
-from agentfsm.testing.strategies import loop_limits, model_behaviours, tool_call_responses, unique_tool_ids
+from agentfsm.testing.strategies import (
+    PROMPT_TOO_LONG_MID_STREAM,
+    loop_limits,
+    model_behaviours,
+    tool_call_responses,
+    unique_tool_ids,
+)
 from agentfsm.tools.base import Tool, ToolContext, ToolOutput
 from agentfsm.trace import read_records
 
@@ -167,7 +174,23 @@ conversations = st.tuples(st.lists(tool_call_responses(TOOLS, True), max_size=3)
                           model_behaviours(TOOLS, max_size=8)).map(lambda t: unique_tool_ids([*t[0], *t[1]]))
 
 
+def _echo_call(tid: str, *before: Any) -> StreamedResponse:
+    return StreamedResponse(blocks=(*before, ToolUseBlock(tid, "Echo", {"text": tid})), stop_reason="tool_use")
+
+
+# The case that diverged (issue 31): two tool turns, then a response that shows a tool call and is cut
+# by the API's prompt-too-long error; a compaction answers it (the next scripted answer is the summary).
+PROMPT_TOO_LONG_AFTER_A_CALL = [
+    _echo_call("toolu_0001"), _echo_call("toolu_0002"),
+    attrs.evolve(_echo_call("toolu_0003", TextBlock("reading")), break_after=2,
+                 sse_error=SseError("invalid_request_error", PROMPT_TOO_LONG_MID_STREAM)),
+    StreamedResponse(blocks=(TextBlock("SUMMARY: echoed twice"),), stop_reason="end_turn"),
+]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(behaviour=PROMPT_TOO_LONG_AFTER_A_CALL, limits=Limits(), retries=0, fallback=False, block_stop=False,
+         abort_at=None)
 @given(behaviour=conversations, limits=loop_limits(), retries=st.integers(0, 2), fallback=st.booleans(),
        block_stop=st.booleans(), abort_at=st.one_of(st.none(), st.integers(0, 8)))
 def test_random_failures_keep_every_invariant(behaviour: list[Response], limits: Limits, retries: int,
