@@ -8,6 +8,7 @@ that is what is sent, compared and resumed; the ``kind`` tag says where a messag
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 import uuid
 from collections.abc import Callable, Mapping
@@ -384,11 +385,18 @@ if _unknown_caps:  # pragma: no cover - a counter must name a limit that exists
 def resets(trigger: str, state: LoopState) -> dict[str, Any]:
     """The changes edge ``trigger`` makes by resetting counters (:attr:`Counter.reset_by`), for the
     graph's effects: state fields by name (compaction tracking's as a new ``compact_tracking``)."""
+    own, nested = _resets_of(trigger)
+    if not nested:
+        return dict(own)
+    return {**own, "compact_tracking": attrs.evolve(state.compact_tracking, **nested)}
+
+
+@functools.cache
+def _resets_of(trigger: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """Per edge, once: the state's own fields it resets, and compaction tracking's."""
     own = {c.path: c.default for c in COUNTERS if trigger in c.reset_by and "." not in c.path}
     nested = {c.path.split(".", 1)[1]: c.default for c in COUNTERS if trigger in c.reset_by and "." in c.path}
-    if nested:
-        own["compact_tracking"] = attrs.evolve(state.compact_tracking, **nested)
-    return own
+    return own, nested
 
 
 def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:
