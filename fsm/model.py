@@ -221,9 +221,7 @@ PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "prompt too long", "context win
 def classify_error(status: int | None, error_type: str, message: str) -> ModelError:
     """Map an HTTP/API error onto the loop's error kinds (shared by every transport)."""
     low = message.lower()
-    # an SSE error mid-stream has no status of its own: its type says it is the request's fault
-    request_fault = status in (400, 413) or (status is None and error_type == "invalid_request_error")
-    if request_fault and any(m in low for m in PROMPT_TOO_LONG_MARKERS):
+    if status in (400, 413) and any(m in low for m in PROMPT_TOO_LONG_MARKERS):
         return ModelError("prompt_too_long", message, status, False)
     if status == 400 and "image" in low:
         return ModelError("image", message, status, False)

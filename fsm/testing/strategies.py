@@ -586,17 +586,11 @@ def prompt_too_long_errors() -> SearchStrategy[HttpErrorResponse]:
     )
 
 
-# an SSE error mid-stream that says the prompt is too long: a compaction may answer it (then what the
-# response showed is withdrawn), or it ends the run (then every call it showed is paired)
-PROMPT_TOO_LONG_MID_STREAM = "prompt is too long: 203000 tokens > 200000 maximum"
-
-
 def stream_breaks(tools: Iterable[Tool] = ()) -> SearchStrategy[StreamedResponse]:
     """A stream that fails part-way: the connection drops after some complete blocks (maybe in the
     middle of the next one), or the API sends an SSE ``error`` event (``overloaded_error`` and
-    ``api_error`` are retried as a whole request; ``invalid_request_error`` is final, and a
-    prompt-too-long one may be answered by a compaction). Complete tool_use blocks before the cut
-    have valid input, so their tools may already have started."""
+    ``api_error`` are retried as a whole request; ``invalid_request_error`` is final). Complete
+    tool_use blocks before the cut have valid input, so their tools may already have started."""
     tool_list = _tool_list(tools)
     block = st.one_of(_VISIBLE.map(TextBlock), _THINKING.map(lambda t: ThinkingBlock(t, "sig")))
     if tool_list:
@@ -611,10 +605,7 @@ def stream_breaks(tools: Iterable[Tool] = ()) -> SearchStrategy[StreamedResponse
     def make(blocks: tuple[Any, ...], cut: int, mid: bool, sse: str | None) -> StreamedResponse:
         stop = "tool_use" if any(isinstance(b, ToolUseBlock) for b in blocks) else "end_turn"
         cut = min(cut, len(blocks))
-        message = {"overloaded_error": "Overloaded", "prompt_too_long": PROMPT_TOO_LONG_MID_STREAM}.get(sse or "",
-                                                                                                     "stream failed")
-        sse = "invalid_request_error" if sse == "prompt_too_long" else sse
-        error = SseError(sse, message) if sse else None
+        error = SseError(sse, "Overloaded" if sse == "overloaded_error" else "stream failed") if sse else None
         return StreamedResponse(
             blocks=blocks,
             stop_reason=stop,
@@ -628,7 +619,7 @@ def stream_breaks(tools: Iterable[Tool] = ()) -> SearchStrategy[StreamedResponse
         st.lists(block, min_size=0, max_size=3).map(renumber),
         st.integers(0, 3),
         st.booleans(),
-        st.sampled_from([None, None, "overloaded_error", "api_error", "invalid_request_error", "prompt_too_long"]),
+        st.sampled_from([None, None, "overloaded_error", "api_error", "invalid_request_error"]),
     )
 
 
