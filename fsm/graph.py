@@ -1068,8 +1068,10 @@ class LoopMachine:
         # binding needs the model registered with the shared MACHINE (add_model/remove_model per
         # loop), which cost another ~60 us a loop and would keep every unclosed loop alive in it.
         # Against the hand walk of the same lists that this replaced, transitions' processing costs
-        # 2.5x per move: 30.0 against 11.9 us in the same run of bench/moves.py (loaded machine),
-        # about 18 us a move, nine moves for two model turns: far under a thousandth of a turn.
+        # about 2.4x per move: 21.8-24.7 against 8.8-10.6 us in the same runs of bench/moves.py,
+        # some 14 us a move (its debug-logging calls alone are ~16 a move); bench/overhead.py's engine
+        # iteration (one model turn, about five moves) rose by roughly 100 us: well under a
+        # thousandth of a real model turn, so the moves are not taken out of transitions' hands.
         model.step = None
         if trigger.trigger(model, event=event, limits=limits, automatic=automatic) and model.step is not None:
             return model.step
