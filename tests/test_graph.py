@@ -524,3 +524,23 @@ def test_a_garbled_stream_is_asked_unstreamed_at_once_and_streams_again_after() 
     m = _call_model()
     step, s = fire(m, CallFailed(ModelError("stream_garbled", "not SSE", None, True)), LIM)
     assert step.trigger == "call_failed" and s.terminal_reason is TerminalReason.MODEL_ERROR
+
+
+def test_failure_records_of_an_earlier_release_still_read() -> None:
+    """Session files written before failure events carried raw facts recorded the pairing itself
+    (``partial``, ``partial_results``): they read as the blocks shown and the results as finished, so
+    the auditor's replay pairs them the same way."""
+    from agentfsm.events import from_record, to_record
+
+    old = {"type": "Aborted", "partial": {"role": "assistant", "kind": "assistant", "uuid": "u1",
+                                          "content": [{"type": "text", "text": "…"},
+                                                      {"type": "tool_use", "id": "toolu_1", "name": "Read"}]},
+           "partial_results": {"role": "user", "kind": "tool_results", "uuid": "u2",
+                               "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True}]}}
+    event = from_record(old)
+    assert isinstance(event, Aborted)
+    assert [b["type"] for b in event.shown] == ["text", "tool_use"]
+    assert [b["tool_use_id"] for b in event.finished] == ["toolu_1"]
+    assert from_record(to_record(event)) == event
+    failed = from_record({"type": "CallFailed", "error": {"kind": "api", "message": "x"}, "partial": None})
+    assert isinstance(failed, CallFailed) and failed.shown == () and failed.finished == ()
