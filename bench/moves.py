@@ -4,9 +4,13 @@ A conversation of two model turns is fired as events (assemble, open, a tool cal
 is two moves, collect and the automatic next_turn — then assemble, open, an answer, the Stop-hook
 verdict): nine moves. Three ways, in alternating rounds, median reported:
 
-* ``machine``: :class:`agentfsm.graph.LoopMachine` as the driver uses it — every event fired through
-  the module-level ``transitions.Machine``'s own transitions (its conditions — the guards — in
-  declared order, the route's effect as its ``before`` callback);
+* ``machine``: :class:`agentfsm.graph.LoopMachine` as the runner uses it — every event triggered on
+  the module-level ``transitions.Machine`` (``Event.trigger`` on the loop's model: its conditions —
+  the guards — in declared order, the route's effect as the ``before`` callback, the state set by
+  the machine);
+* ``machine lists walked``: what LoopMachine did before issue 31 — ``MACHINE``'s transition lists
+  (the same conditions and callbacks) walked by hand, bypassing ``transitions``' event processing;
+  kept here as the same-run baseline of that change;
 * ``table walk``: the same routes walked by hand (``ROUTES_BY_KEY``, first guard that holds, the same
   effect) — what the machine costs without ``transitions``;
 * ``evolve``: one ``attrs.evolve`` of the state per move — the floor of any design that keeps frozen
@@ -24,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -76,6 +81,49 @@ def by_table() -> None:
                 break
 
 
+def _machine_lists() -> dict[tuple[str, str], tuple[Any, ...]]:
+    return {(name, src): tuple((tuple(c.func for c in t.conditions), tuple(t.before), t.dest) for t in ts)
+            for name, event in graph.MACHINE.events.items() for src, ts in event.transitions.items()}
+
+
+_LISTS = _machine_lists()
+
+
+class _Fired:
+    """The two fields of transitions' EventData the callbacks read."""
+
+    __slots__ = ("kwargs", "model")
+
+    def __init__(self, model: graph.LoopModel, kwargs: dict[str, Any]) -> None:
+        self.model, self.kwargs = model, kwargs
+
+
+def _walk_one(model: graph.LoopModel, ev: Any, automatic: bool) -> None:
+    # as LoopMachine._fire_one walked them before issue 31
+    fired = _Fired(model, {"event": ev, "limits": LIMITS, "automatic": automatic})
+    for conditions, before, dest in _LISTS[(type(ev).__name__, model.record.phase.value)]:
+        for check in conditions:
+            if not check(fired):
+                break
+        else:
+            model.step = None
+            for callback in before:
+                callback(fired)
+            model.phase = dest
+            if model.step is not None:
+                return
+            break
+    raise AssertionError("no route")
+
+
+def by_machine_lists() -> None:
+    model = graph.LoopModel(start())
+    for ev in EVENTS:
+        _walk_one(model, ev, False)
+        while model.record.phase in graph.AUTOMATIC:
+            _walk_one(model, ev, True)
+
+
 def by_evolve() -> None:
     state = start()
     for i in range(MOVES):
@@ -98,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=3000, help="loops per round (default 3000)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
     args = ap.parse_args(argv)
-    fns = {"machine": by_machine, "table walk": by_table, "evolve": by_evolve, "set-up": set_up_only}
+    fns = {"machine": by_machine, "machine lists walked": by_machine_lists, "table walk": by_table,
+           "evolve": by_evolve, "set-up": set_up_only}
     for fn in fns.values():  # warm-up
         _round(fn, 50)
     got: dict[str, list[float]] = {k: [] for k in fns}
@@ -112,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"moves: {args.n} loops x {MOVES} moves per round, {args.rounds} rounds, median round, CPU")
     print(f"  LoopMachine (MACHINE): {move_machine:6.1f} us/move  (+ {per['set-up']:.1f} us set-up and tear-down "
           "per loop)")
+    print(f"  MACHINE's lists walked (before issue 31): {per['machine lists walked'] / MOVES:6.1f} us/move")
     print(f"  plain table walk:     {per['table walk'] / MOVES:7.1f} us/move")
     print(f"  attrs.evolve alone:   {per['evolve'] / MOVES:7.1f} us/move")
     print(f"  ratio machine/walk:   {ratio(move_machine, per['table walk'] / MOVES)}")
+    print(f"  ratio machine/lists walked: {ratio(move_machine, per['machine lists walked'] / MOVES)}")
     print(f"  ratio machine/evolve: {ratio(move_machine, per['evolve'] / MOVES)}")
     return 0
 

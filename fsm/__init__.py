@@ -1,9 +1,9 @@
 """agentfsm: Claude Code's agent loop as an explicit, auditable finite-state machine.
 
-The Python API (:mod:`agentfsm.api`) is exported here but imported on first use, so ``import fsm`` stays
-cheap (the CLI's subcommands and the pytest plugin import this package too)::
+The Python API (:mod:`agentfsm.api`) is exported here but imported on first use, so ``import agentfsm``
+stays cheap (the CLI's subcommands and the pytest plugin import this package too)::
 
-    async for msg in agentfsm.query("hello", options=fsm.Options(tools=("Read",))):
+    async for msg in agentfsm.query("hello", options=agentfsm.Options(tools=("Read",))):
         ...
 """
 

@@ -56,6 +56,8 @@ from agentfsm.events import EventRecordError, from_record, message_skeleton
 from agentfsm.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step, UndeclaredMove, advance
 from agentfsm.state import (
     COUNTER_CAPS,
+    COUNTERS,
+    RAISED_BY,
     TERMINAL_INFO,
     Limits,
     LoopState,
@@ -70,18 +72,8 @@ __all__ = ["AGENTFSM", "CODES", "ERROR", "INFO", "WARNING", "WARNING_CODES", "Co
            "MoveAt", "NotATrace", "Report", "audit", "audit_file", "audit_report", "check_pairs", "check_request",
            "coverage", "declared_moves", "main", "read_numbered", "recognise", "trace_files"]
 
-# Which edges may raise each counter (by exactly one): the structural check for every trace format.
-RAISED_BY: Mapping[str, frozenset[str]] = {
-    "turn_count": frozenset({"next_turn", "stop_hook_blocking"}),
-    "max_output_tokens_recovery_count": frozenset({"max_output_tokens_recovery"}),
-    "malformed_tool_use_retry_count": frozenset({"malformed_tool_use_retry"}),
-    "structured_output_retry_count": frozenset({"structured_output_retry", "next_turn"}),
-    "stream_retry_count": frozenset({"stream_retry"}),
-    "model_index": frozenset({"fallback_retry"}),
-    "stop_hook_blocking_count": frozenset({"stop_hook_blocking"}),
-    "consecutive_compact_failures": frozenset({"call"}),
-    "rapid_refill_count": frozenset({"call", "setup_failed"}),
-}
+# RAISED_BY (which edges may raise each counter, by exactly one: the structural check for every trace
+# format) is declared on the counters' fields (agentfsm.state.counter), not here.
 
 
 class NotATrace(ValueError):
@@ -621,21 +613,21 @@ def _restore(state: LoopState, phase: str, snap: Mapping[str, Any]) -> LoopState
     """A state at ``phase`` carrying a recorded snapshot's counters (to resume replay after a move
     that could not be replayed)."""
     fields: dict[str, Any] = {"phase": Phase(phase) if phase in _STATES else Phase.ASSEMBLE}
-    for name in ("turn_count", "max_output_tokens_recovery_count", "malformed_tool_use_retry_count",
-                 "structured_output_retry_count", "stream_retry_count", "model_index",
-                 "has_attempted_reactive_compact", "thinking_only_nudged", "empty_response_nudged",
-                 "non_streaming", "stop_hook_active",
-                 "stop_hook_blocking_count", "stop_hooks_due", "transition"):
+    # every counter the fields declare (agentfsm.state.COUNTERS), where it lives; then the rest of the
+    # snapshot that is not a counter
+    nested: dict[str, Any] = {"turns_since_compact": int(snap.get("turns_since_compact", 0) or 0),
+                              "compactions": int(snap.get("compactions", 0) or 0)}
+    for c in COUNTERS:
+        if "." in c.path:
+            nested[c.path.split(".", 1)[1]] = int(snap.get(c.key, 0) or 0)
+        elif c.key in snap:
+            fields[c.path] = snap[c.key]
+    for name in ("stop_hooks_due", "transition"):
         if name in snap:
             fields[name] = snap[name]
     reason = snap.get("terminal_reason")
     fields["terminal_reason"] = TerminalReason(reason) if reason in _REASONS else None
-    tracking = state.compact_tracking
-    tracking = attrs.evolve(
-        tracking, consecutive_failures=int(snap.get("consecutive_compact_failures", 0) or 0),
-        rapid_refill_count=int(snap.get("rapid_refill_count", 0) or 0),
-        turns_since_compact=int(snap.get("turns_since_compact", 0) or 0),
-        compactions=int(snap.get("compactions", 0) or 0))
+    tracking = attrs.evolve(state.compact_tracking, **nested)
     depth = snap.get("depth")
     query = state.query_tracking
     if isinstance(depth, int) and not isinstance(depth, bool):

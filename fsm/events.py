@@ -32,6 +32,13 @@ class ModelError:
     status: int | None = None
     retryable: bool = False
 
+    @property
+    def answered(self) -> bool:
+        """The API accepted the request and what it sent back broke or was not a stream. A transport
+        never sends an accepted request again on its own: whether the loop asks again is the loop's
+        decision, and the event that reports the failure says what was already shown."""
+        return self.kind in ("stream_dropped", "stream_garbled")
+
 
 @attrs.frozen
 class ModelResponse:
@@ -118,16 +125,18 @@ class CallFailed:
 
     ``compaction`` is set when a reactive compaction was tried (and succeeded) for a prompt-too-long
     error; ``fallback_available`` says another model of the fallback chain is left to try.
-    ``partial`` / ``partial_results`` pair any tool_use that already ran when the loop gives up.
     ``non_streaming_available``: the client can make the same request without streaming.
+    ``shown`` / ``finished`` are the raw facts of a response that broke part-way: the complete
+    blocks it showed, and the results of the tool calls among them that had finished. What becomes
+    of them (kept and paired, or withdrawn) is the route's declared consequence, not the runtime's.
     """
 
     error: ModelError
     compaction: Compaction | None = None
     fallback_available: bool = False
     non_streaming_available: bool = False
-    partial: Message | None = None
-    partial_results: Message | None = None
+    shown: tuple[Mapping[str, Any], ...] = ()
+    finished: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen
@@ -176,10 +185,11 @@ class ToolsDrained:
 
 @attrs.frozen
 class Aborted:
-    """The user (or the host) cancelled. ``partial``/``partial_results`` pair every tool_use shown."""
+    """The user (or the host) cancelled. ``shown``: the complete blocks of the response in progress;
+    ``finished``: the results of its tool calls that had finished (the abort route pairs the rest)."""
 
-    partial: Message | None = None
-    partial_results: Message | None = None
+    shown: tuple[Mapping[str, Any], ...] = ()
+    finished: tuple[Mapping[str, Any], ...] = ()
     detail: str = "Request interrupted by user"
 
 
@@ -221,6 +231,10 @@ def message_skeleton(msg: Message) -> dict[str, Any]:
 def _message(data: Mapping[str, Any]) -> Message:
     return Message(data["role"], tuple(data.get("content", ())), kind=data.get("kind", "prompt"),
                    uuid=data.get("uuid") or "")
+
+
+# fields that hold content blocks: their skeletons are recorded
+_BLOCK_FIELDS = frozenset({"shown", "finished"})
 
 
 def _encode(value: Any) -> Any:
@@ -268,7 +282,7 @@ def to_record(event: Event) -> dict[str, Any]:
     for name, default in _fields_and_defaults(kind):
         value = getattr(event, name)
         if default is _NO_DEFAULT or not value == default:
-            rec[name] = _encode(value)
+            rec[name] = [_block_skeleton(b) for b in value] if name in _BLOCK_FIELDS else _encode(value)
     return rec
 
 
@@ -279,8 +293,10 @@ class EventRecordError(ValueError):
 def _decode_field(name: str, kind: Any, value: Any) -> Any:
     if value is None:
         return None
-    if name in ("assistant", "results", "partial", "partial_results"):
+    if name in ("assistant", "results"):
         return _message(value)
+    if name in _BLOCK_FIELDS:
+        return tuple(dict(b) for b in value)
     if name == "sent_input":
         return tuple(_message(m) for m in value)
     if name == "response":
@@ -308,7 +324,20 @@ def from_record(rec: Mapping[str, Any]) -> Event:
     if kind is None:
         raise EventRecordError(f"unknown event type {rec.get('type')!r}")
     try:
+        rec = _current(rec)
         fields = {f.name: _decode_field(f.name, f.type, rec[f.name]) for f in attrs.fields(kind) if f.name in rec}
         return kind(**fields)  # type: ignore[no-any-return]
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise EventRecordError(f"{kind.__name__} record cannot be read: {exc}") from None
+
+
+def _current(rec: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record of an earlier release, whose failure events carried the pairing itself (``partial``,
+    ``partial_results``), in today's form: the blocks shown, and the results as finished ones."""
+    if "partial" not in rec and "partial_results" not in rec:
+        return rec
+    out = {k: v for k, v in rec.items() if k not in ("partial", "partial_results")}
+    out["shown"] = list((rec.get("partial") or {}).get("content", ()))
+    out["finished"] = [b for b in (rec.get("partial_results") or {}).get("content", ())
+                       if b.get("type") == "tool_result"]
+    return out

@@ -320,8 +320,8 @@ class StreamingToolExecutor:
 
     @property
     def interruptible(self) -> bool:
-        """True while at least one call runs and every running call is ``cancel`` (seed:
-        ``interruptible_tool_in_progress``); a new user message may then interrupt the turn."""
+        """True while at least one call runs and every running call is ``cancel``: a new user
+        message may then interrupt the turn (a ``block`` call must be let finish first)."""
         running = self._running()
         return bool(running) and all(e.interrupt == "cancel" for e in running)
 

@@ -22,6 +22,7 @@ reached fails loudly.
 
 from __future__ import annotations
 
+import enum
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,8 +36,8 @@ from agentfsm.events import (
     Aborted,
     Assembled,
     CallFailed,
+    Compaction,
     Event,
-    ModelError,
     Refused,
     SetupFailed,
     StopHookVerdict,
@@ -46,6 +47,7 @@ from agentfsm.events import (
 )
 from agentfsm.state import (
     COUNTER_CAPS,
+    COUNTERS,
     CompactTracking,
     Limits,
     LoopState,
@@ -53,6 +55,8 @@ from agentfsm.state import (
     Phase,
     QueryTracking,
     TerminalReason,
+    appended,
+    resets,
 )
 
 A, C, S, D, F, X = (
@@ -72,14 +76,58 @@ T = TerminalReason
 DEFERRED_RESULTS = "deferred_tool_results"
 
 
-# --- edges: the shape --------------------------------------------------------------------------
+# --- edges: the shape, and what each move does to the world -----------------------------------
+
+
+class Shown(enum.StrEnum):
+    """What becomes of what the response in progress already showed the client (its complete
+    blocks, and the results of its tool calls that were shown as they finished)."""
+
+    KEEP = "keep"  # it stays as shown (the response ended: it is history, or deliberately left out of it)
+    PAIR = "pair"  # it stays, and every tool_use it showed is answered (its result, or a synthetic one)
+    WITHDRAW = "withdraw"  # it is withdrawn (a tombstone): the response is asked for again or replaced
+
+
+@attrs.frozen
+class Does:
+    """What performing a move means outside the state record, as data: each runtime (the in-process
+    driver, the Temporal workflow) performs exactly this after the move, and nothing keyed on an
+    edge's name or kind.
+
+    * ``shown`` — what becomes of what the response in progress showed (:class:`Shown`);
+    * ``close_calls`` — the reason the response's unfinished tool calls are closed with (their
+      synthetic results say it; a paired call's result is that one); None: they run on (dispatch),
+      or no response is in play;
+    * ``take_input`` — queued user input the request carried leaves the queue;
+    * ``compacts`` — the move may replace the history with a compaction the event carries: the
+      client is told (``compact_boundary``), the trace writes a boundary and the new view, and the
+      next estimate forgets the last usage. No other move may replace the history (checked per move);
+    * ``stop_feedback`` — the Stop hook's block reason is shown as a synthetic user message.
+    """
+
+    shown: Shown = Shown.KEEP
+    close_calls: str | None = None
+    take_input: bool = False
+    compacts: bool = False
+    stop_feedback: bool = False
+
+    @property
+    def label(self) -> str:
+        """The consequences in words, for the diagrams (empty for a move that only changes state)."""
+        parts = [] if self.shown is Shown.KEEP else [f"{self.shown.value} shown"]
+        if self.close_calls is not None:
+            parts.append(f"close calls ({self.close_calls})")
+        parts += [name for name, on in (("take input", self.take_input), ("compact", self.compacts),
+                                         ("stop feedback", self.stop_feedback)) if on]
+        return ", ".join(parts)
 
 
 @attrs.frozen
 class Edge:
     """One declared move. ``kind``: ``forward`` (the normal path), ``reentry`` (a labelled transition
     reason that starts the loop again), ``retry`` (same turn, same request again), ``terminal`` (into
-    ``stop``; ``reasons`` are the terminal reasons it may carry)."""
+    ``stop``; ``reasons`` are the terminal reasons it may carry). ``does``: its consequences outside
+    the state record (:class:`Does`)."""
 
     trigger: str
     sources: tuple[Phase, ...]
@@ -87,6 +135,7 @@ class Edge:
     kind: str
     doc: str
     reasons: frozenset[TerminalReason] = frozenset()
+    does: Does = Does()
 
     @property
     def label(self) -> str:
@@ -94,37 +143,52 @@ class Edge:
 
 
 def _edge(trigger: str, sources: tuple[Phase, ...] | Phase, dest: Phase, kind: str, doc: str,
-          *reasons: TerminalReason) -> Edge:
+          *reasons: TerminalReason, does: Does = Does()) -> Edge:
     srcs = sources if isinstance(sources, tuple) else (sources,)
-    return Edge(trigger, srcs, dest, kind, doc, frozenset(reasons))
+    return Edge(trigger, srcs, dest, kind, doc, frozenset(reasons), does)
+
+
+# The consequences edges share. A response that ended without dispatching discards whatever its
+# executor started (the calls were shown as they streamed; their results never reach history).
+_ENDED = Does(close_calls="discarded")
+# Asked for again (or replaced by a compaction): nothing of the broken response is kept.
+_AGAIN = Does(Shown.WITHDRAW, close_calls=prompts.STREAMING_FALLBACK)
 
 
 EDGES: tuple[Edge, ...] = (
     # forward path
-    _edge("call", A, C, "forward", "context assembled (auto-compact done); send the request"),
-    _edge("open_stream", C, S, "forward", "the request was accepted and the response is streaming"),
+    _edge("call", A, C, "forward", "context assembled (auto-compact done); send the request",
+          does=Does(compacts=True)),
+    _edge("open_stream", C, S, "forward", "the request was accepted and the response is streaming",
+          does=Does(take_input=True)),
     _edge("dispatch", S, D, "forward", "the response ended with complete tool_use blocks"),
     _edge("collect", D, F, "forward", "every tool of the batch has exactly one result"),
     # labelled re-entries (the transition reasons recorded in LoopState.transition)
     _edge("next_turn", F, A, "reentry", "tool results appended; next model turn"),
     _edge("reactive_compact_retry", (C, S), A, "reentry",
-          "prompt too long, answered by one successful compaction"),
+          "prompt too long, answered by one successful compaction",
+          does=attrs.evolve(_AGAIN, compacts=True)),
     _edge("max_output_tokens_recovery", S, A, "reentry",
-          "response hit max_tokens; keep it and ask to resume (count < cap)"),
+          "response hit max_tokens; keep it and ask to resume (count < cap)", does=_ENDED),
     _edge("malformed_tool_use_retry", S, A, "reentry",
-          "stop_reason tool_use without a complete tool_use block; drop it and ask again (count < cap)"),
-    _edge("thinking_only_nudge", S, A, "reentry", "only thinking, no visible answer; ask once for one"),
-    _edge("empty_response_nudge", S, A, "reentry", "an answer with nothing in it; ask once for a visible one"),
+          "stop_reason tool_use without a complete tool_use block; drop it and ask again (count < cap)",
+          does=_ENDED),
+    _edge("thinking_only_nudge", S, A, "reentry", "only thinking, no visible answer; ask once for one",
+          does=_ENDED),
+    _edge("empty_response_nudge", S, A, "reentry", "an answer with nothing in it; ask once for a visible one",
+          does=_ENDED),
     _edge("structured_output_retry", S, A, "reentry",
-          "ended without the required StructuredOutput call; ask for it (count < cap)"),
+          "ended without the required StructuredOutput call; ask for it (count < cap)", does=_ENDED),
     _edge("stop_hook_blocking", X, A, "reentry",
-          "a Stop hook blocked the end or added context for the model (count < cap)"),
+          "a Stop hook blocked the end or added context for the model (count < cap)",
+          does=Does(stop_feedback=True)),
     # same request again
     _edge("stream_retry", (C, S), C, "retry",
-          "the stream broke (or dropped before its first event); discard it and request again"),
+          "the stream broke (or dropped before its first event); discard it and request again", does=_AGAIN),
     _edge("non_streaming_retry", (C, S), C, "retry",
-          "the stream broke or was garbled before any content; ask for the same response without streaming"),
-    _edge("fallback_retry", (C, S), C, "retry", "retries exhausted on this model; use the fallback"),
+          "the stream broke or was garbled before any content; ask for the same response without streaming",
+          does=_AGAIN),
+    _edge("fallback_retry", (C, S), C, "retry", "retries exhausted on this model; use the fallback", does=_AGAIN),
     # into stop
     _edge("setup_failed", A, X, "terminal",
           "the turn could not be prepared (a resumed deferred call may be deferred again)",
@@ -133,17 +197,19 @@ EDGES: tuple[Edge, ...] = (
     _edge("refuse", C, X, "terminal", "preflight refused the request",
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
     _edge("call_failed", (C, S), X, "terminal", "the model call failed and cannot be recovered",
-          T.API_ERROR, T.MODEL_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR),
-    _edge("end_turn", S, X, "terminal", "no tool call: the answer is final (Stop hooks are due)", T.COMPLETED),
+          T.API_ERROR, T.MODEL_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR,
+          does=Does(Shown.PAIR, close_calls=prompts.STREAM_FAILED)),
+    _edge("end_turn", S, X, "terminal", "no tool call: the answer is final (Stop hooks are due)", T.COMPLETED,
+          does=_ENDED),
     _edge("recovery_exhausted", S, X, "terminal", "a recovery branch reached its cap",
-          T.API_ERROR, T.MALFORMED_TOOL_USE_EXHAUSTED, T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
+          T.API_ERROR, T.MALFORMED_TOOL_USE_EXHAUSTED, T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED, does=_ENDED),
     _edge("settle", X, X, "terminal", "Stop hooks ran and did not re-enter: passed, prevented, max_turns, "
           "or the block cap overridden", T.COMPLETED, T.STOP_HOOK_PREVENTED, T.MAX_TURNS),
     _edge("finish_batch", F, X, "terminal", "the tool batch ends the run",
           T.MAX_TURNS, T.ABORTED_TOOLS, T.TOOL_DEFERRED, T.HOOK_STOPPED, T.COMPLETED,
           T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
     _edge("abort", RUNNING, X, "terminal", "cancelled; every tool_use shown gets a result",
-          T.ABORTED_STREAMING, T.ABORTED_TOOLS),
+          T.ABORTED_STREAMING, T.ABORTED_TOOLS, does=Does(Shown.PAIR, close_calls=prompts.USER_INTERRUPTED)),
 )
 
 EDGES_BY_TRIGGER: Mapping[str, Edge] = {e.trigger: e for e in EDGES}
@@ -187,12 +253,12 @@ class Guard:
 
 
 def counter_value(state: LoopState, name: str) -> int:
-    """A counter of :data:`agentfsm.state.COUNTER_CAPS` by name (compaction ones live in compact_tracking)."""
-    if name == "consecutive_compact_failures":
-        return state.compact_tracking.consecutive_failures
-    if name == "rapid_refill_count":
-        return state.compact_tracking.rapid_refill_count
-    return int(getattr(state, name))
+    """A counter by its key (:data:`agentfsm.state.COUNTERS`: some live in compact_tracking)."""
+    return int(_counter_getters[name](state))
+
+
+_counter_getters: Mapping[str, Callable[[LoopState], Any]] = {
+    c.key: operator.attrgetter(c.path) for c in COUNTERS}
 
 
 def under_cap(counter: str) -> Guard:
@@ -252,12 +318,12 @@ def _exchanges(messages: tuple[Message, ...]) -> int:
     return sum(1 for m in messages if m.role == "assistant")
 
 
-def retry_trigger(state: LoopState, error: ModelError, fallback_available: bool, limits: Limits,
-                  non_streaming_available: bool = False) -> str | None:
+def _retry_edge(state: LoopState, e: CallFailed, limits: Limits) -> str | None:
     """The retry edge a failed call takes (``stream_retry`` / ``non_streaming_retry`` /
-    ``fallback_retry``), or None when the failure is final. The driver asks it before deciding
-    whether to keep what was streamed, and the routes below use the same function, so the two can
-    never disagree."""
+    ``fallback_retry``), or None when the failure is not retried. Private to the guards below:
+    a runtime learns what the move did from the step it took (:attr:`Edge.does`), never by asking
+    ahead."""
+    error = e.error
     # a stream that broke mid-way is requested again as a whole (its partial blocks discarded); so is
     # one whose connection closed before its first event
     dropped = error.kind == "stream_dropped"
@@ -267,31 +333,27 @@ def retry_trigger(state: LoopState, error: ModelError, fallback_available: bool,
     # a stream still dropping, or one that came garbled (not SSE, not JSON, an HTML page) before any
     # content: the same request once more without streaming, as Claude Code does
     if (error.kind in ("stream_dropped", "stream_garbled") and not state.non_streaming
-            and non_streaming_available):
+            and e.non_streaming_available):
         return "non_streaming_retry"
     # the transport's own retries are spent: move down the fallback chain
-    if (error.retryable or error.kind == "overloaded") and fallback_available:
+    if (error.retryable or error.kind == "overloaded") and e.fallback_available:
         return "fallback_retry"
     return None
 
 
-def _retry(s: LoopState, e: CallFailed, lim: Limits) -> str | None:
-    return retry_trigger(s, e.error, e.fallback_available, lim, e.non_streaming_available)
-
-
 @_named("stream_retry_left")
 def stream_retry_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
-    return _retry(s, e, lim) == "stream_retry"
+    return _retry_edge(s, e, lim) == "stream_retry"
 
 
 @_named("non_streaming_left")
 def non_streaming_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
-    return _retry(s, e, lim) == "non_streaming_retry"
+    return _retry_edge(s, e, lim) == "non_streaming_retry"
 
 
 @_named("fallback_left")
 def fallback_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
-    return _retry(s, e, lim) == "fallback_retry"
+    return _retry_edge(s, e, lim) == "fallback_retry"
 
 
 @_named("compacted_after_prompt_too_long")
@@ -420,14 +482,40 @@ def stop_with_event_reason(_s: LoopState, e: SetupFailed | Refused, _lim: Limits
     return {"terminal_reason": e.reason, "terminal_detail": e.detail}
 
 
-def _with_pair(messages: tuple[Message, ...], partial: Message | None,
-               results: Message | None) -> tuple[Message, ...]:
-    """Append what was shown of a cut-off response, keeping every tool_use paired."""
-    if partial is None or not partial.content:
+def pair_shown(event: CallFailed | Aborted, reason: str) -> tuple[Message | None, Message | None]:
+    """What a response cut off mid-way leaves in the history when its move pairs what it showed: its
+    complete blocks, and a result for every tool_use among them — the finished call's own, else a
+    synthetic one for ``reason`` (the edge's :attr:`Does.close_calls`)."""
+    if not event.shown:
+        return None, None
+    partial = Message("assistant", event.shown, kind="assistant")
+    ids = partial.tool_use_ids()
+    if not ids:
+        return partial, None
+    finished = {b.get("tool_use_id"): b for b in event.finished}
+    paired = tuple(finished[i] if i in finished else prompts.synthetic_block(i, reason) for i in ids)
+    return partial, Message("user", paired, kind="tool_results")
+
+
+def _with_pair(messages: tuple[Message, ...], event: CallFailed | Aborted, trigger: str) -> tuple[Message, ...]:
+    """The history with what the cut-off response showed appended, every tool_use paired with the
+    reason ``trigger``'s edge closes calls with."""
+    reason = EDGES_BY_TRIGGER[trigger].does.close_calls
+    assert reason is not None, f"{trigger} pairs what was shown, so it declares how calls are closed"
+    partial, results = pair_shown(event, reason)
+    if partial is None:
         return messages
-    if partial.tool_use_ids() and results is None:
-        raise UndeclaredMove("a partial assistant message with tool_use needs its results")
     return (*messages, partial) + ((results,) if results is not None else ())
+
+
+def shown_results(step: Step, event: Event) -> tuple[Mapping[str, Any], ...]:
+    """The tool results a step shows the client: when its edge pairs what the response showed, the
+    results it paired the shown calls with (the same ones its effect put in the history)."""
+    does = step.edge.does
+    if does.shown is not Shown.PAIR or not isinstance(event, CallFailed | Aborted) or does.close_calls is None:
+        return ()
+    _partial, results = pair_shown(event, does.close_calls)
+    return results.content if results is not None else ()
 
 
 def _compacted(state: LoopState, rapid: bool) -> CompactTracking:
@@ -472,7 +560,7 @@ def non_streaming_taken(_s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[
 
 
 def fallback_taken(s: LoopState, _e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
-    return {"model_index": s.model_index + 1, "stream_retry_count": 0, "non_streaming": False}
+    return {**resets("fallback_retry", s), "model_index": s.model_index + 1}
 
 
 def reactive_compacted(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
@@ -490,12 +578,16 @@ def _error_reason(kind: str) -> TerminalReason:
 
 def call_failed(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
     return {"terminal_reason": _error_reason(e.error.kind), "terminal_detail": e.error.message,
-            "messages": _with_pair(s.messages, e.partial, e.partial_results)}
+            "messages": _with_pair(s.messages, e, "call_failed")}
+
+
+# A response that ended closes this request's stream retries; the next one streams again. The same
+# resets for every edge a response ends on (agentfsm.state.RESPONSE_ENDED: the counters declare them).
+_ENDED_RESETS = resets("end_turn", LoopState())
 
 
 def _ended(changes: Mapping[str, Any]) -> Mapping[str, Any]:
-    # a response that ended cleanly closes this request's stream retries; the next one streams again
-    return {"stream_retry_count": 0, "non_streaming": False, **changes}
+    return {**_ENDED_RESETS, **changes}
 
 
 def _kept(s: LoopState, e: StreamEnded, *extra: Message) -> tuple[Message, ...]:
@@ -597,17 +689,12 @@ def next_turn(s: LoopState, e: ToolsDrained, _lim: Limits) -> Mapping[str, Any]:
     # A StructuredOutput call whose input failed the schema is a structured-output retry like an
     # answer without the call: it counts towards the same cap instead of resetting it, or a model
     # that keeps sending invalid output would loop until max_turns.
+    # Every other reset is the counters' own declaration (reset_by next_turn).
     t = s.compact_tracking
     return {
+        **resets("next_turn", s),
         "turn_count": s.turn_count + 1,
-        "max_output_tokens_recovery_count": 0,
-        "malformed_tool_use_retry_count": 0,
         "structured_output_retry_count": s.structured_output_retry_count + 1 if structured_output_failed(e) else 0,
-        "has_attempted_reactive_compact": False,
-        "thinking_only_nudged": False,
-        "empty_response_nudged": False,
-        "stop_hook_blocking_count": 0,
-        "stop_hook_active": False,
         "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1),
     }
 
@@ -647,10 +734,11 @@ def aborted(reason: TerminalReason) -> Effect:
     next request tells the model where it was cut off, as Claude Code's does)."""
     def effect(s: LoopState, e: Aborted, _lim: Limits) -> Mapping[str, Any]:
         # a response cut off with tool calls shown (they are paired now) was stopped "for tool use"
-        tools = reason is TerminalReason.ABORTED_TOOLS or e.partial_results is not None
+        shown_calls = any(b.get("type") == "tool_use" for b in e.shown)
+        tools = reason is TerminalReason.ABORTED_TOOLS or shown_calls
         marker = prompts.interrupt_marker(prompts.INTERRUPTED_TOOLS if tools else prompts.INTERRUPTED)
         return {"terminal_reason": reason, "terminal_detail": e.detail,
-                "messages": (*_with_pair(s.messages, e.partial, e.partial_results), marker)}
+                "messages": (*_with_pair(s.messages, e, "abort"), marker)}
     effect.__name__ = f"aborted_{reason.value}"
     return effect
 
@@ -784,6 +872,8 @@ def validate(edges: Iterable[Edge] = EDGES, routes: Iterable[Route] = ROUTES,
             routed.setdefault((src, r.event), []).append(r)
     taken = {r.edge for r in routes}
     problems += [f"edge {e.trigger!r} is taken by no route" for e in edges if e.trigger not in taken]
+    problems += [f"counter {c.key} names {name!r}, which is not a declared edge"
+                 for c in COUNTERS for name in sorted(c.raised_by | c.reset_by) if name not in by_trigger]
     for phase in STATES:
         for ev in event_types:
             key = (phase, ev)
@@ -838,6 +928,10 @@ class Step:
 def _next_state(state: LoopState, route: Route, event: Any, limits: Limits) -> LoopState:
     edge = EDGES_BY_TRIGGER[route.edge]
     changes = dict(route.effect(state, event, limits))
+    new_messages = changes.get("messages")
+    if (new_messages is not None and not edge.does.compacts and new_messages is not state.messages
+            and not appended(state.messages, new_messages)):
+        raise UndeclaredMove(f"{route.edge} replaced the history, which only a move that compacts may do")
     if edge.kind == "reentry":
         changes["transition"] = route.edge
         changes.setdefault("terminal_reason", None)
@@ -892,17 +986,6 @@ class LoopModel:
             raise UndeclaredMove(f"the machine moved to {value} but the route's state is at {self.record.phase}")
 
 
-class _Fired:
-    """What :data:`MACHINE`'s conditions and ``before`` callbacks receive when a loop fires: the two
-    fields of transitions' ``EventData`` they read."""
-
-    __slots__ = ("kwargs", "model")
-
-    def __init__(self, model: LoopModel, kwargs: dict[str, Any]) -> None:
-        self.model = model
-        self.kwargs = kwargs
-
-
 def _condition(route: Route) -> Callable[[Any], bool]:
     guard = route.guard
     assert guard is not None
@@ -942,42 +1025,12 @@ def build_machine(routes: Iterable[Route] = ROUTES) -> Machine:
 
 MACHINE: Machine = build_machine()
 
-# How a loop fires MACHINE: its transitions per (trigger, source), in the order transitions tries
-# them, as (conditions, before callbacks, destination). Firing walks these lists itself: going
-# through ``Machine`` per event (EventData, the event queue, state enter/exit bookkeeping, a bound
-# trigger per model, debug logging) cost three times the walk, and a model added and removed per
-# loop cost as much again; what the walk runs is MACHINE's own callbacks, so the routes stay the one
-# declaration. It relies on MACHINE using nothing else (checked here, at import).
-_Transitions = tuple[tuple[tuple[Callable[[Any], bool], ...], tuple[Callable[[Any], None], ...], str], ...]
-
-
-def _firing_table(machine: Machine) -> dict[tuple[str, str], _Transitions]:
-    unused = (machine.prepare_event, machine.finalize_event, machine.before_state_change,
-              machine.after_state_change, machine.on_exception,
-              *(s.on_enter for s in machine.states.values()), *(s.on_exit for s in machine.states.values()))
-    if any(unused):  # pragma: no cover - build_machine never adds them
-        raise ImportError("agentfsm.graph: the machine has callbacks the loop's firing would skip")
-    table: dict[tuple[str, str], _Transitions] = {}
-    for name, event in machine.events.items():
-        for src, ts in event.transitions.items():
-            rows = []
-            for t in ts:
-                if t.prepare or t.after or any(not callable(c.func) or c.target is not True for c in t.conditions):
-                    raise ImportError(f"agentfsm.graph: {name} from {src} uses what the loop's firing skips")
-                rows.append((tuple(c.func for c in t.conditions), tuple(t.before), t.dest))
-            table[(name, src)] = tuple(rows)
-    return table
-
-
-_FIRING = _firing_table(MACHINE)
-
-
 class LoopMachine:
     """One running loop on :data:`MACHINE`. :meth:`fire` is the only way its state changes: the
-    machine's transitions for the event are tried in order, the first whose guard holds runs its
-    route's effect, and a phase that decides on its own (:data:`AUTOMATIC`) fires again on the same
-    event. :meth:`close` (or the context manager) ends it: a closed machine refuses every event; nothing
-    is held once it is dropped."""
+    machine's event is triggered on the loop's model (its transitions tried in order, the first whose
+    guard holds runs its route's effect), and a phase that decides on its own (:data:`AUTOMATIC`) fires
+    again on the same event. :meth:`close` (or the context manager) ends it: a closed machine refuses
+    every event; nothing is held once it is dropped (the model is never registered with MACHINE)."""
 
     def __init__(self, state: LoopState) -> None:
         self._model = LoopModel(state)
@@ -1003,25 +1056,25 @@ class LoopMachine:
         model = self._model
         phase = model.record.phase
         name = type(event).__name__
-        transitions = _FIRING.get((name, phase.value))
-        if transitions is None:
-            if name not in MACHINE.events:
-                raise UndeclaredMove(f"{name} is not an event of the graph")
+        trigger = MACHINE.events.get(name)
+        if trigger is None:
+            raise UndeclaredMove(f"{name} is not an event of the graph")
+        if phase.value not in trigger.transitions:
             refusal = REFUSALS.get((phase, type(event)), "no route is declared")
             raise UndeclaredMove(f"{name} in {phase.value}: {refusal}")
-        fired = _Fired(model, {"event": event, "limits": limits, "automatic": automatic})
-        for conditions, before, dest in transitions:
-            for check in conditions:
-                if not check(fired):
-                    break
-            else:
-                model.step = None
-                for callback in before:
-                    callback(fired)
-                model.phase = dest
-                if model.step is not None:
-                    return model.step
-                break
+        # transitions runs the move: the event's transitions from this state in declared order, their
+        # conditions (the guards), the first that holds runs its before callback (the route's effect)
+        # and the machine sets the model's state. Event.trigger, not a trigger bound on the model:
+        # binding needs the model registered with the shared MACHINE (add_model/remove_model per
+        # loop), which cost another ~60 us a loop and would keep every unclosed loop alive in it.
+        # Against the hand walk of the same lists that this replaced, transitions' processing costs
+        # about 2.4x per move: 21.8-24.7 against 8.8-10.6 us in the same runs of bench/moves.py,
+        # some 14 us a move (its debug-logging calls alone are ~16 a move); bench/overhead.py's engine
+        # iteration (one model turn, about five moves) rose by roughly 100 us: well under a
+        # thousandth of a real model turn, so the moves are not taken out of transitions' hands.
+        model.step = None
+        if trigger.trigger(model, event=event, limits=limits, automatic=automatic) and model.step is not None:
+            return model.step
         guards = ", ".join(r.guard_name for r in ROUTES_BY_KEY.get((phase, type(event)), ()))
         raise UndeclaredMove(f"{name} in {phase.value}: no route's guard holds ({guards})")
 
@@ -1065,6 +1118,26 @@ def follow(state: LoopState, event: Event, limits: Limits, trigger: str) -> Step
 
 
 # --- pure decisions the driver asks before doing I/O ------------------------------------------
+
+
+def route_for(state: LoopState, event: Event, limits: Limits) -> Route | None:
+    """The route ``event`` takes from ``state``: the first of its phase and event whose guard holds."""
+    for route in ROUTES_BY_KEY.get((state.phase, type(event)), ()):
+        if route.guard is None or route.guard(state, event, limits):
+            return route
+    return None
+
+
+# What a failure is probed with: a compaction that succeeded (its content is never read by a guard).
+_PROBE_COMPACTION = Compaction((), "reactive")
+
+
+def compaction_wanted(state: LoopState, event: CallFailed, limits: Limits) -> bool:
+    """A compaction would change the failure's move: with one, the route the event takes is a move
+    that compacts (:attr:`Does.compacts`). The runtime then compacts before it reports the failure
+    (the I/O the event carries); the guard that says so is the route's own, in the table."""
+    route = route_for(state, attrs.evolve(event, compaction=_PROBE_COMPACTION), limits)
+    return route is not None and EDGES_BY_TRIGGER[route.edge].does.compacts
 
 
 def should_auto_compact(state: LoopState, tokens: int, limits: Limits) -> bool:

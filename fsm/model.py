@@ -127,10 +127,6 @@ def backoff_s(attempt: int, retry_after_s: float | None = None) -> float:
     return min(0.5 * 2 ** (attempt - 1), 32.0) * (1 + random.random() * 0.25)
 
 
-# failures of a response that arrived (its status was 200): the loop's routes decide what follows
-_GRAPH_RETRIED = frozenset({"stream_dropped", "stream_garbled"})
-
-
 async def with_retries(open_stream: Callable[[], AsyncIterator[StreamEvent]], max_retries: int, *,
                        delay_s: Callable[[int, ModelCallError], float] = lambda n, e: backoff_s(n, e.retry_after_s),
                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -149,9 +145,9 @@ async def with_retries(open_stream: Callable[[], AsyncIterator[StreamEvent]], ma
         except ModelCallError as exc:
             await _close(stream)
             retry = exc.should_retry if exc.should_retry is not None else exc.error.retryable
-            # a response that came and broke before its first event is the graph's to retry
-            # (stream_retry, non_streaming_retry), not the transport's
-            if not retry or attempt >= max_retries or exc.error.kind in _GRAPH_RETRIED:
+            # a request the API accepted (its answer came, and broke before its first event) is never
+            # sent again here: whether the loop asks again is the loop's decision
+            if not retry or attempt >= max_retries or exc.error.answered:
                 raise
             attempt += 1
             wait = delay_s(attempt, exc)

@@ -1,8 +1,9 @@
 """The work of each phase that does not depend on how the loop is run.
 
-What the request of a turn is, how a failed model call is classified, how a response cut off mid-way
-is paired, what a finished tool batch reports to the machine, what the Stop hooks' answer means. The
-local driver (:mod:`agentfsm.driver`) performs the phases on one event loop; a Temporal workflow
+What the request of a turn is, how a failed model call is classified, what a finished tool batch
+reports to the machine, what the Stop hooks' answer means, the stream-json messages a step shows. (How
+a response cut off mid-way is paired is the machine's: :func:`agentfsm.graph.pair_shown`.) The local
+driver (:mod:`agentfsm.driver`) performs the phases on one event loop; a Temporal workflow
 (:mod:`agentfsm.temporal`) performs them as activities. Both call these functions, so the two
 runtimes build the same requests, events and messages from the same facts.
 """
@@ -37,7 +38,7 @@ from agentfsm.model import (
     ModelRequest,
     StreamEvent,
 )
-from agentfsm.pipeline import CallResult, synthetic_result
+from agentfsm.pipeline import CallResult
 from agentfsm.request import normalize
 from agentfsm.result import RunAccount
 from agentfsm.state import Limits, LoopState, Message, TerminalReason, appended
@@ -45,8 +46,6 @@ from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 
 Prompt = str | Sequence[Mapping[str, Any]]
 
-# the reason of the synthetic result of a call whose response broke off for good
-STREAM_FAILED = "stream_failed"
 # what a model call that produced no stream, or a stream without its end, is
 # an empty stream is a garbled answer: nothing was shown, the request may be made again without streaming
 EMPTY_STREAM = ModelError("stream_garbled", "The API returned an empty stream", None, True)
@@ -202,11 +201,6 @@ def stream_error(exc: BaseException, *, has_content: bool = True) -> ModelError:
     return ModelError("model", f"Model stream failed: {type(exc).__name__}: {exc}")
 
 
-def wants_reactive_compact(state: LoopState, error: ModelError) -> bool:
-    """A prompt-too-long answer is held back while one compaction may still save the turn."""
-    return error.kind == "prompt_too_long" and graph.may_reactive_compact(state)
-
-
 def account_response(account: RunAccount, response: ModelResponse, default_model: str,
                      request_messages: int) -> None:
     """Spend a finished response's usage and anchor the next estimate on it."""
@@ -221,25 +215,6 @@ def account_response(account: RunAccount, response: ModelResponse, default_model
 def stream_ended(response: ModelResponse, *, json_schema: bool) -> StreamEnded:
     return StreamEnded(response, json_schema=json_schema,
                        structured_output_ids=calls_of(response.tool_uses(), STRUCTURED_OUTPUT))
-
-
-def interrupted_result(tool_use_id: str) -> dict[str, Any]:
-    """The result of a tool_use no tool ever ran (cut off before it was handed over)."""
-    return dict(synthetic_result(tool_use_id, "", "user_interrupted").block)
-
-
-def pair_cut_off(blocks: Sequence[Mapping[str, Any]], results: Mapping[str, Mapping[str, Any]]
-                 ) -> tuple[Message | None, Message | None]:
-    """What a response cut off mid-way leaves in the history: its complete blocks, and a result for
-    every tool_use among them — ``results[id]`` when the call has one, else an interrupted one."""
-    if not blocks:
-        return None, None
-    partial = Message("assistant", tuple(blocks), kind="assistant")
-    ids = partial.tool_use_ids()
-    if not ids:
-        return partial, None
-    paired = tuple(results[i] if i in results else interrupted_result(i) for i in ids)
-    return partial, Message("user", paired, kind="tool_results")
 
 
 # --- dispatch_tools ------------------------------------------------------------------------------
@@ -344,11 +319,9 @@ def rewrote_history(before: LoopState, step: graph.Step) -> bool:
     return new is not old and not appended(old, new)
 
 
-def stop_feedback_message(session_id: str, step: graph.Step, event: Any) -> dict[str, Any] | None:
+def stop_feedback_message(session_id: str, event: StopHookVerdict) -> dict[str, Any]:
     """The stream-json message of a Stop hook's block that re-entered: its feedback as a synthetic user
     message, as Claude Code prints it (a re-entry for additionalContext alone prints nothing)."""
-    if step.trigger != "stop_hook_blocking" or not isinstance(event, StopHookVerdict) or not event.blocked:
-        return None
     text = prompts.STOP_HOOK_FEEDBACK.format(reason=event.reason)
     return {"type": "user", "message": {"role": "user", "content": [{"type": "text", "text": text}]},
             "parent_tool_use_id": None, "session_id": session_id, "isSynthetic": True}

@@ -32,29 +32,24 @@ import attrs
 from agentfsm import log as fsm_log
 from agentfsm.bounded_json import InputRejected, parse_object, rejection
 from agentfsm.ports import PermissionOutcome, PostToolOutcome, PreToolOutcome, ToolGate
+from agentfsm.prompts import (  # noqa: F401 - re-exported: texts of synthetic results, named from here too
+    REJECT_MESSAGE,
+    STREAMING_FALLBACK,
+    USER_INTERRUPTED,
+    WORKER_LOST,
+    synthetic_block,
+    synthetic_text,
+    tool_use_error,
+)
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from agentfsm.tools.schema import coerce_input, compile_validator, schema_error, schema_issues
 
 log = fsm_log.get_logger("agentfsm.tools")
+# The texts of synthetic results live with the loop's other texts (agentfsm.prompts): the machine
+# pairs the calls of a response that broke off with them.
 
 # --- texts the model sees --------------------------------------------------------------------
 
-USER_INTERRUPTED = "user_interrupted"
-STREAMING_FALLBACK = "streaming_fallback"
-# the process running the call died (a Temporal worker) and the call was not run again
-WORKER_LOST = "worker_lost"
-
-# Claude Code's wording for a call the user interrupted or rejected.
-REJECT_MESSAGE = (
-    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a "
-    "file edit, the new_string was NOT written to the file). STOP what you are doing and wait for the "
-    "user to tell you how to proceed."
-)
-_FALLBACK_MESSAGE = "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"
-_WORKER_LOST_MESSAGE = (
-    "<tool_use_error>Error: the tool was interrupted: the worker running it stopped before the tool "
-    "finished. It was not run again because it may have side effects; check what it did before you "
-    "retry it.</tool_use_error>")
 _INVALID_JSON_ECHO_BYTES = 200
 
 
@@ -70,22 +65,6 @@ KNOWN_TOOL_NAMES = frozenset({
 def reminder(text: str) -> str:
     """``text`` in a ``<system-reminder>``: hook output the model should read as context, not as output."""
     return f"<system-reminder>\n{text}\n</system-reminder>"
-
-
-def tool_use_error(text: str) -> str:
-    """Wrap ``text`` the way Claude Code marks tool errors for the model (idempotent)."""
-    return text if text.startswith("<tool_use_error>") else f"<tool_use_error>{text}</tool_use_error>"
-
-
-def synthetic_text(reason: str) -> str:
-    """The tool_result text of a call that was cancelled or discarded for ``reason``."""
-    if reason == USER_INTERRUPTED:
-        return REJECT_MESSAGE
-    if reason in (STREAMING_FALLBACK, "fallback"):
-        return _FALLBACK_MESSAGE
-    if reason == WORKER_LOST:
-        return _WORKER_LOST_MESSAGE
-    return tool_use_error(f"Error: Tool execution discarded ({reason})")
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -136,8 +115,7 @@ class CallResult:
 def synthetic_result(tool_use_id: str, tool_name: str, reason: str,
                      tool_input: Mapping[str, Any] | None = None) -> CallResult:
     """An error result for a call that never ran (or was cut short) for ``reason``."""
-    block = {"type": "tool_result", "tool_use_id": tool_use_id, "content": synthetic_text(reason),
-             "is_error": True}
+    block = synthetic_block(tool_use_id, reason)
     return CallResult(tool_use_id, tool_name, block, is_error=True, tool_input=dict(tool_input or {}),
                       cancel_reason=reason)
 

@@ -10,6 +10,49 @@ from collections.abc import Iterable
 
 from agentfsm.state import Message
 
+# --- the results of tool calls that never ran (or were cut short) ---------------------------------
+
+USER_INTERRUPTED = "user_interrupted"
+STREAMING_FALLBACK = "streaming_fallback"
+# the response broke off for good: its calls are answered, none of them ran to its end
+STREAM_FAILED = "stream_failed"
+# the process running the call died (a Temporal worker) and the call was not run again
+WORKER_LOST = "worker_lost"
+
+# Claude Code's wording for a call the user interrupted or rejected.
+REJECT_MESSAGE = (
+    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a "
+    "file edit, the new_string was NOT written to the file). STOP what you are doing and wait for the "
+    "user to tell you how to proceed."
+)
+_FALLBACK_MESSAGE = "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"
+_WORKER_LOST_MESSAGE = (
+    "<tool_use_error>Error: the tool was interrupted: the worker running it stopped before the tool "
+    "finished. It was not run again because it may have side effects; check what it did before you "
+    "retry it.</tool_use_error>")
+
+
+def tool_use_error(text: str) -> str:
+    """Wrap ``text`` the way Claude Code marks tool errors for the model (idempotent)."""
+    return text if text.startswith("<tool_use_error>") else f"<tool_use_error>{text}</tool_use_error>"
+
+
+def synthetic_text(reason: str) -> str:
+    """The tool_result text of a call that was cancelled or discarded for ``reason``."""
+    if reason == USER_INTERRUPTED:
+        return REJECT_MESSAGE
+    if reason in (STREAMING_FALLBACK, "fallback"):
+        return _FALLBACK_MESSAGE
+    if reason == WORKER_LOST:
+        return _WORKER_LOST_MESSAGE
+    return tool_use_error(f"Error: Tool execution discarded ({reason})")
+
+
+def synthetic_block(tool_use_id: str, reason: str) -> dict[str, object]:
+    """The ``tool_result`` block of a call that never ran (or was cut short) for ``reason``."""
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": synthetic_text(reason), "is_error": True}
+
+
 MAX_TOKENS_RESUME = (
     "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
     "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."

@@ -8,6 +8,7 @@ that is what is sent, compared and resumed; the ``kind`` tag says where a messag
 from __future__ import annotations
 
 import enum
+import functools
 import operator
 import uuid
 from collections.abc import Callable, Mapping
@@ -184,6 +185,40 @@ def _parse_number(name: str, raw: str, kind: type) -> Any:
         raise ValueError(f"limit {name} takes {what}, got {raw!r}") from None
 
 
+# --- counters: declared once, on their field --------------------------------------------------------
+
+# The edges on which a response ended (every route of a stream that ended): each closes the request's
+# stream retries, and the next request streams again.
+RESPONSE_ENDED = ("dispatch", "end_turn", "max_output_tokens_recovery", "recovery_exhausted",
+                  "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
+                  "structured_output_retry")
+_COUNTER = "agentfsm.counter"
+
+
+@attrs.frozen
+class Counter:
+    """What one counter (or flag) of the loop is, declared on its field's metadata: ``key``, its name
+    in :meth:`LoopState.counters`, snapshots, traces and the auditor (the field's name unless set);
+    ``cap``, the :class:`Limits` field it never exceeds; ``raised_by``, the edges that raise it (by
+    one — the auditor flags a rise on any other); ``reset_by``, the edges that put it back to its
+    initial value (the graph's effects of those edges take the resets from here). The field is
+    ``path`` in the state record (``compact_tracking.consecutive_failures``)."""
+
+    key: str
+    path: str = ""
+    default: Any = None
+    cap: str | None = None
+    raised_by: frozenset[str] = frozenset()
+    reset_by: frozenset[str] = frozenset()
+
+
+def counter(default: Any, *, key: str = "", cap: str | None = None, raised_by: tuple[str, ...] = (),
+            reset_by: tuple[str, ...] = ()) -> Any:
+    """An attrs field that is a counter of the loop (see :class:`Counter`)."""
+    meta = Counter(key, "", default, cap, frozenset(raised_by), frozenset(reset_by))
+    return attrs.field(default=default, metadata={_COUNTER: meta})
+
+
 def _block_tuple(value: Any) -> tuple[Mapping[str, Any], ...]:
     if isinstance(value, str):
         return ({"type": "text", "text": value},)
@@ -215,18 +250,22 @@ class Message:
 
 @attrs.frozen
 class CompactTracking:
-    """What the loop remembers about compaction (seed: compactTracking)."""
+    """What the loop remembers about compaction: when it last compacted, how often in a row it failed or
+    refilled at once (the guards of auto-compaction and of the rapid-refill breaker read these)."""
 
     last_compact_turn_id: str | None = None
     turns_since_compact: int = 0
-    consecutive_failures: int = 0
-    rapid_refill_count: int = 0
+    consecutive_failures: int = counter(0, key="consecutive_compact_failures",
+                                        cap="max_consecutive_compact_failures", raised_by=("call",))
+    # rapid refills in a row; the breaker (setup_failed) counts the one that trips it
+    rapid_refill_count: int = counter(0, cap="rapid_refill_max", raised_by=("call", "setup_failed"))
     compactions: int = 0
 
 
 @attrs.frozen
 class QueryTracking:
-    """Correlates every model call and tool event of one user turn (seed: queryTracking)."""
+    """Correlates every model call and tool event of one user turn: the chain id, and how many requests
+    deep the turn is."""
 
     chain_id: str = attrs.field(factory=lambda: new_id().hex[:16])
     depth: int = -1
@@ -252,20 +291,27 @@ class LoopState:
     tool_use_context: ToolUseContext = attrs.field(factory=ToolUseContext)
     compact_tracking: CompactTracking = attrs.field(factory=CompactTracking)
     query_tracking: QueryTracking = attrs.field(factory=QueryTracking)
-    turn_count: int = 1
-    max_output_tokens_recovery_count: int = 0
-    malformed_tool_use_retry_count: int = 0
-    structured_output_retry_count: int = 0
-    stream_retry_count: int = 0
+    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking"))
+    max_output_tokens_recovery_count: int = counter(0, cap="max_output_tokens_recoveries",
+                                                    raised_by=("max_output_tokens_recovery",), reset_by=("next_turn",))
+    malformed_tool_use_retry_count: int = counter(0, cap="malformed_tool_use_retries",
+                                                  raised_by=("malformed_tool_use_retry",), reset_by=("next_turn",))
+    # a StructuredOutput call whose input failed the schema raises it on next_turn too (else it resets)
+    structured_output_retry_count: int = counter(0, cap="structured_output_retries",
+                                                 raised_by=("structured_output_retry", "next_turn"),
+                                                 reset_by=("next_turn",))
+    stream_retry_count: int = counter(0, cap="stream_retries", raised_by=("stream_retry",),
+                                      reset_by=(*RESPONSE_ENDED, "fallback_retry"))
     # index into (model, *fallback_models): which model the next request goes to
-    model_index: int = 0
-    has_attempted_reactive_compact: bool = False
-    thinking_only_nudged: bool = False
-    empty_response_nudged: bool = False
+    model_index: int = counter(0, raised_by=("fallback_retry",))
+    has_attempted_reactive_compact: bool = counter(False, reset_by=("next_turn",))
+    thinking_only_nudged: bool = counter(False, reset_by=("next_turn",))
+    empty_response_nudged: bool = counter(False, reset_by=("next_turn",))
     # the stream broke or was garbled before any content: the next request is made without streaming
-    non_streaming: bool = False
-    stop_hook_active: bool = False
-    stop_hook_blocking_count: int = 0
+    non_streaming: bool = counter(False, reset_by=(*RESPONSE_ENDED, "fallback_retry"))
+    stop_hook_active: bool = counter(False, reset_by=("next_turn",))
+    stop_hook_blocking_count: int = counter(0, cap="stop_hook_block_cap", raised_by=("stop_hook_blocking",),
+                                            reset_by=("next_turn",))
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet
     stop_hooks_due: bool = False
     transition: str | None = None
@@ -274,23 +320,9 @@ class LoopState:
     terminal_detail: str | None = None
 
     def counters(self) -> dict[str, Any]:
-        """The counters a trace records with every move (and the auditor checks against caps)."""
-        return {
-            "turn_count": self.turn_count,
-            "max_output_tokens_recovery_count": self.max_output_tokens_recovery_count,
-            "malformed_tool_use_retry_count": self.malformed_tool_use_retry_count,
-            "structured_output_retry_count": self.structured_output_retry_count,
-            "stream_retry_count": self.stream_retry_count,
-            "model_index": self.model_index,
-            "has_attempted_reactive_compact": self.has_attempted_reactive_compact,
-            "thinking_only_nudged": self.thinking_only_nudged,
-            "empty_response_nudged": self.empty_response_nudged,
-            "non_streaming": self.non_streaming,
-            "stop_hook_active": self.stop_hook_active,
-            "stop_hook_blocking_count": self.stop_hook_blocking_count,
-            "consecutive_compact_failures": self.compact_tracking.consecutive_failures,
-            "rapid_refill_count": self.compact_tracking.rapid_refill_count,
-        }
+        """The counters a trace records with every move (and the auditor checks against caps): every
+        field declared with :func:`counter`, by its key, in declaration order (:data:`COUNTERS`)."""
+        return dict(zip(COUNTER_KEYS, _counter_values(self), strict=True))
 
     def snapshot(self) -> dict[str, Any]:
         """Every field the machine decides, as JSON (messages and the tool context aside): what a
@@ -304,24 +336,27 @@ class LoopState:
         return _snapshot_values(self)
 
 
-# The snapshot: its keys in order, and where each value is in the state (the counters() keys in
-# their order, between phase and stop_hooks_due).
+def _declared_counters() -> tuple[Counter, ...]:
+    """Every field declared with :func:`counter`: the state's own, then compaction tracking's."""
+    out = []
+    for owner, prefix in ((LoopState, ""), (CompactTracking, "compact_tracking.")):
+        for f in attrs.fields(owner):
+            meta = f.metadata.get(_COUNTER)
+            if meta is not None:
+                out.append(attrs.evolve(meta, key=meta.key or f.name, path=prefix + f.name))
+    return tuple(out)
+
+
+COUNTERS: tuple[Counter, ...] = _declared_counters()
+COUNTERS_BY_KEY: Mapping[str, Counter] = {c.key: c for c in COUNTERS}
+COUNTER_KEYS: tuple[str, ...] = tuple(c.key for c in COUNTERS)
+_counter_values = operator.attrgetter(*(c.path for c in COUNTERS))
+
+# The snapshot: its keys in order, and where each value is in the state (the counters between phase
+# and stop_hooks_due, in their order).
 _SNAPSHOT_PATHS: tuple[tuple[str, str], ...] = (
     ("phase", "phase"),
-    ("turn_count", "turn_count"),
-    ("max_output_tokens_recovery_count", "max_output_tokens_recovery_count"),
-    ("malformed_tool_use_retry_count", "malformed_tool_use_retry_count"),
-    ("structured_output_retry_count", "structured_output_retry_count"),
-    ("stream_retry_count", "stream_retry_count"),
-    ("model_index", "model_index"),
-    ("has_attempted_reactive_compact", "has_attempted_reactive_compact"),
-    ("thinking_only_nudged", "thinking_only_nudged"),
-    ("empty_response_nudged", "empty_response_nudged"),
-    ("non_streaming", "non_streaming"),
-    ("stop_hook_active", "stop_hook_active"),
-    ("stop_hook_blocking_count", "stop_hook_blocking_count"),
-    ("consecutive_compact_failures", "compact_tracking.consecutive_failures"),
-    ("rapid_refill_count", "compact_tracking.rapid_refill_count"),
+    *((c.key, c.path) for c in COUNTERS),
     ("stop_hooks_due", "stop_hooks_due"),
     ("transition", "transition"),
     ("terminal_reason", "terminal_reason"),
@@ -338,17 +373,31 @@ def snapshot_json(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
-# Counter name -> the Limits field that caps it; shared by the graph's guards, the auditor and the
-# property tests so the three can never disagree about what "over the cap" means.
-COUNTER_CAPS: Mapping[str, str] = {
-    "max_output_tokens_recovery_count": "max_output_tokens_recoveries",
-    "malformed_tool_use_retry_count": "malformed_tool_use_retries",
-    "structured_output_retry_count": "structured_output_retries",
-    "stream_retry_count": "stream_retries",
-    "stop_hook_blocking_count": "stop_hook_block_cap",
-    "rapid_refill_count": "rapid_refill_max",
-    "consecutive_compact_failures": "max_consecutive_compact_failures",
-}
+# Counter name -> the Limits field that caps it (from the counters' declarations); shared by the
+# graph's guards, the auditor and the testing kit so they can never disagree about "over the cap".
+COUNTER_CAPS: Mapping[str, str] = {c.key: c.cap for c in COUNTERS if c.cap is not None}
+# Counter name -> the edges that raise it (numbers only: a flag is set, not raised).
+RAISED_BY: Mapping[str, frozenset[str]] = {c.key: c.raised_by for c in COUNTERS if c.raised_by}
+_unknown_caps = [c.cap for c in COUNTERS if c.cap is not None and c.cap not in Limits.field_names()]
+if _unknown_caps:  # pragma: no cover - a counter must name a limit that exists
+    raise ImportError(f"agentfsm.state: counters capped by unknown limits: {_unknown_caps}")
+
+
+def resets(trigger: str, state: LoopState) -> dict[str, Any]:
+    """The changes edge ``trigger`` makes by resetting counters (:attr:`Counter.reset_by`), for the
+    graph's effects: state fields by name (compaction tracking's as a new ``compact_tracking``)."""
+    own, nested = _resets_of(trigger)
+    if not nested:
+        return dict(own)
+    return {**own, "compact_tracking": attrs.evolve(state.compact_tracking, **nested)}
+
+
+@functools.cache
+def _resets_of(trigger: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """Per edge, once: the state's own fields it resets, and compaction tracking's."""
+    own = {c.path: c.default for c in COUNTERS if trigger in c.reset_by and "." not in c.path}
+    nested = {c.path.split(".", 1)[1]: c.default for c in COUNTERS if trigger in c.reset_by and "." in c.path}
+    return own, nested
 
 
 def appended(old: tuple[Message, ...], new: tuple[Message, ...]) -> bool:

@@ -218,7 +218,7 @@ def _reactive_compact(sim: Sim) -> None:
 def _abort_tools(sim: Sim) -> None:
     resp = tool_call("toolu_1")
     sim.respond(resp)
-    assert sim.feed(Aborted(resp.as_message(), results_for(resp))) == "abort"
+    assert sim.feed(Aborted(resp.as_message().content, results_for(resp).content)) == "abort"
 
 
 def _refused(sim: Sim) -> None:
@@ -639,7 +639,7 @@ def walk(sim: Sim, picks: Iterable[str]) -> None:
         elif phase is Phase.DISPATCH_TOOLS:
             pick = next(it, "ok")
             if pick == "abort":
-                sim.feed(Aborted(response.as_message(), results_for(response)))
+                sim.feed(Aborted(response.as_message().content, results_for(response).content))
                 continue
             drained = ToolsDrained(response.as_message(), results_for(response),
                                    ends_turn=pick == "ends_turn", hook_stopped=pick == "hook_stop",

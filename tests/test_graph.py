@@ -81,14 +81,21 @@ def test_machine_runs_exactly_the_routes() -> None:
             "thinking_only_nudge", "stop_hook_blocking"} <= graph.REENTRY_LABELS
 
 
-def test_loops_fire_the_machines_own_transitions_in_its_order() -> None:
-    """The loop's firing table is MACHINE's transitions, list for list: the same conditions and
-    before callbacks, in the order transitions would try them, to the same destination."""
-    for name, event in graph.MACHINE.events.items():
-        for src, transitions in event.transitions.items():
-            assert graph._FIRING[(name, src)] == tuple(
-                (tuple(c.func for c in t.conditions), tuple(t.before), t.dest) for t in transitions)
-    assert len(graph._FIRING) == sum(len(e.transitions) for e in graph.MACHINE.events.values())
+def test_transitions_runs_each_move() -> None:
+    """A loop's move is transitions' own event processing, not a walk of its lists: a callback that
+    only transitions runs (a transition's ``after``, the machine's ``finalize_event``) is run by
+    LoopMachine.fire, with the event data transitions builds."""
+    seen: list[tuple[str, str]] = []
+    (first,) = graph.MACHINE.events["Assembled"].transitions[Phase.ASSEMBLE.value][-1:]
+    first.after.append(lambda ed: seen.append(("after", ed.model.record.phase.value)))
+    graph.MACHINE.finalize_event.append(lambda ed: seen.append(("finalize", type(ed.kwargs["event"]).__name__)))
+    try:
+        with LoopMachine(start()) as m:
+            m.fire(Assembled(), LIM)
+    finally:
+        first.after.pop()
+        graph.MACHINE.finalize_event.pop()
+    assert seen == [("after", Phase.CALL_MODEL.value), ("finalize", "Assembled")]
 
 
 def test_firing_agrees_with_transitions_own_trigger() -> None:
@@ -371,15 +378,20 @@ def test_refusals_and_setup_failures() -> None:
         decide(start(), SetupFailed(TerminalReason.COMPLETED, "x"), LIM)
 
 
-def test_abort_requires_pairing() -> None:
+def test_abort_pairs_every_call_it_shows() -> None:
+    """The abort event carries raw facts (the blocks shown, the results finished); the route pairs
+    each shown call: with its finished result, else with the synthetic result its edge declares."""
     s, m = to_stream()
-    with pytest.raises(UndeclaredMove):
-        decide(s, Aborted(partial=Message("assistant", USE, kind="assistant")), LIM)
-    res = Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
-                            "content": "interrupted"},))
-    _, s = fire(m, Aborted(partial=Message("assistant", USE, kind="assistant"), partial_results=res), LIM)
+    step = decide(s, Aborted(shown=USE), LIM)
+    partial, results, _marker = step.state.messages[-3:]
+    assert partial.tool_use_ids() == results.tool_result_ids() == ["toolu_1"]
+    assert results.content[0]["content"] == prompts.synthetic_text(step.edge.does.close_calls)
+    assert graph.shown_results(step, Aborted(shown=USE)) == results.content
+    done = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "real"}
+    _, s = fire(m, Aborted(shown=USE, finished=(done,)), LIM)
     assert s.terminal_reason is TerminalReason.ABORTED_STREAMING
-    assert s.messages[-2].tool_use_ids() == s.messages[-1].tool_result_ids()
+    assert s.messages[-3].tool_use_ids() == s.messages[-2].tool_result_ids()
+    assert s.messages[-2].content == (done,)
 
 
 @pytest.mark.parametrize(("turns_since", "rapid"), [(0, True), (1, True), (2, False)])
@@ -512,3 +524,23 @@ def test_a_garbled_stream_is_asked_unstreamed_at_once_and_streams_again_after() 
     m = _call_model()
     step, s = fire(m, CallFailed(ModelError("stream_garbled", "not SSE", None, True)), LIM)
     assert step.trigger == "call_failed" and s.terminal_reason is TerminalReason.MODEL_ERROR
+
+
+def test_failure_records_of_an_earlier_release_still_read() -> None:
+    """Session files written before failure events carried raw facts recorded the pairing itself
+    (``partial``, ``partial_results``): they read as the blocks shown and the results as finished, so
+    the auditor's replay pairs them the same way."""
+    from agentfsm.events import from_record, to_record
+
+    old = {"type": "Aborted", "partial": {"role": "assistant", "kind": "assistant", "uuid": "u1",
+                                          "content": [{"type": "text", "text": "…"},
+                                                      {"type": "tool_use", "id": "toolu_1", "name": "Read"}]},
+           "partial_results": {"role": "user", "kind": "tool_results", "uuid": "u2",
+                               "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True}]}}
+    event = from_record(old)
+    assert isinstance(event, Aborted)
+    assert [b["type"] for b in event.shown] == ["text", "tool_use"]
+    assert [b["tool_use_id"] for b in event.finished] == ["toolu_1"]
+    assert from_record(to_record(event)) == event
+    failed = from_record({"type": "CallFailed", "error": {"kind": "api", "message": "x"}, "partial": None})
+    assert isinstance(failed, CallFailed) and failed.shown == () and failed.finished == ()

@@ -122,12 +122,18 @@ def _kept(s: LoopState, r: ModelResponse, *extra: Message) -> tuple[Message, ...
     return (*s.messages, *((r.as_message(),) if r.blocks else ()), *extra)
 
 
-def _paired(messages: tuple[Message, ...], partial: Message | None, results: Message | None) -> tuple[Message, ...]:
-    if partial is None or not partial.content:
+def _paired(messages: tuple[Message, ...], e: CallFailed | Aborted, reason: str) -> tuple[Message, ...]:
+    """§3.6: what a cut-off response showed stays in the history, every call it showed answered: by
+    its finished result, else by a synthetic error for ``reason``."""
+    if not e.shown:
         return messages
-    if partial.tool_use_ids() and results is None:
-        raise Refusal("a partial message with tool calls needs their results")
-    return (*messages, partial, *((results,) if results is not None else ()))
+    partial = Message("assistant", e.shown, kind="assistant")
+    ids = [b["id"] for b in e.shown if b.get("type") == "tool_use"]
+    if not ids:
+        return (*messages, partial)
+    done = {b["tool_use_id"]: b for b in e.finished}
+    results = tuple(done[i] if i in done else prompts.synthetic_block(i, reason) for i in ids)
+    return (*messages, partial, Message("user", results, kind="tool_results"))
 
 
 def _turn_cap(s: LoopState, lim: Limits) -> bool:
@@ -192,7 +198,7 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
         return "reactive_compact_retry", {"has_attempted_reactive_compact": True, "messages": e.compaction.messages,
                                           "compact_tracking": _compacted(s, rapid_count=None)}
     return "call_failed", {"terminal_reason": ERROR_REASONS.get(err.kind, T.API_ERROR), "terminal_detail": err.message,
-                           "messages": _paired(s.messages, e.partial, e.partial_results)}
+                           "messages": _paired(s.messages, e, "stream_failed")}
 
 
 def _stream_ended(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[str, Any]]:
@@ -245,10 +251,10 @@ def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict
 
 def _aborted(s: LoopState, e: Aborted, _lim: Limits) -> tuple[str, dict[str, Any]]:
     reason = T.ABORTED_TOOLS if s.phase is D else T.ABORTED_STREAMING
-    tools = reason is T.ABORTED_TOOLS or e.partial_results is not None
+    tools = reason is T.ABORTED_TOOLS or any(b.get("type") == "tool_use" for b in e.shown)
     marker = prompts.interrupt_marker(prompts.INTERRUPTED_TOOLS if tools else prompts.INTERRUPTED)
     return "abort", {"terminal_reason": reason, "terminal_detail": e.detail,
-                     "messages": (*_paired(s.messages, e.partial, e.partial_results), marker)}
+                     "messages": (*_paired(s.messages, e, "user_interrupted"), marker)}
 
 
 def _collect(s: LoopState, e: ToolsDrained, _lim: Limits) -> tuple[str, dict[str, Any]]:
@@ -469,31 +475,29 @@ KINDS = ["prompt_too_long", "image", "api", "model", "overloaded", "connection",
 errors = st.builds(ModelError, kind=st.sampled_from(KINDS),
                    message=st.sampled_from(["boom", "prompt is too long"]),
                    status=st.sampled_from([None, 400, 413, 529]), retryable=st.booleans())
-results_for = {
-    ("toolu_1",): Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"},),
-                          kind="tool_results"),
-}
-partials = st.sampled_from([
-    (None, None),
-    (Message("assistant", (), kind="assistant"), None),
-    (Message("assistant", (TEXT,), kind="assistant"), None),
-    (Message("assistant", (TEXT, USE_1), kind="assistant"), results_for[("toolu_1",)]),
-    (Message("assistant", (USE_1,), kind="assistant"), None),  # tool calls shown but not paired
+RESULT_1 = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}
+# what a cut-off response showed (its complete blocks) and the results of its calls that finished
+shown_facts = st.sampled_from([
+    ((), ()),
+    ((TEXT,), ()),
+    ((TEXT, USE_1), (RESULT_1,)),
+    ((TEXT, USE_1), ()),  # a call shown, not finished: the move pairs it
+    ((USE_1, USE_2), (RESULT_1,)),
 ])
 
 
 @st.composite
 def call_failed_st(draw: st.DrawFn) -> CallFailed:
-    partial, results = draw(partials)
+    shown, finished = draw(shown_facts)
     return CallFailed(draw(errors), compaction=draw(st.one_of(st.none(), compaction_st)),
                       fallback_available=draw(st.booleans()), non_streaming_available=draw(st.booleans()),
-                      partial=partial, partial_results=results)
+                      shown=shown, finished=finished)
 
 
 @st.composite
 def aborted_st(draw: st.DrawFn) -> Aborted:
-    partial, results = draw(partials)
-    return Aborted(partial=partial, partial_results=results, detail=draw(st.sampled_from(["Interrupted", "stop"])))
+    shown, finished = draw(shown_facts)
+    return Aborted(shown=shown, finished=finished, detail=draw(st.sampled_from(["Interrupted", "stop"])))
 
 
 def _blocks(*pools: list[dict[str, Any]]) -> st.SearchStrategy[tuple[dict[str, Any], ...]]:
@@ -812,19 +816,70 @@ def test_stop_hooks_are_due_only_at_stop_after_an_answer(phase: Phase, due: bool
     assert graph.stop_hooks_are_due(LoopState(phase=phase, stop_hooks_due=due)) == (phase is X and due)
 
 
-@given(error=errors, phase=st.sampled_from([C, S]), count=st.integers(0, 3), cap=st.integers(0, 3),
-       fallback=st.booleans())
-def test_the_driver_and_the_routes_agree_on_retries(error: ModelError, phase: Phase, count: int, cap: int,
-                                                     fallback: bool) -> None:
-    """The driver asks retry_trigger before keeping what was streamed; the routes take the same edge."""
-    state = base(phase, stream_retry_count=count)
+# §3.6, what the client sees of a response that broke off: asked again (a retry, or the history
+# compacted) — withdrawn, its calls discarded; the end of the run — kept, every call it showed paired.
+WITHDRAWN_BY = frozenset({"stream_retry", "non_streaming_retry", "fallback_retry", "reactive_compact_retry"})
+
+
+def _agrees(state: LoopState, event: CallFailed | Aborted, lim: Limits) -> str:
+    """The consequences the move declares are what it did to the history: a withdrawn response left
+    nothing in it, a paired one left its blocks and exactly the results the client is shown."""
+    step = graph.advance(state, event, lim)[0]
+    does = step.edge.does
+    shown_ids = [b["id"] for b in event.shown if b.get("type") == "tool_use"]
+    if step.trigger in WITHDRAWN_BY:
+        assert does.shown is graph.Shown.WITHDRAW and does.close_calls is not None
+        assert graph.shown_results(step, event) == ()
+        assert all(b not in m.content for m in step.state.messages for b in event.shown)
+    else:
+        assert does.shown is graph.Shown.PAIR and does.close_calls is not None
+        results = graph.shown_results(step, event)
+        assert [b["tool_use_id"] for b in results] == shown_ids
+        if shown_ids:
+            kept = step.state.messages
+            at = next(i for i, m in enumerate(kept) if m.tool_use_ids() == shown_ids)
+            assert kept[at + 1].content == results  # the history holds what the client is shown
+        finished = {b["tool_use_id"]: b for b in event.finished}
+        for b in results:
+            want = finished.get(b["tool_use_id"]) or prompts.synthetic_block(b["tool_use_id"], does.close_calls)
+            assert b == want
+    # a compaction the route did not use changes nothing it shows; one it used replaced the history
+    if event.__class__ is CallFailed and step.trigger == "reactive_compact_retry":
+        assert does.compacts and step.state.messages == event.compaction.messages  # type: ignore[union-attr]
+    return step.trigger
+
+
+@settings(max_examples=EXAMPLES * 3)
+@given(data=st.data(), phase=st.sampled_from([C, S]), count=st.integers(0, 3), cap=st.integers(0, 3))
+def test_what_the_client_sees_follows_the_declared_move(data: st.DataObject, phase: Phase, count: int,
+                                                        cap: int) -> None:
+    """Failures of every kind — compactions included — with what they showed and finished: the
+    machine's move declares whether the response is withdrawn or paired, and the history agrees."""
     lim = Limits(stream_retries=cap)
-    trigger = graph.retry_trigger(state, error, fallback, lim)
-    steps = graph.advance(state, CallFailed(error, fallback_available=fallback), lim)
-    assert (trigger or steps[0].trigger) == steps[0].trigger
-    assert trigger in (None, "stream_retry", "fallback_retry")
-    if trigger is None:
-        assert steps[0].trigger == "call_failed"
+    state = attrs.evolve(data.draw(state_st(phase, lim)), stream_retry_count=count)
+    event = data.draw(call_failed_st())
+    if phase is C:
+        event = attrs.evolve(event, shown=(), finished=())  # nothing streamed before the stream opened
+    _agrees(state, event, lim)
+
+
+@given(data=st.data(), phase=st.sampled_from([S, D]))
+def test_an_abort_pairs_what_was_shown(data: st.DataObject, phase: Phase) -> None:
+    assert _agrees(base(phase), data.draw(aborted_st()), Limits()) == "abort"
+
+
+def test_prompt_too_long_mid_stream_after_a_tool_call_is_withdrawn_when_compacted() -> None:
+    """The case that diverged: a prompt-too-long error mid-stream after a tool_use block, answered by
+    a compaction. The client used to be shown the call's "stream_failed" result while the loop
+    compacted; the move withdraws the response, and its call is never answered in the history."""
+    state = base(S)
+    assert _assistants(state.messages) > 1 and not state.has_attempted_reactive_compact
+    ptl = ModelError("prompt_too_long", "prompt is too long: 210000 tokens > 200000 maximum", 400)
+    event = CallFailed(ptl, shown=(TEXT, USE_1), compaction=SUMMARY)
+    assert graph.compaction_wanted(state, attrs.evolve(event, compaction=None), Limits())
+    assert _agrees(state, event, Limits()) == "reactive_compact_retry"
+    # without the compaction (it failed), the same failure ends the run with the call paired
+    assert _agrees(state, attrs.evolve(event, compaction=None), Limits()) == "call_failed"
 
 
 # --- the declaration's own machinery ----------------------------------------------------------------
@@ -877,8 +932,8 @@ def test_declared_moves_index_every_edge_by_its_endpoints() -> None:
 
 
 def test_a_loop_machine_is_released_once() -> None:
-    # loops fire MACHINE's transition lists themselves: none is ever registered with it, and closing
-    # twice is harmless
+    # loops trigger MACHINE's events on their own model, never registered with it; closing twice is
+    # harmless
     before = list(graph.MACHINE.models)
     machine = graph.LoopMachine(base(A))
     machine.close()
@@ -919,8 +974,11 @@ def test_a_refused_move_leaves_the_loop_where_it_was() -> None:
     with pytest.raises(UndeclaredMove, match=r"^call_failed cannot end the loop with "):
         graph._next_state(base(S), graph.Route((S,), CallFailed, None, "call_failed", lambda s, e, lim: {}),
                           CallFailed(BROKE), Limits())
-    with pytest.raises(UndeclaredMove, match=r"^a partial assistant message with tool_use needs its results$"):
-        graph.advance(base(S), Aborted(partial=Message("assistant", (USE_1,), kind="assistant")), Limits())
+    # only a move that declares a compaction may replace the history
+    with pytest.raises(UndeclaredMove, match=r"^call_failed replaced the history, which only a move that compacts"):
+        graph._next_state(base(S), graph.Route((S,), CallFailed, None, "call_failed",
+                                               lambda s, e, lim: {"terminal_reason": T.API_ERROR, "messages": ()}),
+                          CallFailed(BROKE), Limits())
     # an effect that names a field the record does not have is refused by name, as LoopState(**changes) would
     with pytest.raises(TypeError, match=r"^LoopState.__init__\(\) got an unexpected keyword argument 'bogus'$"):
         graph._next_state(base(S), graph.Route((S,), CallFailed, None, "call_failed",
@@ -1003,7 +1061,7 @@ def test_decide_is_the_first_move_of_an_event() -> None:
 
 def test_the_shared_machine_has_the_phases_and_the_loops_only() -> None:
     """One transitions machine for every loop: its states are exactly the phases, and it holds no loop
-    (each fires the machine's transition lists on its own model)."""
+    (each triggers the machine's events on its own model)."""
     assert set(graph.MACHINE.states) == {p.value for p in Phase}
     with graph.LoopMachine(base(A)):
         assert not any(isinstance(m, graph.LoopModel) for m in graph.MACHINE.models)
@@ -1151,42 +1209,13 @@ def test_following_the_edge_the_machine_chose_is_the_move_it_made(data: st.DataO
 
 
 
-def _noop(_ed: Any) -> None:
-    return None
-
-
-def _tiny_machine(**machine_kw: Any) -> Any:
-    from transitions import Machine
-
-    return Machine(model=None, states=["a", "b"], initial="a", auto_transitions=False, send_event=True, **machine_kw)
-
-
-@pytest.mark.parametrize("extra", ["prepare", "after", "unless", "on_enter", "after_state_change"])
-def test_the_firing_table_refuses_a_machine_using_what_the_loops_firing_skips(extra: str) -> None:
-    """A loop walks MACHINE's transition lists itself and runs only conditions and `before` callbacks:
-    a machine with anything else (a prepare or after callback, an `unless` condition, a state's or the
-    machine's own callbacks) is refused at import rather than half run."""
-    plain = _tiny_machine()
-    plain.add_transition("go", "a", "b", conditions=[lambda _ed: True], before=[_noop])
-    ((conditions, befores, dest),) = graph._firing_table(plain)[("go", "a")]
-    assert (len(conditions), len(befores), dest) == (1, 1, "b")
-    m = _tiny_machine(**({"after_state_change": [_noop]} if extra == "after_state_change" else {}))
-    m.add_transition("go", "a", "b", conditions=[lambda _ed: True],
-                     **({extra: [_noop]} if extra in ("prepare", "after", "unless") else {}))
-    if extra == "on_enter":
-        m.get_state("b").add_callback("enter", _noop)
-    with pytest.raises(ImportError):
-        graph._firing_table(m)
-
-
 def test_following_an_edge_whose_effect_cannot_apply_gives_none() -> None:
     """The auditor follows a recorded edge through its route's own effect; where that effect cannot apply
-    to the event (a reactive compaction without a compaction, a cut-off tool_use without its results),
-    there is no such move — None, not an exception."""
+    to the event (a reactive compaction without a compaction), there is no such move — None, not an
+    exception. A cut-off call is no such case: the abort's own effect pairs it."""
     lim = Limits()
     ptl = CallFailed(ModelError("prompt_too_long", "prompt is too long", 400), compaction=None)
     assert graph.follow(base(C), ptl, lim, "reactive_compact_retry") is None
-    cut = Message("assistant", ({"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}},), kind="assistant")
-    assert graph.follow(base(S), Aborted(cut, None), lim, "abort") is None
-    step = graph.follow(base(S), Aborted(), lim, "abort")
+    step = graph.follow(base(S), Aborted(shown=(USE_1,)), lim, "abort")
     assert step is not None and step.trigger == "abort" and step.state.phase is X
+    assert step.state.messages[-2].tool_result_ids() == ["toolu_1"]

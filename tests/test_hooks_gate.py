@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,11 @@ from agentfsm.ports import PreToolOutcome, ToolGate
 from agentfsm.tools.base import Tool
 from agentfsm.tools.registry import ToolRegistry
 
-REFERENCE_STOP_HOOK = Path("/work/shared/reference/stop_block_once.sh")
+# the shared reference material sits next to the repository (../shared/reference), as for
+# tests/test_reference.py; AGENTFSM_REFERENCE_DIR points elsewhere
+REFERENCE_DIR = Path(os.environ.get("AGENTFSM_REFERENCE_DIR",
+                                    Path(__file__).resolve().parents[1].parent / "shared" / "reference"))
+REFERENCE_STOP_HOOK = REFERENCE_DIR / "stop_block_once.sh"
 
 
 class FakeTool(Tool):
@@ -158,7 +163,7 @@ async def test_post_tool_use_failure(tmp_path: Path) -> None:
 
 async def test_stop_with_the_reference_hook(tmp_path: Path) -> None:
     if not REFERENCE_STOP_HOOK.exists():
-        pytest.skip("reference hook not available")
+        pytest.skip(f"no reference hook at {REFERENCE_STOP_HOOK} (set AGENTFSM_REFERENCE_DIR)")
     gate = gate_with(tmp_path, "Stop", f"bash {REFERENCE_STOP_HOOK}")
     first = await gate.stop("FIRST_DONE", stop_hook_active=False)
     assert first.blocked and "STOP_HOOK_REENTER_MARKER" in first.reason and not first.prevented

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from agentfsm.state import (
     COUNTER_CAPS,
+    COUNTERS,
     SNAPSHOT_KEYS,
     TERMINAL_INFO,
     CompactTracking,
@@ -178,16 +179,6 @@ def test_every_terminal_reason_is_classified_as_documented() -> None:
 # context (recorded as messages), correlation ids, and the detail text (recorded with the result).
 NOT_IN_SNAPSHOT = {"messages", "tool_use_context", "terminal_detail", "query_tracking.chain_id",
                    "compact_tracking.last_compact_turn_id"}
-# docs/behaviour.md §3: "no counter exceeds its cap" — each counter and the limit that caps it
-CAPS = {
-    "max_output_tokens_recovery_count": "max_output_tokens_recoveries",
-    "malformed_tool_use_retry_count": "malformed_tool_use_retries",
-    "structured_output_retry_count": "structured_output_retries",
-    "stream_retry_count": "stream_retries",
-    "stop_hook_blocking_count": "stop_hook_block_cap",
-    "rapid_refill_count": "rapid_refill_max",
-    "consecutive_compact_failures": "max_consecutive_compact_failures",
-}
 
 
 def _decided() -> list[str]:
@@ -253,10 +244,15 @@ def test_the_counters_are_the_snapshots_counter_slice(field: str) -> None:
 
 def test_counters_are_the_capped_ones_and_the_turn() -> None:
     """Each counter a trace records with every move is checked against its cap (the auditor uses the same
-    table); the turn is checked against max_turns."""
-    assert dict(COUNTER_CAPS) == CAPS
-    assert set(LoopState().counters()) >= {"turn_count", *CAPS}
-    assert set(CAPS.values()) <= set(Limits.field_names())
+    table, derived from the counters' own fields); every cap is a limit docs/behaviour.md §2 documents;
+    the turn is checked against max_turns."""
+    assert COUNTER_CAPS == {c.key: c.cap for c in COUNTERS if c.cap is not None}
+    assert set(LoopState().counters()) >= {"turn_count", *COUNTER_CAPS}
+    assert set(COUNTER_CAPS.values()) <= set(LIMITS) <= set(Limits.field_names())
+    # the capped ones in §2's words: recoveries and retries per turn, Stop-hook blocks, compaction streaks
+    assert set(COUNTER_CAPS.values()) == {
+        "max_output_tokens_recoveries", "malformed_tool_use_retries", "structured_output_retries", "stream_retries",
+        "stop_hook_block_cap", "rapid_refill_max", "max_consecutive_compact_failures"}
 
 
 # --- messages --------------------------------------------------------------------------------------

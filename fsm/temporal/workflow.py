@@ -1,9 +1,11 @@
-"""The session workflow: holds the loop state and fires the declared machine on every observed event.
+"""The session workflow: the loop's runtime on Temporal, each phase's I/O an activity.
 
-This is the local driver's loop (:mod:`agentfsm.driver`) with each phase's I/O moved into an activity
-(:mod:`agentfsm.temporal.activities`): the workflow asks the same pure questions
-(:mod:`agentfsm.graph`, :mod:`agentfsm.phases`), awaits the activity, turns its outcome into the same
-event record and fires it with :func:`agentfsm.graph.advance`. It is deterministic, as Temporal
+The loop is :class:`agentfsm.runner.LoopRunner`, the same one the local driver (:mod:`agentfsm.driver`)
+runs; this workflow supplies how each phase is performed here (an activity,
+:mod:`agentfsm.temporal.activities`), the same event records with the same raw facts, and how the
+consequences a move declares (:class:`agentfsm.graph.Does`) are carried out. It has no loop of its
+own and decides nothing: it asks the same pure questions (:mod:`agentfsm.graph`,
+:mod:`agentfsm.phases`). It is deterministic, as Temporal
 requires: ids come from :func:`temporalio.workflow.uuid4` (:func:`agentfsm.state.set_id_source`),
 time from :func:`temporalio.workflow.now`.
 
@@ -48,7 +50,8 @@ with workflow.unsafe.imports_passed_through():
     from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
     from agentfsm.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
     from agentfsm.result import RunAccount, build_result
-    from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
+    from agentfsm.runner import LoopRunner, StepObserver
+    from agentfsm.state import Limits, LoopState, Message, Phase, TerminalReason, ToolUseContext
     from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME
     from agentfsm.temporal.records import (
         AccountSnapshot,
@@ -194,11 +197,9 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, inp: SessionInput) -> dict[str, Any]:
-        if inp.carried is None:
-            await self._open(inp)
-        else:
-            self._restore(inp.carried)
-        await self._loop()
+        first = await self._open(inp) if inp.carried is None else self._restore(inp.carried)
+        self._runner = LoopRunner(self, self._state, self._spec.session_id)
+        self._state = await self._runner.run(first)
         result = self._result()
         await self._flush(final=True)
         if self._hooked("SessionEnd"):
@@ -210,7 +211,7 @@ class SessionWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
 
-    async def _open(self, inp: SessionInput) -> None:
+    async def _open(self, inp: SessionInput) -> SetupFailed | None:
         spec = self._spec
         info = workflow.info()
         try:
@@ -239,8 +240,7 @@ class SessionWorkflow:
         messages = history if setup.erased else (*history, first)
         ctx = ToolUseContext(cwd=spec.cwd, permission_mode=setup.permission_mode, tool_names=setup.tool_names)
         self._state = LoopState(messages=tuple(messages), tool_use_context=ctx)
-        if failure is not None:
-            self._fire(failure)
+        return failure
 
     def _writer(self, seq: int) -> TraceWriter:
         sink = self._record if self._spec.trace_path else None
@@ -251,57 +251,53 @@ class SessionWorkflow:
             self._recorded[rec["uuid"]] = message_digest(rec["role"], rec["kind"], rec["content"])
         self._pending.append((rec["seq"], json.dumps(rec, ensure_ascii=False, default=str)))
 
-    async def _loop(self) -> None:
-        perform = {Phase.ASSEMBLE: self._assemble, Phase.CALL_MODEL: self._call_model,
-                   Phase.STREAM: self._consume, Phase.DISPATCH_TOOLS: self._dispatch, Phase.STOP: self._stop_hooks}
-        while True:
-            state = self._state
-            if state.phase is Phase.STOP and not graph.stop_hooks_are_due(state):
-                return
-            if state.phase is Phase.ASSEMBLE and self._continue_as_new_due():
-                await self._continue_as_new()
-            if state.phase is not Phase.STOP and self._stopping():
-                event: Event = self._abort_event(state)
-            else:
-                event = await perform[state.phase](state)
-            self._fire(event)
+    # --- the runner's side: stop, and the consequences a move declares ------------------------------
 
-    def _fire(self, event: Event) -> None:
-        before = self._state
+    @property
+    def limits(self) -> Limits:
+        return self._spec.limits
+
+    @property
+    def observers(self) -> tuple[StepObserver, ...]:
         assert self._trace is not None
-        for step in graph.advance(before, event, self._spec.limits):
-            self._trace.on_step(before, step, event)
-            self._after_step(before, step, event)
-            before = step.state
-        self._state = before
+        return (self._trace,)
 
-    def _after_step(self, before: LoopState, step: graph.Step, event: Event) -> None:
-        """What a step asks of the world: warnings reported, what a retry withdrew."""
-        sid = self._spec.session_id
-        for notice in step.notices:
-            self._account.warnings.append(notice)
-            self._emit(phases.warning_message(sid, notice))
-        if phases.rewrote_history(before, step):
-            self._account.anchor(None, 0)
-            self._emit(phases.compact_boundary_message(sid, event))
-        feedback = phases.stop_feedback_message(sid, step, event)
-        if feedback is not None:
-            self._emit(feedback)
-        if step.edge.kind == "retry" and before.phase is Phase.STREAM:
-            self._withdraw(self._request_no)
+    async def between(self, state: LoopState) -> None:
+        if state.phase is Phase.ASSEMBLE and self._continue_as_new_due():
+            await self._continue_as_new(state)
 
-    def _stopping(self, *, hard: bool = False) -> bool:
+    def stopping(self, *, hard: bool = False) -> bool:
         return self._aborted or (not hard and self._interrupted)
 
-    def _abort_event(self, state: LoopState) -> Aborted:
-        """Pair every tool_use that was shown before the stop."""
-        partial = results = None
-        if state.phase in (Phase.STREAM, Phase.DISPATCH_TOOLS) and self._outcome is not None:
-            o = self._outcome
-            partial, results = phases.pair_cut_off(o.response.blocks if o.response else o.blocks, {})
-            self._emit_results(results)
-        self._outcome = None
-        return Aborted(partial, results)
+    def abort_event(self, state: LoopState) -> Aborted:
+        """What the stop cut: the blocks the response in progress showed (no tool of it ran yet)."""
+        o, self._outcome = self._outcome, None
+        if state.phase in (Phase.STREAM, Phase.DISPATCH_TOOLS) and o is not None:
+            return Aborted(tuple(o.response.blocks if o.response else o.blocks))
+        return Aborted()
+
+    def warn(self, notice: str) -> None:
+        self._account.warnings.append(notice)
+        self._emit(phases.warning_message(self._spec.session_id, notice))
+
+    def take_input(self) -> None:
+        return None  # a workflow's requests carry no queued input
+
+    def compacted(self, event: Event) -> None:
+        self._account.anchor(None, 0)
+        self._emit(phases.compact_boundary_message(self._spec.session_id, event))
+
+    def show(self, message: Mapping[str, Any]) -> None:
+        self._emit(message)
+
+    def close_calls(self, reason: str) -> None:
+        return None  # a response's calls start only after it ended (one activity each, in dispatch)
+
+    def withdraw(self) -> None:
+        self._withdraw(self._request_no)
+
+    def show_results(self, blocks: Sequence[Mapping[str, Any]]) -> None:
+        self._emit_results(blocks)
 
     # --- activities ----------------------------------------------------------------------------------
 
@@ -323,7 +319,7 @@ class SessionWorkflow:
         if stop is None:
             return await handle
         hard = stop == "hard"
-        await workflow.wait_condition(lambda: handle.done() or self._stopping(hard=hard))
+        await workflow.wait_condition(lambda: handle.done() or self.stopping(hard=hard))
         if handle.done():
             return handle.result()
         handle.cancel()
@@ -368,13 +364,13 @@ class SessionWorkflow:
 
     # --- assemble ------------------------------------------------------------------------------------
 
-    async def _assemble(self, state: LoopState) -> Event:
+    async def assemble(self, state: LoopState) -> Event:
         if not graph.should_auto_compact(state, self._estimate(state.messages), self._spec.limits):
             return Assembled()
         try:
             compaction = await self._compact(state, "auto")
         except _Stopped:
-            return self._abort_event(state)
+            return self.abort_event(state)
         except ActivityError as exc:
             return SetupFailed(TerminalReason.TURN_SETUP_FAILED, f"Turn setup failed: {_cause(exc)}")
         return Assembled(compaction=compaction, compact_failed=compaction is None)
@@ -397,7 +393,7 @@ class SessionWorkflow:
 
     # --- call_model and stream -----------------------------------------------------------------------
 
-    async def _call_model(self, state: LoopState) -> Event:
+    async def call_model(self, state: LoopState) -> Event:
         spec, limits = self._spec, self._spec.limits
         self._outcome = None
         refused = graph.preflight_refusal(background=None, cost_usd=self._account.cost_usd,
@@ -421,10 +417,7 @@ class SessionWorkflow:
                 attempts=timing.model_attempts, stop="soft")
         except _Stopped:
             self._given_up.add(n)
-            blocks = [b for shown in self._shown.get(n, {}).values() for b in shown]
-            partial, results = phases.pair_cut_off(blocks, {})
-            self._emit_results(results)
-            return Aborted(partial, results)
+            return Aborted(tuple(b for shown in self._shown.get(n, {}).values() for b in shown))
         except ActivityError as exc:  # every attempt was lost: nothing of them stands
             self._given_up.add(n)
             self._withdraw(n)
@@ -439,7 +432,7 @@ class SessionWorkflow:
         self._outcome = o
         return StreamOpened(model)
 
-    async def _consume(self, state: LoopState) -> Event:
+    async def consume_stream(self, state: LoopState) -> Event:
         """The stream ran inside the model activity: report how it ended."""
         o = self._outcome
         assert o is not None
@@ -449,31 +442,25 @@ class SessionWorkflow:
         assert o.error is not None
         if o.usage:  # the input was processed (and billed) even though the answer is lost
             self._account.spend(o.model or phases.model_for(self._spec.models, state), o.usage)
-        fallback = phases.has_fallback(self._spec.models, state)
-        partial = results = None
-        if graph.retry_trigger(state, o.error, fallback, self._spec.limits) is None:
-            # no tool of this response ran: each call it showed is answered as discarded
-            failed = {b["id"]: synthetic_result(b["id"], b.get("name", ""), phases.STREAM_FAILED).block
-                      for b in o.blocks if b.get("type") == "tool_use"}
-            partial, results = phases.pair_cut_off(o.blocks, failed)
-            self._emit_results(results)
-        return await self._failed(state, o.error, partial, results)
+        # no tool of this response ran (its calls run after it ended): it showed blocks, none finished
+        return await self._failed(state, o.error, tuple(o.blocks))
 
-    async def _failed(self, state: LoopState, error: ModelError, partial: Message | None = None,
-                      results: Message | None = None) -> CallFailed:
-        compaction = None
-        if phases.wants_reactive_compact(state, error):
+    async def _failed(self, state: LoopState, error: ModelError, shown: tuple[Mapping[str, Any], ...] = ()
+                      ) -> CallFailed:
+        """The failure's event; a reactive compaction first when the route it would take with one
+        compacts (:func:`agentfsm.graph.compaction_wanted`)."""
+        event = CallFailed(error, fallback_available=phases.has_fallback(self._spec.models, state), shown=shown)
+        if graph.compaction_wanted(state, event, self._spec.limits):
             try:
-                compaction = await self._compact(state, "reactive")
+                event = attrs.evolve(event, compaction=await self._compact(state, "reactive"))
             except (_Stopped, ActivityError):
-                compaction = None
+                pass
         self._account.api_error_status = error.status
-        return CallFailed(error, compaction=compaction, partial=partial, partial_results=results,
-                          fallback_available=phases.has_fallback(self._spec.models, state))
+        return event
 
     # --- dispatch_tools ------------------------------------------------------------------------------
 
-    async def _dispatch(self, state: LoopState) -> Event:
+    async def dispatch_tools(self, state: LoopState) -> Event:
         o = self._outcome
         assert o is not None and o.response is not None
         response = o.response
@@ -482,10 +469,8 @@ class SessionWorkflow:
         try:
             results, interrupted = await self._run_batch(response.tool_uses(), traits, response.invalid_tool_inputs)
         except _Stopped as stopped:  # a hard abort while tools ran: finished calls keep their results
-            partial, paired = phases.pair_cut_off(response.blocks, {i: r.block for i, r in stopped.results.items()})
-            self._emit_results(paired)
             self._outcome = None
-            return Aborted(partial, paired)
+            return Aborted(tuple(response.blocks), tuple(r.block for r in stopped.results.values()))
         self._outcome = None
         ordered = phases.in_model_order(assistant, results)
         phases.account_batch(self._account, ordered)
@@ -519,7 +504,7 @@ class SessionWorkflow:
             calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id"))))
         layers: dict[str, Any] = {}
         limit = self._spec.limits.max_tool_concurrency
-        interrupted = self._stopping()
+        interrupted = self.stopping()
         timing = self._inp.timing
 
         def finish(c: _Call, result: CallResult) -> None:
@@ -583,11 +568,11 @@ class SessionWorkflow:
                 return [c.result for c in calls if c.result is not None], interrupted
             await workflow.wait_condition(
                 lambda seen=interrupted: any(c.status == RUNNING and c.handle.done() for c in calls)
-                or self._stopping(hard=True) or self._stopping() != seen)
+                or self.stopping(hard=True) or self.stopping() != seen)
             for c in calls:
                 if c.status == RUNNING and c.handle.done():
                     collect(c)
-            if self._stopping(hard=True):
+            if self.stopping(hard=True):
                 running = [c for c in calls if c.status == RUNNING]
                 for c in running:
                     cancel(c, USER_INTERRUPTED)
@@ -596,7 +581,7 @@ class SessionWorkflow:
                     for c in running:
                         collect(c)
                 raise _Stopped({c.tool_use_id: c.result for c in calls if c.result is not None})
-            if self._stopping() and not interrupted:
+            if self.stopping() and not interrupted:
                 interrupted = True
                 for c in calls:
                     if c.status == RUNNING and c.interrupt == "cancel":
@@ -628,7 +613,7 @@ class SessionWorkflow:
 
     # --- stop ----------------------------------------------------------------------------------------
 
-    async def _stop_hooks(self, state: LoopState) -> StopHookVerdict:
+    async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
         if not self._hooked("Stop"):
             return StopHookVerdict()
@@ -660,7 +645,7 @@ class SessionWorkflow:
         after = self._inp.continue_as_new_after
         return bool(after and info.get_current_history_length() >= after) or info.is_continue_as_new_suggested()
 
-    async def _continue_as_new(self) -> None:
+    async def _continue_as_new(self, state: LoopState) -> None:
         """Carry the loop into a fresh run (a long session's history stays within Temporal's limits)."""
         await self._flush()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -668,7 +653,7 @@ class SessionWorkflow:
         tail = self._out[-_CARRIED_OUTPUT:]
         assert self._trace is not None
         carried = Carried(
-            state=self._state, setup=self._setup,
+            state=state, setup=self._setup,
             account=AccountSnapshot(acct.usage, acct.cost_usd, acct.api_ms, tuple(acct.denials), tuple(acct.warnings),
                                     acct.structured_output, acct.last_usage, acct.counted_upto,
                                     {m: dict(u) for m, u in acct.model_usage.items()}, acct.stop_reason,
@@ -679,6 +664,7 @@ class SessionWorkflow:
         workflow.continue_as_new(attrs.evolve(self._inp, carried=carried))
 
     def _restore(self, carried: Carried) -> None:
+        """A run continued as new: the loop state and everything around it, as the last run left them."""
         self._setup = carried.setup
         self._state = carried.state
         self._started = carried.started
@@ -687,6 +673,7 @@ class SessionWorkflow:
                                    a.structured_output, a.last_usage, a.counted_upto,
                                    {m: dict(u) for m, u in a.model_usage.items()}, a.stop_reason, a.api_error_status)
         self._trace = self._writer(carried.seq)
+        return None
 
 
 def _cause(exc: BaseException) -> str:

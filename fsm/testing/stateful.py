@@ -21,7 +21,8 @@ directly on what the scripted model received and what the trace recorded:
    (user) message, and no ``tool_result`` lacks its call;
 2. messages alternate user/assistant from a user message (and a turn's request ends with one);
 3. no request is sent after the loop reached ``stop`` (unless a Stop hook re-entered);
-4. no counter exceeds its cap (:data:`agentfsm.state.COUNTER_CAPS`), nor the turn ``max_turns``;
+4. no counter exceeds its cap (:data:`agentfsm.state.COUNTER_CAPS`), nor the turn ``max_turns``, and
+   a counter rises only on an edge its field declares (:data:`agentfsm.state.RAISED_BY`);
 5. every state change is a declared edge of :data:`agentfsm.graph.EDGES`, continuing where the last
    one ended;
 6. the result's ``subtype``/``is_error`` are those :data:`agentfsm.state.TERMINAL_INFO` gives its
@@ -52,7 +53,7 @@ from agentfsm.options import Options
 from agentfsm.request import normalize
 from agentfsm.result import RunResult
 from agentfsm.session import Session
-from agentfsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, LoopState, Message, Phase
+from agentfsm.state import COUNTER_CAPS, RAISED_BY, TERMINAL_INFO, Limits, LoopState, Message, Phase
 from agentfsm.testing.scenario import (
     Response,
     Scenario,
@@ -311,12 +312,13 @@ class _StepChecker:
         self.legs = 0
         self._starts = RunStarts()
         self._snapshots = SnapshotReader()
+        self._prev: Mapping[str, Any] = {}  # the counters after the previous move of this leg
 
     def feed(self, rec: Mapping[str, Any]) -> None:
         kind = rec.get("type")
         if self._starts.starts_run(rec):
             self.legs += 1
-            self.at, self.stopped = _START, False
+            self.at, self.stopped, self._prev = _START, False, {}
             self._snapshots.start_run()
         if kind in ("compact_boundary", "message"):
             return
@@ -330,7 +332,7 @@ class _StepChecker:
         if self.stopped and before.phase is Phase.ASSEMBLE and self.at == _STOP:
             # a new leg: a loop leaves stop only through stop_hook_blocking, which starts at stop
             self.legs += 1
-            self.at, self.stopped = _START, False
+            self.at, self.stopped, self._prev = _START, False, {}
         elif self.moves == 0:
             self.legs += 1
         self._transition({"type": "transition", "from": before.phase.value, "to": after.phase.value,
@@ -352,6 +354,12 @@ class _StepChecker:
         if frm != self.at:
             self.violations.append(f"{where} starts at {frm!r} but the loop was at {self.at!r}")
         counters = self._snapshots.read(rec)
+        prev, self._prev = self._prev, counters
+        for name, raisers in RAISED_BY.items():  # declared on the counters' fields
+            old, new = prev.get(name), counters.get(name)
+            if isinstance(old, int) and isinstance(new, int) and new > old and trig not in raisers:
+                self.violations.append(f"{where}: {name} rose {old} → {new}; only {', '.join(sorted(raisers))} "
+                                       "raise it")
         for name, field in COUNTER_CAPS.items():
             value, cap = counters.get(name), self.caps.get(field)
             if isinstance(value, int) and isinstance(cap, int) and value > cap:
