@@ -268,6 +268,8 @@ def not_a_session(path: Path) -> str | None:
     for _, rec in numbered_records(path):
         if rec.get("type") == "session" and isinstance(rec.get("session_id"), str):
             return None
+        if rec.get("type") == "session":
+            return "is not an agentfsm session file (its 'session' header names no session_id)"
         return (f"is not an agentfsm session file (its first record is of type {rec.get('type')!r}, not the "
                 "'session' header)")
     return "holds no conversation (it is empty, or has no record agentfsm can read)"

@@ -121,6 +121,6 @@ async def test_grep_ignore_rules_apply_below_their_directory_not_in_a_sibling(ws
         (ws / d).mkdir()
         (ws / d / "x.log").write_text("needle\n")
     (ws / "sub" / ".gitignore").write_text("*.log\n")
-    out = await GrepTool(backend="python").call({"pattern": "needle"},
+    out = await GrepTool().call({"pattern": "needle"},
                                                 ToolContext(cwd=ws, file_access=NoFileRules()))  # type: ignore[arg-type]
     assert out.data == "Found 1 file\nsub-other/x.log"

@@ -35,7 +35,7 @@ from agentfsm.diagram.views import (
 )
 from agentfsm.events import Aborted, to_record
 from agentfsm.graph import EDGES, ROUTES, RUNNING, STATES
-from agentfsm.state import Message, TerminalReason
+from agentfsm.state import TerminalReason
 
 RENDERER = pytest.mark.skipif(diagram.renderer() is None, reason="neither Graphviz dot nor pygraphviz installed")
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
@@ -591,10 +591,19 @@ def test_the_sequence_shows_compaction_requests_interrupted_calls_and_no_directo
     assert any("L->>M: request" in line for line in seq[error + 3:])
     hooks = sequence.render(diagram.trace_path(FIXTURES / "stop_hook_once" / "transcript.jsonl"))
     assert "stop_block_once.sh" in hooks and "/TOOLS/" not in hooks
-    use = Message("assistant", ({"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},))
-    cut = Message("user", ({"type": "tool_result", "tool_use_id": "toolu_1", "content": "interrupted"},))
+    # the interrupt cut toolu_1 short; toolu_2 had finished
+    shown = ({"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},
+             {"type": "tool_use", "id": "toolu_2", "name": "Read", "input": {}})
+    done = ({"type": "tool_result", "tool_use_id": "toolu_2", "content": "ok"},)
     steps = (Taken(1, "abort", "dispatch_tools", "stop", 3, reason="aborted_tools",
-                   event=to_record(Aborted(partial=use, partial_results=cut))),)
+                   event=to_record(Aborted(shown=shown, finished=done))),)
     aborted = sequence.render(RunPath("t", steps))
     assert "U--xL: interrupt" in aborted and "T--xL: interrupted toolu_1" in aborted
+    assert "interrupted toolu_2" not in aborted
+    # a record of an earlier release carried the pairing itself
+    old = {"type": "Aborted", "partial_results": {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_9", "content": "interrupted"}]}}
+    legacy = sequence.render(RunPath("t", (Taken(1, "abort", "dispatch_tools", "stop", 3, reason="aborted_tools",
+                                                 event=old),)))
+    assert "T--xL: interrupted toolu_9" in legacy
     assert sequence_problems(aborted) == [], aborted

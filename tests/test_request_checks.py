@@ -282,7 +282,7 @@ def test_every_code_has_one_severity() -> None:
     assert f.is_error and not f.is_warning and str(f) == "line 7: error [unpaired_tool_use] says"
     w = Finding(2, "torn_last_line", "cut")
     assert w.is_warning and not w.is_error
-    i = Finding(3, "sidechain", "aside")
+    i = Finding(3, "client_version", "aside")
     assert not i.is_warning and not i.is_error
     assert f.to_json() == {"line": 7, "code": "unpaired_tool_use", "severity": "error", "level": "error",
                            "message": "says"}

@@ -266,7 +266,7 @@ def test_plan_session_refuses_each_contradiction(tmp_path: Path) -> None:
         plan_session(_opts(tmp_path, fork_session=True))
     with pytest.raises(FileNotFoundError, match="No conversation found with session ID: nope"):
         plan_session(_opts(tmp_path, resume="nope"))
-    (tmp_path / "s" / "old.jsonl").write_text('{"type": "session"}\n')
+    (tmp_path / "s" / "old.jsonl").write_text('{"type": "session", "session_id": "old"}\n')
     with pytest.raises(ValueError, match="already in use"):
         plan_session(_opts(tmp_path, session_id="old"))
     with pytest.raises(ValueError, match="can only be used with --continue or --resume if --fork-session"):

@@ -46,6 +46,22 @@ def _blocks(event: Mapping[str, Any] | None, key: str) -> list[Mapping[str, Any]
     return []
 
 
+def _cut_calls(event: Mapping[str, Any] | None) -> list[Any]:
+    """The calls an interrupt cut short. Today's Aborted record carries the facts (``shown``: the
+    response's blocks, ``finished``: the results that had finished), and the abort route pairs the
+    calls without a finished result; a record of an earlier release carried the pairing itself
+    (``partial_results``: the result the loop wrote for each call)."""
+    if not event:
+        return []
+    if "shown" in event or "finished" in event:
+        finished = event.get("finished") or ()
+        done = {b.get("tool_use_id") for b in finished if isinstance(b, Mapping)}
+        shown = event.get("shown") or ()
+        return [b.get("id") for b in shown
+                if isinstance(b, Mapping) and b.get("type") == "tool_use" and b.get("id") not in done]
+    return [b.get("tool_use_id") for b in _blocks(event, "partial_results") if b.get("type") == "tool_result"]
+
+
 def _response(event: Mapping[str, Any] | None) -> str:
     blocks = _blocks(event, "response")
     kinds: list[str] = []
@@ -163,10 +179,8 @@ def _step(out: list[str], step: Taken, requests: int) -> int:
         return requests
     if kind == "Aborted":
         out.append("    U--xL: interrupt")
-        # calls the interrupt cut short: each answered by the result the loop wrote for it
-        for b in _blocks(event, "partial_results"):
-            if b.get("type") == "tool_result":
-                out.append(f"    T--xL: interrupted {_t(_short(b.get('tool_use_id')))}")
+        for use_id in _cut_calls(event):
+            out.append(f"    T--xL: interrupted {_t(_short(use_id))}")
     _note(out, step)
     return requests
 

@@ -207,8 +207,6 @@ def build(path: Path, name: str, key: str = "run1", depth: int = 0) -> Run:
             ckey = f"{key}-c{n}"
             child_of[use_id] = ckey
             children.append(_sidechain_run(lines, f"{name} › subagent of {use_id}", ckey, path))
-    if not rows and any(f.code == "sidechain" for f in report.findings):
-        note = "a subagent's transcript: the auditor follows the main loop, not a subagent's (see its findings)"
     tl = timeline(records, child_of)
     keep = {m.line for m in rows} | {f.line for f in report.findings} | {s.line for s in tl.spans}
     return Run(key, name, source, report, run_path, rows, tl, _line_texts(path, keep), tuple(children),
