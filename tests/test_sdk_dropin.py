@@ -348,11 +348,29 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
     import subprocess
 
     example = Path(__file__).parents[1] / "examples" / "sdk_dropin.py"
-    env = {**os.environ, "PATH": f"{Path(AGENTFSM).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "HOME": str(tmp_path), "AGENTFSM_HOME": str(tmp_path / ".agentfsm")}
+    # as a new user runs it: the venv not activated, so `agentfsm` is on no PATH, only beside the Python
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AGENTFSM_HOME": str(tmp_path / ".agentfsm")}
     proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "result: success TOOL_EXECUTION_OK (2 turns)" in proc.stdout
+
+
+def test_the_example_stops_loudly_without_agentfsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `agentfsm` beside the Python nor on PATH: a clear stop, never the SDK's bundled Claude Code."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sdk_dropin_example",
+                                                  Path(__file__).parents[1] / "examples" / "sdk_dropin.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match="agentfsm executable not found"):
+        example.agentfsm_cli()
+    (tmp_path / "agentfsm").write_text("#!/bin/sh\n")
+    (tmp_path / "agentfsm").chmod(0o755)
+    assert example.agentfsm_cli() == str(tmp_path / "agentfsm")  # PATH is the second place looked at
 
 
 async def test_partial_messages_stream_every_event(cli: str, tmp_path: Path) -> None:
