@@ -30,6 +30,7 @@ from agentfsm.hooks import HOOK_EVENTS, HookMatcher, PermissionAllow, Permission
 from agentfsm.hooks.runner import DEFAULT_PYTHON_TIMEOUT_S
 from agentfsm.options import AgentDefinition, Options
 from agentfsm.phases import CLAUDE_CODE_VERSION, api_key_source
+from agentfsm.pipeline import REJECT_MESSAGE
 
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
 _END = object()
@@ -224,20 +225,34 @@ class ControlChannel:
         """``--permission-prompt-tool stdio``: the SDK's ``can_use_tool`` callback decides a call the
         rules leave open. A deny with ``interrupt`` also interrupts the run."""
         body: dict[str, Any] = {"subtype": "can_use_tool", "tool_name": tool_name, "display_name": tool_name,
-                                "input": dict(tool_input), "permission_suggestions": []}
-        if getattr(ctx, "tool_use_id", ""):
-            body["tool_use_id"] = ctx.tool_use_id
-        if getattr(ctx, "reason", ""):
-            body["decision_reason"] = ctx.reason
+                                "input": dict(tool_input),
+                                "permission_suggestions": [dict(s) for s in getattr(ctx, "suggestions", ())],
+                                # the SDK promises its callback a tool_use_id; a call without one is a bug upstream
+                                "tool_use_id": getattr(ctx, "tool_use_id", "") or f"toolu_{uuid.uuid4().hex}"}
+        if getattr(ctx, "description", None):
+            body["description"] = ctx.description
+        if getattr(ctx, "decision_reason", None):
+            body["decision_reason"] = ctx.decision_reason
         answer = await self.request(body)
         behavior = answer.get("behavior")
         if behavior == "allow":
             updated = answer.get("updatedInput")
-            return PermissionAllow(updated if isinstance(updated, Mapping) else None)
+            if isinstance(updated, Mapping) and dict(updated) == dict(tool_input):
+                updated = None  # the SDK echoes the input when the callback changed nothing
+            updates = answer.get("updatedPermissions")
+            updates = tuple(updates) if isinstance(updates, list) else ()
+            for u in updates:
+                if isinstance(u, Mapping) and u.get("type") == "setMode" and self.session is not None:
+                    self.write({"type": "system", "subtype": "status", "status": None,
+                                "permissionMode": u.get("mode"), "session_id": self.session.session_id})
+            return PermissionAllow(updated if isinstance(updated, Mapping) else None, updates)
         if behavior == "deny":
-            if answer.get("interrupt") and self.session is not None:
-                self.session.interrupt()
-            return PermissionDeny(str(answer.get("message") or ""), bool(answer.get("interrupt")))
+            if answer.get("interrupt"):
+                if self.session is not None:
+                    self.session.interrupt()
+                # Claude Code tells the model its own refusal (the callback's message is for the user)
+                return PermissionDeny(REJECT_MESSAGE, True)
+            return PermissionDeny(str(answer.get("message") or ""), False)
         raise ControlError(f"can_use_tool answered with behavior {behavior!r}; expected allow or deny")
 
     async def mcp_send(self, server_name: str, message: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -279,6 +294,41 @@ class ControlChannel:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _counts_as_turn(msg: Mapping[str, Any]) -> bool:
+    """A user message Claude Code counts in ``num_turns``: one carrying tool results, or an interrupt marker."""
+    content = (msg.get("message") or {}).get("content")
+    if not isinstance(content, list):
+        return False
+    return any(isinstance(b, Mapping) and (b.get("type") == "tool_result" or (
+        b.get("type") == "text" and str(b.get("text", "")).startswith("[Request interrupted by user")))
+        for b in content)
+
+
+class SdkAccounting:
+    """The ResultMessage as the Agent SDK's users and docs know it, rewritten on its way out (agentfsm's
+    own CLI output keeps its own counts): ``num_turns`` is 1 + each user message the run showed (tool
+    results and interrupt markers), and ``modelUsage`` adds up over the whole session, as Claude Code's
+    does. Plugged into the printer as a rewrite of each outgoing message."""
+
+    def __init__(self) -> None:
+        self._shown = 0
+        self._model_usage: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, msg: dict[str, Any]) -> dict[str, Any]:
+        kind = msg.get("type")
+        if kind == "user" and msg.get("parent_tool_use_id") is None and _counts_as_turn(msg):
+            self._shown += 1
+        elif kind == "result":
+            from agentfsm.result import merge_model_usage
+
+            for model, entry in (msg.get("modelUsage") or {}).items():
+                self._model_usage[model] = merge_model_usage(self._model_usage.get(model), entry)
+            msg = {**msg, "num_turns": 1 + self._shown,
+                   "modelUsage": {m: dict(e) for m, e in self._model_usage.items()}}
+            self._shown = 0
+        return msg
 
 
 # --- the SDK's requests ------------------------------------------------------------------------

@@ -253,6 +253,13 @@ class Driver:
                 await self._close_executors()
                 await self._disarm()
             state = machine.state
+        if state.terminal_reason is TerminalReason.API_ERROR and self.account.api_error_status is not None:
+            # Claude Code shows the refusal as a synthetic assistant message before the result
+            self.emit(phases.api_error_message(self.account.api_error_status, state.terminal_detail,
+                                               self.session_id))
+        if len(state.messages) > len(messages) and state.messages[-1].kind == "interrupt_marker":
+            # the marker that closes an interrupted run is shown in the stream too (Claude Code)
+            self.emit(phases.marker_message(state.messages[-1], self.session_id))
         acct = self.account
         result = build_result(state, session_id=self.session_id,
                               duration_ms=int((time.monotonic() - started) * 1000),

@@ -67,6 +67,8 @@ class Options:
     include_hook_events: bool = False
     # --task-budget: the token budget the model is told the task has (output_config.task_budget)
     task_budget: int | None = attrs.field(default=None)
+    # --add-dir: more working directories (the permission checks' boundary, shown to the model), relative to cwd
+    add_dirs: tuple[Path, ...] = attrs.field(default=(), converter=lambda ds: tuple(Path(d) for d in ds))
 
     @task_budget.validator
     def _positive_budget(self, _attribute: Any, value: int | None) -> None:

@@ -555,7 +555,8 @@ class _Call:
         with clock.step(7, "permission"):
             t = time.perf_counter()
             try:
-                perm: PermissionOutcome = await self.gate.permission(tool, self.input, pre)
+                perm: PermissionOutcome = await self.gate.permission(tool, self.input, pre,
+                                                                      tool_use_id=self.tool_use_id)
             except Exception as exc:
                 self.log.warning("tool.permission_error", error=repr(exc))
                 return self.error(tool_use_error(f"Error: the permission check for {self.name} failed: "
@@ -573,6 +574,7 @@ class _Call:
             bad = self._revalidate("permission check", perm.updated_input)
             if bad is not None:
                 return bad
+        ctx.user_modified = perm.user_modified
 
         with clock.step(9, "mark_in_progress"):
             self.in_progress.add(self.tool_use_id)

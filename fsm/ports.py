@@ -45,6 +45,8 @@ class PermissionOutcome:
     updated_input: Mapping[str, Any] | None = None
     rule: str | None = None  # the rule that decided, e.g. "deny: Bash(rm:*)"
     permission_ms: float = 0.0
+    # the permission prompt (a person, the SDK's can_use_tool) changed the input before allowing it
+    user_modified: bool = False
 
 
 @attrs.frozen
@@ -66,7 +68,7 @@ class ToolGate(Protocol):
                            tool_use_id: str) -> PreToolOutcome: ...
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome: ...
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome: ...
 
     async def post_tool_use(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
                             tool_response: Any, duration_ms: float) -> PostToolOutcome: ...
@@ -102,7 +104,7 @@ class AllowAllGate:
         return PreToolOutcome()
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome:
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome:
         if pre.decision == "deny":
             return PermissionOutcome("deny", pre.reason or "denied by hook")
         return PermissionOutcome("allow")

@@ -13,6 +13,26 @@ import attrs
 from agentfsm.cost import add_usage, cost_usd
 from agentfsm.state import TERMINAL_INFO, LoopState, TerminalReason
 
+ZERO_USAGE: Mapping[str, int] = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                                 "output_tokens": 0}
+
+
+def api_error_text(status: int, detail: str | None) -> str:
+    """Claude Code's words for a request the API refused: the status, then the API's message."""
+    return f"API Error: {status} {detail or ''}".rstrip()
+
+
+def api_error_kind(status: int) -> str:
+    """The ``error`` of Claude Code's synthetic assistant message for an API error status."""
+    if status in (401, 403):
+        return "authentication_failed"
+    if status == 429:
+        return "rate_limit"
+    if status >= 500:
+        return "server_error"
+    return "unknown"
+
+
 
 @attrs.define
 class RunAccount:
@@ -78,7 +98,8 @@ class RunResult:
             "num_turns": self.num_turns,
             "session_id": self.session_id,
             "total_cost_usd": round(self.total_cost_usd, 8),
-            "usage": dict(self.usage),
+            # a run that made no successful request still reports its (zero) usage, as Claude Code does
+            "usage": dict(self.usage) or dict(ZERO_USAGE),
             "modelUsage": {m: dict(u) for m, u in self.model_usage.items()},
             "permission_denials": [dict(d) for d in self.permission_denials],
             "stop_reason": self.stop_reason,
@@ -135,6 +156,8 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         text = last_text
     elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED):
         text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()
+    elif reason is TerminalReason.API_ERROR and account is not None and account.api_error_status is not None:
+        text = api_error_text(account.api_error_status, state.terminal_detail)
     elif info.is_error:
         text = state.terminal_detail or reason.value
     else:

@@ -190,7 +190,8 @@ class Session:
         return self._take_prompt()
 
     async def _run_once(self, prompt: Prompt) -> RunResult:
-        system = system_blocks(self.options.cwd, system_prompt=self.options.system_prompt,
+        system = system_blocks(self.options.cwd, add_dirs=self.options.add_dirs,
+                               system_prompt=self.options.system_prompt,
                                append=self.options.append_system_prompt)
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,

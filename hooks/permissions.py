@@ -352,6 +352,11 @@ class ToolPermissionContext(Mapping[str, Any]):
     reason: str = ""  # why the call needs approval
     rule: str | None = None  # the ask rule that asked, if any
     cwd: str = ""
+    # what Claude Code tells its permission prompt (and the Agent SDK's callback): the updates that
+    # would stop the question coming back, the call's subject, and why it asks when it is not the mode
+    suggestions: tuple[Mapping[str, Any], ...] = ()
+    description: str | None = None
+    decision_reason: str | None = None
 
     def __getitem__(self, key: str) -> Any:
         if key not in attrs.fields_dict(type(self)):
@@ -368,6 +373,8 @@ class ToolPermissionContext(Mapping[str, Any]):
 @attrs.frozen
 class PermissionAllow:
     updated_input: Mapping[str, Any] | None = None
+    # the Agent SDK's ``updatedPermissions``, in its wire form: applied for the session before the call runs
+    updated_permissions: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen
@@ -588,6 +595,18 @@ class PermissionPolicy:
         except Exception:
             return False  # a classifier that fails cannot vouch for the call
 
+    def reads_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
+        """A file-reading tool (Read, Grep, Glob, ...) whose path lies outside the working directories."""
+        if not _tool_names(tool) & READ_TOOLS:
+            return False
+        try:
+            paths = _subject_paths(tool, tool_input, self.cwd)
+        except ValueError:  # a path the OS cannot take (a NUL byte): judged as written
+            raw = next((tool_input[k] for k in ("file_path", "notebook_path", "path")
+                        if isinstance(tool_input.get(k), str) and tool_input[k]), "")
+            paths = [os.path.normpath(os.path.join(self.cwd, os.path.expanduser(raw)))] if raw else []
+        return bool(paths) and not _inside(paths, self.working_dirs)
+
     def _edit_inside_workspace(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
         if not _tool_names(tool) & EDIT_TOOLS:
             return False
@@ -608,7 +627,8 @@ class PermissionPolicy:
                                       + (hook_reason or "denied by a PreToolUse hook"), None, "hook")
         read_only = self._is_read_only(tool, tool_input)
         if self.mode == "plan" and not read_only:
-            return PermissionDecision("deny", self._plan_text(tool, tool_input), None, "mode")
+            # Claude Code asks the permission prompt (the SDK's can_use_tool); nobody to ask denies with this text
+            return PermissionDecision("ask", self._plan_text(tool, tool_input), None, "mode", bare=True)
         decision = self._evaluate_open(tool, tool_input, read_only, hook_decision, hook_reason)
         if decision.behavior == "ask" and self.mode == "dontAsk":
             return PermissionDecision("deny", dont_ask_text(tool.name), decision.rule, "mode")
@@ -670,8 +690,12 @@ class PermissionPolicy:
             return PermissionDecision("allow", "", None, "mode")
         if self.mode == "acceptEdits" and self._edit_inside_workspace(tool, tool_input):
             return PermissionDecision("allow", "", None, "mode")
-        if read_only:
+        if read_only and not self.reads_outside(tool, tool_input):
             return PermissionDecision("allow", "", None, "mode")
+        if read_only:
+            # a file read outside the working directories asks, in every mode but bypass (Claude Code)
+            paths = _subject_paths(tool, tool_input, self.cwd)
+            return PermissionDecision("ask", requested("read", paths[0]), None, "mode", bare=True)
         if self.mode == "acceptEdits" and self._bash_edits_inside(tool, tool_input):
             # a shell command whose only effect is on files inside the working directories
             return PermissionDecision("allow", "", None, "mode")
@@ -713,9 +737,12 @@ class PermissionPolicy:
                 "non-interactive, so nobody can approve the call; allow it with --allowedTools, a "
                 "permissions.allow rule in settings, or another --permission-mode.",
                 decision.rule, "non_interactive")
+        from agentfsm.hooks.permission_prompt import prompt_context
+
         ctx = ToolPermissionContext(tool_use_id=tool_use_id, permission_mode=self.mode,
                                     reason=decision.reason, cwd=str(self.cwd),
-                                    rule=str(decision.rule) if decision.rule else None)
+                                    rule=str(decision.rule) if decision.rule else None,
+                                    **prompt_context(self, tool, tool_input, decision, hook_reason))
         try:
             value = can_use_tool(tool.name, dict(tool_input), ctx)
             if inspect.isawaitable(value):
@@ -728,6 +755,10 @@ class PermissionPolicy:
         if isinstance(answer, PermissionDeny):
             return PermissionDecision("deny", answer.message or f"Permission to use {tool.name} was denied.",
                                       None, "callback", interrupt=answer.interrupt)
+        if answer.updated_permissions:
+            from agentfsm.hooks.permission_prompt import apply_updates
+
+            apply_updates(self, answer.updated_permissions)
         if answer.updated_input is not None:
             # The approved input is what will run, so deny rules are judged on it once more.
             denied = await asyncio.to_thread(self.rule_decision, tool, answer.updated_input, "deny")

@@ -63,7 +63,7 @@ class Recorder(AllowAllGate):
         return self.pre or PreToolOutcome()
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome:
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome:
         self.events.append(("permission", (tool.name, dict(tool_input))))
         if self.raises == "permission":
             raise RuntimeError("rules unreadable")

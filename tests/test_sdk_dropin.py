@@ -473,3 +473,254 @@ async def test_hook_events_around_each_command_hook(cli: str, tmp_path: Path) ->
         assert events.index(started[e["hook_id"]]) < events.index(e)
     [result] = run.results()
     assert result.subtype == "success"
+
+
+# --- the SDK user's view, case by case (issue 28): each runs through the real SDK on both CLIs ----------------
+
+
+def write(tool_id: str, path: str, content: str = "x\n") -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_id, "name": "Write", "input": {"file_path": path, "content": content}}
+
+
+def read_at(tool_id: str, path: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_id, "name": "Read", "input": {"file_path": path}}
+
+
+def turn(*blocks: dict[str, Any]) -> dict[str, Any]:
+    return {"blocks": list(blocks), "stop_reason": "tool_use"}
+
+
+async def client_run(run: Run, options: Any, *prompts: str) -> None:
+    async with sdk.ClaudeSDKClient(options) as client:
+        for prompt in prompts:
+            await client.query(prompt)
+            async for m in client.receive_response():
+                run.messages.append(m)
+
+
+async def test_can_use_tool_context_names_the_call_like_claude_code(cli: str, tmp_path: Path) -> None:
+    """tool_use_id, description and suggestions: a write inside the working directory suggests accepting
+    edits; a read outside it says why it asks and suggests allowing reads under the file's directory."""
+    outside = tmp_path / "out"
+    outside.mkdir()
+    (outside / "o.txt").write_text("OUT\n")
+    asked: list[tuple[str, Any]] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append((name, ctx))
+        return sdk.PermissionResultAllow()
+
+    responses = [turn(write("toolu_w1", "$WS/n.txt")), turn(read_at("toolu_o1", str(outside / "o.txt"))), text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write"], can_use_tool=can_use_tool), "go")
+
+    await scenario(cli, tmp_path, responses, body)
+    (w_name, w), (r_name, r) = asked
+    assert (w_name, w.tool_use_id, w.description, w.decision_reason) == ("Write", "toolu_w1", "n.txt", None)
+    assert [s.to_dict() for s in w.suggestions] == [{"type": "setMode", "mode": "acceptEdits",
+                                                     "destination": "session"}]
+    assert (r_name, r.tool_use_id, r.description) == ("Read", "toolu_o1", str(outside / "o.txt"))
+    assert r.decision_reason == "Path is outside allowed working directories"
+    assert [s.to_dict() for s in r.suggestions] == [{"type": "addRules", "destination": "session", "behavior": "allow",
+                                                     "rules": [{"toolName": "Read", "ruleContent": f"/{outside}/**"}]}]
+
+
+async def test_updated_permissions_are_honoured_for_the_session(cli: str, tmp_path: Path) -> None:
+    """Answering with the suggestions ("always allow") stops the same question coming back: after
+    setMode acceptEdits the second write is not asked, after addRules the second read there is not."""
+    outside = tmp_path / "out"
+    outside.mkdir()
+    (outside / "o.txt").write_text("O\n")
+    (outside / "o2.txt").write_text("O2\n")
+    asked: list[str] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append(ctx.tool_use_id)
+        return sdk.PermissionResultAllow(updated_permissions=ctx.suggestions)
+
+    responses = [turn(write("toolu_1", "$WS/p1.txt")), turn(write("toolu_2", "$WS/p2.txt")),
+                 turn(read_at("toolu_3", str(outside / "o.txt"))), turn(read_at("toolu_4", str(outside / "o2.txt"))),
+                 text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write"], can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, responses, body)
+    assert asked == ["toolu_1", "toolu_3"]
+    assert (run.ws / "p2.txt").read_text() == "x\n"
+    modes = [m.data.get("permissionMode") for m in run.messages
+             if isinstance(m, sdk.SystemMessage) and m.subtype == "status"]
+    assert modes == ["acceptEdits"]
+    assert result_text(sent_result(run.server, 4, "toolu_4")).startswith("1\tO2")
+
+
+async def test_allow_with_updated_input_is_told_to_the_model(cli: str, tmp_path: Path) -> None:
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        return sdk.PermissionResultAllow(updated_input={**tool_input, "content": "CHANGED\n"})
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Write"], can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, [turn(write("toolu_1", "$WS/a1.txt")), text("ok")], body)
+    assert (run.ws / "a1.txt").read_text() == "CHANGED\n"
+    told = result_text(sent_result(run.server, 1, "toolu_1"))
+    assert told.startswith(f"File created successfully at: {run.ws / 'a1.txt'} The user modified your proposed "
+                           "content before accepting it.")
+
+
+async def test_deny_with_interrupt_gives_claude_codes_refusal_and_the_marker(cli: str, tmp_path: Path) -> None:
+    async def deny(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        return sdk.PermissionResultDeny(message="DENY_AND_STOP", interrupt=True)
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Write"], can_use_tool=deny), "write", "after")
+
+    run = await scenario(cli, tmp_path, [turn(write("toolu_di", "$WS/d.txt")), text("OK"), text("OK")], body)
+    refusal = sent_result(run.server, 1, "toolu_di")
+    assert refusal.get("is_error") is True
+    assert result_text(refusal).startswith("The user doesn't want to proceed with this tool use. The tool use was "
+                                           "rejected")
+    shown = [b.text for m in run.messages if isinstance(m, sdk.UserMessage) and isinstance(m.content, list)
+             for b in m.content if isinstance(b, sdk.TextBlock)]
+    assert shown == ["[Request interrupted by user for tool use]"]
+    first, _second = run.results()
+    assert (first.subtype, first.terminal_reason, first.num_turns) == ("error_during_execution", "aborted_tools", 3)
+
+
+async def test_read_outside_the_working_directories_is_denied_in_dont_ask(cli: str, tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("SECRET\n")
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"], permission_mode="dontAsk"), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read_at("toolu_s", str(tmp_path / "secret.txt"))), text("ok")], body)
+    refused = sent_result(run.server, 1, "toolu_s")
+    assert "SECRET" not in result_text(refused)
+    assert result_text(refused).startswith("Permission to use Read has been denied because Claude Code is running in "
+                                           "don't ask mode.")
+    [result] = run.results()
+    assert [d["tool_use_id"] for d in result.permission_denials] == ["toolu_s"]
+
+
+async def test_add_dirs_are_working_directories_shown_to_the_model(cli: str, tmp_path: Path) -> None:
+    extra, outside = tmp_path / "extra", tmp_path / "out"
+    extra.mkdir()
+    outside.mkdir()
+    (extra / "e.txt").write_text("E\n")
+    (outside / "o.txt").write_text("O\n")
+    asked: list[str] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append(tool_input["file_path"])
+        return sdk.PermissionResultDeny(message="no")
+
+    responses = [turn(read_at("toolu_e", str(extra / "e.txt")), read_at("toolu_o", str(outside / "o.txt"))),
+                 text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"], add_dirs=[str(extra)], can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, responses, body)
+    assert asked == [str(outside / "o.txt")]  # the added directory is inside the boundary, the other is not
+    assert result_text(sent_result(run.server, 1, "toolu_e")).startswith("1\tE")
+    import json
+
+    assert str(extra) in json.dumps(run.server.requests[0])  # the model is told of the added directory
+    [result] = run.results()
+    assert result.num_turns == 3  # 1 + each tool-result message (two parallel reads: two messages)
+
+
+async def test_plan_mode_asks_can_use_tool_for_a_write(cli: str, tmp_path: Path) -> None:
+    asked: list[Any] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append((name, ctx.description, ctx.suggestions))
+        return sdk.PermissionResultAllow()
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write"], permission_mode="plan",
+                                          can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, [turn(write("toolu_1", "$WS/pl.txt")), text("ok")], body)
+    assert asked == [("Write", "pl.txt", [])]
+    assert (run.ws / "pl.txt").read_text() == "x\n"
+
+
+async def test_model_usage_adds_up_over_the_session(cli: str, tmp_path: Path) -> None:
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"]), "first", "second")
+
+    run = await scenario(cli, tmp_path, [text("ONE"), text("TWO")], body)
+    first, second = run.results()
+    one = first.model_usage["claude-sonnet-4-5"]["inputTokens"]
+    assert one == first.usage["input_tokens"] > 0
+    assert second.model_usage["claude-sonnet-4-5"]["inputTokens"] == one + second.usage["input_tokens"]
+    assert (first.num_turns, second.num_turns) == (1, 1)
+
+
+async def test_a_failed_resume_gives_the_no_conversation_result(cli: str, tmp_path: Path) -> None:
+    missing = "11111111-2222-3333-4444-555555555555"
+    raised: list[BaseException] = []
+
+    async def body(run: Run) -> None:
+        try:
+            await client_run(run, run.options(resume=missing), "hello")
+        except Exception as exc:
+            raised.append(exc)
+
+    run = await scenario(cli, tmp_path, [text("never")], body)
+    assert run.server.requests == []
+    [exc] = raised
+    assert isinstance(exc, sdk.ResultError), exc
+    assert f"No conversation found with session ID: {missing}" in str(exc)
+
+
+async def test_a_400_is_shown_as_an_error_assistant_message(cli: str, tmp_path: Path) -> None:
+    refusal = {"status": 400, "error_type": "invalid_request_error", "message": "Invalid request: bad field"}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"]), "go")
+
+    run = await scenario(cli, tmp_path, [refusal] * 3, body)
+    [shown] = [m for m in run.messages if isinstance(m, sdk.AssistantMessage)]
+    assert [b.text for b in shown.content] == ["API Error: 400 Invalid request: bad field"]
+    assert shown.error == "unknown" and shown.usage is not None and shown.usage["output_tokens"] == 0
+    [result] = run.results()
+    assert (result.is_error, result.result) == (True, "API Error: 400 Invalid request: bad field")
+    assert result.usage is not None
+
+
+async def test_empty_setting_sources_load_no_settings(cli: str, tmp_path: Path) -> None:
+    """``setting_sources=[]`` (the SDK's isolation): the project's deny rule is not loaded."""
+    import json
+
+    async def body(run: Run) -> None:
+        settings = run.ws / ".claude" / "settings.json"
+        settings.parent.mkdir(exist_ok=True)
+        settings.write_text(json.dumps({"permissions": {"deny": ["Read"]}}))
+        await client_run(run, run.options(tools=["Read"], setting_sources=[]), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ok")], body)
+    assert result_text(sent_result(run.server, 1, "toolu_r")).startswith("1\tALPHA")
+
+
+async def test_interrupt_stops_a_running_tool(cli: str, tmp_path: Path) -> None:
+    bash = {"type": "tool_use", "id": "toolu_sleep", "name": "Bash",
+            "input": {"command": "sleep 6 && echo done > slept.txt", "description": "Sleep"}}
+
+    async def body(run: Run) -> None:
+        async with sdk.ClaudeSDKClient(run.options(tools=["Bash"], permission_mode="bypassPermissions")) as client:
+            await client.query("sleep")
+            async for m in client.receive_response():
+                run.messages.append(m)
+                if isinstance(m, sdk.AssistantMessage):
+                    await client.interrupt()
+
+    run = await scenario(cli, tmp_path, [turn(bash), text("never")], body)
+    assert not (run.ws / "slept.txt").exists()
+    shown = [b.text for m in run.messages if isinstance(m, sdk.UserMessage) and isinstance(m.content, list)
+             for b in m.content if isinstance(b, sdk.TextBlock)]
+    assert shown == ["[Request interrupted by user for tool use]"]
+    [result] = run.results()
+    assert result.subtype == "error_during_execution"
