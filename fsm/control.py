@@ -335,8 +335,10 @@ class SdkAccounting:
 
 
 def _interrupt(ch: ControlChannel, request: Mapping[str, Any], request_id: Any) -> None:
+    # the SDK's interrupt is the user's stop: Claude Code aborts every running tool (a `sleep` is killed,
+    # its file never written), not only the ones that would give way to a new message
     if ch.session is not None and ch.session.running:
-        ch.session.interrupt()
+        ch.session.abort()
     ch._answer(request_id, {"still_queued": []})
 
 

@@ -55,7 +55,7 @@ from agentfsm.pipeline import STREAMING_FALLBACK, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import WireCache
-from agentfsm.result import RunAccount, RunResult, build_result
+from agentfsm.result import RunAccount, RunResult, build_result, shows_api_error
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
 from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
@@ -253,9 +253,9 @@ class Driver:
                 await self._close_executors()
                 await self._disarm()
             state = machine.state
-        if state.terminal_reason is TerminalReason.API_ERROR and self.account.api_error_status is not None:
+        if state.terminal_reason is TerminalReason.API_ERROR and shows_api_error(self.account.api_error_status):
             # Claude Code shows the refusal as a synthetic assistant message before the result
-            self.emit(phases.api_error_message(self.account.api_error_status, state.terminal_detail,
+            self.emit(phases.api_error_message(self.account.api_error_status or 0, state.terminal_detail,
                                                self.session_id))
         if len(state.messages) > len(messages) and state.messages[-1].kind == "interrupt_marker":
             # the marker that closes an interrupted run is shown in the stream too (Claude Code)

@@ -22,6 +22,12 @@ def api_error_text(status: int, detail: str | None) -> str:
     return f"API Error: {status} {detail or ''}".rstrip()
 
 
+def shows_api_error(status: int | None) -> bool:
+    """A refusal Claude Code shows in its generic form (``API Error: 400 <message>``, observed for a
+    400): the 4xx statuses other than 429, whose texts it words specially (as it does 5xx overloads)."""
+    return status is not None and 400 <= status < 500 and status != 429
+
+
 def api_error_kind(status: int) -> str:
     """The ``error`` of Claude Code's synthetic assistant message for an API error status."""
     if status in (401, 403):
@@ -156,8 +162,8 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         text = last_text
     elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED):
         text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()
-    elif reason is TerminalReason.API_ERROR and account is not None and account.api_error_status is not None:
-        text = api_error_text(account.api_error_status, state.terminal_detail)
+    elif reason is TerminalReason.API_ERROR and account is not None and shows_api_error(account.api_error_status):
+        text = api_error_text(account.api_error_status or 0, state.terminal_detail)
     elif info.is_error:
         text = state.terminal_detail or reason.value
     else:

@@ -270,7 +270,8 @@ async def model_error(loop: Loop) -> Run:
 async def api_error(loop: Loop) -> Run:
     run = await loop.run([{"status": 400, "error_type": "invalid_request_error",
                            "message": "messages.0.content: Input should be a valid list"}])
-    assert run.result.result == "messages.0.content: Input should be a valid list"
+    # Claude Code's words (tests/fixtures/claude_code/api_error_400_repeated)
+    assert run.result.result == "API Error: 400 messages.0.content: Input should be a valid list"
     return run
 
 
