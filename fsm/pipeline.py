@@ -706,7 +706,7 @@ class _Call:
         t = time.perf_counter()
         try:
             post = await self.gate.post_tool_use_failure(self.name, self.input, self.tool_use_id, error,
-                                                         is_interrupt)
+                                                         is_interrupt, duration_ms=self.run_ms)
         except (Exception, asyncio.CancelledError) as exc:
             # a second cancellation while reporting the first must still end in a result
             self.log.warning("tool.hook_error", hook="PostToolUseFailure", error=repr(exc))

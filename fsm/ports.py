@@ -74,7 +74,8 @@ class ToolGate(Protocol):
                             tool_response: Any, duration_ms: float) -> PostToolOutcome: ...
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome: ...
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome: ...
 
 
 class ToolLookup(Protocol):
@@ -114,7 +115,8 @@ class AllowAllGate:
         return PostToolOutcome()
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome:
         return PostToolOutcome()
 
 

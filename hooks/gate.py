@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,7 @@ class HookGate:
         if policy is not None and permission_mode is not None:
             self.policy.mode = normalize_mode(permission_mode)
         self.can_use_tool = can_use_tool
+        self.prompt_id: str | None = None
         self.session_id = session_id
         self.transcript_path = transcript_path
         self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
@@ -134,7 +136,7 @@ class HookGate:
 
     def _common(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "transcript_path": self.transcript_path, "cwd": str(self.cwd),
-                "permission_mode": self.policy.mode}
+                "permission_mode": self.policy.mode, "prompt_id": self.prompt_id}
 
     async def run(self, record: HookInput) -> HookRunResult:
         """Run the hooks of any event record as is (the typed methods below build the records)."""
@@ -215,10 +217,11 @@ class HookGate:
                                hook_ms=res.duration_ms)
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome:
         res = await self._run_event(HookEvent.POST_TOOL_USE_FAILURE, lambda: PostToolUseFailureInput(
             **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id,
-            error=error, is_interrupt=is_interrupt))
+            error=error, is_interrupt=is_interrupt, duration_ms=duration_ms))
         return PostToolOutcome(additional_context=res.additional_context, blocked=res.blocked,
                                reason=res.reason, stop=res.stop, stop_reason=res.stop_reason,
                                hook_ms=res.duration_ms)
@@ -247,6 +250,7 @@ class HookGate:
                                     errors=res.errors, hook_ms=res.duration_ms)
 
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
+        self.prompt_id = str(uuid.uuid4())  # a new prompt: every hook of its run names it
         res = await self._run_event(HookEvent.USER_PROMPT_SUBMIT,
                                     lambda: UserPromptSubmitInput(**self._common(), prompt=prompt))
         return PromptOutcome(blocked=res.blocked, reason=res.reason,

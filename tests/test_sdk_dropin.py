@@ -724,3 +724,27 @@ async def test_interrupt_stops_a_running_tool(cli: str, tmp_path: Path) -> None:
     assert shown == ["[Request interrupted by user for tool use]"]
     [result] = run.results()
     assert result.subtype == "error_during_execution"
+
+
+async def test_hook_inputs_carry_the_prompt_id_and_stop_lists(cli: str, tmp_path: Path) -> None:
+    """Every hook input of a prompt's run names the same ``prompt_id`` (a new one per prompt); Stop
+    lists the background tasks and crons (none here)."""
+    seen: list[dict[str, Any]] = []
+
+    async def record(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        seen.append(dict(hook_input))
+        return {}
+
+    events = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], hooks={
+            e: [sdk.HookMatcher(hooks=[record])] for e in events}), "one", "two")
+
+    await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ONE"), text("TWO")], body)
+    assert [h["hook_event_name"] for h in seen] == [*events, "UserPromptSubmit", "Stop"]
+    first, second = {h["prompt_id"] for h in seen[:4]}, {h["prompt_id"] for h in seen[4:]}
+    assert len(first) == len(second) == 1 and first != second and all(isinstance(p, str) for p in first)
+    assert list(seen[0])[:4] == ["session_id", "transcript_path", "cwd", "prompt_id"]
+    stop = seen[3]
+    assert (stop["background_tasks"], stop["session_crons"]) == ([], [])
