@@ -283,6 +283,8 @@ class Printer:
             msg = self.decorate(msg)
         if self.rewrite is not None:
             msg = self.rewrite(msg)
+            if msg is None:  # not part of the SDK's view
+                return
         if self.fmt == "stream-json":
             init = msg.get("type") == "system" and msg.get("subtype") == "init"
             if init and self.session_states:
@@ -410,7 +412,7 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
             from agentfsm.control import ControlChannel, SdkAccounting
 
             printer.rewrite = SdkAccounting()
-            channel = ControlChannel(printer)
+            channel = ControlChannel(printer, printer.rewrite)
             pump = asyncio.ensure_future(channel.pump(_stdin_messages()))
             if prompt is None and await channel.first() == "eof":
                 return 0  # nothing asked: nothing to answer (the SDK closed stdin at once)

@@ -47,8 +47,9 @@ class ControlError(Exception):
 class ControlChannel:
     """One SDK connection over stdin/stdout. ``write`` prints one message (one stdout line)."""
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, accounting: SdkAccounting | None = None) -> None:
         self.write = write
+        self.accounting = accounting
         self.session: Any = None  # set once the session exists (before `initialize` is answered)
         self.mcp: Any = None  # the session's MCP servers (agentfsm.tools.mcp.McpServers), if any
         self.stdin_closed = False
@@ -74,6 +75,9 @@ class ControlChannel:
                 elif kind == "control_request" and isinstance(raw.get("request"), Mapping):
                     self._on_request(raw["request"], raw.get("request_id"))
                 else:
+                    uid = raw.get("uuid") if isinstance(raw, Mapping) else None
+                    if isinstance(uid, str) and uid and self.accounting is not None:
+                        self.accounting.given_uuids.add(uid)
                     self._users.put_nowait(raw)
                     self._announce("user")
         finally:
@@ -315,9 +319,14 @@ class SdkAccounting:
     def __init__(self) -> None:
         self._shown = 0
         self._model_usage: dict[str, dict[str, Any]] = {}
+        # the uuids the SDK gave its user messages: only those have a command lifecycle to report
+        self.given_uuids: set[str] = set()
 
-    def __call__(self, msg: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         kind = msg.get("type")
+        if kind == "system" and msg.get("subtype") == "command_lifecycle":
+            # Claude Code reports the lifecycle of a prompt that came with a uuid, and no other
+            return msg if msg.get("uuid") in self.given_uuids else None
         if kind == "user" and msg.get("parent_tool_use_id") is None and _counts_as_turn(msg):
             self._shown += 1
         elif kind == "result":
