@@ -748,3 +748,31 @@ async def test_hook_inputs_carry_the_prompt_id_and_stop_lists(cli: str, tmp_path
     assert list(seen[0])[:4] == ["session_id", "transcript_path", "cwd", "prompt_id"]
     stop = seen[3]
     assert (stop["background_tasks"], stop["session_crons"]) == ([], [])
+
+
+@pytest.mark.parametrize("sources", [None, [], ["project"]])
+async def test_claude_md_memory_follows_the_setting_sources(cli: str, tmp_path: Path, sources: Any) -> None:
+    """CLAUDE.md files go into the first request's context per source; ``setting_sources=[]`` loads none."""
+    import json
+
+    async def body(run: Run) -> None:
+        (run.ws / "CLAUDE.md").write_text("PROJECT_MEMORY_MARKER\n")
+        (run.ws / "CLAUDE.local.md").write_text("LOCAL_MEMORY_MARKER\n")
+        config = tmp_path / "home" / ".claude"
+        config.mkdir(parents=True)
+        (config / "CLAUDE.md").write_text("USER_MEMORY_MARKER\n")
+        run.env["CLAUDE_CONFIG_DIR"] = str(config)
+        kw = {} if sources is None else {"setting_sources": sources}
+        await client_run(run, run.options(tools=["Read"], **kw), "go")
+
+    run = await scenario(cli, tmp_path, [text("ok")], body)
+    first = run.server.requests[0]["messages"]
+    loaded = {m for m in ("USER", "PROJECT", "LOCAL") if f"{m}_MEMORY_MARKER" in json.dumps(first)}
+    assert loaded == {None: {"USER", "PROJECT", "LOCAL"}, 0: set(), 1: {"PROJECT"}}[None if sources is None
+                                                                                   else len(sources)]
+    if loaded:
+        [shown] = [b["text"] for b in first[0]["content"] if "PROJECT_MEMORY_MARKER" in b.get("text", "")]
+        assert f"Contents of {run.ws / 'CLAUDE.md'} (project instructions, checked into the codebase):\n\n" \
+               "PROJECT_MEMORY_MARKER" in shown
+        assert shown.startswith("<system-reminder>\nCodebase and user instructions are shown below.")
+    assert first[0]["content"][-1]["text"] == "go"
