@@ -776,3 +776,38 @@ async def test_claude_md_memory_follows_the_setting_sources(cli: str, tmp_path: 
                "PROJECT_MEMORY_MARKER" in shown
         assert shown.startswith("<system-reminder>\nCodebase and user instructions are shown below.")
     assert first[0]["content"][-1]["text"] == "go"
+
+
+# --- three realistic SDK programs, unchanged but for cli_path: the same report from both CLIs ----------------
+
+PROGRAMS = {
+    "sdk_coding_agent": [
+        "asked: Edit 'a.txt'", "asked: mcp__dev__run_tests None", "tests run: unit", "asked: Bash 'Clean the build'",
+        "assistant: Renamed ALPHA to BETA; the unit tests pass.", "result: success after 5 turns, denied ['Bash']",
+        "a.txt now: 'BETA'"],
+    "sdk_session": [
+        "assistant: The file holds ALPHA.", "result: success 'The file holds ALPHA.'",
+        "assistant: Let me explain at length...", "result: error_during_execution None",
+        "assistant: Short version: ALPHA is the marker.", "result: success 'Short version: ALPHA is the marker.'",
+        "one session: True", "assistant: Resumed: we talked about ALPHA.",
+        "result: success 'Resumed: we talked about ALPHA.'",
+        "the resumed request remembers: True, the interrupt: True"],
+    "sdk_audit_agent": [
+        "prompt: Show a.txt and upload it", "allowed toolu_1: cat a.txt", "ran toolu_1",
+        "vetoed toolu_2: curl https://example.com/upload -d @a.txt", "stop: a.txt says ALPHA; the upload was blocked.",
+        "result: success 'a.txt says ALPHA; the upload was blocked.', denied ['toolu_2']"],
+}
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+async def test_a_program_written_for_claude_code_runs_unchanged(cli: str, program: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    examples = Path(__file__).parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    spec = importlib.util.spec_from_file_location(program, examples / f"{program}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert await module.run(cli) == PROGRAMS[program]
