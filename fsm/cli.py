@@ -25,6 +25,10 @@ SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
 TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
 
+# what Claude Code tells the model first when the Agent SDK runs it with a custom (or empty) system prompt
+SDK_IDENTITY = "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+
+
 class UsageError(Exception):
     """A command line that cannot run; exit status 2."""
 
@@ -219,7 +223,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
             continue_session=args.continue_session, fork_session=args.fork_session,
             sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema,
             include_partial_messages=args.include_partial_messages, task_budget=args.task_budget,
-            include_hook_events=args.include_hook_events, add_dirs=args.add_dir)
+            include_hook_events=args.include_hook_events, add_dirs=args.add_dir,
+            system_identity=SDK_IDENTITY if args.system_prompt is not None and os.environ.get(
+                "CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk") else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

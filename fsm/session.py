@@ -193,6 +193,7 @@ class Session:
 
     async def _run_once(self, prompt: Prompt) -> RunResult:
         system = system_blocks(self.options.cwd, add_dirs=self.options.add_dirs,
+                               identity=self.options.system_identity,
                                system_prompt=self.options.system_prompt,
                                append=self.options.append_system_prompt)
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,

@@ -811,3 +811,18 @@ async def test_a_program_written_for_claude_code_runs_unchanged(cli: str, progra
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert await module.run(cli) == PROGRAMS[program]
+
+
+@pytest.mark.parametrize("prompt", [None, "CUSTOM_PROMPT"])
+async def test_a_custom_or_empty_system_prompt_opens_with_the_sdk_identity(cli: str, tmp_path: Path,
+                                                                          prompt: str | None) -> None:
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"], setting_sources=[], system_prompt=prompt), "go")
+
+    run = await scenario(cli, tmp_path, [text("ok")], body)
+    # Claude Code's attribution header aside (agentfsm sends none: it is not Claude Code)
+    texts = [b["text"] for b in run.server.requests[0]["system"]
+             if not b["text"].startswith("x-anthropic-billing-header")]
+    assert texts[0] == "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+    if prompt is not None:
+        assert texts[1] == prompt
