@@ -314,19 +314,33 @@ class SdkAccounting:
     """The ResultMessage as the Agent SDK's users and docs know it, rewritten on its way out (agentfsm's
     own CLI output keeps its own counts): ``num_turns`` is 1 + each user message the run showed (tool
     results and interrupt markers), and ``modelUsage`` adds up over the whole session, as Claude Code's
-    does. Plugged into the printer as a rewrite of each outgoing message."""
+    does; a prompt the SDK sent with a uuid is named (``user_message_uuid(s)``) on the first answer of
+    the turn that took it in and on its result, and only such prompts have their ``command_lifecycle``
+    shown. Plugged into the printer as a rewrite of each outgoing message (None drops it)."""
 
     def __init__(self) -> None:
         self._shown = 0
         self._model_usage: dict[str, dict[str, Any]] = {}
         # the uuids the SDK gave its user messages: only those have a command lifecycle to report
         self.given_uuids: set[str] = set()
+        # those the current turn took in (in order), and whether the next answer must name them
+        self._taken: list[str] = []
+        self._stamp = False
 
     def __call__(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         kind = msg.get("type")
         if kind == "system" and msg.get("subtype") == "command_lifecycle":
             # Claude Code reports the lifecycle of a prompt that came with a uuid, and no other
-            return msg if msg.get("uuid") in self.given_uuids else None
+            if msg.get("uuid") not in self.given_uuids:
+                return None
+            if msg.get("state") == "started" and msg["uuid"] not in self._taken:
+                self._taken.append(msg["uuid"])
+                self._stamp = True
+            return msg
+        if kind == "assistant" and msg.get("parent_tool_use_id") is None and self._stamp:
+            # the first answer after the turn took in a prompt names it (and all it took in so far)
+            self._stamp = False
+            return {**msg, "user_message_uuid": self._taken[-1], "user_message_uuids": list(self._taken)}
         if kind == "user" and msg.get("parent_tool_use_id") is None and _counts_as_turn(msg):
             self._shown += 1
         elif kind == "result":
@@ -336,7 +350,9 @@ class SdkAccounting:
                 self._model_usage[model] = merge_model_usage(self._model_usage.get(model), entry)
             msg = {**msg, "num_turns": 1 + self._shown,
                    "modelUsage": {m: dict(e) for m, e in self._model_usage.items()}}
-            self._shown = 0
+            if self._taken:
+                msg.update(user_message_uuid=self._taken[-1], user_message_uuids=list(self._taken[-64:]))
+            self._shown, self._taken, self._stamp = 0, [], False
         return msg
 
 

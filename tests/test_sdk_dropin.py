@@ -826,3 +826,31 @@ async def test_a_custom_or_empty_system_prompt_opens_with_the_sdk_identity(cli: 
     assert texts[0] == "You are a Claude agent, built on Anthropic's Claude Agent SDK."
     if prompt is not None:
         assert texts[1] == prompt
+
+
+async def test_a_prompt_sent_with_a_uuid_is_named_in_the_answer(cli: str, tmp_path: Path) -> None:
+    """A user message sent as a dict with a ``uuid`` is echoed: on the first assistant message of its
+    turn and on the result (``user_message_uuid`` and ``user_message_uuids``)."""
+    import uuid as uuidlib
+
+    sent = [str(uuidlib.uuid4()), str(uuidlib.uuid4())]
+
+    def one(text_: str, uid: str) -> Any:
+        async def gen() -> Any:
+            yield {"type": "user", "message": {"role": "user", "content": text_}, "parent_tool_use_id": None,
+                   "uuid": uid}
+        return gen()
+
+    async def body(run: Run) -> None:
+        async with sdk.ClaudeSDKClient(run.options(allowed_tools=["Read"])) as client:
+            for prompt, uid in zip(("first", "second"), sent, strict=True):
+                await client.query(one(prompt, uid))
+                async for m in client.receive_response():
+                    run.messages.append(m)
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ONE"), text("TWO")], body)
+    first, second = run.results()
+    assert (first.user_message_uuid, first.user_message_uuids) == (sent[0], [sent[0]])
+    assert (second.user_message_uuid, second.user_message_uuids) == (sent[1], [sent[1]])
+    answers = [m for m in run.messages if isinstance(m, sdk.AssistantMessage)]
+    assert [a.user_message_uuid for a in answers] == [sent[0], None, sent[1]]
