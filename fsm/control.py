@@ -348,7 +348,7 @@ class SdkAccounting:
 
             for model, entry in (msg.get("modelUsage") or {}).items():
                 self._model_usage[model] = merge_model_usage(self._model_usage.get(model), entry)
-            msg = {**msg, "num_turns": 1 + self._shown,
+            msg = {**msg, "num_turns": 1 + self._shown if msg.get("num_turns") else 0,
                    "modelUsage": {m: dict(e) for m, e in self._model_usage.items()}}
             if self._taken:
                 msg.update(user_message_uuid=self._taken[-1], user_message_uuids=list(self._taken[-64:]))

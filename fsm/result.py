@@ -160,7 +160,12 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         text = json.dumps(structured_output, ensure_ascii=False, separators=(",", ":"))
     elif reason is TerminalReason.COMPLETED or reason is TerminalReason.TOOL_DEFERRED:
         text = last_text
+    elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED) and usage:
+        # a hook stopped a run that reached the model: the last answer stands as the result, even an
+        # empty one (Claude Code; tests/fixtures/claude_code/stop_hook_prevent)
+        text = last_text
     elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED):
+        # stopped before any request (UserPromptSubmit): the hook's reason is all there is to say
         text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()
     elif reason is TerminalReason.API_ERROR and account is not None and shows_api_error(account.api_error_status):
         text = api_error_text(account.api_error_status or 0, state.terminal_detail)
@@ -170,7 +175,9 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         text = last_text
     errors = (state.terminal_detail or reason.value,) if info.subtype != "success" else ()
     acct = account or RunAccount()
-    return RunResult(reason, info.subtype, info.is_error, state.turn_count, duration_ms, duration_api_ms,
+    # a run stopped before its first request took no turn (Claude Code counts 0)
+    turns = 0 if reason is TerminalReason.HOOK_STOPPED and not usage else state.turn_count
+    return RunResult(reason, info.subtype, info.is_error, turns, duration_ms, duration_api_ms,
                      cost, usage, session_id, text, errors, denials, structured_output, warnings,
                      stop_reason=acct.stop_reason, model_usage={m: dict(u) for m, u in acct.model_usage.items()},
                      api_error_status=acct.api_error_status if info.is_error else None)

@@ -854,3 +854,26 @@ async def test_a_prompt_sent_with_a_uuid_is_named_in_the_answer(cli: str, tmp_pa
     assert (second.user_message_uuid, second.user_message_uuids) == (sent[1], [sent[1]])
     answers = [m for m in run.messages if isinstance(m, sdk.AssistantMessage)]
     assert [a.user_message_uuid for a in answers] == [sent[0], None, sent[1]]
+
+
+@pytest.mark.parametrize(("event", "expected"), [
+    ("PreToolUse", ("", "hook_stopped", 2)),  # the last answer was a tool call: no text
+    ("Stop", ("ok", "stop_hook_prevented", 1)),
+    ("UserPromptSubmit", ("Operation stopped by hook: HOOK_SAYS_STOP", None, 0)),
+])
+async def test_the_result_after_a_hook_stops_the_run(cli: str, tmp_path: Path, event: str,
+                                                     expected: tuple[str, str | None, int]) -> None:
+    async def stop(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        return {"continue": False, "stopReason": "HOOK_SAYS_STOP"}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], hooks={event: [sdk.HookMatcher(hooks=[stop])]}),
+                         "go")
+
+    first = turn(read("toolu_r", "a.txt")) if event == "PreToolUse" else text("ok")
+    run = await scenario(cli, tmp_path, [first, text("never")], body)
+    [result] = run.results()
+    text_, reason, turns = expected
+    assert (result.subtype, result.result, result.num_turns) == ("success", text_, turns)
+    if reason is not None:  # Claude Code gives no terminal_reason for a prompt a hook stopped
+        assert result.terminal_reason == reason
