@@ -31,6 +31,7 @@ from agentfsm.hooks.runner import DEFAULT_PYTHON_TIMEOUT_S
 from agentfsm.options import AgentDefinition, Options
 from agentfsm.phases import CLAUDE_CODE_VERSION, api_key_source
 from agentfsm.pipeline import REJECT_MESSAGE
+from agentfsm.result import merge_model_usage
 
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
 _END = object()
@@ -246,7 +247,9 @@ class ControlChannel:
             updates = answer.get("updatedPermissions")
             updates = tuple(updates) if isinstance(updates, list) else ()
             for u in updates:
-                if isinstance(u, Mapping) and u.get("type") == "setMode" and self.session is not None:
+                # a mode the policy cannot take is dropped with the whole answer's updates: no status for it
+                if (isinstance(u, Mapping) and u.get("type") == "setMode" and u.get("mode") in PERMISSION_MODES
+                        and u.get("mode") != "auto" and self.session is not None):
                     self.write({"type": "system", "subtype": "status", "status": None,
                                 "permissionMode": u.get("mode"), "session_id": self.session.session_id})
             return PermissionAllow(updated if isinstance(updated, Mapping) else None, updates)
@@ -344,8 +347,6 @@ class SdkAccounting:
         if kind == "user" and msg.get("parent_tool_use_id") is None and _counts_as_turn(msg):
             self._shown += 1
         elif kind == "result":
-            from agentfsm.result import merge_model_usage
-
             for model, entry in (msg.get("modelUsage") or {}).items():
                 self._model_usage[model] = merge_model_usage(self._model_usage.get(model), entry)
             msg = {**msg, "num_turns": 1 + self._shown if msg.get("num_turns") else 0,
