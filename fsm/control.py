@@ -238,6 +238,8 @@ class ControlChannel:
             body["description"] = ctx.description
         if getattr(ctx, "decision_reason", None):
             body["decision_reason"] = ctx.decision_reason
+        if getattr(ctx, "blocked_path", None):
+            body["blocked_path"] = ctx.blocked_path
         answer = await self.request(body)
         behavior = answer.get("behavior")
         if behavior == "allow":

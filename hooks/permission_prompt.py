@@ -53,10 +53,20 @@ def prompt_context(policy: PermissionPolicy, tool: Tool, tool_input: Mapping[str
     description: str | None = None
     suggestions: list[dict[str, Any]] = []
     reason: str | None = hook_reason or None if decision.decided_by == "hook" else None
+    blocked: str | None = None
     if subject is None:
         # a shell command is described by its own description, when the model gave one
         given = tool_input.get("description")
         description = given if isinstance(given, str) and given else None
+        command = tool_input.get("command")
+        blocked = policy.outside_read(tool, tool_input) if "Bash" in _tool_names(tool) else None
+        if blocked is not None and isinstance(command, str):
+            # the command itself (a settings rule, as Claude Code offers it) or reads under the directory
+            suggestions += [{"type": "addRules", "rules": [{"toolName": tool.name, "ruleContent": command}],
+                             "behavior": "allow", "destination": "localSettings"},
+                            {"type": "addRules", "rules": [{"toolName": "Read", "ruleContent":
+                                _rule_path(os.path.dirname(blocked).rstrip("/")) + "/**"}],
+                             "behavior": "allow", "destination": "session"}]
     else:
         path, _access, tree = subject
         inside = _inside([path], policy.working_dirs)
@@ -74,7 +84,8 @@ def prompt_context(policy: PermissionPolicy, tool: Tool, tool_input: Mapping[str
                 suggestions.append({"type": "setMode", "mode": "acceptEdits", "destination": "session"})
             if not inside:
                 suggestions.append({"type": "addDirectories", "directories": [folder], "destination": "session"})
-    return {"suggestions": tuple(suggestions), "description": description, "decision_reason": reason}
+    return {"suggestions": tuple(suggestions), "description": description, "decision_reason": reason,
+            "blocked_path": blocked}
 
 
 def _problem(update: Any) -> str | None:

@@ -357,6 +357,7 @@ class ToolPermissionContext(Mapping[str, Any]):
     suggestions: tuple[Mapping[str, Any], ...] = ()
     description: str | None = None
     decision_reason: str | None = None
+    blocked_path: str | None = None  # the path outside the working directories a shell command reads
 
     def __getitem__(self, key: str) -> Any:
         if key not in attrs.fields_dict(type(self)):
@@ -596,16 +597,37 @@ class PermissionPolicy:
             return False  # a classifier that fails cannot vouch for the call
 
     def reads_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
-        """A file-reading tool (Read, Grep, Glob, ...) whose path lies outside the working directories."""
-        if not _tool_names(tool) & READ_TOOLS:
-            return False
+        """The call reads a path outside the working directories (see :meth:`outside_read`)."""
+        return self.outside_read(tool, tool_input) is not None
+
+    def outside_read(self, tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
+        """The first path outside the working directories that a file-reading tool (Read, Grep, Glob,
+        ...) or a shell command reads, or None. A shell path the analysis cannot name is not judged
+        here (a command that reads such paths is not read-only to begin with)."""
+        names = _tool_names(tool)
+        if "Bash" in names:
+            command = tool_input.get("command")
+            if not isinstance(command, str) or "\r" in command:
+                return None
+            for use in analyse(command, str(self.cwd)).paths:
+                if use.access != "read" or use.path is None:
+                    continue
+                try:
+                    real = os.path.realpath(use.path)
+                except (OSError, ValueError):
+                    real = use.path
+                if not _inside(sorted({os.path.normpath(use.path), real}), self.working_dirs):
+                    return use.path
+            return None
+        if not names & READ_TOOLS:
+            return None
         try:
             paths = _subject_paths(tool, tool_input, self.cwd)
         except ValueError:  # a path the OS cannot take (a NUL byte): judged as written
             raw = next((tool_input[k] for k in ("file_path", "notebook_path", "path")
                         if isinstance(tool_input.get(k), str) and tool_input[k]), "")
             paths = [os.path.normpath(os.path.join(self.cwd, os.path.expanduser(raw)))] if raw else []
-        return bool(paths) and not _inside(paths, self.working_dirs)
+        return paths[0] if paths and not _inside(paths, self.working_dirs) else None
 
     def _edit_inside_workspace(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
         if not _tool_names(tool) & EDIT_TOOLS:
@@ -690,12 +712,13 @@ class PermissionPolicy:
             return PermissionDecision("allow", "", None, "mode")
         if self.mode == "acceptEdits" and self._edit_inside_workspace(tool, tool_input):
             return PermissionDecision("allow", "", None, "mode")
-        if read_only and not self.reads_outside(tool, tool_input):
-            return PermissionDecision("allow", "", None, "mode")
         if read_only:
-            # a file read outside the working directories asks, in every mode but bypass (Claude Code)
-            paths = _subject_paths(tool, tool_input, self.cwd)
-            return PermissionDecision("ask", requested("read", paths[0]), None, "mode", bare=True)
+            # a read outside the working directories asks, in every mode but bypass, whether a file
+            # tool or a read-only shell command makes it (Claude Code)
+            outside = self.outside_read(tool, tool_input)
+            if outside is None:
+                return PermissionDecision("allow", "", None, "mode")
+            return PermissionDecision("ask", requested("read", outside), None, "mode", bare=True)
         if self.mode == "acceptEdits" and self._bash_edits_inside(tool, tool_input):
             # a shell command whose only effect is on files inside the working directories
             return PermissionDecision("allow", "", None, "mode")

@@ -66,7 +66,8 @@ def test_the_callback_context_is_a_mapping_of_its_fields_only() -> None:
     assert ctx.get("message") is None
     assert "message" not in ctx and "reason" in ctx
     assert dict(ctx) == {"tool_use_id": "t1", "permission_mode": "default", "reason": "why", "rule": None,
-                         "cwd": "/w", "suggestions": (), "description": None, "decision_reason": None}
+                         "cwd": "/w", "suggestions": (), "description": None, "decision_reason": None,
+                         "blocked_path": None}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def asked(policy: PermissionPolicy, tool: FakeTool, tool_input: dict[str, Any]) 
 def test_a_write_inside_suggests_accepting_edits_and_names_the_path_relatively(tmp_path: Path) -> None:
     ctx = asked(PermissionPolicy.build(tmp_path), WRITE, {"file_path": str(tmp_path / "sub" / "n.txt")})
     assert ctx == {"suggestions": ({"type": "setMode", "mode": "acceptEdits", "destination": "session"},),
-                   "description": "sub/n.txt", "decision_reason": None}
+                   "description": "sub/n.txt", "decision_reason": None, "blocked_path": None}
 
 
 def test_a_write_outside_also_suggests_adding_its_directory(tmp_path: Path) -> None:
@@ -98,3 +98,21 @@ def test_one_bad_update_drops_them_all(good: list[Any], bad: Any, at: int) -> No
     updates = [*good[:at], bad, *good[at:]]
     assert apply_updates(policy, updates) is False
     assert (policy.mode, list(policy.allow), list(policy.additional_directories)) == before
+
+
+def test_a_shell_command_reading_outside_asks_and_names_the_path(tmp_path: Path) -> None:
+    from agentfsm.tools.bash import BashTool
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (tmp_path / "secret.txt").write_text("S\n")
+    policy, bash = PermissionPolicy.build(ws), BashTool()
+    for inside in ("cat a.txt", "ls", "grep -r x ."):
+        assert policy.evaluate(bash, {"command": inside}).behavior == "allow", inside
+    outside = {"command": f"cat {tmp_path / 'secret.txt'}", "description": "Show it"}
+    ctx = asked(policy, bash, outside)
+    assert (ctx["blocked_path"], ctx["description"]) == (str(tmp_path / "secret.txt"), "Show it")
+    assert ctx["suggestions"][1] == {"type": "addRules", "behavior": "allow", "destination": "session",
+                                     "rules": [{"toolName": "Read", "ruleContent": f"/{tmp_path}/**"}]}
+    assert policy.evaluate(bash, {"command": "cat ../secret.txt"}).behavior == "ask"  # relative, still outside
+    assert PermissionPolicy.build(ws, mode="dontAsk").evaluate(bash, outside).behavior == "deny"

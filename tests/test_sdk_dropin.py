@@ -877,3 +877,27 @@ async def test_the_result_after_a_hook_stops_the_run(cli: str, tmp_path: Path, e
     assert (result.subtype, result.result, result.num_turns) == ("success", text_, turns)
     if reason is not None:  # Claude Code gives no terminal_reason for a prompt a hook stopped
         assert result.terminal_reason == reason
+
+
+async def test_a_shell_command_reading_outside_asks_like_a_read(cli: str, tmp_path: Path) -> None:
+    """The boundary holds in the shell too: a read-only command reading outside the working directories
+    asks (``blocked_path`` names the file); one reading inside does not."""
+    (tmp_path / "secret.txt").write_text("SECRET\n")
+    asked: list[tuple[str, Any, Any]] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append((tool_input["command"], ctx.blocked_path, ctx.description))
+        return sdk.PermissionResultDeny(message="no")
+
+    def sh(tool_id: str, command: str) -> dict[str, Any]:
+        return {"type": "tool_use", "id": tool_id, "name": "Bash", "input": {"command": command, "description": "Show"}}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Bash"], can_use_tool=can_use_tool), "go")
+
+    outside = str(tmp_path / "secret.txt")
+    run = await scenario(cli, tmp_path, [turn(sh("toolu_o", f"cat {outside}")), turn(sh("toolu_i", "cat a.txt")),
+                                         text("ok")], body)
+    assert asked == [(f"cat {outside}", outside, "Show")]
+    assert "SECRET" not in result_text(sent_result(run.server, 1, "toolu_o"))
+    assert "ALPHA" in result_text(sent_result(run.server, 2, "toolu_i"))
