@@ -8,6 +8,7 @@ Runs offline: the scripted Messages server of agentfsm's testing kit stands in f
 
 import asyncio
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -17,11 +18,26 @@ from agentfsm.testing import ScriptedServer
 from agentfsm.testing.scenario import populate_workspace, scenario_path
 
 
+def agentfsm_cli() -> str:
+    """The `agentfsm` executable, found explicitly: next to this Python (a venv that is not activated
+    still has it there), then on PATH. Without it the SDK would silently run its own bundled Claude
+    Code (cli_path=None) and this example would print a success that agentfsm never produced."""
+    beside = Path(sys.executable).with_name("agentfsm")
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("agentfsm")
+    if found is None:
+        sys.exit(f"agentfsm executable not found: neither {beside} nor on PATH. "
+                 "Install agentfsm into this Python (pip install agentfsm) or activate its venv.")
+    return found
+
+
 async def main() -> None:
+    cli = agentfsm_cli()
     ws = populate_workspace(Path(tempfile.mkdtemp()) / "ws")  # holds probe-fixture.txt
     with ScriptedServer(scenario_path("read_probe"), ws=str(ws)) as api:
         options = ClaudeAgentOptions(
-            cli_path=shutil.which("agentfsm"),  # <- the one line: the loop is agentfsm's
+            cli_path=cli,  # <- the one line: the loop is agentfsm's
             cwd=str(ws), allowed_tools=["Read"],
             env={"ANTHROPIC_BASE_URL": api.base_url, "ANTHROPIC_API_KEY": "sk-scripted"})
         async for message in query(prompt="Read probe-fixture.txt", options=options):

@@ -25,6 +25,10 @@ SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
 TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
 
+# what Claude Code tells the model first when the Agent SDK runs it with a custom (or empty) system prompt
+SDK_IDENTITY = "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+
+
 class UsageError(Exception):
     """A command line that cannot run; exit status 2."""
 
@@ -151,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stream-json: also print when each command hook starts and how it ended")
     for flag in ("--replay-user-messages",):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    for flag in ("--thinking", "--thinking-display", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir",
-                 "--add-dir"):
+    for flag in ("--thinking", "--thinking-display", "--max-thinking-tokens", "--effort", "--betas", "--plugin-dir"):
         p.add_argument(flag, action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--add-dir", action="extend", nargs="+", default=[], dest="add_dir", metavar="DIR",
+                   help="another working directory: tools may read (and, as allowed, write) there without asking")
     p.add_argument("--temporal", default=os.environ.get(TEMPORAL_ENV) or None, metavar="HOST:PORT",
                    help=f"run the session as a durable Temporal workflow on `agentfsm worker`s (${TEMPORAL_ENV})")
     p.add_argument("--task-queue", default="agentfsm", help="the workers' task queue (with --temporal)")
@@ -221,8 +226,12 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
         if not isinstance(schema, dict) or not is_valid_schema(schema):
             raise UsageError("--json-schema is not a valid JSON Schema")
-    sources = (tuple(_split_list([args.setting_sources])) if args.setting_sources
+    # an empty --setting-sources= (the Agent SDK's isolation: setting_sources=[]) loads none of them
+    sources = (tuple(_split_list([args.setting_sources])) if args.setting_sources is not None
                else ("user", "project", "local"))
+    unknown = [s for s in sources if s not in ("user", "project", "local")]
+    if unknown:
+        raise UsageError(f"--setting-sources: unknown source(s) {', '.join(unknown)}; use user, project, local")
     try:
         return Options(
             model=args.model or os.environ.get("ANTHROPIC_MODEL") or DEFAULT_MODEL,
@@ -237,7 +246,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
             continue_session=args.continue_session, fork_session=args.fork_session,
             sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema,
             include_partial_messages=args.include_partial_messages, task_budget=args.task_budget,
-            include_hook_events=args.include_hook_events)
+            include_hook_events=args.include_hook_events, add_dirs=args.add_dir,
+            system_identity=SDK_IDENTITY if args.system_prompt is not None and os.environ.get(
+                "CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk") else None)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -271,6 +282,15 @@ class Stdout:
 _UUID_TYPES = frozenset({"assistant", "user", "system", "result", "stream_event"})
 
 
+def _setup_error_result(error: str, session_id: str | None) -> dict[str, Any]:
+    """The result of a run that could not start (no model request made), as Claude Code prints it."""
+    return {"type": "result", "subtype": "error_during_execution", "duration_ms": 0, "duration_api_ms": 0,
+            "is_error": True, "num_turns": 0, "stop_reason": None, "session_id": session_id or str(uuid.uuid4()),
+            "total_cost_usd": 0, "usage": {"input_tokens": 0, "cache_creation_input_tokens": 0,
+                                           "cache_read_input_tokens": 0, "output_tokens": 0},
+            "modelUsage": {}, "permission_denials": [], "errors": [error]}
+
+
 class Printer:
     """Writes the headless protocol to stdout in the chosen format: stream-json, one line per
     message (every message gets a ``uuid``; ``decorate`` fills in what only the CLI knows, such as
@@ -281,6 +301,7 @@ class Printer:
         self.fmt, self.verbose = fmt, verbose
         self.out = out or Stdout()
         self.decorate: Any = None
+        self.rewrite: Any = None  # the Agent SDK's view of the messages (agentfsm.control.SdkAccounting)
         self.session_states = session_states
         self.collected: list[dict[str, Any]] = []
 
@@ -289,6 +310,10 @@ class Printer:
             msg = {**msg, "uuid": str(uuid.uuid4())}
         if self.decorate is not None:
             msg = self.decorate(msg)
+        if self.rewrite is not None:
+            msg = self.rewrite(msg)
+            if msg is None:  # not part of the SDK's view
+                return
         if msg.get("type") == "system" and msg.get("subtype") == "api_retry" and self.fmt != "stream-json":
             # text and json print only the result: a retry wait would be silent, so it is said on stderr
             delay = (msg.get("retry_delay_ms") or 0) / 1000
@@ -401,7 +426,13 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
     options: Options = options_from_args(args)
     try:
         plan_session(options)  # before anything slow: a bad --resume is a usage error at once
-    except (ValueError, FileNotFoundError) as exc:
+    except FileNotFoundError as exc:
+        if args.output_format != "text":
+            # Claude Code answers a resume it cannot find with an error result (the SDK raises it
+            # as such, with the text), then exits 1 as for a usage error
+            Printer(args.output_format, False)(_setup_error_result(str(exc), options.resume or options.session_id))
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
     mcp_configs = _mcp_configs(args, options)
     prompt = _read_prompt(args)
@@ -424,9 +455,10 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
     client = None
     try:
         if args.input_format == "stream-json":
-            from agentfsm.control import ControlChannel
+            from agentfsm.control import ControlChannel, SdkAccounting
 
-            channel = ControlChannel(printer)
+            printer.rewrite = SdkAccounting()
+            channel = ControlChannel(printer, printer.rewrite)
             pump = asyncio.ensure_future(channel.pump(_stdin_messages()))
             if prompt is None and await channel.first() == "eof":
                 return 0  # nothing asked: nothing to answer (the SDK closed stdin at once)

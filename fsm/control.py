@@ -30,6 +30,8 @@ from agentfsm.hooks import HOOK_EVENTS, HookMatcher, PermissionAllow, Permission
 from agentfsm.hooks.runner import DEFAULT_PYTHON_TIMEOUT_S
 from agentfsm.options import AgentDefinition, Options
 from agentfsm.phases import CLAUDE_CODE_VERSION, api_key_source
+from agentfsm.pipeline import REJECT_MESSAGE
+from agentfsm.result import merge_model_usage
 
 PERMISSION_MODES = ("acceptEdits", "auto", "bypassPermissions", "default", "dontAsk", "plan")
 _END = object()
@@ -46,8 +48,9 @@ class ControlError(Exception):
 class ControlChannel:
     """One SDK connection over stdin/stdout. ``write`` prints one message (one stdout line)."""
 
-    def __init__(self, write: Write) -> None:
+    def __init__(self, write: Write, accounting: SdkAccounting | None = None) -> None:
         self.write = write
+        self.accounting = accounting
         self.session: Any = None  # set once the session exists (before `initialize` is answered)
         self.mcp: Any = None  # the session's MCP servers (agentfsm.tools.mcp.McpServers), if any
         self.stdin_closed = False
@@ -73,6 +76,9 @@ class ControlChannel:
                 elif kind == "control_request" and isinstance(raw.get("request"), Mapping):
                     self._on_request(raw["request"], raw.get("request_id"))
                 else:
+                    uid = raw.get("uuid") if isinstance(raw, Mapping) else None
+                    if isinstance(uid, str) and uid and self.accounting is not None:
+                        self.accounting.given_uuids.add(uid)
                     self._users.put_nowait(raw)
                     self._announce("user")
         finally:
@@ -224,20 +230,38 @@ class ControlChannel:
         """``--permission-prompt-tool stdio``: the SDK's ``can_use_tool`` callback decides a call the
         rules leave open. A deny with ``interrupt`` also interrupts the run."""
         body: dict[str, Any] = {"subtype": "can_use_tool", "tool_name": tool_name, "display_name": tool_name,
-                                "input": dict(tool_input), "permission_suggestions": []}
-        if getattr(ctx, "tool_use_id", ""):
-            body["tool_use_id"] = ctx.tool_use_id
-        if getattr(ctx, "reason", ""):
-            body["decision_reason"] = ctx.reason
+                                "input": dict(tool_input),
+                                "permission_suggestions": [dict(s) for s in getattr(ctx, "suggestions", ())],
+                                # the SDK promises its callback a tool_use_id; a call without one is a bug upstream
+                                "tool_use_id": getattr(ctx, "tool_use_id", "") or f"toolu_{uuid.uuid4().hex}"}
+        if getattr(ctx, "description", None):
+            body["description"] = ctx.description
+        if getattr(ctx, "decision_reason", None):
+            body["decision_reason"] = ctx.decision_reason
+        if getattr(ctx, "blocked_path", None):
+            body["blocked_path"] = ctx.blocked_path
         answer = await self.request(body)
         behavior = answer.get("behavior")
         if behavior == "allow":
             updated = answer.get("updatedInput")
-            return PermissionAllow(updated if isinstance(updated, Mapping) else None)
+            if isinstance(updated, Mapping) and dict(updated) == dict(tool_input):
+                updated = None  # the SDK echoes the input when the callback changed nothing
+            updates = answer.get("updatedPermissions")
+            updates = tuple(updates) if isinstance(updates, list) else ()
+            for u in updates:
+                # a mode the policy cannot take is dropped with the whole answer's updates: no status for it
+                if (isinstance(u, Mapping) and u.get("type") == "setMode" and u.get("mode") in PERMISSION_MODES
+                        and u.get("mode") != "auto" and self.session is not None):
+                    self.write({"type": "system", "subtype": "status", "status": None,
+                                "permissionMode": u.get("mode"), "session_id": self.session.session_id})
+            return PermissionAllow(updated if isinstance(updated, Mapping) else None, updates)
         if behavior == "deny":
-            if answer.get("interrupt") and self.session is not None:
-                self.session.interrupt()
-            return PermissionDeny(str(answer.get("message") or ""), bool(answer.get("interrupt")))
+            if answer.get("interrupt"):
+                if self.session is not None:
+                    self.session.interrupt()
+                # Claude Code tells the model its own refusal (the callback's message is for the user)
+                return PermissionDeny(REJECT_MESSAGE, True)
+            return PermissionDeny(str(answer.get("message") or ""), False)
         raise ControlError(f"can_use_tool answered with behavior {behavior!r}; expected allow or deny")
 
     async def mcp_send(self, server_name: str, message: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -281,12 +305,68 @@ class ControlChannel:
                 await task
 
 
+def _counts_as_turn(msg: Mapping[str, Any]) -> bool:
+    """A user message Claude Code counts in ``num_turns``: one carrying tool results, or an interrupt marker."""
+    content = (msg.get("message") or {}).get("content")
+    if not isinstance(content, list):
+        return False
+    return any(isinstance(b, Mapping) and (b.get("type") == "tool_result" or (
+        b.get("type") == "text" and str(b.get("text", "")).startswith("[Request interrupted by user")))
+        for b in content)
+
+
+class SdkAccounting:
+    """The ResultMessage as the Agent SDK's users and docs know it, rewritten on its way out (agentfsm's
+    own CLI output keeps its own counts): ``num_turns`` is 1 + each user message the run showed (tool
+    results and interrupt markers), and ``modelUsage`` adds up over the whole session, as Claude Code's
+    does; a prompt the SDK sent with a uuid is named (``user_message_uuid(s)``) on the first answer of
+    the turn that took it in and on its result, and only such prompts have their ``command_lifecycle``
+    shown. Plugged into the printer as a rewrite of each outgoing message (None drops it)."""
+
+    def __init__(self) -> None:
+        self._shown = 0
+        self._model_usage: dict[str, dict[str, Any]] = {}
+        # the uuids the SDK gave its user messages: only those have a command lifecycle to report
+        self.given_uuids: set[str] = set()
+        # those the current turn took in (in order), and whether the next answer must name them
+        self._taken: list[str] = []
+        self._stamp = False
+
+    def __call__(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        kind = msg.get("type")
+        if kind == "system" and msg.get("subtype") == "command_lifecycle":
+            # Claude Code reports the lifecycle of a prompt that came with a uuid, and no other
+            if msg.get("uuid") not in self.given_uuids:
+                return None
+            if msg.get("state") == "started" and msg["uuid"] not in self._taken:
+                self._taken.append(msg["uuid"])
+                self._stamp = True
+            return msg
+        if kind == "assistant" and msg.get("parent_tool_use_id") is None and self._stamp:
+            # the first answer after the turn took in a prompt names it (and all it took in so far)
+            self._stamp = False
+            return {**msg, "user_message_uuid": self._taken[-1], "user_message_uuids": list(self._taken)}
+        if kind == "user" and msg.get("parent_tool_use_id") is None and _counts_as_turn(msg):
+            self._shown += 1
+        elif kind == "result":
+            for model, entry in (msg.get("modelUsage") or {}).items():
+                self._model_usage[model] = merge_model_usage(self._model_usage.get(model), entry)
+            msg = {**msg, "num_turns": 1 + self._shown if msg.get("num_turns") else 0,
+                   "modelUsage": {m: dict(e) for m, e in self._model_usage.items()}}
+            if self._taken:
+                msg.update(user_message_uuid=self._taken[-1], user_message_uuids=list(self._taken[-64:]))
+            self._shown, self._taken, self._stamp = 0, [], False
+        return msg
+
+
 # --- the SDK's requests ------------------------------------------------------------------------
 
 
 def _interrupt(ch: ControlChannel, request: Mapping[str, Any], request_id: Any) -> None:
+    # the SDK's interrupt is the user's stop: Claude Code aborts every running tool (a `sleep` is killed,
+    # its file never written), not only the ones that would give way to a new message
     if ch.session is not None and ch.session.running:
-        ch.session.interrupt()
+        ch.session.abort()
     ch._answer(request_id, {"still_queued": []})
 
 

@@ -57,7 +57,7 @@ from agentfsm.pipeline import CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import InputQueue, QueueItem
 from agentfsm.request import WireCache
-from agentfsm.result import RunAccount, RunResult, build_result
+from agentfsm.result import RunAccount, RunResult, build_result, shows_api_error
 from agentfsm.runner import LoopRunner, StepObserver
 from agentfsm.signals import RunSignals, Stopped
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
@@ -203,6 +203,13 @@ class Driver:
             await self._close_stream()
             await self._close_executors()
             await self.signals.disarm()
+        if state.terminal_reason is TerminalReason.API_ERROR and shows_api_error(self.account.api_error_status):
+            # Claude Code shows the refusal as a synthetic assistant message before the result
+            self.emit(phases.api_error_message(self.account.api_error_status or 0, state.terminal_detail,
+                                               self.session_id))
+        if len(state.messages) > len(messages) and state.messages[-1].kind == "interrupt_marker":
+            # the marker that closes an interrupted run is shown in the stream too (Claude Code)
+            self.emit(phases.marker_message(state.messages[-1], self.session_id))
         acct = self.account
         result = build_result(state, session_id=self.session_id,
                               duration_ms=int((time.monotonic() - started) * 1000),

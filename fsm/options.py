@@ -68,6 +68,11 @@ class Options:
     include_hook_events: bool = False
     # --task-budget: the token budget the model is told the task has (output_config.task_budget)
     task_budget: int | None = attrs.field(default=None)
+    # the line that opens the system prompt before a custom one: the Agent SDK's identity when the SDK
+    # runs this CLI (Claude Code adds it there); None for a plain CLI run
+    system_identity: str | None = None
+    # --add-dir: more working directories (the permission checks' boundary, shown to the model), relative to cwd
+    add_dirs: tuple[Path, ...] = attrs.field(default=(), converter=lambda ds: tuple(Path(d) for d in ds))
 
     @task_budget.validator
     def _positive_budget(self, _attribute: Any, value: int | None) -> None:

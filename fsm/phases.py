@@ -40,7 +40,7 @@ from agentfsm.model import (
 )
 from agentfsm.pipeline import CallResult
 from agentfsm.request import normalize
-from agentfsm.result import RunAccount
+from agentfsm.result import ZERO_USAGE, RunAccount, api_error_kind, api_error_text
 from agentfsm.state import Limits, LoopState, Message, TerminalReason, appended
 from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 
@@ -380,6 +380,21 @@ def wire_event(ev: StreamEvent, message_id: str) -> dict[str, Any]:
 def requesting_message(session_id: str) -> dict[str, Any]:
     """``system``/``status`` before each model request (printed with partial messages)."""
     return {"type": "system", "subtype": "status", "status": "requesting", "session_id": session_id}
+
+
+def api_error_message(status: int, detail: str | None, session_id: str) -> dict[str, Any]:
+    """The synthetic assistant message that shows an API error in the stream (Claude Code's form)."""
+    return {"type": "assistant", "message": {
+        "id": str(uuid.uuid4()), "type": "message", "role": "assistant", "model": "<synthetic>",
+        "content": [{"type": "text", "text": api_error_text(status, detail)}], "stop_reason": "stop_sequence",
+        "stop_sequence": "", "usage": dict(ZERO_USAGE)}, "parent_tool_use_id": None, "session_id": session_id,
+        "error": api_error_kind(status), "is_api_error_message": True, "api_error_status": status}
+
+
+def marker_message(message: Any, session_id: str) -> dict[str, Any]:
+    """The stream-json message of an interrupt marker (a visible user message of the history)."""
+    return {"type": "user", "message": {"role": "user", "content": [dict(b) for b in message.content]},
+            "parent_tool_use_id": None, "session_id": session_id}
 
 
 def result_message(block: Mapping[str, Any], session_id: str) -> dict[str, Any]:

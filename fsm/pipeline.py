@@ -536,7 +536,8 @@ class _Call:
         with clock.step(7, "permission"):
             t = time.perf_counter()
             try:
-                perm: PermissionOutcome = await self.gate.permission(tool, self.input, pre)
+                perm: PermissionOutcome = await self.gate.permission(tool, self.input, pre,
+                                                                      tool_use_id=self.tool_use_id)
             except Exception as exc:
                 self.log.warning("tool.permission_error", error=repr(exc))
                 return self.error(tool_use_error(f"Error: the permission check for {self.name} failed: "
@@ -554,6 +555,7 @@ class _Call:
             bad = self._revalidate("permission check", perm.updated_input)
             if bad is not None:
                 return bad
+        ctx.user_modified = perm.user_modified
 
         with clock.step(9, "mark_in_progress"):
             self.in_progress.add(self.tool_use_id)
@@ -685,7 +687,7 @@ class _Call:
         t = time.perf_counter()
         try:
             post = await self.gate.post_tool_use_failure(self.name, self.input, self.tool_use_id, error,
-                                                         is_interrupt)
+                                                         is_interrupt, duration_ms=self.run_ms)
         except (Exception, asyncio.CancelledError) as exc:
             # a second cancellation while reporting the first must still end in a result
             self.log.warning("tool.hook_error", hook="PostToolUseFailure", error=repr(exc))

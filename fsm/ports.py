@@ -45,6 +45,8 @@ class PermissionOutcome:
     updated_input: Mapping[str, Any] | None = None
     rule: str | None = None  # the rule that decided, e.g. "deny: Bash(rm:*)"
     permission_ms: float = 0.0
+    # the permission prompt (a person, the SDK's can_use_tool) changed the input before allowing it
+    user_modified: bool = False
 
 
 @attrs.frozen
@@ -66,13 +68,14 @@ class ToolGate(Protocol):
                            tool_use_id: str) -> PreToolOutcome: ...
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome: ...
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome: ...
 
     async def post_tool_use(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
                             tool_response: Any, duration_ms: float) -> PostToolOutcome: ...
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome: ...
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome: ...
 
 
 class ToolLookup(Protocol):
@@ -102,7 +105,7 @@ class AllowAllGate:
         return PreToolOutcome()
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome:
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome:
         if pre.decision == "deny":
             return PermissionOutcome("deny", pre.reason or "denied by hook")
         return PermissionOutcome("allow")
@@ -112,7 +115,8 @@ class AllowAllGate:
         return PostToolOutcome()
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome:
         return PostToolOutcome()
 
 

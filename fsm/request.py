@@ -70,12 +70,17 @@ class WireCache:
 
 
 def system_blocks(cwd: Path, *, system_prompt: str | None, append: str | None,
-                  extra: Sequence[str] = ()) -> tuple[Mapping[str, Any], ...]:
+                  extra: Sequence[str] = (), add_dirs: Sequence[Path] = (),
+                  identity: str | None = None) -> tuple[Mapping[str, Any], ...]:
     base = system_prompt if system_prompt is not None else BASE_SYSTEM_PROMPT
-    env = (f"Environment:\nWorking directory: {cwd}\nPlatform: {platform.system().lower()}\n"
+    # the added directories are working directories too: the model must know it may work there
+    more = "".join(f"\n  - {(cwd / d).resolve()}" for d in add_dirs)
+    env = (f"Environment:\nWorking directory: {cwd}\n"
+           + (f"Additional working directories:{more}\n" if more else "")
+           + f"Platform: {platform.system().lower()}\n"
            f"Is git repo: {(cwd / '.git').exists()}\nToday's date: {date.today().isoformat()}\n"
            f"Shell: {os.path.basename(os.environ.get('SHELL', 'bash'))}")
-    texts = [base, env, *extra]
+    texts = [identity or "", base, env, *extra]
     if append:
         texts.append(append)
     return tuple({"type": "text", "text": t} for t in texts if t)

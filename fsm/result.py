@@ -13,6 +13,32 @@ import attrs
 from agentfsm.cost import add_usage, cost_usd
 from agentfsm.state import TERMINAL_INFO, LoopState, TerminalReason
 
+ZERO_USAGE: Mapping[str, int] = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                                 "output_tokens": 0}
+
+
+def api_error_text(status: int, detail: str | None) -> str:
+    """Claude Code's words for a request the API refused: the status, then the API's message."""
+    return f"API Error: {status} {detail or ''}".rstrip()
+
+
+def shows_api_error(status: int | None) -> bool:
+    """A refusal Claude Code shows in its generic form (``API Error: 400 <message>``, observed for a
+    400): the 4xx statuses other than 429, whose texts it words specially (as it does 5xx overloads)."""
+    return status is not None and 400 <= status < 500 and status != 429
+
+
+def api_error_kind(status: int) -> str:
+    """The ``error`` of Claude Code's synthetic assistant message for an API error status."""
+    if status in (401, 403):
+        return "authentication_failed"
+    if status == 429:
+        return "rate_limit"
+    if status >= 500:
+        return "server_error"
+    return "unknown"
+
+
 
 @attrs.define
 class RunAccount:
@@ -78,7 +104,8 @@ class RunResult:
             "num_turns": self.num_turns,
             "session_id": self.session_id,
             "total_cost_usd": round(self.total_cost_usd, 8),
-            "usage": dict(self.usage),
+            # a run that made no successful request still reports its (zero) usage, as Claude Code does
+            "usage": dict(self.usage) or dict(ZERO_USAGE),
             "modelUsage": {m: dict(u) for m, u in self.model_usage.items()},
             "permission_denials": [dict(d) for d in self.permission_denials],
             "stop_reason": self.stop_reason,
@@ -133,15 +160,24 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         text = json.dumps(structured_output, ensure_ascii=False, separators=(",", ":"))
     elif reason is TerminalReason.COMPLETED or reason is TerminalReason.TOOL_DEFERRED:
         text = last_text
+    elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED) and usage:
+        # a hook stopped a run that reached the model: the last answer stands as the result, even an
+        # empty one (Claude Code; tests/fixtures/claude_code/stop_hook_prevent)
+        text = last_text
     elif reason in (TerminalReason.HOOK_STOPPED, TerminalReason.STOP_HOOK_PREVENTED):
+        # stopped before any request (UserPromptSubmit): the hook's reason is all there is to say
         text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()
+    elif reason is TerminalReason.API_ERROR and account is not None and shows_api_error(account.api_error_status):
+        text = api_error_text(account.api_error_status or 0, state.terminal_detail)
     elif info.is_error:
         text = state.terminal_detail or reason.value
     else:
         text = last_text
     errors = (state.terminal_detail or reason.value,) if info.subtype != "success" else ()
     acct = account or RunAccount()
-    return RunResult(reason, info.subtype, info.is_error, state.turn_count, duration_ms, duration_api_ms,
+    # a run stopped before its first request took no turn (Claude Code counts 0)
+    turns = 0 if reason is TerminalReason.HOOK_STOPPED and not usage else state.turn_count
+    return RunResult(reason, info.subtype, info.is_error, turns, duration_ms, duration_api_ms,
                      cost, usage, session_id, text, errors, denials, structured_output, warnings,
                      stop_reason=acct.stop_reason, model_usage={m: dict(u) for m, u in acct.model_usage.items()},
                      api_error_status=acct.api_error_status if info.is_error else None)

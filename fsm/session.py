@@ -29,6 +29,8 @@ from agentfsm import log, phases, prompts
 from agentfsm.compose import build_policy, build_registry
 from agentfsm.cost import add_usage
 from agentfsm.driver import Driver, Emit, StepObserver
+from agentfsm.memory import load as load_memory
+from agentfsm.memory import reminder_text
 from agentfsm.model import ModelClient
 from agentfsm.options import Options
 from agentfsm.queue import InputQueue, QueueItem
@@ -207,7 +209,9 @@ class Session:
         return self._take_prompt()
 
     async def _run_once(self, prompt: Prompt) -> RunResult:
-        system = system_blocks(self.options.cwd, system_prompt=self.options.system_prompt,
+        system = system_blocks(self.options.cwd, add_dirs=self.options.add_dirs,
+                               identity=self.options.system_identity,
+                               system_prompt=self.options.system_prompt,
                                append=self.options.append_system_prompt)
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
@@ -232,7 +236,16 @@ class Session:
 
     async def _session_start(self, prompt: Prompt) -> Prompt:
         """Fire SessionStart once per session (not for subagents); its context rides with the first
-        prompt as a reminder, the way Claude Code adds it to the conversation."""
+        prompt as a reminder, the way Claude Code adds it to the conversation. The CLAUDE.md memory of
+        the setting sources goes before the prompt (a resumed session has it in its history)."""
+        if self.options.agent_type is None and not self.resumed:
+            memory = reminder_text(load_memory(self.options.cwd, self.options.setting_sources))
+            if memory is not None:
+                # a message of its own (recorded, so a resume has it), merged into the prompt's on the
+                # wire; the prompt itself stays what UserPromptSubmit hooks are shown
+                message = prompts.meta_message(memory, kind="memory")
+                self.trace.message(message)
+                self.history = (*self.history, message)
         start = getattr(self.hooks, "session_start", None)
         if start is None or self.options.agent_type is not None:
             return prompt

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ class HookGate:
         if policy is not None and permission_mode is not None:
             self.policy.mode = normalize_mode(permission_mode)
         self.can_use_tool = can_use_tool
+        self.prompt_id: str | None = None
         self.session_id = session_id
         self.transcript_path = transcript_path
         self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
@@ -139,7 +141,7 @@ class HookGate:
 
     def _common(self) -> dict[str, Any]:
         return {"session_id": self.session_id, "transcript_path": self.transcript_path, "cwd": str(self.cwd),
-                "permission_mode": self.policy.mode}
+                "permission_mode": self.policy.mode, "prompt_id": self.prompt_id}
 
     async def run(self, record: HookInput) -> HookRunResult:
         """Run the hooks of any event record as is (the typed methods below build the records)."""
@@ -171,7 +173,7 @@ class HookGate:
         )
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome:
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome:
         """Rules, mode and the PreToolUse decision combined. A hook's ``deny`` (or exit 2) denies; its
         ``allow`` cannot override a deny or ask rule; its ``ask`` forces a question. ``defer`` is
         treated as ``ask`` here: ending the run for a deferred call is the pipeline's move. When a
@@ -190,18 +192,21 @@ class HookGate:
                                             rule=denied.rule.label if denied.rule is not None else "rule")
                 return self._log_permission(tool, outcome, start)
         decision = await self.policy.decide(tool, effective, hook_decision=pre.decision,
-                                            hook_reason=pre.reason, can_use_tool=self.can_use_tool)
+                                            hook_reason=pre.reason, can_use_tool=self.can_use_tool,
+                                            tool_use_id=tool_use_id)
         updated = decision.updated_input if decision.updated_input is not None else pre.updated_input
         label = decision.rule.label if decision.rule is not None else f"{decision.decided_by}"
         outcome = PermissionOutcome(decision.behavior, decision.reason, rule=label,
-                                    updated_input=updated if decision.behavior == "allow" else None)
+                                    updated_input=updated if decision.behavior == "allow" else None,
+                                    user_modified=decision.decided_by == "callback"
+                                    and decision.updated_input is not None)
         return self._log_permission(tool, outcome, start)
 
     def _log_permission(self, tool: Tool, outcome: PermissionOutcome, start: float) -> PermissionOutcome:
         ms = (time.perf_counter() - start) * 1000
         # every field of the record, built directly (attrs.evolve inspects the class on each call)
         outcome = PermissionOutcome(outcome.behavior, outcome.reason, outcome.updated_input, outcome.rule,
-                                    permission_ms=ms)
+                                    permission_ms=ms, user_modified=outcome.user_modified)
         log.info("permission", tool=tool.name, behavior=outcome.behavior, rule=outcome.rule,
                  permission_mode=self.policy.mode, permission_ms=round(ms, 2), session_id=self.session_id)
         return outcome
@@ -217,10 +222,11 @@ class HookGate:
                                hook_ms=res.duration_ms)
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome:
         res = await self._run_event(HookEvent.POST_TOOL_USE_FAILURE, lambda: PostToolUseFailureInput(
             **self._common(), tool_name=tool_name, tool_input=tool_input, tool_use_id=tool_use_id,
-            error=error, is_interrupt=is_interrupt))
+            error=error, is_interrupt=is_interrupt, duration_ms=duration_ms))
         return PostToolOutcome(additional_context=res.additional_context, blocked=res.blocked,
                                reason=res.reason, stop=res.stop, stop_reason=res.stop_reason,
                                hook_ms=res.duration_ms)
@@ -249,6 +255,7 @@ class HookGate:
                                     errors=res.errors, hook_ms=res.duration_ms)
 
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
+        self.prompt_id = str(uuid.uuid4())  # a new prompt: every hook of its run names it
         res = await self._run_event(HookEvent.USER_PROMPT_SUBMIT,
                                     lambda: UserPromptSubmitInput(**self._common(), prompt=prompt))
         return PromptOutcome(blocked=res.blocked, reason=res.reason,
@@ -275,7 +282,7 @@ class HookGate:
 
 # _log_permission rebuilds a PermissionOutcome field by field: a field added to it must be added there
 if tuple(f.name for f in attrs.fields(PermissionOutcome)) != (
-        "behavior", "reason", "updated_input", "rule", "permission_ms"):  # pragma: no cover
+        "behavior", "reason", "updated_input", "rule", "permission_ms", "user_modified"):  # pragma: no cover
     raise ImportError("agentfsm.hooks.gate: PermissionOutcome's fields changed; update _log_permission")
 
 
@@ -312,6 +319,8 @@ def build_gate(options: Any, *, session_id: str = "", transcript_path: str = "",
                     can_use_tool=options.can_use_tool, allowed_tools=options.allowed_tools,
                     disallowed_tools=options.disallowed_tools, session_id=session_id,
                     transcript_path=transcript_path, sandbox=getattr(options, "sandbox", True))
+    gate.policy.additional_directories.extend(
+        (gate.cwd / Path(d).expanduser()).resolve() for d in getattr(options, "add_dirs", ()))
     if registry is not None:
         _warn_unknown_tools(gate.policy, list(registry.names()) + [a for t in registry for a in t.aliases])
     return gate

@@ -97,6 +97,8 @@ class HookInput:
     cwd: str = ""
     # Claude Code sends "default" for the manual alias; the gate normalises before building records.
     permission_mode: str = "default"
+    # the id of the user prompt whose run fired the event (None before the first prompt: left out)
+    prompt_id: str | None = None
 
     @property
     def hook_event_name(self) -> str:
@@ -116,11 +118,12 @@ class HookInput:
             "session_id": self.session_id,
             "transcript_path": self.transcript_path,
             "cwd": self.cwd,
+            **({"prompt_id": self.prompt_id} if self.prompt_id is not None else {}),
             "permission_mode": self.permission_mode,
             "hook_event_name": self.event,
         }
         for f in attrs.fields(type(self)):
-            if f.name in out:
+            if f.name in out or f.name == "prompt_id":
                 continue
             out[f.name] = _json_safe(getattr(self, f.name))
         return out
@@ -157,6 +160,7 @@ class PostToolUseFailureInput(HookInput):
     tool_use_id: str = ""
     error: str = ""
     is_interrupt: bool = False
+    duration_ms: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -211,6 +215,10 @@ class StopInput(HookInput):
     event: ClassVar[str] = HookEvent.STOP
     stop_hook_active: bool = False
     last_assistant_message: str = ""
+    # Claude Code's lists of the session's background tasks and scheduled prompts; agentfsm has no
+    # background shells or crons, so they are always empty (background subagents report by message)
+    background_tasks: tuple[Mapping[str, Any], ...] = ()
+    session_crons: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -221,6 +229,8 @@ class SubagentStopInput(HookInput):
     agent_transcript_path: str = ""
     agent_type: str = ""
     last_assistant_message: str = ""
+    background_tasks: tuple[Mapping[str, Any], ...] = ()
+    session_crons: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -369,6 +369,12 @@ class ToolPermissionContext(Mapping[str, Any]):
     reason: str = ""  # why the call needs approval
     rule: str | None = None  # the ask rule that asked, if any
     cwd: str = ""
+    # what Claude Code tells its permission prompt (and the Agent SDK's callback): the updates that
+    # would stop the question coming back, the call's subject, and why it asks when it is not the mode
+    suggestions: tuple[Mapping[str, Any], ...] = ()
+    description: str | None = None
+    decision_reason: str | None = None
+    blocked_path: str | None = None  # the path outside the working directories a shell command reads
 
     def __getitem__(self, key: str) -> Any:
         if key not in attrs.fields_dict(type(self)):
@@ -385,6 +391,8 @@ class ToolPermissionContext(Mapping[str, Any]):
 @attrs.frozen
 class PermissionAllow:
     updated_input: Mapping[str, Any] | None = None
+    # the Agent SDK's ``updatedPermissions``, in its wire form: applied for the session before the call runs
+    updated_permissions: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen
@@ -629,6 +637,39 @@ class PermissionPolicy:
         except Exception:
             return False  # a classifier that fails cannot vouch for the call
 
+    def reads_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
+        """The call reads a path outside the working directories (see :meth:`outside_read`)."""
+        return self.outside_read(tool, tool_input) is not None
+
+    def outside_read(self, tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
+        """The first path outside the working directories that a file-reading tool (Read, Grep, Glob,
+        ...) or a shell command reads, or None. A shell path the analysis cannot name is not judged
+        here (a command that reads such paths is not read-only to begin with)."""
+        names = _tool_names(tool)
+        if "Bash" in names:
+            command = tool_input.get("command")
+            if not isinstance(command, str) or "\r" in command:
+                return None
+            for use in analyse(command, str(self.cwd)).paths:
+                if use.access != "read" or use.path is None:
+                    continue
+                try:
+                    real = os.path.realpath(use.path)
+                except (OSError, ValueError):
+                    real = use.path
+                if not _inside(sorted({os.path.normpath(use.path), real}), self.working_dirs):
+                    return use.path
+            return None
+        if not names & READ_TOOLS:
+            return None
+        try:
+            paths = _subject_paths(tool, tool_input, self.cwd)
+        except ValueError:  # a path the OS cannot take (a NUL byte): judged as written
+            raw = next((tool_input[k] for k in ("file_path", "notebook_path", "path")
+                        if isinstance(tool_input.get(k), str) and tool_input[k]), "")
+            paths = [os.path.normpath(os.path.join(self.cwd, os.path.expanduser(raw)))] if raw else []
+        return paths[0] if paths and not _inside(paths, self.working_dirs) else None
+
     def _edit_inside_workspace(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
         if not _tool_names(tool) & EDIT_TOOLS:
             return False
@@ -658,7 +699,8 @@ class PermissionPolicy:
                                       + (hook_reason or "denied by a PreToolUse hook"), None, "hook")
         read_only = self._is_read_only(tool, tool_input)
         if self.mode == "plan" and not read_only:
-            return PermissionDecision("deny", self._plan_text(tool, tool_input), None, "mode")
+            # Claude Code asks the permission prompt (the SDK's can_use_tool); nobody to ask denies with this text
+            return PermissionDecision("ask", self._plan_text(tool, tool_input), None, "mode", bare=True)
         decision = self._evaluate_open(tool, tool_input, read_only, hook_decision, hook_reason)
         if decision.behavior == "ask" and self.mode == "dontAsk":
             return PermissionDecision("deny", dont_ask_text(tool.name), decision.rule, "mode")
@@ -721,7 +763,12 @@ class PermissionPolicy:
         if self.mode == "acceptEdits" and self._edit_inside_workspace(tool, tool_input):
             return PermissionDecision("allow", "", None, "mode")
         if read_only:
-            return PermissionDecision("allow", "", None, "mode")
+            # a read outside the working directories asks, in every mode but bypass, whether a file
+            # tool or a read-only shell command makes it (Claude Code)
+            outside = self.outside_read(tool, tool_input)
+            if outside is None:
+                return PermissionDecision("allow", "", None, "mode")
+            return PermissionDecision("ask", requested("read", outside), None, "mode", bare=True)
         if self.mode == "acceptEdits" and self._bash_edits_inside(tool, tool_input):
             # a shell command whose only effect is on files inside the working directories
             return PermissionDecision("allow", "", None, "mode")
@@ -765,9 +812,12 @@ class PermissionPolicy:
                 "non-interactive, so nobody can approve the call; allow it with --allowedTools, a "
                 "permissions.allow rule in settings, or another --permission-mode.",
                 decision.rule, "non_interactive")
+        from agentfsm.hooks.permission_prompt import prompt_context
+
         ctx = ToolPermissionContext(tool_use_id=tool_use_id, permission_mode=self.mode,
                                     reason=decision.reason, cwd=str(self.cwd),
-                                    rule=str(decision.rule) if decision.rule else None)
+                                    rule=str(decision.rule) if decision.rule else None,
+                                    **prompt_context(self, tool, tool_input, decision, hook_reason))
         try:
             value = can_use_tool(tool.name, dict(tool_input), ctx)
             if inspect.isawaitable(value):
@@ -780,6 +830,10 @@ class PermissionPolicy:
         if isinstance(answer, PermissionDeny):
             return PermissionDecision("deny", answer.message or f"Permission to use {tool.name} was denied.",
                                       None, "callback", interrupt=answer.interrupt)
+        if answer.updated_permissions:
+            from agentfsm.hooks.permission_prompt import apply_updates
+
+            apply_updates(self, answer.updated_permissions)
         if answer.updated_input is not None:
             # The approved input is what will run, so deny rules are judged on it once more.
             denied = await asyncio.to_thread(self.rule_decision, tool, answer.updated_input, "deny")

@@ -155,7 +155,7 @@ async def test_non_retryable_4xx_is_api_error_with_the_apis_message(tmp_path: Pa
     assert len(run.bodies) == 1  # a 403 is never retried
     res = run.result
     assert (res.terminal_reason, res.subtype, res.is_error) == (T.API_ERROR, "success", True)
-    assert res.result == err["message"]
+    assert res.result == f"API Error: 403 {err['message']}"  # Claude Code's generic form for a 4xx
     assert audit_file(run.trace) == []
 
 

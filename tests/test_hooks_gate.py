@@ -290,7 +290,9 @@ def test_gate_modes_and_visible_tools(tmp_path: Path) -> None:
 
 async def test_read_only_tools_pass_and_others_are_denied_without_anyone_to_ask(tmp_path: Path) -> None:
     gate = HookGate(tmp_path)
-    assert (await gate.permission(READ, {"file_path": "/a"}, PreToolOutcome())).behavior == "allow"
+    assert (await gate.permission(READ, {"file_path": str(tmp_path / "a")}, PreToolOutcome())).behavior == "allow"
+    # outside the working directory even a read needs approval: nobody to ask denies it
+    assert (await gate.permission(READ, {"file_path": "/a"}, PreToolOutcome())).behavior == "deny"
     denied = await gate.permission(BASH, {"command": "make"}, PreToolOutcome())
     assert denied.behavior == "deny" and denied.rule == "non_interactive"
 

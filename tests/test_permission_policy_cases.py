@@ -66,7 +66,8 @@ def test_the_callback_context_is_a_mapping_of_its_fields_only() -> None:
     assert ctx.get("message") is None
     assert "message" not in ctx and "reason" in ctx
     assert dict(ctx) == {"tool_use_id": "t1", "permission_mode": "default", "reason": "why", "rule": None,
-                         "cwd": "/w"}
+                         "cwd": "/w", "suggestions": (), "description": None, "decision_reason": None,
+                         "blocked_path": None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,8 +219,9 @@ def test_a_file_call_without_a_path_is_judged_by_the_mode(tmp_path: Path) -> Non
 # ---------------------------------------------------------------------------------------------
 # what no rule asks about is not looked at
 
-def test_a_search_path_is_not_resolved_when_no_path_rule_covers_it(tmp_path: Path) -> None:
-    """A path the OS cannot resolve (a NUL byte) shows the path was never looked at."""
+def test_a_search_path_the_os_cannot_resolve_is_judged_as_written(tmp_path: Path) -> None:
+    """A path the OS cannot resolve (a NUL byte) does not break the working-directory check: judged
+    as written, it lies inside the working directory."""
     p = PermissionPolicy.build(tmp_path, deny=["Bash(rm *)"], ask=["WebFetch"])
     assert p.evaluate(GREP, {"pattern": "x", "path": "bad\x00path"}).behavior == "allow"
 
@@ -271,7 +273,7 @@ def test_plan_mode_names_a_write_by_the_path_as_given(tmp_path: Path) -> None:
     (tmp_path / "target.txt").touch()
     (tmp_path / "link").symlink_to(tmp_path / "target.txt")
     d = PermissionPolicy.build(tmp_path, mode="plan").evaluate(WRITE, {"file_path": str(tmp_path / "link")})
-    assert (d.behavior, d.reason) == ("deny", f"Cannot write to {tmp_path / 'link'} while in plan mode.")
+    assert (d.behavior, d.reason) == ("ask", f"Cannot write to {tmp_path / 'link'} while in plan mode.")
 
 
 def test_a_write_the_mode_asks_about_names_the_path_as_given(tmp_path: Path) -> None:
@@ -312,9 +314,9 @@ def test_plan_mode_reads_a_command_only_for_a_shell_tool(tmp_path: Path) -> None
     deploy = FakeTool("Deploy")
     d = PermissionPolicy.build(tmp_path, mode="plan").evaluate(deploy, {"command": "ship it"})
     assert (d.behavior, d.reason) == (
-        "deny", "Deploy is not available in plan mode: only read-only tools may run until the plan is approved.")
+        "ask", "Deploy is not available in plan mode: only read-only tools may run until the plan is approved.")
     shell = PermissionPolicy.build(tmp_path, mode="plan").evaluate(BASH, {"command": "rm -rf build"})
-    assert shell.behavior == "deny" and shell.reason.startswith("rm in ")
+    assert shell.behavior == "ask" and shell.reason.startswith("rm in ")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ class Recorder(AllowAllGate):
         return self.pre or PreToolOutcome()
 
     async def permission(self, tool: Tool, tool_input: Mapping[str, Any],
-                         pre: PreToolOutcome) -> PermissionOutcome:
+                         pre: PreToolOutcome, *, tool_use_id: str = "") -> PermissionOutcome:
         self.events.append(("permission", (tool.name, dict(tool_input))))
         if self.raises == "permission":
             raise RuntimeError("rules unreadable")
@@ -77,7 +77,8 @@ class Recorder(AllowAllGate):
         return self.post or PostToolOutcome()
 
     async def post_tool_use_failure(self, tool_name: str, tool_input: Mapping[str, Any], tool_use_id: str,
-                                    error: str, is_interrupt: bool) -> PostToolOutcome:
+                                    error: str, is_interrupt: bool, *,
+                                    duration_ms: float = 0.0) -> PostToolOutcome:
         self.events.append(("failure", (tool_name, error, is_interrupt)))
         return self.failure or PostToolOutcome()
 

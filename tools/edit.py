@@ -211,6 +211,8 @@ class EditTool(Tool):
         shown = input["file_path"]
         head = (f"The file {shown} has been updated. All occurrences were successfully replaced."
                 if input.get("replace_all") else f"The file {shown} has been updated successfully.")
+        if ctx.user_modified:  # Claude Code's words, spacing and stray period included
+            return ToolOutput(head + "  The user modified your proposed changes before accepting them. .")
         # no snippet of the edited lines (as Claude Code): the model wrote them, they cost tokens
         return ToolOutput(head + (STALE_NOTE if plan.stale else FILE_STATE_CURRENT))
 

@@ -57,6 +57,10 @@ class WriteTool(Tool):
         existed = _check(ctx, path)
         await asyncio.to_thread(_write, path, input["content"])
         record_read(ctx, path)
+        if ctx.user_modified:  # Claude Code's words, without the file-state note
+            verb = f"The file {input['file_path']} has been updated successfully." if existed else \
+                f"File created successfully at: {input['file_path']}"
+            return ToolOutput(f"{verb} The user modified your proposed content before accepting it.")
         if existed:
             return ToolOutput(f"The file {input['file_path']} has been updated successfully.{FILE_STATE_CURRENT}")
         return ToolOutput(f"File created successfully at: {input['file_path']}{FILE_STATE_CURRENT}")
