@@ -493,8 +493,8 @@ def tool_call_responses(
 
     ``valid=True``: known tools with schema-valid input. ``valid=False``: every call is wrong — an
     unknown tool name, input that fails the schema (:func:`tool_inputs` ``valid=False``), or raw
-    JSON that does not parse. A response whose every call is unparsable has no usable tool_use, so
-    the loop treats it as a malformed tool_use (retry), as Claude Code does. ``valid=None`` mixes.
+    JSON that does not parse. An unparsable call is still a call: it is dispatched and answered with
+    an input-validation error, as Claude Code does. ``valid=None`` mixes.
     """
     tool_list = _tool_list(tools)
     if valid and not tool_list:
@@ -508,17 +508,12 @@ def tool_call_responses(
 
 
 def malformed_responses() -> SearchStrategy[StreamedResponse]:
-    """``stop_reason: tool_use`` without a complete, usable tool_use block: nothing at all, only
-    text/thinking, or only tool_use blocks whose JSON does not parse (docs/behaviour.md §3 step 4)."""
+    """``stop_reason: tool_use`` without any tool_use block: nothing at all, or only text/thinking
+    (docs/behaviour.md §3 step 4). Calls whose JSON does not parse are not malformed (they are
+    dispatched): :func:`tool_call_responses` ``valid=False`` draws those."""
     empty = st.just(StreamedResponse(blocks=(), stop_reason="tool_use"))
     talk = _with_preamble(st.just([])).map(lambda b: StreamedResponse(blocks=b, stop_reason="tool_use"))
-    raw = st.lists(_unparsable_json([]), min_size=1, max_size=2).map(
-        lambda texts: StreamedResponse(
-            blocks=tuple(RawToolJsonBlock(f"toolu_{i:02d}", "Read", t) for i, t in enumerate(texts)),
-            stop_reason="tool_use",
-        )
-    )
-    return st.one_of(empty, talk, raw)
+    return st.one_of(empty, talk)
 
 
 def max_tokens_responses() -> SearchStrategy[StreamedResponse]:
