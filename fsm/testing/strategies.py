@@ -673,10 +673,27 @@ def model_behaviours(
     tools: Iterable[Tool] = (), *, min_size: int = 1, max_size: int = 6
 ) -> SearchStrategy[list[Response]]:
     """A whole scripted conversation: the responses to the model requests of one run, in order,
-    mixing every kind of :func:`model_responses`, with tool_use ids unique across the list. When
+    mixing every kind of :func:`model_responses` — and, given tools, a recovery followed by a tool turn
+    as one step, so that every per-turn counter is raised and then meets its reset — with tool_use ids
+    unique across the list (at most ``max_size`` responses). When
     the list runs out the scripted model answers ``SCENARIO_EXHAUSTED`` (end_turn), so every run
     ends."""
-    return st.lists(model_responses(tools), min_size=min_size, max_size=max_size).map(unique_tool_ids)
+    tool_list = _tool_list(tools)
+    step = model_responses(tool_list).map(lambda r: [r])
+    if tool_list:
+        # A recovery, then a tool turn: the edge that raised or set a per-turn counter, followed by the
+        # next_turn that must reset it. Drawn independently, the two rarely meet in a short script
+        # (none in 100 examples), so a route that forgets a reset went unseen.
+        step = st.one_of(step, st.tuples(_recoveries(tool_list), tool_call_responses(tool_list, True)).map(list))
+    return st.lists(step, min_size=min_size, max_size=max_size).map(
+        lambda steps: unique_tool_ids([r for s in steps for r in s][:max_size]))
+
+
+def _recoveries(tool_list: list[Tool]) -> SearchStrategy[Response]:
+    """A response the loop recovers from within the turn (its counter or flag is reset by next_turn,
+    or, for a stream break, by the response that ends)."""
+    return st.one_of(max_tokens_responses(), malformed_responses(), thinking_only_responses(),
+                     prompt_too_long_errors(), stream_breaks(tool_list))
 
 
 def loop_limits(*, max_turns: bool = True) -> SearchStrategy[Limits]:
