@@ -79,8 +79,6 @@ CODES: Mapping[str, str] = {
                                  "without it ends the run completed (the graph would retry up to its cap)",
     "cc_structured_output_max_turns": "Claude Code counts the structured-output request as a turn and ended at "
                                       "max_turns instead of re-entering; followed as end_turn then settle",
-    "cc_unparsable_tool_input_dispatched": "Claude Code ran a tool_use whose input JSON did not parse (answering "
-                                           "with an error result); the graph treats it as a malformed tool use",
     # remarks: how an ambiguous record was read (neither a problem nor counted)
     "read_as_stream_retry": "a retry that leaves no other trace (a dropped connection, an SSE error before any "
                             "content) is read as a stream that opened and broke (open_stream, stream_retry)",
@@ -98,8 +96,7 @@ CODES: Mapping[str, str] = {
 WARNING_CODES: frozenset[str] = frozenset(
     {"graph_changed", "no_replay", "torn_last_line", "no_session_record", "incomplete_run", "unknown_record",
      "unsandboxed_command", "cc_unmodelled_retry", "cc_mid_stream_resume", "cc_structured_output_once",
-     "cc_structured_output_max_turns",
-     "cc_unparsable_tool_input_dispatched"})
+     "cc_structured_output_max_turns"})
 INFO_CODES: frozenset[str] = frozenset(
     {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "read_as_stop_hook_context",
      "read_as_subagent_answer", "client_version"})

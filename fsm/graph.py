@@ -362,10 +362,12 @@ def compacted_after_prompt_too_long(s: LoopState, e: CallFailed, _lim: Limits) -
 
 
 def dispatchable(response: Any) -> bool:
-    """Complete tool_use blocks were seen: the batch runs. ``stop_reason`` alone is not trusted — a
-    response whose calls all have broken JSON and that ended ``tool_use`` is a malformed tool use."""
-    return bool(response.tool_uses()) and (bool(response.usable_tool_uses())
-                                           or response.stop_reason != "tool_use")
+    """Tool_use blocks reached their ``content_block_stop``: the batch runs, whatever ``stop_reason``
+    says. A call whose input JSON did not parse runs too and is answered with an input-validation
+    error the model can correct (Claude Code 2.1.332 does the same, tests/fidelity/scenarios/
+    unparsable_tool_input.json); only a ``tool_use`` stop with no tool_use block at all is a
+    malformed tool use."""
+    return bool(response.tool_uses())
 
 
 @_named("has_tool_calls")

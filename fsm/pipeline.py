@@ -51,6 +51,7 @@ log = fsm_log.get_logger("agentfsm.tools")
 # --- texts the model sees --------------------------------------------------------------------
 
 _INVALID_JSON_ECHO_BYTES = 200
+_NOT_JSON = "The tool input is not valid JSON"
 
 
 #: Claude Code's built-in tool names: one the model calls here though the session does not offer it is
@@ -269,10 +270,34 @@ def input_validation_error(tool_name: str, issues: Iterable[str]) -> str:
     return tool_use_error(f"InputValidationError: {tool_name} failed due to the following issues:\n{body}")
 
 
+def invalid_json_error(tool_name: str, raw: str) -> str:
+    """The result for a call whose input text was refused. Text that does not parse as JSON (cut off
+    at ``content_block_stop``, an unescaped backslash) gets Claude Code 2.1.332's wording, so a model
+    sees the same correction prompt from either client: the head of the text, counted (like Claude
+    Code) in UTF-16 code units, and the usual causes. Too large, too deep or not an object keep
+    :func:`invalid_json_issue`'s listing, which says which bound it broke."""
+    why = rejection(raw)
+    if why is not None and why != _NOT_JSON:
+        return input_validation_error(tool_name, [invalid_json_issue(raw)])
+    units = len(raw.encode("utf-16-le")) // 2
+    head, used = [], 0
+    for ch in raw:
+        used += 2 if ord(ch) > 0xFFFF else 1
+        if used > _INVALID_JSON_ECHO_BYTES:
+            break
+        head.append(ch)
+    shown = "".join(head)
+    return tool_use_error(
+        f"InputValidationError: {tool_name} was called with input that could not be parsed as JSON.\n"
+        f"You sent (first {min(units, _INVALID_JSON_ECHO_BYTES)} of {units} bytes): {shown}\n"
+        "Common causes: unescaped backslashes in file paths (use / or \\\\), unescaped control characters, "
+        "or truncated output. Retry with valid JSON.")
+
+
 def invalid_json_issue(raw: str) -> str:
     """What is wrong with a tool input's text (not JSON, too deep, too large, not an object), with
     its first bytes."""
-    why = rejection(raw) or "The tool input is not valid JSON"
+    why = rejection(raw) or _NOT_JSON
     data = raw[:_INVALID_JSON_ECHO_BYTES].encode("utf-8", errors="surrogatepass")
     head = data[:_INVALID_JSON_ECHO_BYTES].decode("utf-8", errors="ignore")
     more = "…" if len(raw) > _INVALID_JSON_ECHO_BYTES or len(data) > _INVALID_JSON_ECHO_BYTES else ""
@@ -472,7 +497,7 @@ class _Call:
                     parsed = self.table.prepare_input(tool, raw, invalid_json)
                     if parsed.invalid_json:
                         self.log.warning("tool.invalid_json", raw_bytes=len(str(invalid_json or raw)))
-                        return self.error(input_validation_error(self.name, parsed.issues))
+                        return self.error(invalid_json_error(self.name, str(invalid_json or raw)))
                     raw = parsed.input
                 coerced = coerce_input(raw, tool.input_schema)
             self.input = coerced if isinstance(coerced, dict) else {}

@@ -309,7 +309,10 @@ class LoopState:
     empty_response_nudged: bool = counter(False, reset_by=("next_turn",))
     # the stream broke or was garbled before any content: the next request is made without streaming
     non_streaming: bool = counter(False, reset_by=(*RESPONSE_ENDED, "fallback_retry"))
-    stop_hook_active: bool = counter(False, reset_by=("next_turn",))
+    # set by the first Stop-hook block and kept for the rest of the run, tool turns included (Claude Code
+    # 2.1.332 does; a hook that blocks "unless stop_hook_active" blocks once per run, not once per turn:
+    # tests/fidelity/scenarios/stop_hook_active_after_tool_turn.json)
+    stop_hook_active: bool = counter(False)
     stop_hook_blocking_count: int = counter(0, cap="stop_hook_block_cap", raised_by=("stop_hook_blocking",),
                                             reset_by=("next_turn",))
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet

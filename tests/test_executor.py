@@ -239,7 +239,7 @@ async def test_unknown_tool_and_invalid_input_are_instant_unsafe_errors_in_order
     assert [r.is_error for r in results] == [False, True, True, False, True]
     assert "No such tool available: Nope" in results[1].block["content"]
     assert "InputValidationError: Safe failed" in results[2].block["content"]
-    assert "not valid JSON" in results[4].block["content"]
+    assert "could not be parsed as JSON" in results[4].block["content"]
     assert lab.started == ["s0", "s3"]
 
 

@@ -130,8 +130,12 @@ def _snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def run_client(name: str, client: str, root: Path) -> dict[str, Any]:
-    """One scenario with one client; the run reduced to what is compared."""
+def run_client(name: str, client: str, root: Path, *, agentfsm: list[str] | None = None,
+               pythonpath: str | None = None) -> dict[str, Any]:
+    """One scenario with one client; the run reduced to what is compared (``bodies``: every request's
+    messages, for the regression recordings). ``agentfsm``: the command that runs agentfsm (default:
+    this interpreter's ``-m agentfsm``); ``pythonpath``: put first on its import path (an older copy
+    of the package, to record how it diverged)."""
     scen = json.loads((HERE / "scenarios" / f"{name}.json").read_text())
     rd = root / name / client
     ws, out, home = rd / "ws", rd / "out", rd / "home"
@@ -147,12 +151,14 @@ def run_client(name: str, client: str, root: Path) -> dict[str, Any]:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-    argv = ([CLAUDE or "claude"] if client == "cc" else [sys.executable, "-m", "agentfsm"]) + [
+    argv = ([CLAUDE or "claude"] if client == "cc" else agentfsm or [sys.executable, "-m", "agentfsm"]) + [
         "-p", _subst(scen["prompt"], paths), "--output-format", "stream-json", "--verbose", "--model", MODEL,
         "--tools", scen.get("tools", DEFAULT_TOOLS), *_subst(scen.get("args", []), paths)]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "IS_SANDBOX": "1",
            "ANTHROPIC_API_KEY": "sk-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "AGENTFSM_HOME": str(home / "agentfsm"), "LANG": "C.UTF-8", "TERM": "dumb"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     with ScriptedServer(_subst(scen["responses"], paths), ws=ws) as server:
         env["ANTHROPIC_BASE_URL"] = server.base_url
         done = subprocess.run(argv, cwd=ws, env=env, capture_output=True, text=True, timeout=scen.get("timeout", 180),
@@ -162,6 +168,7 @@ def run_client(name: str, client: str, root: Path) -> dict[str, Any]:
     result = next((e for e in reversed(events) if e.get("type") == "result"), None)
     return _normalise({
         "history": requests[-1].get("messages", []) if requests else [],
+        "bodies": [r.get("messages", []) for r in requests],
         "tools": sorted(t.get("name") for t in (requests[0].get("tools", []) if requests else [])),
         "result": {k: result[k] for k in RESULT_FIELDS if k in result} if result else None,
         "n_requests": len(requests),

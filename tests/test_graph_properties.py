@@ -111,11 +111,9 @@ def _visible(blocks: tuple[Any, ...]) -> bool:
 
 
 def _dispatchable(r: ModelResponse) -> bool:
-    """§3.4: the blocks decide, not stop_reason — but a response whose every call has broken JSON and
-    that ended tool_use is a malformed tool use."""
-    uses = [b for b in r.blocks if b.get("type") == "tool_use"]
-    usable = [b for b in uses if b["id"] not in r.invalid_tool_inputs]
-    return bool(uses) and (bool(usable) or r.stop_reason != "tool_use")
+    """§3.4: the blocks decide, not stop_reason — a call with broken JSON is dispatched too (answered
+    with an input-validation error, as Claude Code does); only tool_use without any call is malformed."""
+    return any(b.get("type") == "tool_use" for b in r.blocks)
 
 
 def _kept(s: LoopState, r: ModelResponse, *extra: Message) -> tuple[Message, ...]:
@@ -294,7 +292,8 @@ def _feedback(s: LoopState, e: ToolsDrained, lim: Limits) -> tuple[str, dict[str
         "structured_output_retry_count": s.structured_output_retry_count + 1 if failed else 0,
         "has_attempted_reactive_compact": False, "thinking_only_nudged": False, "empty_response_nudged": False,
         "stop_hook_blocking_count": 0,
-        "stop_hook_active": False, "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
+        # stop_hook_active stays: once a Stop hook blocked, it is set for the rest of the run
+        "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
 
 
 def _stop_hooks(s: LoopState, e: StopHookVerdict, lim: Limits) -> tuple[str, dict[str, Any]]:
@@ -605,7 +604,8 @@ def _drained(*, failed_structured: bool = False) -> ToolsDrained:
 
 
 CUT = ModelResponse((TEXT,), "max_tokens")
-BROKEN = ModelResponse((TEXT, USE_2), "tool_use", invalid_tool_inputs={"toolu_2": "{bad"})
+# tool_use without any call: the one malformed tool use (a call with broken JSON is dispatched)
+MALFORMED = ModelResponse((TEXT,), "tool_use")
 BROKE = ModelError("connection", "reset", None, retryable=True)
 SUMMARY = Compaction((Message("user", "summary", kind="compact_summary"),), "auto")
 
@@ -614,7 +614,7 @@ CAPPED: dict[str, tuple[Phase, Any, str, str]] = {
     "max_tokens": (S, StreamEnded(CUT), "max_output_tokens_recovery_count", "max_output_tokens_recoveries"),
     "context_window_exceeded": (S, StreamEnded(ModelResponse((TEXT,), "model_context_window_exceeded")),
                                 "max_output_tokens_recovery_count", "max_output_tokens_recoveries"),
-    "malformed": (S, StreamEnded(BROKEN), "malformed_tool_use_retry_count", "malformed_tool_use_retries"),
+    "malformed": (S, StreamEnded(MALFORMED), "malformed_tool_use_retry_count", "malformed_tool_use_retries"),
     "malformed_without_blocks": (S, StreamEnded(ModelResponse((), "tool_use")), "malformed_tool_use_retry_count",
                                  "malformed_tool_use_retries"),
     "structured_missing": (S, StreamEnded(ModelResponse((TEXT,), "end_turn"), json_schema=True),
@@ -1134,7 +1134,7 @@ RISES: list[tuple[LoopState, Any, Limits]] = [
     (base(F), _drained(failed_structured=True), Limits()),
     (base(X), StopHookVerdict(blocked=True, reason="again"), Limits()),
     (base(S), StreamEnded(CUT), Limits()),
-    (base(S), StreamEnded(BROKEN), Limits()),
+    (base(S), StreamEnded(MALFORMED), Limits()),
     (base(S), StreamEnded(ModelResponse((TEXT,), "end_turn"), json_schema=True), Limits()),
     (base(S), CallFailed(BROKE), Limits()),
     (base(C), CallFailed(BROKE, fallback_available=True), Limits()),

@@ -2,8 +2,9 @@
 scripted model) and the auditor on the session files it writes:
 
 - tool input that is not valid JSON, of every kind (cut off, a trailing comma, not an object, text after
-  the object), with a tool_use stop (the graph asks again) and cut off by max_tokens (the call is
-  answered with the invalid-JSON error, echoing the input up to a bound);
+  the object), with a tool_use stop or cut off by max_tokens: the call is answered with the invalid-JSON
+  error (Claude Code's wording, echoing the input up to a bound) and the run goes on; only a tool_use
+  stop without any call is asked for again;
 - a stream that breaks while a tool runs: the executor's abort reason reaches the conversation (a
   retried response leaves no trace; a final failure answers the call with the stream-failed text);
 - moves into stop without their terminal reason, and runs without a result or with a wrong one, in
@@ -34,6 +35,8 @@ from agentfsm.tools.base import ToolContext, tool
 
 DONE = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}
 GOOD = {"type": "tool_use", "id": "good", "name": "Read", "input": {"file_path": "$WS/a.txt"}}
+# stop_reason tool_use without a tool_use block: the malformed tool use the graph asks again for
+NO_CALL = {"blocks": [{"type": "text", "text": "calling"}], "stop_reason": "tool_use"}
 PTL = {"status": 400, "error_type": "invalid_request_error", "message": "prompt is too long: 300000 tokens > 200000"}
 
 
@@ -70,16 +73,20 @@ INVALID = ['{"file_path": "$WS/a.txt"', '{"file_path": "$WS/a.txt",}', "[1]", '"
 
 
 @pytest.mark.parametrize("text", INVALID)
-async def test_a_tool_call_with_invalid_json_is_asked_for_again_and_leaves_no_trace(tmp_path: Path,
-                                                                                   text: str) -> None:
-    result, model, _ = await run(tmp_path, [{"blocks": [raw(text)], "stop_reason": "tool_use"}, DONE])
+async def test_a_tool_call_with_invalid_json_is_answered_and_the_run_goes_on(tmp_path: Path, text: str) -> None:
+    # Claude Code 2.1.332 does the same (tests/fidelity/scenarios/unparsable_tool_input.json): the call is
+    # kept and answered with an input-validation error the model can correct; nothing is asked again
+    result, model, _ = await run(tmp_path, [{"blocks": [raw(text)], "stop_reason": "tool_use"}, DONE, DONE])
     assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
-    assert model.count == 2 and after_prompt(model, 1) == []  # the broken response was not kept
+    assert model.count == 2 and result.num_turns == 2
+    call, answer = after_prompt(model, 1)
+    assert [b["id"] for b in call["content"]] == ["bad"] and call["content"][0]["input"] == {}
+    assert answer["content"][0]["tool_use_id"] == "bad" and answer["content"][0]["is_error"] is True
+    assert answer["content"][0]["content"].startswith("<tool_use_error>InputValidationError: Read ")
 
 
-@pytest.mark.parametrize("text", INVALID[:3])
-async def test_invalid_json_past_the_retry_cap_ends_the_run(tmp_path: Path, text: str) -> None:
-    bad = {"blocks": [raw(text)], "stop_reason": "tool_use"}
+async def test_tool_use_without_a_call_past_the_retry_cap_ends_the_run(tmp_path: Path) -> None:
+    bad = NO_CALL
     result, model, _ = await run(tmp_path, [bad, bad, DONE])
     assert result.terminal_reason is TerminalReason.MALFORMED_TOOL_USE_EXHAUSTED and result.is_error
     assert model.count == 2
@@ -97,8 +104,10 @@ async def test_a_valid_call_beside_an_invalid_one_runs_and_the_invalid_one_is_an
     good, bad = answers["content"]
     assert good["tool_use_id"] == "good" and not good.get("is_error") and "ALPHA" in good["content"]
     assert bad["tool_use_id"] == "bad" and bad["is_error"] is True
-    assert bad["content"].startswith("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
-                                     'The tool input is not valid JSON: {"file_path": 1,\n')
+    assert bad["content"] == (
+        "<tool_use_error>InputValidationError: Read was called with input that could not be parsed as JSON.\n"
+        'You sent (first 16 of 16 bytes): {"file_path": 1,\nCommon causes: unescaped backslashes in file paths '
+        "(use / or \\\\), unescaped control characters, or truncated output. Retry with valid JSON.</tool_use_error>")
 
 
 @pytest.mark.parametrize("size, cut", [(199, False), (200, False), (201, True)])
@@ -110,16 +119,17 @@ async def test_invalid_json_cut_off_by_max_tokens_is_answered_with_its_first_200
     assert result.terminal_reason is TerminalReason.COMPLETED and model.count == 2
     answer = after_prompt(model, 1)[1]["content"][0]
     assert answer["is_error"] is True
-    echoed = answer["content"].split("The tool input is not valid JSON: ", 1)[1].split("\n", 1)[0]
-    assert echoed == text[:200] + ("…" if cut else "")
+    head, echoed = answer["content"].split("You sent (", 1)[1].split("\n", 1)[0].split("): ", 1)
+    assert head == f"first {min(size, 200)} of {size} bytes" and echoed == text[:200]
+    assert cut == (size > 200)
 
 
-async def test_a_multibyte_character_at_the_echo_bound_is_dropped_not_split(tmp_path: Path) -> None:
-    text = '{"file_path": "' + "x" * 184 + "é" * 5  # é is two bytes: the first one spans bytes 200 and 201
-    assert len(text.encode()) == 209
+async def test_a_wide_character_at_the_echo_bound_is_dropped_not_split(tmp_path: Path) -> None:
+    # counted like Claude Code, in UTF-16 code units: an emoji is two, the first one spans units 200 and 201
+    text = '{"file_path": "' + "x" * 184 + "\U0001f600" * 5
     _, model, _ = await run(tmp_path, [{"blocks": [raw(text)], "stop_reason": "max_tokens"}, DONE])
-    echoed = after_prompt(model, 1)[1]["content"][0]["content"].split("not valid JSON: ", 1)[1].split("\n", 1)[0]
-    assert echoed == '{"file_path": "' + "x" * 184 + "…"
+    content = after_prompt(model, 1)[1]["content"][0]["content"]
+    assert "(first 200 of 209 bytes): " + '{"file_path": "' + "x" * 184 + "\n" in content
 
 
 async def test_a_call_whose_json_is_valid_but_breaks_the_schema_runs_through_validation(tmp_path: Path) -> None:
@@ -234,7 +244,7 @@ async def test_an_interrupt_cancels_cancel_tools_and_lets_block_tools_finish_a_h
 ENDINGS: dict[str, tuple[list[Any], dict[str, Any], TerminalReason]] = {
     "completed": ([DONE], {}, TerminalReason.COMPLETED),
     "max_turns": ([{"blocks": [GOOD], "stop_reason": "tool_use"}, DONE], {"max_turns": 1}, TerminalReason.MAX_TURNS),
-    "malformed": ([{"blocks": [raw("{")], "stop_reason": "tool_use"}] * 2, {},
+    "malformed": ([NO_CALL] * 2, {},
                   TerminalReason.MALFORMED_TOOL_USE_EXHAUSTED),
     "prompt_too_long": ([PTL], {}, TerminalReason.PROMPT_TOO_LONG),
     "api_error": ([{"status": 400, "error_type": "invalid_request_error", "message": "bad"}], {},

@@ -185,24 +185,30 @@ async def test_context_abort_signal_counts_too() -> None:
 
 
 async def test_unparsable_json_echoes_first_bytes_and_asks_for_valid_json() -> None:
+    # Claude Code 2.1.332's text for the same input (tests/fidelity/scenarios/unparsable_tool_input.json)
     r = await run(use(input={}), invalid_json='{"file_path": "/a')
     assert r.is_error
     assert content(r) == (
-        "<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
-        'The tool input is not valid JSON: {"file_path": "/a\n'
-        "Send the tool call again with its input as one complete, valid JSON object.</tool_use_error>")
+        "<tool_use_error>InputValidationError: Read was called with input that could not be parsed as JSON.\n"
+        'You sent (first 17 of 17 bytes): {"file_path": "/a\n'
+        "Common causes: unescaped backslashes in file paths (use / or \\\\), unescaped control characters, "
+        "or truncated output. Retry with valid JSON.</tool_use_error>")
 
 
 async def test_unparsable_json_echo_is_capped_at_200_bytes() -> None:
     raw = '{"file_path": "' + "x" * 500
     r = await run(use(input={}), invalid_json=raw)
-    echoed = content(r).split("not valid JSON: ", 1)[1].split("\n", 1)[0]
-    assert echoed == raw[:200] + "…"
+    assert f"You sent (first 200 of 515 bytes): {raw[:200]}\nCommon causes" in content(r)
+
+
+async def test_json_that_parses_but_is_not_an_object_says_what_it_is() -> None:
+    r = await run(use(input={}), invalid_json="[1, 2]")
+    assert "The tool input is a JSON array, not an object: [1, 2]" in content(r)
 
 
 async def test_raw_string_input_that_is_not_json() -> None:
     r = await run(use(input="{oops"))
-    assert "The tool input is not valid JSON: {oops" in content(r)
+    assert "You sent (first 5 of 5 bytes): {oops\n" in content(r)
 
 
 async def test_coercion_of_strings_into_schema_types() -> None:

@@ -38,8 +38,8 @@ REFERENCE_ARGS = ["--output-format", "stream-json", "--verbose", "--model", "cla
 OVERLOADED = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01}
 PTL = {"status": 400, "error_type": "invalid_request_error",
        "message": "prompt is too long: 212345 tokens > 200000 maximum"}
-MALFORMED = {"blocks": [{"type": "raw_tool_json", "id": "bad", "name": "Read", "json": '{"file_path": "$WS'}],
-             "stop_reason": "tool_use"}
+# stop_reason tool_use without any tool_use block (a call with broken JSON is dispatched, not retried)
+MALFORMED = {"blocks": [{"type": "text", "text": "I will call a tool"}], "stop_reason": "tool_use"}
 THINKING = {"blocks": [{"type": "thinking", "thinking": "hmm", "signature": "sig"}],
             "stop_reason": "end_turn"}
 INSTRUCTION = "U:" + prompts.COMPACT_INSTRUCTION[:40]

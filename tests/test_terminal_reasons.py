@@ -277,7 +277,8 @@ async def api_error(loop: Loop) -> Run:
     return run
 
 
-MALFORMED = {"blocks": [{"type": "raw_tool_json", "id": "t1", "name": "Read", "json": '{"file_pa'}],
+# stop_reason tool_use without any call (a call with broken JSON is dispatched, not a malformed tool use)
+MALFORMED = {"blocks": [{"type": "text", "text": "calling"}],
              "stop_reason": "tool_use"}
 
 

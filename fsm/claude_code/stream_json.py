@@ -74,13 +74,11 @@ class StreamWalker(Walker):
         r = self.response
         if self.phase is Phase.STREAM and r is not None and r.id == rid and self.enforce is None:
             r.add(line, blocks, rec.get("uuid"))
-            self.unparsable(line, blocks)
             return
         if self.phase is not Phase.CALL_MODEL:
             self.to_call(line)
         r = self.open_stream(line, rid, str(msg.get("model") or ""))
         r.add(line, blocks, rec.get("uuid"))
-        self.unparsable(line, blocks)
 
     def _user(self, line: int, rec: Mapping[str, Any]) -> None:
         self._begin(line)

@@ -115,13 +115,11 @@ class TranscriptWalker(Walker):
             r.add(line, blocks, rec.get("uuid"))
             if msg.get("stop_reason"):
                 r.stop_reason = msg["stop_reason"]
-            self.unparsable(line, blocks)
             return
         if self.phase is not Phase.CALL_MODEL and self.has_requests:
             self.find(line, "out_of_place", "a response with no request record before it")
         r = self.open_stream(line, rid, str(msg.get("model") or ""), msg.get("stop_reason"))
         r.add(line, blocks, rec.get("uuid"))
-        self.unparsable(line, blocks)
 
     def _user(self, line: int, rec: Mapping[str, Any]) -> None:
         msg = rec.get("message") or {}

@@ -304,14 +304,6 @@ class Walker:
         self.batch = None
         self.response = None
 
-    def unparsable(self, line: int, blocks: Sequence[Mapping[str, Any]]) -> None:
-        for b in blocks:
-            if b.get("type") == "tool_use" and isinstance(b.get("input"), Mapping) \
-                    and "__unparsedToolInput" in b["input"]:
-                self.find(line, "cc_unparsable_tool_input_dispatched",
-                          f"tool_use {b.get('id')!r} has input JSON that did not parse; Claude Code runs it (an "
-                          "InputValidationError result) where the graph would retry a malformed tool use")
-
     # -- the loop's own messages ------------------------------------------------------------------
 
     def on_meta(self, line: int, kind: str, text: str) -> None:

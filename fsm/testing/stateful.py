@@ -21,8 +21,12 @@ directly on what the scripted model received and what the trace recorded:
    (user) message, and no ``tool_result`` lacks its call;
 2. messages alternate user/assistant from a user message (and a turn's request ends with one);
 3. no request is sent after the loop reached ``stop`` (unless a Stop hook re-entered);
-4. no counter exceeds its cap (:data:`agentfsm.state.COUNTER_CAPS`), nor the turn ``max_turns``, and
-   a counter rises only on an edge its field declares (:data:`agentfsm.state.RAISED_BY`);
+4. no counter exceeds its cap (:data:`agentfsm.state.COUNTER_CAPS`), nor the turn ``max_turns``; and,
+   stated from each counter's own field declaration (:data:`agentfsm.state.COUNTERS`) rather than
+   replayed through the route table — so a route whose effect forgets a reset is caught even though
+   the auditor, replaying that same table, agrees with it (:func:`counter_violations`): a counter
+   rises only on an edge that declares it, by one; after an edge that declares its reset it is back
+   at its initial value; and it never falls back on an edge that neither raises nor resets it;
 5. every state change is a declared edge of :data:`agentfsm.graph.EDGES`, continuing where the last
    one ended;
 6. the result's ``subtype``/``is_error`` are those :data:`agentfsm.state.TERMINAL_INFO` gives its
@@ -53,7 +57,7 @@ from agentfsm.options import Options
 from agentfsm.request import normalize
 from agentfsm.result import RunResult
 from agentfsm.session import Session
-from agentfsm.state import COUNTER_CAPS, RAISED_BY, TERMINAL_INFO, Limits, LoopState, Message, Phase
+from agentfsm.state import COUNTER_CAPS, COUNTERS, RAISED_BY, TERMINAL_INFO, Limits, LoopState, Message, Phase
 from agentfsm.testing.scenario import (
     Response,
     Scenario,
@@ -77,6 +81,7 @@ __all__ = [
     "RequestContext",
     "ToolExchange",
     "assert_invariants",
+    "counter_violations",
     "invariant_violations",
     "run_loop",
     "wire_problems",
@@ -296,6 +301,34 @@ def _is_compaction(request: ModelRequest) -> bool:
     return bool(texts) and str(texts[-1]).startswith(prompts.COMPACT_INSTRUCTION)
 
 
+def counter_violations(trigger: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What move ``trigger`` did to the counters (``before``/``after``: :meth:`LoopState.counters`)
+    against each counter's own declaration (:class:`agentfsm.state.Counter`: ``raised_by``,
+    ``reset_by``, ``default``), independently of the route table that moved them: after an edge that
+    resets it, a counter is at its initial value (or one up, where the same edge may raise it); a rise
+    is by one, on a declared edge; a counter falls back only on an edge that resets or raises it (a
+    raise edge may start a count afresh, as a successful compaction does)."""
+    out = []
+    for c in COUNTERS:
+        if c.key not in before or c.key not in after:
+            continue
+        old, new = before[c.key], after[c.key]
+        number = isinstance(old, int) and not isinstance(old, bool) and isinstance(new, int)
+        if trigger in c.reset_by:
+            allowed = [c.default] + ([old + 1] if number and trigger in c.raised_by else [])
+            if new not in allowed:
+                out.append(f"{c.key}={new!r} after {trigger!r}, which its field declares resets it to "
+                           f"{c.default!r} (it was {old!r})")
+                continue
+        if number and new > old and trigger in c.raised_by and new != old + 1:
+            out.append(f"{c.key} rose {old} → {new} on {trigger!r}; a counter rises by one")
+        fell = new < old if number else new != old and new == c.default
+        if fell and trigger not in c.reset_by | c.raised_by:
+            out.append(f"{c.key} fell back {old!r} → {new!r} on {trigger!r}, which neither raises nor resets it "
+                       f"(reset by: {', '.join(sorted(c.reset_by)) or 'no edge'})")
+    return out
+
+
 class _StepChecker:
     """Follows the moves of one :meth:`Session.run` as they happen (a step observer of the session)
     and checks each one. A session run may hold several driver runs ("legs": a follow-up for input
@@ -360,6 +393,8 @@ class _StepChecker:
             if isinstance(old, int) and isinstance(new, int) and new > old and trig not in raisers:
                 self.violations.append(f"{where}: {name} rose {old} → {new}; only {', '.join(sorted(raisers))} "
                                        "raise it")
+        if prev:
+            self.violations += [f"{where}: {v}" for v in counter_violations(str(trig), prev, counters)]
         for name, field in COUNTER_CAPS.items():
             value, cap = counters.get(name), self.caps.get(field)
             if isinstance(value, int) and isinstance(cap, int) and value > cap:

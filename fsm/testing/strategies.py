@@ -493,8 +493,8 @@ def tool_call_responses(
 
     ``valid=True``: known tools with schema-valid input. ``valid=False``: every call is wrong — an
     unknown tool name, input that fails the schema (:func:`tool_inputs` ``valid=False``), or raw
-    JSON that does not parse. A response whose every call is unparsable has no usable tool_use, so
-    the loop treats it as a malformed tool_use (retry), as Claude Code does. ``valid=None`` mixes.
+    JSON that does not parse. An unparsable call is still a call: it is dispatched and answered with
+    an input-validation error, as Claude Code does. ``valid=None`` mixes.
     """
     tool_list = _tool_list(tools)
     if valid and not tool_list:
@@ -508,17 +508,12 @@ def tool_call_responses(
 
 
 def malformed_responses() -> SearchStrategy[StreamedResponse]:
-    """``stop_reason: tool_use`` without a complete, usable tool_use block: nothing at all, only
-    text/thinking, or only tool_use blocks whose JSON does not parse (docs/behaviour.md §3 step 4)."""
+    """``stop_reason: tool_use`` without any tool_use block: nothing at all, or only text/thinking
+    (docs/behaviour.md §3 step 4). Calls whose JSON does not parse are not malformed (they are
+    dispatched): :func:`tool_call_responses` ``valid=False`` draws those."""
     empty = st.just(StreamedResponse(blocks=(), stop_reason="tool_use"))
     talk = _with_preamble(st.just([])).map(lambda b: StreamedResponse(blocks=b, stop_reason="tool_use"))
-    raw = st.lists(_unparsable_json([]), min_size=1, max_size=2).map(
-        lambda texts: StreamedResponse(
-            blocks=tuple(RawToolJsonBlock(f"toolu_{i:02d}", "Read", t) for i, t in enumerate(texts)),
-            stop_reason="tool_use",
-        )
-    )
-    return st.one_of(empty, talk, raw)
+    return st.one_of(empty, talk)
 
 
 def max_tokens_responses() -> SearchStrategy[StreamedResponse]:
@@ -678,10 +673,27 @@ def model_behaviours(
     tools: Iterable[Tool] = (), *, min_size: int = 1, max_size: int = 6
 ) -> SearchStrategy[list[Response]]:
     """A whole scripted conversation: the responses to the model requests of one run, in order,
-    mixing every kind of :func:`model_responses`, with tool_use ids unique across the list. When
+    mixing every kind of :func:`model_responses` — and, given tools, a recovery followed by a tool turn
+    as one step, so that every per-turn counter is raised and then meets its reset — with tool_use ids
+    unique across the list (at most ``max_size`` responses). When
     the list runs out the scripted model answers ``SCENARIO_EXHAUSTED`` (end_turn), so every run
     ends."""
-    return st.lists(model_responses(tools), min_size=min_size, max_size=max_size).map(unique_tool_ids)
+    tool_list = _tool_list(tools)
+    step = model_responses(tool_list).map(lambda r: [r])
+    if tool_list:
+        # A recovery, then a tool turn: the edge that raised or set a per-turn counter, followed by the
+        # next_turn that must reset it. Drawn independently, the two rarely meet in a short script
+        # (none in 100 examples), so a route that forgets a reset went unseen.
+        step = st.one_of(step, st.tuples(_recoveries(tool_list), tool_call_responses(tool_list, True)).map(list))
+    return st.lists(step, min_size=min_size, max_size=max_size).map(
+        lambda steps: unique_tool_ids([r for s in steps for r in s][:max_size]))
+
+
+def _recoveries(tool_list: list[Tool]) -> SearchStrategy[Response]:
+    """A response the loop recovers from within the turn (its counter or flag is reset by next_turn,
+    or, for a stream break, by the response that ends)."""
+    return st.one_of(max_tokens_responses(), malformed_responses(), thinking_only_responses(),
+                     prompt_too_long_errors(), stream_breaks(tool_list))
 
 
 def loop_limits(*, max_turns: bool = True) -> SearchStrategy[Limits]:
