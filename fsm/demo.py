@@ -165,6 +165,8 @@ async def _run(workspace: Path, sessions: Path) -> int:
     _say(f"  check the run against the graph:  agentfsm audit {trace}")
     _say(f"  draw the run over the graph:      agentfsm diagram --trace {trace} --output run.svg")
     _say("                                    (SVG/PNG need pip install 'agentfsm[diagrams]'; run.md gives Mermaid)")
+    _say(f"  see it all in a browser:          agentfsm audit --html run.html {trace}")
+    _say("                                    (needs pip install 'agentfsm[report]')")
     return 1 if result.is_error else 0
 
 
