@@ -35,6 +35,7 @@ from agentfsm.temporal.records import Timing
 from agentfsm.temporal.worker import build_worker, connect
 from agentfsm.testing.scenario import load_scenario
 from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.sandbox import availability
 from agentfsm.trace import read_records, transition_snapshots
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -299,6 +300,53 @@ async def test_an_error_result_and_the_cli(server: DevServer, worker: None, queu
     done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", probe], cwd=ws, env=env,
                                    capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+SANDBOX_PROBE = [
+    {"blocks": [{"type": "tool_use", "id": "toolu_sbx", "name": "Bash",
+                 "input": {"command": "sh probe.sh"}}], "stop_reason": "tool_use"},
+    {"blocks": [{"type": "text", "text": "done"}]},
+]
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "no-sandbox"])
+async def test_each_command_leaves_the_sandbox_record_a_local_run_leaves(server: DevServer, worker: None, queue: str,
+                                                                       ws: Path, home: Path, sandboxed: bool) -> None:
+    """A worker's command writes the same ``sandbox`` record to the session file as a local run: run
+    sandboxed, under which policy; run with ``--no-sandbox``, a record `agentfsm audit` reports."""
+    if sandboxed and not availability().ok:
+        pytest.skip(f"the sandbox cannot run here: {availability().reason}")
+    (ws / "secrets").mkdir()
+    (ws / "secrets" / "key.txt").write_text("SECRETKEY-7f3a91\n")
+    # the rule's path, and a session file, out of the shell analysis' sight
+    (ws / "probe.sh").write_text(f"cat secrets/key.txt\ntouch {home}/sessions/forged.jsonl\n")
+    kw: dict[str, Any] = {"tools": ("Bash",), "sandbox": sandboxed,
+                          "settings": json.dumps({"permissions": {"deny": ["Read(./secrets/**)"]}})}
+    scenario = scenario_text(SANDBOX_PROBE)
+    _, local_file = await local_run(ws, home, scenario, **kw)
+    inp = session_input(options(ws, home, **kw), "go", scripted=scenario)
+    shown: list[Mapping[str, Any]] = []
+    await run_session(await connect(server.address), inp, shown.append, task_queue=queue)
+    path = Path(inp.spec.trace_path or "")
+
+    def records(p: Path) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if k != "seq"} for r in read_records(p) if r["type"] == "sandbox"]
+
+    ours = records(path)
+    assert len(ours) == 1 and ours[0]["tool_use_id"] == "toolu_sbx" and ours[0]["sandboxed"] is sandboxed
+    assert ours == records(local_file)
+    results = [b for m in shown if m["type"] == "user" for b in m["message"]["content"]]
+    found = [f for f in audit_file(path) if f.code == "unsandboxed_command"]
+    if sandboxed:
+        # the rule's path was hidden from the command, and the policy says so
+        assert ours[0]["policy"]["digest"] and "SECRETKEY" not in json.dumps(results)
+        # nor could it forge a session file (the records the audit reads), on the worker as locally
+        assert not (home / "sessions" / "forged.jsonl").exists()
+        assert not found
+    else:
+        assert "SECRETKEY" in json.dumps(results)
+        assert len(found) == 1 and "toolu_sbx" in found[0].message and "--no-sandbox" in found[0].message
+    assert_audits_clean(path)
 
 
 async def test_resume_continues_a_workflow_backed_session(server: DevServer, worker: None, queue: str, ws: Path,

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import ctypes
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -160,6 +161,8 @@ class _Context:
     table: ToolTable
     gate: Any
     setup_error: str | None
+    # the `sandbox` records of the calls running now, by tool_use_id (each call's go into its outcome)
+    sandbox_records: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict)
 
 
 class _Lru(OrderedDict[Any, Any]):
@@ -316,7 +319,16 @@ class Activities:
             # a subagent would be a loop of its own inside one tool call: not offered on workers yet
             registry = registry.without(["Agent"])
         registry, error = phases.structured_output_setup(registry, options.json_schema)
-        return self._contexts.put(key, _Context(options, registry, ToolTable.of(registry), gate, error))  # type: ignore[no-any-return]
+        made = _Context(options, registry, ToolTable.of(registry), gate, error)
+        sandbox = getattr(gate, "sandbox", None)
+        if sandbox is not None:
+            # how each command ran travels back in its call's outcome and is written to the session
+            # file by the workflow, as a local session writes it (`agentfsm audit` reads it there)
+            sandbox.observer = functools.partial(_keep_sandbox_record, made.sandbox_records)
+            if spec.trace_path:
+                # a command must not forge the records the audit reads (as a local session protects them)
+                sandbox.protected_paths = (str(Path(spec.trace_path).parent),)
+        return self._contexts.put(key, made)  # type: ignore[no-any-return]
 
     def _model_client(self, spec: SessionSpec, request_no: int) -> ModelClient:
         if spec.scripted is not None:
@@ -576,11 +588,16 @@ class Activities:
                                read_files=read_files, layers=dict(inp.layers), services=services,
                                file_access=access() if callable(access) else None)
 
-        async with _heartbeats(lambda: details):
-            result = await run_tool_call(block, lookup=ctx.table, gate=ctx.gate, ctx_factory=make_ctx,
-                                         invalid_json=inp.invalid_json)
+        kept = ctx.sandbox_records.setdefault(tool_use_id, [])
+        try:
+            async with _heartbeats(lambda: details):
+                result = await run_tool_call(block, lookup=ctx.table, gate=ctx.gate, ctx_factory=make_ctx,
+                                             invalid_json=inp.invalid_json)
+        finally:
+            ctx.sandbox_records.pop(tool_use_id, None)
         changed = {k: v for k, v in read_files.items() if inp.read_files.get(k) != v}
-        done = ToolCallOutcome(_portable(result), changed, attempt=info.attempt)
+        done = ToolCallOutcome(_portable(result), changed, attempt=info.attempt,
+                               sandbox=tuple(_json(r) for r in kept))
         _write_outcome(outcome_file, done)
         return done
 
@@ -631,6 +648,13 @@ class Activities:
             with contextlib.suppress(OSError):
                 outcomes.rmdir()
         return len(fresh)
+
+
+def _keep_sandbox_record(kept: dict[str, list[dict[str, Any]]], record: dict[str, Any]) -> None:
+    """The session sandbox's observer on a worker: a record goes to the running call it names."""
+    calls = kept.get(str(record.get("tool_use_id", "")))
+    if calls is not None:
+        calls.append(record)
 
 
 def _last_seq_in(path: Path) -> int:

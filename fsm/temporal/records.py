@@ -258,6 +258,8 @@ class ToolCallOutcome:
     read_files: Mapping[str, float] = attrs.field(factory=dict)
     interrupted: bool = False
     attempt: int = 1
+    # how each command of the call ran: the session sandbox's `sandbox` records, for the session file
+    sandbox: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen

@@ -550,6 +550,10 @@ class SessionWorkflow:
                 return
             self._read_files.update(out.read_files)
             self._settled.append(c.tool_use_id)
+            assert self._trace is not None
+            for rec in out.sandbox:
+                # how the call's commands ran, as a local session records them (agentfsm audit)
+                self._trace.write(rec)
             result = out.result
             if c.cancel_reason is not None and result.cancel_reason is not None:
                 result = synthetic_result(c.tool_use_id, result.tool_name, c.cancel_reason, result.tool_input)
