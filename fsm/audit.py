@@ -54,6 +54,7 @@ from agentfsm.claude_code_audit import replay, with_subagent_files
 from agentfsm.coverage import Coverage, Move, coverage, declared_moves, trace_files
 from agentfsm.events import EventRecordError, from_record, message_skeleton
 from agentfsm.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step, UndeclaredMove, advance
+from agentfsm.progress import interrupted, steps
 from agentfsm.state import (
     COUNTER_CAPS,
     COUNTERS,
@@ -677,6 +678,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().error("give at least one TRACE")
     if args.require_full and not args.coverage:
         _parser().error("--require-full goes with --coverage")
+    try:
+        return _main(args)
+    except KeyboardInterrupt:  # reports are printed only once all are made: none was half written
+        return interrupted("agentfsm audit", ["nothing was reported"])
+
+
+def _main(args: argparse.Namespace) -> int:
     files = []
     for given in args.traces:
         found = trace_files([given])
@@ -687,12 +695,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     # every input is reported on its own: one that is not a trace is a finding for it, not the end
     kinds: dict[Path, str] = {}
     refused: dict[Path, str] = {}
-    for f in files:
-        try:
-            kinds[f] = recognise(f)
-        except NotATrace as exc:
-            refused[f] = str(exc)
-            print(f"agentfsm audit: {exc}", file=sys.stderr)
+    with steps(files, "recognising") as each:
+        for f in each:
+            try:
+                kinds[f] = recognise(f)
+            except NotATrace as exc:
+                refused[f] = str(exc)
+                print(f"agentfsm audit: {exc}", file=sys.stderr)
     if args.coverage:
         status = _main_coverage(kinds, as_json=args.json, require_full=args.require_full)
     else:
@@ -737,7 +746,8 @@ def summary_line(report: Report) -> str:
 
 
 def _main_audit(files: list[Path], *, as_json: bool, refused: Mapping[Path, str] | None = None) -> int:
-    reports = [audit_report(f) for f in files]
+    with steps(files, "auditing") as each:
+        reports = [audit_report(f) for f in each]
     for report in reports:
         if as_json:
             print(json.dumps(report.to_json(), ensure_ascii=False))
@@ -775,11 +785,15 @@ def _move_json(m: Move) -> dict[str, str]:
 
 
 def _main_coverage(kinds: Mapping[Path, str], *, as_json: bool, require_full: bool) -> int:
-    ours = [f for f, kind in kinds.items() if kind == AGENTFSM]
-    cov = coverage(ours)
-    taken, reasons = Counter(cov.taken_edges), Counter(cov.reasons)
-    for f, kind in kinds.items():
-        if kind != AGENTFSM:
+    taken: Counter[Move] = Counter()
+    reasons: Counter[str] = Counter()
+    with steps(list(kinds), "counting moves in") as each:
+        for f in each:
+            if kinds[f] == AGENTFSM:
+                ours = coverage([f])
+                taken.update(ours.taken_edges)
+                reasons.update(ours.reasons)
+                continue
             top = audit_report(f)
             for report in (top, *top.children):  # each subagent loop is a run of the loop too
                 taken.update(Move(m.label, m.source, m.dest) for m in report.moves if m.declared)

@@ -1071,10 +1071,11 @@ def test_require_full_needs_every_edge_and_every_reason(monkeypatch: pytest.Monk
     taken = Counter(moves if edges_full else moves[1:])
     reasons = Counter(r.value for r in (TerminalReason if reasons_full else list(TerminalReason)[1:]))
     monkeypatch.setattr(audit_module, "coverage", lambda _files: Coverage(taken, reasons, [], []))
-    code = audit_module._main_coverage({}, as_json=False, require_full=True)
+    one = {Path("t.jsonl"): "agentfsm"}  # the coverage of each agentfsm trace is read on its own
+    code = audit_module._main_coverage(one, as_json=False, require_full=True)
     capsys.readouterr()
     assert code == (0 if edges_full and reasons_full else 1)
-    assert audit_module._main_coverage({}, as_json=False, require_full=False) == 0
+    assert audit_module._main_coverage(one, as_json=False, require_full=False) == 0
 
 
 # --- each check on both sides (the survivors of the full mutation run) ------------------------------

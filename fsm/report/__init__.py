@@ -28,6 +28,7 @@ from agentfsm.audit import NotATrace, trace_files
 from agentfsm.diagram import dot as dot_views
 from agentfsm.diagram.rendering import DiagramError, render, renderer
 from agentfsm.diagram.views import KIND_COLOURS, LEGEND
+from agentfsm.progress import interrupted, steps
 from agentfsm.report.runs import Run, build, dumps, jsonable
 from agentfsm.report.timeline import CHILD, COMPACTION, HOOK, LINES, MS, REQUEST, TOOL, Span, Timeline
 
@@ -272,7 +273,8 @@ def write_report(out: Path, inputs: Sequence[Path]) -> list[Run]:
     if not files:
         raise ReportError("no .jsonl inputs found in " + ", ".join(str(p) for p in inputs))
     names = _display_names(files, inputs)
-    runs = [build(f, names[f], key=f"run{i}") for i, f in enumerate(files, 1)]
+    with steps(files, "auditing") as each:
+        runs = [build(f, names[f], key=f"run{i}") for i, f in enumerate(each, 1)]
     title = "agentfsm audit — " + (names[files[0]] if len(files) == 1 else f"{len(files)} runs")
     out.write_text(render_page(runs, title=title), encoding="utf-8")
     return runs
@@ -297,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReportError as exc:
         print(f"agentfsm audit: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the page is written in one go at the end: none was half written
+        return interrupted("agentfsm audit", [f"{args.html} not written"])
     if renderer() is None:
         print(f"agentfsm audit: graphs not drawn (no Graphviz renderer): {EXTRA}", file=sys.stderr)
     errors = sum(r.report.errors for r in runs if r.report is not None)
