@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_recovery import run_session  # the recovery tests' session runner, audit included
 
 from agentfsm import prompts
-from agentfsm.audit import audit_file
 from agentfsm.compact import (
     CHARS_PER_TOKEN,
     chars_of,
@@ -27,11 +27,8 @@ from agentfsm.compact import (
     summary_request,
 )
 from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, ModelRequest
-from agentfsm.options import Options
 from agentfsm.request import normalize
-from agentfsm.session import Session
 from agentfsm.state import Limits, Message, TerminalReason
-from agentfsm.testing.scenario import populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
 
 SYSTEM = ({"type": "text", "text": "sys"},)
@@ -356,16 +353,7 @@ def read(tid: str) -> dict[str, Any]:
 
 
 async def _run(tmp: Path, responses: Sequence[Any], **limits: Any) -> tuple[Any, ScriptedModel]:
-    ws = populate_workspace(tmp / "ws").resolve()
-    model = ScriptedModel(list(responses), ws=ws)
-    options = Options(tools=("Read",), permission_mode="bypassPermissions", cwd=ws, limits=Limits(**limits),
-                      sessions_dir=tmp / "sessions", setting_sources=())
-    session = Session(options, client=model)
-    try:
-        result = await session.run("go")
-    finally:
-        await session.aclose()
-    assert session.trace_path is not None and audit_file(session.trace_path) == []
+    result, model, _ = await run_session(tmp, responses, Limits(**limits))
     return result, model
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_recovery import run_session  # the recovery tests' session runner, audit included
 
 from agentfsm.audit import audit_file
 from agentfsm.checks import CODES, check_request
@@ -46,16 +47,7 @@ def raw(text: str, tid: str = "bad") -> dict[str, Any]:
 
 async def run(tmp: Path, responses: Sequence[Any], *, tools: tuple[str, ...] = ("Read",),
               **limits: Any) -> tuple[Any, ScriptedModel, Session]:
-    ws = populate_workspace(tmp / "ws").resolve()
-    model = ScriptedModel(list(responses), ws=ws)
-    options = Options(tools=tools, permission_mode="bypassPermissions", cwd=ws, limits=Limits(**limits),
-                      sessions_dir=tmp / "sessions", setting_sources=())
-    session = Session(options, client=model)
-    try:
-        result = await session.run("go")
-    finally:
-        await session.aclose()
-    assert session.trace_path is not None and audit_file(session.trace_path) == []
+    result, model, session = await run_session(tmp, responses, Limits(**limits), tools=tools)
     for body in model.bodies:
         assert [c for c, _ in check_request(body["messages"])] == []
     return result, model, session

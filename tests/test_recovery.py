@@ -320,11 +320,13 @@ def test_json_schema_retry_cap(cli: Any) -> None:
 # --- counter rules, in process ---------------------------------------------------------------------
 
 
-async def run_session(tmp: Path, responses: Sequence[Any], limits: Limits,
+async def run_session(tmp: Path, responses: Sequence[Any], limits: Limits, *, tools: tuple[str, ...] = ("Read",),
                       **options_kw: Any) -> tuple[Any, ScriptedModel, Session]:
+    """One session on the scripted model in a fresh workspace; its session file must audit clean
+    (shared by the compaction and loop-slip tests)."""
     ws = populate_workspace(tmp / "ws").resolve()
     model = ScriptedModel(list(responses), ws=ws)
-    options = Options(tools=("Read",), permission_mode="bypassPermissions", cwd=ws, limits=limits,
+    options = Options(tools=tools, permission_mode="bypassPermissions", cwd=ws, limits=limits,
                       sessions_dir=tmp / "sessions", setting_sources=(), **options_kw)
     session = Session(options, client=model)
     try:

@@ -293,10 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     try:
         runs = write_report(args.html, args.traces)
-    except NotATrace as exc:
-        print(f"agentfsm audit: {exc}", file=sys.stderr)
-        return 2
-    except ReportError as exc:
+    except (NotATrace, ReportError) as exc:
         print(f"agentfsm audit: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the page is written in one go at the end: none was half written
