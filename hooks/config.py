@@ -5,13 +5,14 @@ Sources, low to high precedence: ``~/.claude/settings.json`` (userSettings) <
 (localSettings) < ``--settings FILE|JSON`` (flagSettings). Scalars from a higher source win; hook
 lists are concatenated (every source's hooks run) and permission rule lists are merged.
 
-A settings file that is not valid JSON or does not have the expected structure raises
-:class:`SettingsError` (a ValueError) naming the file, the place in it and the problem, before any
-hook runs, rather than failing half-way through a session.
+A settings file that is not valid JSON or does not have the structure of ``settings.schema.json``
+raises :class:`SettingsError` (a ValueError) naming the file, the JSON path in it and what is
+expected there, before any hook runs, rather than failing half-way through a session.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -20,9 +21,11 @@ from typing import Any
 import attrs
 
 from agentfsm import log as fsm_log
+from agentfsm.hooks import settings_schema
 from agentfsm.hooks.inputs import FOREIGN_EVENTS, HOOK_EVENTS
 from agentfsm.hooks.permissions import PermissionRule, RuleBehavior, dedup_rules, normalize_mode
 from agentfsm.hooks.runner import DEFAULT_COMMAND_TIMEOUT_S, CommandHook, HookMatcher, compile_matcher
+from agentfsm.hooks.settings_schema import json_path
 
 log = fsm_log.get_logger("agentfsm.hooks.config")
 
@@ -97,48 +100,23 @@ class Settings:
 
 # ----------------------------------------------------------------------------------------------
 # One source
+#
+# The structure (which keys, which types) is checked against hooks/settings.schema.json first, so
+# the code below reads values it knows the shape of; what a schema cannot say (a matcher is a valid
+# regular expression, a rule parses, a mode's alias) is checked here, with the same kind of message.
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
-
-def _parse_handler(source: str, where: str, h: Any) -> CommandHook | None:
-    if not isinstance(h, Mapping):
-        raise SettingsError(source, f"{where} must be an object like "
-                                    '{"type": "command", "command": "..."}, got ' + _short(h))
-    htype = h.get("type")
-    if htype in _UNSUPPORTED_HANDLER_TYPES:
-        log.warning("hook_handler_unsupported", source=source, where=where, type=htype)
+def _parse_handler(source: str, h: Mapping[str, Any]) -> CommandHook | None:
+    if h["type"] in _UNSUPPORTED_HANDLER_TYPES:
+        log.warning("hook_handler_unsupported", source=source, type=h["type"])
         return None
-    if htype != "command":
-        raise SettingsError(source, f"{where}.type must be \"command\" (or one of "
-                                    f"{', '.join(sorted(_UNSUPPORTED_HANDLER_TYPES))}), got {_short(htype)}")
-    command = h.get("command")
-    args = h.get("args")
-    if command is not None and (not isinstance(command, str) or not command.strip()):
-        raise SettingsError(source, f"{where}.command must be a non-empty string, got {_short(command)}")
-    if args is not None and (not isinstance(args, list) or not all(isinstance(a, str) for a in args)
-                             or (not args and not command)):
-        raise SettingsError(source, f"{where}.args must be a non-empty list of strings, got {_short(args)}")
-    if command is None and args is None:
-        raise SettingsError(source, f"{where} needs \"command\" (shell form) or \"args\" (exec form)")
-    timeout = h.get("timeout", DEFAULT_COMMAND_TIMEOUT_S)
-    if not _is_number(timeout) or timeout <= 0:
-        raise SettingsError(source, f"{where}.timeout must be a positive number of seconds, "
-                                    f"got {_short(timeout)}")
-    return CommandHook(command=command, args=args, timeout=float(timeout), source=source)
+    return CommandHook(command=h.get("command"), args=h.get("args"),
+                       timeout=float(h.get("timeout", DEFAULT_COMMAND_TIMEOUT_S)), source=source)
 
 
-def _parse_hooks(source: str, hooks: Any) -> dict[str, tuple[HookMatcher, ...]]:
-    if not isinstance(hooks, Mapping):
-        raise SettingsError(source, "'hooks' must be an object mapping event names to lists, "
-                                    f"got {_short(hooks)}")
+def _parse_hooks(source: str, hooks: Mapping[str, Any]) -> dict[str, tuple[HookMatcher, ...]]:
     out: dict[str, tuple[HookMatcher, ...]] = {}
     for event, entries in hooks.items():
-        where = f"hooks.{event}"
-        if not isinstance(entries, list):
-            raise SettingsError(source, f"{where} must be a list of {{\"matcher\": ..., \"hooks\": [...]}} "
-                                        f"objects, got {_short(entries)}")
         known = event in HOOK_EVENTS
         if event in FOREIGN_EVENTS:
             log.debug("hook_event_ignored", source=source, hook_event=event, detail="not fired by agentfsm")
@@ -149,21 +127,13 @@ def _parse_hooks(source: str, hooks: Any) -> dict[str, tuple[HookMatcher, ...]]:
                         known=list(HOOK_EVENTS))
         matchers: list[HookMatcher] = []
         for i, entry in enumerate(entries):
-            ew = f"{where}[{i}]"
-            if not isinstance(entry, Mapping):
-                raise SettingsError(source, f"{ew} must be an object with \"hooks\", got {_short(entry)}")
             matcher = entry.get("matcher")
-            if matcher is not None and not isinstance(matcher, str):
-                raise SettingsError(source, f"{ew}.matcher must be a string, got {_short(matcher)}")
             try:
                 compile_matcher(matcher)
             except ValueError as exc:
-                raise SettingsError(source, f"{ew}.matcher: {exc}") from None
-            handlers = entry.get("hooks")
-            if not isinstance(handlers, list):
-                raise SettingsError(source, f"{ew}.hooks must be a list of handlers, got {_short(handlers)}")
-            parsed = [_parse_handler(source, f"{ew}.hooks[{k}]", h) for k, h in enumerate(handlers)]
-            commands = [c for c in parsed if c is not None]
+                raise SettingsError(source, f"{json_path(('hooks', event, i, 'matcher'))}: {exc}") from None
+            commands = [c for c in map(functools.partial(_parse_handler, source), entry["hooks"])
+                        if c is not None]
             if known and commands:
                 matchers.append(HookMatcher(matcher=matcher, hooks=commands, source=source))
         if known and matchers:
@@ -171,109 +141,49 @@ def _parse_hooks(source: str, hooks: Any) -> dict[str, tuple[HookMatcher, ...]]:
     return out
 
 
-def _parse_permissions(source: str, perms: Any, root: Path) -> PermissionSettings:
-    if not isinstance(perms, Mapping):
-        raise SettingsError(source, f"'permissions' must be an object, got {_short(perms)}")
+def _parse_permissions(source: str, perms: Mapping[str, Any], root: Path) -> PermissionSettings:
     lists: dict[str, tuple[PermissionRule, ...]] = {}
     behavior: RuleBehavior
     for behavior in ("allow", "ask", "deny"):
-        items = perms.get(behavior, [])
-        if not isinstance(items, list):
-            raise SettingsError(source, f"permissions.{behavior} must be a list of rule strings, "
-                                        f"got {_short(items)}")
         rules = []
-        for i, text in enumerate(items):
-            if not isinstance(text, str):
-                raise SettingsError(source, f"permissions.{behavior}[{i}] must be a string, "
-                                            f"got {_short(text)}")
+        for i, text in enumerate(perms.get(behavior, [])):
             try:
                 rules.append(PermissionRule.parse(text, behavior, source, root))
             except ValueError as exc:
-                raise SettingsError(source, f"permissions.{behavior}[{i}]: {exc}") from None
+                raise SettingsError(source, f"{json_path(('permissions', behavior, i))}: {exc}") from None
         lists[behavior] = tuple(rules)
     mode = perms.get("defaultMode")
     if mode is not None:
-        if not isinstance(mode, str):
-            raise SettingsError(source, f"permissions.defaultMode must be a string, got {_short(mode)}")
-        try:
-            mode = normalize_mode(mode)
-        except ValueError as exc:
-            raise SettingsError(source, f"permissions.defaultMode: {exc}") from None
-    dirs = perms.get("additionalDirectories", [])
-    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
-        raise SettingsError(source, "permissions.additionalDirectories must be a list of strings, "
-                                    f"got {_short(dirs)}")
+        mode = normalize_mode(mode)  # the schema holds the same names; this maps the alias
     return PermissionSettings(
         allow=lists["allow"], ask=lists["ask"], deny=lists["deny"], default_mode=mode,
-        additional_directories=tuple((root / Path(d).expanduser()).resolve() for d in dirs),
+        additional_directories=tuple((root / Path(d).expanduser()).resolve()
+                                     for d in perms.get("additionalDirectories", [])),
         disable_bypass_mode=perms.get("disableBypassPermissionsMode") == "disable",
     )
 
 
 _SANDBOX_BOOLS = {"enabled": "enabled", "failIfUnavailable": "fail_if_unavailable",
                   "autoAllowBashIfSandboxed": "auto_allow_bash", "allowUnsandboxedCommands": "allow_unsandboxed"}
-# keys Claude Code has that change nothing here (macOS-only, or escape hatches this sandbox does
-# not offer): accepted, so a shared settings file loads
-_SANDBOX_IGNORED = frozenset({"enableWeakerNestedSandbox", "ignoreViolations", "enableWeakerNetworkIsolation"})
 _FS_LISTS = {"allowWrite": "allow_write", "denyWrite": "deny_write", "denyRead": "deny_read"}
-_NET_IGNORED = frozenset({"allowUnixSockets", "allowAllUnixSockets", "httpProxyPort", "socksProxyPort",
-                          "allowManagedDomainsOnly"})
 
 
-def _string_list(source: str, where: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise SettingsError(source, f"{where} must be a list of non-empty strings, got {_short(value)}")
-    return tuple(value)
-
-
-def _parse_sandbox(source: str, data: Any, root: Path) -> SandboxSettings:
-    if not isinstance(data, Mapping):
-        raise SettingsError(source, f"'sandbox' must be an object, got {_short(data)}")
-    fields: dict[str, Any] = {}
-    for key, value in data.items():
-        where = f"sandbox.{key}"
-        if key in _SANDBOX_BOOLS:
-            if not isinstance(value, bool):
-                raise SettingsError(source, f"{where} must be true or false, got {_short(value)}")
-            fields[_SANDBOX_BOOLS[key]] = value
-        elif key == "excludedCommands":
-            fields["excluded_commands"] = _string_list(source, where, value)
-        elif key == "filesystem":
-            if not isinstance(value, Mapping):
-                raise SettingsError(source, f"{where} must be an object, got {_short(value)}")
-            for fkey, fvalue in value.items():
-                if fkey in _FS_LISTS:
-                    specs = _string_list(source, f"{where}.{fkey}", fvalue)
-                    fields[_FS_LISTS[fkey]] = tuple(SandboxPath(s, root) for s in specs)
-                elif fkey == "allowRead":
-                    _string_list(source, f"{where}.{fkey}", fvalue)
-                    log.warning("sandbox_setting_not_applied", source=source, key=f"{where}.{fkey}",
-                                detail="paths denied to reading stay hidden in the sandbox")
-                else:
-                    _unknown_sandbox_key(source, f"{where}.{fkey}")
-        elif key == "network":
-            if not isinstance(value, Mapping):
-                raise SettingsError(source, f"{where} must be an object, got {_short(value)}")
-            for nkey, nvalue in value.items():
-                if nkey == "allowedDomains":
-                    fields["allowed_domains"] = _string_list(source, f"{where}.{nkey}", nvalue) if nvalue else ()
-                elif nkey == "deniedDomains":
-                    fields["denied_domains"] = _string_list(source, f"{where}.{nkey}", nvalue) if nvalue else ()
-                elif nkey == "allowLocalBinding":
-                    if not isinstance(nvalue, bool):
-                        raise SettingsError(source, f"{where}.{nkey} must be true or false, got {_short(nvalue)}")
-                    fields["allow_local_binding"] = nvalue
-                elif nkey not in _NET_IGNORED:
-                    _unknown_sandbox_key(source, f"{where}.{nkey}")
-        elif key not in _SANDBOX_IGNORED:
-            _unknown_sandbox_key(source, where)
+def _parse_sandbox(data: Mapping[str, Any], root: Path) -> SandboxSettings:
+    fields: dict[str, Any] = {_SANDBOX_BOOLS[k]: v for k, v in data.items() if k in _SANDBOX_BOOLS}
+    if "excludedCommands" in data:
+        fields["excluded_commands"] = tuple(data["excludedCommands"])
+    filesystem = data.get("filesystem", {})
+    for key, name in _FS_LISTS.items():
+        if key in filesystem:
+            fields[name] = tuple(SandboxPath(s, root) for s in filesystem[key])
+    network = data.get("network", {})
+    if "allowedDomains" in network:
+        fields["allowed_domains"] = tuple(network["allowedDomains"] or ())
+    if "deniedDomains" in network:
+        fields["denied_domains"] = tuple(network["deniedDomains"] or ())
+    if "allowLocalBinding" in network:
+        fields["allow_local_binding"] = network["allowLocalBinding"]
     return SandboxSettings(**fields)
-
-
-def _unknown_sandbox_key(source: str, where: str) -> None:
-    # forward compatibility, as for hook events: a file written for a newer Claude Code still loads,
-    # and a typo does not go unnoticed (the sandbox keeps its defaults, which are the strict ones)
-    log.warning("sandbox_setting_unknown", source=source, key=where)
 
 
 def _merge_sandbox(low: SandboxSettings, high: SandboxSettings) -> SandboxSettings:
@@ -298,22 +208,22 @@ def parse_settings(data: Any, *, source: str, root: str | Path) -> Settings:
     """Validate one settings object. ``root`` is the project directory of the source: the base of
     ``/path`` permission rules and of relative ``additionalDirectories``."""
     root_p = Path(root)
-    if not isinstance(data, Mapping):
-        raise SettingsError(source, f"settings must be a JSON object, got {_short(data)}")
+    try:
+        found = settings_schema.problem(data)
+    except settings_schema.SchemaUnavailable as exc:
+        raise SettingsError(source, str(exc)) from None
+    if found is not None:
+        raise SettingsError(source, found[1])
+    for event, where, detail in settings_schema.annotations(data):
+        # forward compatibility: a key written for a newer Claude Code still loads, and a typo does not
+        # go unnoticed (for the sandbox, its defaults are the strict ones)
+        log.warning(event, source=source, key=json_path(where), detail=detail)
     hooks = _parse_hooks(source, data["hooks"]) if "hooks" in data else {}
     perms = (_parse_permissions(source, data["permissions"], root_p) if "permissions" in data
              else PermissionSettings())
-    disable = data.get("disableAllHooks", False)
-    if not isinstance(disable, bool):
-        raise SettingsError(source, f"disableAllHooks must be true or false, got {_short(disable)}")
-    sandbox = _parse_sandbox(source, data["sandbox"], root_p) if "sandbox" in data else SandboxSettings()
+    sandbox = _parse_sandbox(data["sandbox"], root_p) if "sandbox" in data else SandboxSettings()
     return Settings(hooks=hooks, permissions=perms, sources=(source,), raw=dict(data),
-                    disable_all_hooks=disable, sandbox=sandbox)
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
+                    disable_all_hooks=data.get("disableAllHooks", False), sandbox=sandbox)
 
 
 # ----------------------------------------------------------------------------------------------

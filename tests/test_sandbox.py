@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -347,12 +348,12 @@ def test_sandbox_settings_parse_with_claude_codes_keys(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("value", "needle"), [
     ({"enabled": "yes"}, "sandbox.enabled must be true or false"),
     ({"excludedCommands": "docker"}, "sandbox.excludedCommands must be a list"),
-    ({"filesystem": {"denyRead": [1]}}, "sandbox.filesystem.denyRead must be a list"),
+    ({"filesystem": {"denyRead": [1]}}, "sandbox.filesystem.denyRead[0] must be a non-empty string, got 1"),
     ({"network": []}, "sandbox.network must be an object"),
-    ([], "'sandbox' must be an object"),
+    ([], "sandbox must be an object, got []"),
 ])
 def test_bad_sandbox_settings_get_a_clear_error(tmp_path: Path, value: Any, needle: str) -> None:
-    with pytest.raises(SettingsError, match=needle.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(SettingsError, match=re.escape(needle)):
         parse_settings({"sandbox": value}, source="s.json", root=tmp_path)
 
 
