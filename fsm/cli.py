@@ -317,8 +317,12 @@ class Printer:
         if msg.get("type") == "system" and msg.get("subtype") == "api_retry" and self.fmt != "stream-json":
             # text and json print only the result: a retry wait would be silent, so it is said on stderr
             delay = (msg.get("retry_delay_ms") or 0) / 1000
-            status = msg.get("error_status") or "no answer"
-            _say(f"the API request failed ({status}: {printable(str(msg.get('error') or ''))[:200]}); retrying in "
+            status = msg.get("error_status")
+            # no status: no HTTP answer came at all, and the record's category ("unknown") tells a user
+            # nothing, so say what that means and what to check
+            why = (f"{status}: {printable(str(msg.get('error') or ''))[:200]}" if status is not None else
+                   "no answer: the connection failed or timed out; check the network and ANTHROPIC_BASE_URL")
+            _say(f"the API request failed ({why}); retrying in "
                  f"{delay:.1f} s (attempt {msg.get('attempt')} of {msg.get('max_retries')}; Ctrl-C stops)")
         if self.fmt == "stream-json":
             init = msg.get("type") == "system" and msg.get("subtype") == "init"

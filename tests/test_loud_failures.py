@@ -296,3 +296,19 @@ def test_a_retry_wait_is_said_on_stderr_in_text_output(tmp_path):
     assert proc.stdout.strip() == "fine now"
     assert "the API request failed (529: " in proc.stderr and "retrying in" in proc.stderr, proc.stderr
     assert "Ctrl-C stops" in proc.stderr
+
+
+def test_an_endpoint_that_does_not_answer_is_named_as_a_connection_failure(tmp_path):
+    """No HTTP answer at all (nothing listens at the base URL): the retry line says the connection
+    failed and what to check, not the record's category "unknown"."""
+    import socket
+
+    with socket.socket() as s:  # a free loopback port, closed again: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = _run_cli("-p", "hi", "--limit", "api_max_retries=1", "--sessions-dir", str(tmp_path / "s"), cwd=tmp_path,
+                    env={"ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}", "ANTHROPIC_API_KEY": "sk-test"})
+    assert proc.returncode == 1
+    assert "the API request failed (no answer: the connection failed or timed out; check the network and " \
+           "ANTHROPIC_BASE_URL); retrying in" in proc.stderr, proc.stderr
+    assert "unknown" not in proc.stderr.splitlines()[0]
