@@ -1,10 +1,13 @@
 """The scripted model as a real HTTP/1.1 Messages server on loopback, speaking the API's SSE.
 
-Built on ``asyncio.start_server`` alone so the testing kit adds no dependency and the wire is exactly
-what we write: the real ``anthropic`` SDK (and Claude Code itself) can be pointed at it with
-``ANTHROPIC_BASE_URL``. SSE bodies use ``Transfer-Encoding: chunked`` so a scripted break (the
-connection closed before the terminating chunk) is an error the client cannot mistake for a
-normal end, while complete responses keep the connection alive for the next request.
+HTTP/1.1 is h11's (request parsing, chunked bodies, keep-alive, response framing): a maintained,
+sans-I/O protocol library that the ``anthropic`` SDK's own HTTP stack already installs, so the kit adds
+no dependency. Sockets are ``asyncio.start_server``'s. Being sans-I/O, h11 leaves every byte's timing
+to us, which a scripted server needs and a framework would hide: each SSE event is flushed on its own
+(a scripted pause is a pause on the wire), and a scripted break closes the socket before the
+terminating chunk, an error the client cannot mistake for a normal end. The real ``anthropic`` SDK
+(and Claude Code itself) can be pointed at it with ``ANTHROPIC_BASE_URL``; complete responses keep
+the connection alive for the next request.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import IO, Any
 
 import attrs
+import h11
 
 from agentfsm.model import ModelRequest
 from agentfsm.testing.scenario import (
@@ -36,13 +40,10 @@ from agentfsm.testing.scenario import (
 )
 from agentfsm.testing.scripted import ResponseSource, ScriptSource, estimate_input_tokens, session_key
 
+# the largest request head h11 buffers before it answers 431
 _MAX_HEADER_BYTES = 1 << 20
 # SSE error types mapped to the status a non-streamed request would have had.
 _ERROR_STATUS = {"overloaded_error": 529, "api_error": 500, "rate_limit_error": 429, "timeout_error": 504}
-
-
-class _BadRequest(Exception):
-    pass
 
 
 @attrs.frozen
@@ -160,7 +161,7 @@ class ScriptedServer:
             raise RuntimeError("the scripted server is already running")
         # A large backlog: a thousand sessions may connect in the same instant.
         self._server = await asyncio.start_server(
-            self._handle, self.host, self.port, backlog=4096, limit=_MAX_HEADER_BYTES
+            self._handle, self.host, self.port, backlog=4096
         )
         if self._log_target is not None and self._log is None:
             self._log = (
@@ -269,17 +270,23 @@ class ScriptedServer:
         assert task is not None
         self._handlers.add(task)
         self.connections += 1
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEADER_BYTES)
+        out = _Wire(conn, writer)
         try:
             while True:
                 try:
-                    req = await self._read_request(reader)
-                except _BadRequest as e:
-                    await self._send_json(writer, 400, _error_body("invalid_request_error", str(e)), False)
+                    req = await self._read_request(conn, reader)
+                except h11.RemoteProtocolError as e:
+                    if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                        await out.json(e.error_status_hint, _error_body("invalid_request_error", str(e)), False)
                     return
-                if req is None or not await self._dispatch(req, writer):
+                if req is None or not await self._dispatch(req, out):
                     return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            return  # the client went away; nothing to answer
+                if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                    return  # a request body left unread, or a response that ended the connection
+                conn.start_next_cycle()
+        except (ConnectionError, h11.LocalProtocolError):
+            return  # the client went away (or left mid-answer); nothing to answer
         except asyncio.CancelledError:
             return  # the server is stopping
         finally:
@@ -288,70 +295,43 @@ class ScriptedServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> _HttpRequest | None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError as e:
-            if e.partial.strip():
-                raise _BadRequest("incomplete request head") from None
-            return None  # an idle keep-alive connection closed by the client
-        except asyncio.LimitOverrunError:
-            raise _BadRequest("request head too large") from None
-        lines = head.decode("latin-1").lstrip("\r\n").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _BadRequest(f"bad request line: {lines[0][:100]!r}")
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise _BadRequest(f"bad header line: {line[:100]!r}")
-            headers[name.strip().lower()] = value.strip()
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = await self._read_chunked(reader)
-        else:
-            try:
-                length = int(headers.get("content-length", "0"))
-            except ValueError:
-                raise _BadRequest("bad Content-Length") from None
-            body = await reader.readexactly(length) if length > 0 else b""
-        conn = headers.get("connection", "").lower()
-        keep_alive = conn != "close" if version == "HTTP/1.1" else conn == "keep-alive"
-        return _HttpRequest(method.upper(), target.split("?", 1)[0], headers, body, keep_alive)
-
     @staticmethod
-    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        chunks: list[bytes] = []
+    async def _read_request(conn: h11.Connection, reader: asyncio.StreamReader) -> _HttpRequest | None:
+        """The next whole request, or None when the client closed an idle connection."""
+        head: h11.Request | None = None
+        body: list[bytes] = []
         while True:
-            size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _BadRequest("bad chunk size") from None
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass  # trailers carry nothing we use
-                return b"".join(chunks)
-            chunks.append(await reader.readexactly(size))
-            await reader.readexactly(2)
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(1 << 16))  # b"" at the end of the stream
+            elif isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage) and head is not None:
+                headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers}
+                tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+                # h11 speaks keep-alive to HTTP/1.1 clients only; an HTTP/1.0 answer ends the connection
+                keep_alive = head.http_version == b"1.1" and "close" not in tokens
+                target = head.target.decode("latin-1").split("?", 1)[0]
+                return _HttpRequest(head.method.decode("latin-1").upper(), target, headers, b"".join(body),
+                                    keep_alive)
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
 
-    async def _dispatch(self, req: _HttpRequest, writer: asyncio.StreamWriter) -> bool:
+    async def _dispatch(self, req: _HttpRequest, out: _Wire) -> bool:
         """Answer one request; returns whether the connection stays usable."""
         path = req.path.rstrip("/")
         if req.method == "POST" and path == "/v1/messages":
-            return await self._messages(req, writer)
+            return await self._messages(req, out)
         if req.method == "POST" and path == "/v1/messages/count_tokens":
             body = self._json_body(req)
             if body is None:
-                return await self._bad_json(writer, req.keep_alive)
-            return await self._send_json(
-                writer, 200, {"input_tokens": estimate_input_tokens(body)}, req.keep_alive
+                return await self._bad_json(out, req.keep_alive)
+            return await out.json(
+                200, {"input_tokens": estimate_input_tokens(body)}, req.keep_alive
             )
-        return await self._send_json(
-            writer,
+        return await out.json(
             404,
             _error_body("not_found_error", f"{req.method} {req.path}: no such endpoint"),
             req.keep_alive,
@@ -365,9 +345,9 @@ class ScriptedServer:
             return None
         return body if isinstance(body, dict) else None
 
-    async def _bad_json(self, writer: asyncio.StreamWriter, keep_alive: bool) -> bool:
-        return await self._send_json(
-            writer, 400, _error_body("invalid_request_error", "request body is not a JSON object"), keep_alive
+    async def _bad_json(self, out: _Wire, keep_alive: bool) -> bool:
+        return await out.json(
+            400, _error_body("invalid_request_error", "request body is not a JSON object"), keep_alive
         )
 
     def _record(self, body: dict[str, Any], key: Hashable) -> None:
@@ -378,10 +358,10 @@ class ScriptedServer:
                 self._log.write(json.dumps(body, ensure_ascii=False) + "\n")
                 self._log.flush()
 
-    async def _messages(self, req: _HttpRequest, writer: asyncio.StreamWriter) -> bool:
+    async def _messages(self, req: _HttpRequest, out: _Wire) -> bool:
         body = self._json_body(req)
         if body is None:
-            return await self._bad_json(writer, req.keep_alive)
+            return await self._bad_json(out, req.keep_alive)
         key = session_key(body.get("metadata")) if isinstance(body.get("metadata"), Mapping) else None
         self._record(body, key)
         request = request_from_body(body)
@@ -394,18 +374,17 @@ class ScriptedServer:
                 headers["x-should-retry"] = "true" if resp.should_retry else "false"
             if resp.retry_after_s is not None:
                 headers["retry-after-ms"] = f"{resp.retry_after_s * 1000:g}"
-            return await self._send_json(
-                writer, resp.status, _error_body(resp.error_type, resp.message), req.keep_alive, headers
+            return await out.json(
+                resp.status, _error_body(resp.error_type, resp.message), req.keep_alive, headers
             )
         model = self.model or request.model
         tokens = estimate_input_tokens(body)
         message_id = f"msg_scripted_{serial:06d}"
         if body.get("stream") is True:
-            return await self._stream(writer, resp, model, tokens, message_id, request_id, req.keep_alive)
+            return await self._stream(out, resp, model, tokens, message_id, request_id, req.keep_alive)
         if resp.sse_error is not None:
             status = _ERROR_STATUS.get(resp.sse_error.type, 500)
-            return await self._send_json(
-                writer,
+            return await out.json(
                 status,
                 _error_body(resp.sse_error.type, resp.sse_error.message),
                 req.keep_alive,
@@ -414,11 +393,11 @@ class ScriptedServer:
         if resp.breaks:
             return False  # closed without an answer, the non-streamed form of a broken stream
         message = final_message(resp, model, input_tokens=tokens, message_id=message_id)
-        return await self._send_json(writer, 200, message, req.keep_alive, {"request-id": request_id})
+        return await out.json(200, message, req.keep_alive, {"request-id": request_id})
 
     async def _stream(
         self,
-        writer: asyncio.StreamWriter,
+        out: _Wire,
         resp: StreamedResponse,
         model: str,
         input_tokens: int,
@@ -426,66 +405,63 @@ class ScriptedServer:
         request_id: str,
         keep_alive: bool,
     ) -> bool:
-        head = (
-            "HTTP/1.1 200 OK\r\n"
-            "content-type: text/event-stream; charset=utf-8\r\n"
-            "cache-control: no-cache\r\n"
-            "transfer-encoding: chunked\r\n"
-            f"request-id: {request_id}\r\n"
-            f"connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
-        )
+        head = [("content-type", "text/event-stream; charset=utf-8"), ("cache-control", "no-cache"),
+                ("request-id", request_id), ("connection", "keep-alive" if keep_alive else "close")]
         if resp.fault is not None:
-            return await self._fault(writer, resp.fault, head)
-        writer.write(head.encode("latin-1"))
+            return await self._fault(out, resp.fault, head)
+        # no content-length: h11 frames the body as chunks, one per event
+        await out.send(h11.Response(status_code=200, headers=head))
         for event in response_events(resp, model, input_tokens=input_tokens, message_id=message_id):
-            frame = event.sse()
-            writer.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             # Flush each event on its own so a scripted pause is a pause on the wire, too.
-            await writer.drain()
+            await out.send(h11.Data(data=event.sse()))
             await self._sleep(event.pause_s)
         if resp.breaks:
             return False  # the caller closes the socket before the terminating chunk
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
+        await out.send(h11.EndOfMessage())
         return keep_alive
 
-    async def _fault(self, writer: asyncio.StreamWriter, fault: str, head: str) -> bool:
+    @staticmethod
+    async def _fault(out: _Wire, fault: str, head: list[tuple[str, str]]) -> bool:
         """A stream that fails before its first event (see ``StreamedResponse.fault``)."""
         if fault == "html":
             page = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: %d\r\n"
-                         b"connection: close\r\n\r\n%s" % (len(page), page))
-            await writer.drain()
+            await out.send(h11.Response(status_code=200, headers=[
+                ("content-type", "text/html"), ("content-length", str(len(page))), ("connection", "close")]),
+                h11.Data(data=page), h11.EndOfMessage())
             return False
-        writer.write(head.encode("latin-1"))
+        await out.send(h11.Response(status_code=200, headers=head))
         frames = {"drop": b"",
                   "invalid_json": b"event: message_start\ndata: {\"type\": \"message_start\", \"message\": {\n\n",
                   "garbage": b"\x00\x01garbage that is not server-sent events\xff\n\n"}[fault]
         if frames:
-            writer.write(b"%x\r\n%s\r\n" % (len(frames), frames))
+            await out.send(h11.Data(data=frames))
         if fault != "drop":
-            writer.write(b"0\r\n\r\n")
-        await writer.drain()
+            await out.send(h11.EndOfMessage())
         return False
 
-    async def _send_json(
-        self,
-        writer: asyncio.StreamWriter,
-        status: int,
-        payload: Mapping[str, Any],
-        keep_alive: bool,
-        headers: Mapping[str, str] | None = None,
-    ) -> bool:
+
+class _Wire:
+    """One connection's outgoing side: h11 frames the events, the stream writer sends them."""
+
+    def __init__(self, conn: h11.Connection, writer: asyncio.StreamWriter) -> None:
+        self.conn, self.writer = conn, writer
+
+    async def send(self, *events: h11.Event) -> None:
+        for event in events:
+            data = self.conn.send(event)
+            if data:
+                self.writer.write(data)
+        await self.writer.drain()
+
+    async def json(self, status: int, payload: Mapping[str, Any], keep_alive: bool,
+                   headers: Mapping[str, str] | None = None) -> bool:
+        """A whole JSON response; returns whether the connection stays usable."""
         data = json.dumps(payload, ensure_ascii=False).encode()
-        lines = [
-            f"HTTP/1.1 {status} {_reason(status)}",
-            "content-type: application/json",
-            f"content-length: {len(data)}",
-            f"connection: {'keep-alive' if keep_alive else 'close'}",
-            *(f"{k}: {v}" for k, v in (headers or {}).items()),
-        ]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data)
-        await writer.drain()
+        await self.send(
+            h11.Response(status_code=status, reason=_reason(status).encode(), headers=[
+                ("content-type", "application/json"), ("content-length", str(len(data))),
+                ("connection", "keep-alive" if keep_alive else "close"), *(headers or {}).items()]),
+            h11.Data(data=data), h11.EndOfMessage())
         return keep_alive
 
 
