@@ -15,7 +15,7 @@ from pathlib import Path
 from claude_agent_sdk import AssistantMessage, ClaudeAgentOptions, ResultMessage, TextBlock, query
 
 from agentfsm.testing import ScriptedServer
-from agentfsm.testing.scenario import populate_workspace, scenario_path
+from agentfsm.testing.scenario import scenario_path
 
 
 def agentfsm_cli() -> str:
@@ -34,13 +34,15 @@ def agentfsm_cli() -> str:
 
 async def main() -> None:
     cli = agentfsm_cli()
-    ws = populate_workspace(Path(tempfile.mkdtemp()) / "ws")  # holds probe-fixture.txt
-    with ScriptedServer(scenario_path("read_probe"), ws=str(ws)) as api:
+    ws = Path(tempfile.mkdtemp())
+    (ws / "notes.txt").write_text("Buy milk.\n")
+    # read_a_file ships with agentfsm: one Read of notes.txt, then an answer
+    with ScriptedServer(scenario_path("read_a_file"), ws=str(ws)) as api:
         options = ClaudeAgentOptions(
             cli_path=cli,  # <- the one line: the loop is agentfsm's
             cwd=str(ws), allowed_tools=["Read"],
             env={"ANTHROPIC_BASE_URL": api.base_url, "ANTHROPIC_API_KEY": "sk-scripted"})
-        async for message in query(prompt="Read probe-fixture.txt", options=options):
+        async for message in query(prompt="What does notes.txt say?", options=options):
             if isinstance(message, AssistantMessage):
                 for block in message.content:
                     print("assistant:", block.text if isinstance(block, TextBlock) else block)
