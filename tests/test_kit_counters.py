@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 from agentfsm import graph
 from agentfsm.audit import audit
@@ -58,8 +58,12 @@ SCRIPT = [CUT, tool_response("toolu_1", "Echo", {"text": "x"}), text_response("d
 def _kit_property() -> None:
     """What a user of the kit writes (docs/kit.md), at hypothesis's default budget, made repeatable."""
 
+    # Detection is what is measured here, at the default 100 examples; shrinking is left out because on a loaded
+    # machine it ran into hypothesis's own five-minute shrink limit and then reported two failures as an
+    # ExceptionGroup instead of the one assertion (seen with 8 jobs on 2 cores).
     @settings(max_examples=100, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=[Phase.explicit, Phase.reuse, Phase.generate])
     @given(model_behaviours([echo]))
     def test_echo_in_the_loop(script: list[Any]) -> None:
         assert_invariants(run_loop(script, tools=[echo]))
