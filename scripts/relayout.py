@@ -140,7 +140,7 @@ PACKAGE_CONTRACT = "The layer packages of fsm/, top to bottom (scripts/relayout.
 PY_ROOTS = ("fsm", "tools", "hooks", "tests", "bench", "examples")
 TEXT_SUFFIXES = (".md", ".toml", ".yml", ".yaml")
 SKIP_DIRS = frozenset({".git", ".venv", "node_modules", "__pycache__", "site", ".mypy_cache", ".ruff_cache",
-                       ".pytest_cache", "scripts"})
+                       ".pytest_cache", "scripts", "build", "dist"})
 ALIAS_BEGIN = "# --- moved modules (written by scripts/relayout.py; do not edit) ---"
 ALIAS_END = "# --- end of moved modules ---"
 

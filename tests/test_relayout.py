@@ -208,6 +208,7 @@ def moved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the copy, the codemod and an install take minutes on a busy machine
 def test_the_copy_is_in_the_new_layout_and_a_second_run_changes_nothing(
         moved: tuple[Path, Path, frozenset[str]]) -> None:
     tree, _site, before = moved
@@ -229,6 +230,7 @@ def test_the_copy_is_in_the_new_layout_and_a_second_run_changes_nothing(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the copy, the codemod and an install take minutes on a busy machine
 def test_no_import_of_an_old_path_is_left(moved: tuple[Path, Path, frozenset[str]]) -> None:
     tree, _site, _before = moved
     names = "|".join(sorted(MAPPING, key=len, reverse=True))
@@ -243,6 +245,7 @@ def test_no_import_of_an_old_path_is_left(moved: tuple[Path, Path, frozenset[str
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the copy, the codemod and an install take minutes on a busy machine
 def test_the_moved_package_imports_and_keeps_every_contract(moved: tuple[Path, Path, frozenset[str]]) -> None:
     tree, site, _before = moved
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -276,6 +279,7 @@ def test_the_moved_package_imports_and_keeps_every_contract(moved: tuple[Path, P
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the copy, the codemod and an install take minutes on a busy machine
 def test_a_smoke_subset_of_the_copys_tests_passes_on_the_moved_package(
         moved: tuple[Path, Path, frozenset[str]]) -> None:
     tree, site, _before = moved
