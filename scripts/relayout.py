@@ -373,6 +373,21 @@ class Rewriter(cst.CSTTransformer):
         new = rewrite_text(updated.value, self.persisted)
         return updated.with_changes(value=new) if new != updated.value else updated
 
+    # REPO / "fsm" / "graph.py", site / "agentfsm" / "claude_code": a path built from parts
+    def leave_BinaryOperation(self, original: cst.BinaryOperation, updated: cst.BinaryOperation
+                              ) -> cst.BinaryOperation:
+        if not isinstance(updated.operator, cst.Divide) or not isinstance(updated.right, cst.SimpleString):
+            return updated
+        name = updated.right.evaluated_value
+        name = name.removesuffix(".py") if isinstance(name, str) else None
+        left = updated.left.right if isinstance(updated.left, cst.BinaryOperation) else updated.left
+        if name not in MAPPING or not isinstance(left, cst.SimpleString) or \
+                left.evaluated_value not in ("fsm", "agentfsm"):
+            return updated
+        quote = updated.right.quote
+        package = cst.SimpleString(f"{quote}{MAPPING[name]}{quote}")
+        return updated.with_changes(left=cst.BinaryOperation(updated.left, cst.Divide(), package))
+
     # Path(__file__)...parents[N] in a module one folder deeper
     def leave_Subscript(self, original: cst.Subscript, updated: cst.Subscript) -> cst.Subscript:
         if not self.moved or not isinstance(updated.value, cst.Attribute) or updated.value.attr.value != "parents":
@@ -616,7 +631,9 @@ def write_aliases(root: Path) -> bool:
         "        new = f\"{__name__}.{_MOVED[name]}.{name}\"\n"
         "        warnings.warn(f\"{__name__}.{name} moved to {new}: import it from there\", DeprecationWarning,\n"
         "                      stacklevel=2)\n"
-        "        return sys.modules.setdefault(f\"{__name__}.{name}\", importlib.import_module(new))\n")
+        "        module = sys.modules.setdefault(f\"{__name__}.{name}\", importlib.import_module(new))\n"
+        "        globals()[name] = module\n"
+        "        return module\n")
     if getattr_hook not in new:
         new = new.replace("    module = _EXPORTS.get(name)\n", getattr_hook + "    module = _EXPORTS.get(name)\n", 1)
     if new != text:

@@ -148,6 +148,11 @@ def test_python_rewrites_imports_uses_and_strings() -> None:
         "x = agentfsm.machine.state.Limits()\n"
         "y = agentfsm.Limits\n"
         "LOG = get_logger('agentfsm.memory')\n")
+    parts = ('a = REPO / "fsm" / "graph.py"; b = site / "agentfsm" / "claude_code" / "walker.py"; '
+             'c = REPO / "graph.py"\n')
+    assert cst.parse_module(parts).visit(relayout.Rewriter(frozenset(), False)).code == (
+        'a = REPO / "fsm" / "machine" / "graph.py"; b = site / "agentfsm" / "auditing" / "claude_code" / "walker.py"; '
+        'c = REPO / "graph.py"\n')
     deeper = "ROOT = Path(__file__).resolve().parents[1] / 'docs'\n"
     assert cst.parse_module(deeper).visit(relayout.Rewriter(frozenset(), True)).code == \
         "ROOT = Path(__file__).resolve().parents[2] / 'docs'\n"
@@ -218,7 +223,7 @@ def test_the_copy_is_in_the_new_layout_and_a_second_run_changes_nothing(
         assert (fsm / pkg / f"{name}.py").exists() or (fsm / pkg / name / "__init__.py").exists(), name
     for pkg in set(MAPPING.values()):
         assert (fsm / pkg / "__init__.py").read_text().startswith('"""')
-    left = {p.name for p in fsm.iterdir() if p.name != "__pycache__"}
+    left = {p.name.removesuffix(".py") for p in fsm.iterdir() if p.name != "__pycache__"}
     assert set(MAPPING.values()) <= left <= relayout.STAY | set(MAPPING.values())
     digest = _tree_digest(tree)
     again = _run([sys.executable, "scripts/relayout.py"], tree)
