@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=3000, help="loops per round (default 3000)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
     args = ap.parse_args(argv)
-    fns = {"machine": by_machine, "stock classes": by_stock_machine, "machine lists walked": by_machine_lists, "table walk": by_table,
-           "evolve": by_evolve, "set-up": set_up_only}
+    fns = {"machine": by_machine, "stock classes": by_stock_machine, "machine lists walked": by_machine_lists,
+           "table walk": by_table, "evolve": by_evolve, "set-up": set_up_only}
     for fn in fns.values():  # warm-up
         _round(fn, 50)
     got: dict[str, list[float]] = {k: [] for k in fns}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_objects_per_turn_stay_flat(tmp_path: Path, no_gc: None) -> None:
     """What a turn leaves alive is its share of the history (the messages, kept for the next
     request), the same at turn 40 as at turn 10: nothing accumulates per turn beyond it."""
     counts = _tracked_per_turn(tmp_path, 60)
-    growth = [b - a for a, b in zip(counts, counts[1:], strict=False)]
+    growth = [b - a for a, b in itertools.pairwise(counts)]
     early, late = sorted(growth[5:15])[5], sorted(growth[45:55])[5]  # medians of ten turns
     assert 0 < early <= 40, growth  # two messages and their blocks, about seventeen objects
     assert late <= early + 5, (early, late, growth)
@@ -223,5 +224,5 @@ def test_weak_method_does_not_keep_its_object() -> None:
     assert call("x") == "hello x" and quiet("y") == "hello y"
     del owner
     assert quiet("y") is None
-    with pytest.raises(ReferenceError, match="_Owner.hello"):
+    with pytest.raises(ReferenceError, match=r"_Owner\.hello"):
         call("x")
