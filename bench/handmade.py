@@ -161,36 +161,43 @@ class Outcome:
 
 def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[str], timeout: float,
             pyc: Any) -> Outcome:
-    """``m`` applied in ``worker``'s copy, its module's tests run against it, the file put back; a failing
-    test is confirmed on the unmutated copy."""
+    """``m`` applied in ``worker``'s copy, its module's tests run against it, the file put back. A failing
+    test is run again on the unmutated copy: when it fails there too it says nothing of the mutant, so it
+    is deselected and the mutant's tests run again without it (up to three such tests)."""
     target = worker.tree / m.file
     original = target.read_text()
     if original.count(m.old) != 1:
         return Outcome(m.id, "stale", "", 0.0, "", f"old snippet occurs {original.count(m.old)} times")
+    dig = hashlib.sha256(original.encode()).hexdigest()[:12]
     start = time.monotonic()
-    for p in pyc(worker.tree, m.file):
-        p.unlink()
-    target.write_text(original.replace(m.old, m.new, 1))
-    try:
-        code, output = worker.run([*pytest_args, *tests], timeout)
-    finally:
-        target.write_text(original)
+    red_on_clean: list[str] = []
+    while True:
+        deselect = [a for t in red_on_clean for a in ("--deselect", t)]
         for p in pyc(worker.tree, m.file):
             p.unlink()
-    took = time.monotonic() - start
-    dig = hashlib.sha256(original.encode()).hexdigest()[:12]
-    if code is None:
-        return Outcome(m.id, "timeout", "", took, dig, output[-1500:])
-    if code == 0:
-        return Outcome(m.id, "survived", "", took, dig, output[-800:])
-    hit = _FAILED.search(output)
-    if hit is None:  # a collection error or a crash: say so, do not count it
-        return Outcome(m.id, "unconfirmed", "", took, dig, output[-1500:])
-    test = hit.group(1)
-    clean, again = worker.run([*pytest_args, test], timeout)
-    if clean != 0:
-        return Outcome(m.id, "unconfirmed", test, took, dig, again[-1500:])
-    return Outcome(m.id, "killed", test, took, dig)
+        target.write_text(original.replace(m.old, m.new, 1))
+        try:
+            code, output = worker.run([*pytest_args, *deselect, *tests], timeout)
+        finally:
+            target.write_text(original)
+            for p in pyc(worker.tree, m.file):
+                p.unlink()
+        took = time.monotonic() - start
+        note = f"deselected, red on the clean tree: {', '.join(red_on_clean)}\n" if red_on_clean else ""
+        if code is None:
+            return Outcome(m.id, "timeout", "", took, dig, note + output[-1500:])
+        if code == 0:
+            return Outcome(m.id, "survived", "", took, dig, note + output[-800:])
+        hit = _FAILED.search(output)
+        if hit is None:  # a collection error or a crash: say so, do not count it
+            return Outcome(m.id, "unconfirmed", "", took, dig, note + output[-1500:])
+        test = hit.group(1)
+        clean, again = worker.run([*pytest_args, test], timeout)
+        if clean == 0:
+            return Outcome(m.id, "killed", test, took, dig, note)
+        red_on_clean.append(test)
+        if len(red_on_clean) >= 3:
+            return Outcome(m.id, "unconfirmed", test, took, dig, note + again[-1500:])
 
 
 def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path) -> list[Outcome]:
