@@ -86,6 +86,7 @@ MAPPING: dict[str, str] = {
     "request": "runtime",
     "ports": "runtime",
     "cost": "runtime",
+    "tasks": "runtime",
     # the model transport
     "transport": "llm",
     "model": "llm",
@@ -101,6 +102,7 @@ MAPPING: dict[str, str] = {
     "textsafe": "common",
     "bounded_json": "common",
     "progress": "common",
+    "weak": "common",
 }
 
 # What stays at the top of fsm/: the Python API, the subpackages that were already packages, the
