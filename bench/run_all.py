@@ -170,8 +170,13 @@ def overhead_rows(out: str) -> list[Row]:
 def moves_rows(out: str) -> list[Row]:
     move = grab(r"LoopMachine \(MACHINE\):\s+([\d.]+) us/move", out)
     walk = grab(r"plain table walk:\s+([\d.]+) us/move", out)
+    stock = grab(r"transitions' stock classes \(issue 31\):\s+([\d.]+) us/move", out)
     return [("one move of the machine", fmt(move, ".1f", " µs"), f"plain table walk {fmt(walk, '.1f', ' µs')}",
-             "≤ 2× the walk", yes(None if move is None or walk is None else move <= 2 * walk))]
+             "≤ 2× the walk", yes(None if move is None or walk is None else move <= 2 * walk)),
+            ("one move, lean machine (issue 34)", fmt(move, ".1f", " µs"),
+             f"transitions' stock classes {fmt(stock, '.1f', ' µs')}", "below the stock classes",
+             f"{yes(None if move is None or stock is None else move < stock)}"
+             f" ({fmt(move / stock if move and stock else None, '.2f', '×')})")]
 
 
 def sessions_rows(out: str, mode: str) -> list[Row]:

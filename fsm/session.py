@@ -41,6 +41,7 @@ from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
 from agentfsm.tools.bash import TOOL_RESULTS_DIR
 from agentfsm.tools.sandbox import SANDBOX
 from agentfsm.trace import TraceWriter, sessions_dir
+from agentfsm.weak import weak_method
 
 Prompt = str | Sequence[Mapping[str, Any]]
 class Session:
@@ -63,7 +64,8 @@ class Session:
         self.history: tuple[Message, ...] = tuple(history)
         self.emit = emit
         self.queue = queue if queue is not None else InputQueue()
-        self.queue.bind(self._emit, self.session_id)
+        # the owned objects call back through weak methods: no cycle keeps a finished session alive
+        self.queue.bind(weak_method(self._emit, gone=None), self.session_id)
         self._client = client
         self._owns_client = owns_client
         self.depth = depth
@@ -87,12 +89,12 @@ class Session:
             refused = self.sandbox.unavailable_error
             if refused is not None:
                 raise ValueError(refused)
-            self.sandbox.observer = self._sandbox_record
+            self.sandbox.observer = weak_method(self._sandbox_record, gone=None)
             self.sandbox.protected_paths = (str(self.sessions_dir),)
             self.sandbox.announce()
         observe = getattr(self.gate, "observe_hooks", None)
         if options.include_hook_events and observe is not None:
-            observe(lambda msg: self._emit({**msg, "session_id": self.session_id}))
+            observe(weak_method(self._emit_hook_event, gone=None))
         if subagent is not None:
             self.hooks = SubagentHooks(self.hooks, parent_hooks, subagent)
         self.subagents = Subagents(self, Session)
@@ -138,6 +140,9 @@ class Session:
     def _emit(self, msg: dict[str, Any]) -> None:
         if self.emit is not None:
             self.emit(msg)
+
+    def _emit_hook_event(self, msg: dict[str, Any]) -> None:
+        self._emit({**msg, "session_id": self.session_id})
 
     def _sandbox_record(self, record: dict[str, Any]) -> None:
         # how each command of the model ran: `agentfsm audit` reports those run outside the sandbox
@@ -215,7 +220,7 @@ class Session:
                                append=self.options.append_system_prompt)
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
-                             trace=self.trace, emit=self._driver_emit, queue=self.queue,
+                             trace=self.trace, emit=weak_method(self._driver_emit), queue=self.queue,
                              services={"run_subagent": self.subagents.run, SANDBOX: self.sandbox,
                                        # large Bash outputs are saved beside the session file
                                        TOOL_RESULTS_DIR: self.sessions_dir / self.session_id / "tool-results"},
