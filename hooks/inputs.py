@@ -144,7 +144,7 @@ class PreToolUseInput(HookInput):
 
 def whole_ms(value: float) -> int:
     """A duration in whole milliseconds, as Claude Code gives hooks ``duration_ms``."""
-    return int(round(value))
+    return round(value)
 
 
 @attrs.frozen(kw_only=True)

@@ -963,7 +963,8 @@ async def test_structured_tool_results_and_completed_inputs(cli: str, tmp_path: 
         "toolu_upd": {"type": "update", "filePath": "$WS/a.txt", "content": "ALPHA\nMORE\n", "structuredPatch": [
             {"oldStart": 1, "oldLines": 1, "newStart": 1, "newLines": 2, "lines": [" ALPHA", "+MORE"]}],
             "originalFile": "ALPHA\n", "userModified": False},
-        "toolu_e": {"filePath": "$WS/multi.txt", "oldString": "line3", "newString": "LINE3\nextra", "originalFile": multi,
+        "toolu_e": {"filePath": "$WS/multi.txt", "oldString": "line3", "newString": "LINE3\nextra",
+                    "originalFile": multi,
                     "structuredPatch": [{"oldStart": 1, "oldLines": 5, "newStart": 1, "newLines": 6, "lines": [
                         " line1", " line2", "-line3", "+LINE3", "+extra", " line4 x", " line5 x"]}],
                     "userModified": False, "replaceAll": False, "contentNotInModelContext": True},
