@@ -54,7 +54,7 @@ from agentfsm.events import (
 from agentfsm.executor import StreamingToolExecutor
 from agentfsm.model import MessageStart, ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
-from agentfsm.pipeline import CallResult, ToolTable
+from agentfsm.pipeline import INTERRUPT_RUN, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.queue import TASK_NOTIFICATION, InputQueue, QueueItem
 from agentfsm.request import WireCache
@@ -136,6 +136,8 @@ class Driver:
         self.emit: Emit = emit or (lambda _m: None)
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
+        # a permission callback's deny with interrupt stops the run like the user's interrupt
+        self.services.setdefault(INTERRUPT_RUN, self.interrupt)
         # the permission settings' file-access policy, one per call; without it file tools deny every path
         self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
