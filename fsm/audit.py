@@ -91,7 +91,7 @@ SOURCES: Mapping[str, str] = {AGENTFSM: "agentfsm trace", claude_code.TRANSCRIPT
                               claude_code.STREAM_JSON: "Claude Code stream-json output"}
 _KNOWN = "not an agentfsm trace, a Claude Code transcript or a Claude Code stream-json output"
 _OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request", "sandbox",
-                        "result"})
+                        "result", "task"})
 
 
 # --- reading -----------------------------------------------------------------------------------

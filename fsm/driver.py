@@ -60,7 +60,7 @@ from agentfsm.request import WireCache
 from agentfsm.result import RunAccount, RunResult, build_result, shows_api_error
 from agentfsm.runner import LoopRunner, StepObserver
 from agentfsm.signals import RunSignals, Stopped
-from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
+from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext, appended
 from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
 
@@ -149,6 +149,11 @@ class Driver:
         self._first: StreamEvent | None = None
         self._executor: StreamingToolExecutor | None = None
         self._asm: ResponseAssembler | None = None
+        # the tool_use ids of the history as of the last response, and that history: a history that
+        # only grew adds its new messages' ids (collecting them all again cost a long conversation
+        # about 1 ms a turn at 600 turns, issue 34's overhead.py --growth)
+        self._ids_of: tuple[Message, ...] = ()
+        self._ids: frozenset[str] = frozenset()
         self._emitted_results: set[str] = set()
         self._t_request = 0.0
         self._ttft_ms = 0.0
@@ -411,10 +416,20 @@ class Driver:
 
     # --- stream --------------------------------------------------------------------------------
 
+    def _taken_ids(self, messages: tuple[Message, ...]) -> frozenset[str]:
+        known = self._ids_of
+        if appended(known, messages):
+            if len(messages) > len(known):
+                self._ids = self._ids | _tool_use_ids(messages[len(known):])
+        else:  # a compaction (or a repair) replaced the history
+            self._ids = frozenset(_tool_use_ids(messages))
+        self._ids_of = messages
+        return self._ids
+
     async def consume_stream(self, state: LoopState) -> Event:
         # a tool_use id already in the conversation (or twice in this response) is renamed before the
         # block reaches the executor or the session file: the API refuses duplicate ids
-        asm = self._asm = ResponseAssembler(taken_ids=_tool_use_ids(state.messages))
+        asm = self._asm = ResponseAssembler(taken_ids=self._taken_ids(state.messages))
         executor = self._executor = self.new_executor()
         self._emitted_results = set()
         it, first = self._stream, self._first

@@ -49,6 +49,7 @@ from agentfsm.ports import (
     StopOutcome,
 )
 from agentfsm.tools.base import FileAccess, Tool
+from agentfsm.weak import weak_method
 
 log = fsm_log.get_logger("agentfsm.permissions")
 
@@ -93,7 +94,8 @@ class HookGate:
         self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
         # the kernel sandbox of the model's commands (hooks, the user's own commands, run outside it)
         self.sandbox = SessionSandbox(self.settings.sandbox, self.policy, cli_enabled=sandbox)
-        self.policy.sandbox_auto_allow = self.sandbox.auto_allows
+        # held weakly (the sandbox holds the policy): gone, it auto-allows nothing (fails closed)
+        self.policy.sandbox_auto_allow = weak_method(self.sandbox.auto_allows, gone=False)
         if python_hooks:
             _validate_python_hooks(python_hooks)
             for event, matchers in python_hooks.items():

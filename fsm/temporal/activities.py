@@ -348,9 +348,10 @@ class Activities:
         except Exception as exc:  # settings that cannot be used: the session cannot run anywhere
             raise ApplicationError(f"the session's settings cannot be used: {exc}", type=NON_RETRYABLE,
                                    non_retryable=True) from exc
-        if registry.get("Agent") is not None:
-            # a subagent would be a loop of its own inside one tool call: not offered on workers yet
-            registry = registry.without(["Agent"])
+        if registry.get("Agent") is not None or registry.get("TaskStop") is not None:
+            # a subagent would be a loop of its own inside one tool call, and a worker keeps no
+            # background tasks (agentfsm.tasks) to stop: neither is offered on workers yet
+            registry = registry.without(["Agent", "TaskStop"])
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         made = _Context(options, registry, ToolTable.of(registry), gate, error)
         sandbox = getattr(gate, "sandbox", None)
