@@ -95,14 +95,17 @@ async def test_run_in_background_returns_at_once_and_notifies_on_exit(tmp_path: 
     assert TaskRecord.from_record(records[-1]) == done
 
 
-async def test_a_failing_background_command_is_reported_failed_with_its_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("code", [1, 3])
+async def test_a_failing_background_command_is_reported_failed_with_its_code(tmp_path: Path, code: int) -> None:
     host = registry(tmp_path)
-    await BashTool().call({"command": "echo X; exit 3", "description": "second", "run_in_background": True},
+    await BashTool().call({"command": f"echo X; exit {code}", "description": "second", "run_in_background": True},
                           ctx(tmp_path, host))
     await wait_until(lambda: not host.running)
     (rec,) = host.tasks.values()
-    assert rec.status == FAILED and rec.exit_code == 3
-    assert '<summary>Background command "second" failed with exit code 3</summary>' in host.queue.pending[0].text()
+    assert rec.status == FAILED and rec.exit_code == code
+    assert (f'<summary>Background command "second" failed with exit code {code}</summary>'
+            in host.queue.pending[0].text())
+    assert Path(rec.output_file).read_text() == f"X\n\n[exited with code {code}]\n"
 
 
 async def test_a_foreground_command_that_outruns_its_timeout_moves_to_the_background(tmp_path: Path) -> None:
