@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         SetupFailed,
         StopHookVerdict,
         StreamOpened,
+        TaskNotified,
     )
     from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
     from agentfsm.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
@@ -616,6 +617,11 @@ class SessionWorkflow:
         return messages, failure
 
     # --- stop ----------------------------------------------------------------------------------------
+
+    async def task_notifications(self, state: LoopState) -> TaskNotified | None:
+        """A worker keeps no background tasks (Bash's run_in_background runs unsupervised there, and
+        TaskStop and Agent are not offered): nothing reports after the run ended."""
+        return None
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
