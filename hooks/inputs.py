@@ -142,6 +142,11 @@ class PreToolUseInput(HookInput):
     tool_use_id: str = ""
 
 
+def whole_ms(value: float) -> int:
+    """A duration in whole milliseconds, as Claude Code gives hooks ``duration_ms``."""
+    return round(value)
+
+
 @attrs.frozen(kw_only=True)
 class PostToolUseInput(HookInput):
     event: ClassVar[str] = HookEvent.POST_TOOL_USE
@@ -149,7 +154,7 @@ class PostToolUseInput(HookInput):
     tool_input: Mapping[str, Any] = attrs.field(factory=dict)
     tool_use_id: str = ""
     tool_response: Any = None
-    duration_ms: float = 0.0
+    duration_ms: int = attrs.field(default=0, converter=whole_ms)
 
 
 @attrs.frozen(kw_only=True)
@@ -160,7 +165,7 @@ class PostToolUseFailureInput(HookInput):
     tool_use_id: str = ""
     error: str = ""
     is_interrupt: bool = False
-    duration_ms: float = 0.0
+    duration_ms: int = attrs.field(default=0, converter=whole_ms)
 
 
 @attrs.frozen(kw_only=True)
