@@ -138,7 +138,7 @@ class Driver:
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
         # a permission callback's deny with interrupt stops the run like the user's interrupt
-        # held weakly: the services live in this driver (a bound method here would be a cycle)
+        # (held weakly: the driver's own bound method in its services would make a cycle, issue 34)
         self.services.setdefault(INTERRUPT_RUN, weak_method(self.interrupt, gone=None))
         # the permission settings' file-access policy, one per call; without it file tools deny every path
         self.file_access = file_access
