@@ -13,7 +13,10 @@ with ``ANTHROPIC_BASE_URL`` at the server, ``ANTHROPIC_API_KEY=sk-test``, a temp
 (user + sys from ``os.wait4``'s rusage of that very child and the children it waited for), wall
 seconds, peak RSS (``ru_maxrss``). The median of the repeats is printed with the ratios
 agentfsm / Claude Code. Targets: CPU and peak RSS ≤ 0.5× Claude Code's.
-``python -c pass`` is measured too, as the floor any Python CLI starts from.
+``python -c pass`` is measured too, as the floor any Python CLI starts from, and — the peer of the
+``-p`` row since issue 34 — ``bench/bare_sdk.py``: the same two streaming requests made with nothing
+but ``anthropic.AsyncAnthropic`` (about 40 lines). agentfsm and that script run in alternating order
+in the same repeats, so their ratio is a same-run figure; goal: agentfsm ≤ 1.0× the bare SDK.
 
 Then ``python -X importtime -m agentfsm -p ...`` shows what the ``-p`` path imports: diagram code,
 pygraphviz and hypothesis must not be among it; the biggest import costs are listed.
@@ -174,11 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         problems.append(check(run_child(agentfsm, env, ws), "agentfsm warm-up"))
         floor = [run_child([sys.executable, "-c", "pass"], env, ws) for _ in range(args.repeats)]
         sdk = [run_child([sys.executable, "-c", "import anthropic"], env, ws) for _ in range(args.repeats)]
-        ours = []
-        for _ in range(args.repeats):
-            r = run_child(agentfsm, env, ws)
-            problems.append(check(r, "agentfsm"))
-            ours.append(r)
+        bare_sdk = [sys.executable, str(Path(__file__).resolve().parent / "bare_sdk.py"), PROMPT]
+        if (out := run_child(bare_sdk, env, ws))["stdout"].strip() != EXPECTED:  # warm-up (bytecode cache)
+            problems.append(f"bare SDK script: rc={out['rc']} {out['stdout'][-200:]!r} {out['stderr'][-400:]}")
+        ours, peer = [], []
+        for i in range(args.repeats):
+            # alternating order: a neighbour's burst of load hits both alike
+            for who in ((agentfsm, bare_sdk) if i % 2 == 0 else (bare_sdk, agentfsm)):
+                r = run_child(who, env, ws)
+                if who is agentfsm:
+                    problems.append(check(r, "agentfsm"))
+                    ours.append(r)
+                else:
+                    if r["stdout"].strip() != EXPECTED:
+                        problems.append(f"bare SDK script: rc={r['rc']} {r['stderr'][-400:]}")
+                    peer.append(r)
         claude = None if args.no_claude else (
             args.claude or os.environ.get("AGENTFSM_CLAUDE") or shutil.which("claude"))
         theirs: list[dict[str, Any]] = []
@@ -199,12 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'program':<32} {'CPU s':>7} {'user':>6} {'sys':>6} {'wall s':>7} {'peak RSS MiB':>12}")
         rows = [("python -c pass (floor)", summarise(floor)),
                 ("python -c 'import anthropic'", summarise(sdk)),
+                ("bare SDK script (bare_sdk.py)", summarise(peer)),
                 ("agentfsm (python -m agentfsm -p)", summarise(ours))]
         if theirs:
             rows.append((f"claude {claude_version.split()[0] if claude_version else ''}", summarise(theirs)))
         for name, s in rows:
             print(f"  {name:<32} {s['cpu']:7.3f} {s['user']:6.3f} {s['sys']:6.3f} {s['wall']:7.3f} "
                   f"{s['rss_mib']:12.1f}")
+        a, b = summarise(ours), summarise(peer)
+        print(f"  ratio agentfsm/bare SDK script: CPU {ratio(a['cpu'], b['cpu'])} (goal <= 1.0x), "
+              f"peak RSS {ratio(a['rss_mib'], b['rss_mib'])}, wall {ratio(a['wall'], b['wall'])}")
         if theirs:
             a, c = summarise(ours), summarise(theirs)
             print(f"  ratio agentfsm/claude: CPU {ratio(a['cpu'], c['cpu'])} (target <= 0.5x), "

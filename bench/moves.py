@@ -2,12 +2,16 @@
 
 A conversation of two model turns is fired as events (assemble, open, a tool call, the batch — which
 is two moves, collect and the automatic next_turn — then assemble, open, an answer, the Stop-hook
-verdict): nine moves. Three ways, in alternating rounds, median reported:
+verdict): nine moves. Five ways, in alternating rounds, median reported:
 
 * ``machine``: :class:`agentfsm.graph.LoopMachine` as the runner uses it — every event triggered on
-  the module-level ``transitions.Machine`` (``Event.trigger`` on the loop's model: its conditions —
-  the guards — in declared order, the route's effect as the ``before`` callback, the state set by
-  the machine);
+  the module-level machine, a ``transitions.Machine`` with the lean classes of issue 34
+  (``Event.trigger`` on the loop's model: its conditions — the guards — in declared order, the
+  route's effect as the ``before`` callback, the state set by the machine; no per-step logging);
+* ``transitions' own classes``: the same routes on a ``transitions.Machine`` built from transitions'
+  stock Event/Transition/State (what issue 31 ran: every move through their per-step logging and
+  callback resolution), triggered as LoopMachine triggers its own — the same-run baseline of issue
+  34's lean machine (:class:`agentfsm.graph.LeanMachine`);
 * ``machine lists walked``: what LoopMachine did before issue 31 — ``MACHINE``'s transition lists
   (the same conditions and callbacks) walked by hand, bypassing ``transitions``' event processing;
   kept here as the same-run baseline of that change;
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from transitions import Machine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -67,6 +72,35 @@ def by_machine() -> None:
     with graph.LoopMachine(start()) as m:
         for ev in EVENTS:
             m.fire(ev, LIMITS)
+
+
+def _stock_machine() -> Machine:
+    stock = Machine(model=None, states=[p.value for p in graph.Phase], initial=graph.A.value,
+                    auto_transitions=False, send_event=True, ignore_invalid_triggers=False, model_attribute="phase")
+    for route in graph.ROUTES:
+        conditions = [graph._condition(route)] if route.guard is not None else []
+        for src in route.sources:
+            stock.add_transition(route.event.__name__, src.value, graph.EDGES_BY_TRIGGER[route.edge].dest.value,
+                                 conditions=conditions, before=[graph._perform(route)])
+    return stock
+
+
+_STOCK = _stock_machine()
+
+
+def _stock_one(model: graph.LoopModel, ev: Any, automatic: bool) -> None:
+    model.step = None
+    if not (_STOCK.events[type(ev).__name__].trigger(model, event=ev, limits=LIMITS, automatic=automatic)
+            and model.step is not None):
+        raise AssertionError("no route")
+
+
+def by_stock_machine() -> None:
+    model = graph.LoopModel(start())
+    for ev in EVENTS:
+        _stock_one(model, ev, False)
+        while model.record.phase in graph.AUTOMATIC:
+            _stock_one(model, ev, True)
 
 
 def by_table() -> None:
@@ -146,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=3000, help="loops per round (default 3000)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
     args = ap.parse_args(argv)
-    fns = {"machine": by_machine, "machine lists walked": by_machine_lists, "table walk": by_table,
-           "evolve": by_evolve, "set-up": set_up_only}
+    fns = {"machine": by_machine, "stock classes": by_stock_machine, "machine lists walked": by_machine_lists,
+           "table walk": by_table, "evolve": by_evolve, "set-up": set_up_only}
     for fn in fns.values():  # warm-up
         _round(fn, 50)
     got: dict[str, list[float]] = {k: [] for k in fns}
@@ -161,10 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"moves: {args.n} loops x {MOVES} moves per round, {args.rounds} rounds, median round, CPU")
     print(f"  LoopMachine (MACHINE): {move_machine:6.1f} us/move  (+ {per['set-up']:.1f} us set-up and tear-down "
           "per loop)")
+    move_stock = (per["stock classes"] - per["set-up"]) / MOVES
+    print(f"  transitions' stock classes (issue 31): {move_stock:6.1f} us/move")
     print(f"  MACHINE's lists walked (before issue 31): {per['machine lists walked'] / MOVES:6.1f} us/move")
     print(f"  plain table walk:     {per['table walk'] / MOVES:7.1f} us/move")
     print(f"  attrs.evolve alone:   {per['evolve'] / MOVES:7.1f} us/move")
     print(f"  ratio machine/walk:   {ratio(move_machine, per['table walk'] / MOVES)}")
+    print(f"  ratio machine/stock classes: {ratio(move_machine, move_stock)}")
     print(f"  ratio machine/lists walked: {ratio(move_machine, per['machine lists walked'] / MOVES)}")
     print(f"  ratio machine/evolve: {ratio(move_machine, per['evolve'] / MOVES)}")
     return 0

@@ -12,6 +12,11 @@ is reported, so a neighbour's burst of load hits both alike.
     python bench/overhead.py [--n 200] [--k 5] [--rounds 7] [--profile]
 
 ``--profile`` runs the engine once more under cProfile and prints the top functions by own time.
+
+``--growth`` (issue 34) shows how the cost grows instead: CPU per iteration of 1, 10, 100 and 1,000
+concurrent conversations (``--k`` tool turns + an answer each, one event loop, traced), and of one
+conversation of 10, 100 and 1,000 tool turns (traced), each beside the bare loop doing the same in
+the same run (alternating order; the median of ``--rounds``, fewer for the largest sizes).
 """
 
 from __future__ import annotations
@@ -61,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=5, help="tool turns per conversation (default 5)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
     ap.add_argument("--profile", action="store_true", help="profile the engine and print the top costs")
+    ap.add_argument("--growth", action="store_true",
+                    help="CPU per iteration from 1 to 1,000 sessions and from 10 to 1,000 turns, with the bare loop")
     args = ap.parse_args(argv)
+    if args.growth:
+        return growth(args)
 
     cwd = workspace()
     echo = echo_tool()
@@ -128,6 +137,56 @@ def main(argv: list[str] | None = None) -> int:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(35)
         print(out.getvalue())
+    return 0
+
+
+def growth(args: argparse.Namespace) -> int:
+    """How the per-iteration cost grows with concurrent sessions and with the conversation's length."""
+    cwd = workspace()
+    echo = echo_tool()
+    traced = engine_options(cwd, [echo], write_trace=True, sessions_dir=cwd / "sessions")
+    system = bare_system(cwd)
+    tools = {echo.name: echo}
+    ctx = ToolContext(cwd=cwd)
+
+    def pair(sessions: int, k: int) -> tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]]:
+        responses = tool_turns(k)
+
+        async def one_engine() -> None:
+            result = await run_engine(responses, traced)
+            if result.is_error or result.num_turns != k + 1:
+                raise SystemExit(f"engine run went wrong: {result.to_dict()}")
+
+        async def one_bare() -> None:
+            final = await bare_loop(ScriptedModel(responses), "go", tools, system, ctx)
+            if final[-1].get("text") != "done":
+                raise SystemExit(f"bare loop went wrong: {final}")
+
+        async def engine() -> None:
+            await asyncio.gather(*(one_engine() for _ in range(sessions)))
+
+        async def bare() -> None:
+            await asyncio.gather(*(one_bare() for _ in range(sessions)))
+
+        return engine, bare
+
+    print(f"machine: {machine()}")
+    print(f"growth: CPU per iteration (model turn), traced engine against the bare loop, median of rounds "
+          f"(at most {args.rounds})")
+    print(f"  {'sessions':>8} {'turns':>6} {'rounds':>6} {'engine us':>10} {'bare us':>9} {'ratio':>7}")
+    asyncio.run(pair(1, args.k)[0]())  # warm-up
+    for sessions, k in ((1, args.k), (10, args.k), (100, args.k), (1000, args.k), (1, 10), (1, 100), (1, 1000)):
+        iterations = sessions * (k + 1)
+        rounds = max(1, min(args.rounds, 20_000 // iterations))
+        engine, bare = pair(sessions, k)
+        eng: list[float] = []
+        base: list[float] = []
+        for r in range(rounds):
+            order = [(engine, eng), (bare, base)]
+            for fn, into in (order if r % 2 == 0 else order[::-1]):
+                into.append(_timed(fn)[0] * 1e6 / iterations)
+        e, b = median(eng), median(base)
+        print(f"  {sessions:>8} {k:>6} {rounds:>6} {e:10.1f} {b:9.1f} {ratio(e, b):>7}")
     return 0
 
 

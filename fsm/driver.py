@@ -49,18 +49,19 @@ from agentfsm.events import (
     SetupFailed,
     StopHookVerdict,
     StreamOpened,
+    TaskNotified,
 )
 from agentfsm.executor import StreamingToolExecutor
 from agentfsm.model import MessageStart, ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
-from agentfsm.pipeline import CallResult, ToolTable
+from agentfsm.pipeline import INTERRUPT_RUN, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
-from agentfsm.queue import InputQueue, QueueItem
+from agentfsm.queue import TASK_NOTIFICATION, InputQueue, QueueItem
 from agentfsm.request import WireCache
 from agentfsm.result import RunAccount, RunResult, build_result, shows_api_error
 from agentfsm.runner import LoopRunner, StepObserver
 from agentfsm.signals import RunSignals, Stopped
-from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
+from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext, appended
 from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
 
@@ -116,8 +117,11 @@ class Driver:
                  queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
                  should_stop_before_next_call: StopBeforeCall | None = None,
                  observers: Sequence[StepObserver] = (),
-                 file_access: Callable[[], FileAccess] | None = None) -> None:
+                 file_access: Callable[[], FileAccess] | None = None,
+                 background: Callable[[], bool] | None = None) -> None:
         self.options = options
+        # whether background work this session started may still report (its tasks and agents)
+        self.background: Callable[[], bool] = background or (lambda: False)
         self.limits = options.limits
         self.client = client
         # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
@@ -132,6 +136,8 @@ class Driver:
         self.emit: Emit = emit or (lambda _m: None)
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
+        # a permission callback's deny with interrupt stops the run like the user's interrupt
+        self.services.setdefault(INTERRUPT_RUN, self.interrupt)
         # the permission settings' file-access policy, one per call; without it file tools deny every path
         self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
@@ -149,6 +155,11 @@ class Driver:
         self._first: StreamEvent | None = None
         self._executor: StreamingToolExecutor | None = None
         self._asm: ResponseAssembler | None = None
+        # the tool_use ids of the history as of the last response, and that history: a history that
+        # only grew adds its new messages' ids (collecting them all again cost a long conversation
+        # about 1 ms a turn at 600 turns, issue 34's overhead.py --growth)
+        self._ids_of: tuple[Message, ...] = ()
+        self._ids: frozenset[str] = frozenset()
         self._emitted_results: set[str] = set()
         self._t_request = 0.0
         self._ttft_ms = 0.0
@@ -411,10 +422,20 @@ class Driver:
 
     # --- stream --------------------------------------------------------------------------------
 
+    def _taken_ids(self, messages: tuple[Message, ...]) -> frozenset[str]:
+        known = self._ids_of
+        if appended(known, messages):
+            if len(messages) > len(known):
+                self._ids = self._ids | _tool_use_ids(messages[len(known):])
+        else:  # a compaction (or a repair) replaced the history
+            self._ids = frozenset(_tool_use_ids(messages))
+        self._ids_of = messages
+        return self._ids
+
     async def consume_stream(self, state: LoopState) -> Event:
         # a tool_use id already in the conversation (or twice in this response) is renamed before the
         # block reaches the executor or the session file: the API refuses duplicate ids
-        asm = self._asm = ResponseAssembler(taken_ids=_tool_use_ids(state.messages))
+        asm = self._asm = ResponseAssembler(taken_ids=self._taken_ids(state.messages))
         executor = self._executor = self.new_executor()
         self._emitted_results = set()
         it, first = self._stream, self._first
@@ -545,6 +566,19 @@ class Driver:
         except Stopped:
             return StopHookVerdict()
         return phases.stop_verdict(outcome)
+
+    async def task_notifications(self, state: LoopState) -> TaskNotified | None:
+        """Wait, after the run ended, while background work may still report; the notifications
+        queued by then start the next pass (their items leave the queue with the move: its
+        ``take_input``). None when nothing runs, the run is being stopped, or user input is queued
+        (the session's next run takes that, with any notification beside it)."""
+        await self.queue.wait_for_items(lambda: self.background() and not self.stopping())
+        pending = self.queue.pending
+        if self.stopping() or not pending or any(item.kind != TASK_NOTIFICATION for item in pending):
+            return None
+        self._pending_input = pending
+        self.log.info("loop.task_notifications", count=len(pending))
+        return TaskNotified(tuple(item.as_attachment() for item in pending))
 
     # --- clean-up ------------------------------------------------------------------------------
 

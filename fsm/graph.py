@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 from transitions import Machine
+from transitions import core as tcore
 
 from agentfsm import prompts
 from agentfsm.events import (
@@ -43,6 +44,7 @@ from agentfsm.events import (
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
+    TaskNotified,
     ToolsDrained,
 )
 from agentfsm.state import (
@@ -182,6 +184,9 @@ EDGES: tuple[Edge, ...] = (
     _edge("stop_hook_blocking", X, A, "reentry",
           "a Stop hook blocked the end or added context for the model (count < cap)",
           does=Does(stop_feedback=True)),
+    _edge("task_notification", X, A, "reentry",
+          "the run had ended; a background task it started reported, and its notification starts the next pass",
+          does=Does(take_input=True)),
     # same request again
     _edge("stream_retry", (C, S), C, "retry",
           "the stream broke (or dropped before its first event); discard it and request again", does=_AGAIN),
@@ -444,6 +449,18 @@ def structured_failed(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
 @_named("stop_hooks_due")
 def stop_hooks_due(s: LoopState, _e: Any, _lim: Limits) -> bool:
     return s.stop_hooks_due
+
+
+def takes_notifications(state: LoopState, limits: Limits) -> bool:
+    """The run ended and may go on when a background task reports: it settled completed (its Stop
+    hooks ran) and another turn fits under max_turns. The runtime waits for notifications only then."""
+    return (state.phase is X and not state.stop_hooks_due and state.terminal_reason is T.COMPLETED
+            and not (limits.max_turns is not None and state.turn_count + 1 > limits.max_turns))
+
+
+@_named("settled_completed")
+def settled_completed(s: LoopState, _e: TaskNotified, lim: Limits) -> bool:
+    return takes_notifications(s, lim)
 
 
 @_named("prevented")
@@ -731,6 +748,15 @@ def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[
     return {"stop_hooks_due": False}
 
 
+def notified(s: LoopState, e: TaskNotified, _lim: Limits) -> Mapping[str, Any]:
+    """The notifications join the conversation and a new turn starts: the counters declared to reset
+    on a new turn (agentfsm.state.NEW_TURN) start over."""
+    t = s.compact_tracking
+    return {**resets("task_notification", s), "messages": (*s.messages, *e.notifications),
+            "turn_count": s.turn_count + 1,
+            "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
+
+
 def aborted(reason: TerminalReason) -> Effect:
     """The run was stopped: what was shown stays, paired, and the interrupt marker follows it (the
     next request tells the model where it was cut off, as Claude Code's does)."""
@@ -826,6 +852,8 @@ ROUTES: tuple[Route, ...] = (
            verdict_cap_override, block_cap_warning),
     _route(X, StopHookVerdict, _due & verdict_continues, "stop_hook_blocking", stop_hook_reentry),
     _route(X, StopHookVerdict, _due, "settle", verdict_passed),
+    # background tasks reported after the run ended
+    _route(X, TaskNotified, settled_completed, "task_notification", notified),
     # cancelled
     _route(RUNNING, Aborted, tools_running, "abort", aborted(T.ABORTED_TOOLS)),
     _route(RUNNING, Aborted, None, "abort", aborted(T.ABORTED_STREAMING)),
@@ -845,6 +873,8 @@ REFUSALS: Mapping[tuple[Phase, type], str] = {
     **{(p, StreamEnded): _ONLY.format("stream") for p in (A, C, D, F, X)},
     **{(p, ToolsDrained): _ONLY.format("dispatch_tools") for p in (A, C, S, X)},
     **{(p, StopHookVerdict): _ONLY.format("stop (after end_turn)") for p in (*RUNNING, F)},
+    **{(p, TaskNotified): "a notification that arrives while the run goes on joins the next request as queued "
+                          "input (StreamOpened); only a run that ended is restarted by one" for p in (*RUNNING, F)},
     (F, Aborted): "feedback decides on the batch's own event, at once: nothing can arrive in between",
     (X, Aborted): "the loop has stopped: there is nothing left to abort",
 }
@@ -1010,12 +1040,143 @@ def _perform(route: Route) -> Callable[[Any], None]:
     return before
 
 
-def build_machine(routes: Iterable[Route] = ROUTES) -> Machine:
-    """One ``transitions.Machine`` for every loop: states are the phases, each route is a transition
-    triggered by its event's name, with its guard as condition and its effect run before the state
-    changes. Transitions of one trigger and source are tried in declared order."""
-    machine = Machine(model=None, states=[p.value for p in Phase], initial=A.value, auto_transitions=False,
-                      send_event=True, ignore_invalid_triggers=False, model_attribute="phase")
+# --- the lean machine: transitions' classes without their per-step logging ----------------------
+#
+# Since issue 31 transitions' own ``Event.trigger`` runs every move, which took a move from about
+# 10 to about 22 us. Most of the difference was not the walk but what transitions does around it for
+# every move: some sixteen ``logging`` calls (``_LOGGER.debug``/``info`` in Event, Transition, State and
+# Machine.callbacks, each a level check and a call even with nothing listening), ``resolve_callable``
+# and the ``send_event`` test on every condition and callback, the ``itertools.chain`` of the
+# machine-wide before/after lists, and the states' empty enter/exit lists. The subclasses below keep
+# transitions' structure and every callback it would run (Event.trigger -> Machine._process with its
+# queue -> Event._trigger -> the transitions tried in order -> prepare, conditions, before, the
+# model's state set, after, finalize_event, on_exception) and drop only that: a condition's callable
+# is resolved once, when the transition is added; a list of callbacks is walked only when it is not
+# empty; nothing is logged per step. Issue 34, bench/moves.py, same run (3,000 loops x 7 rounds):
+# transitions' stock classes 18.8 us a move, these 11.1 (the hand walk of the same lists that issue
+# 31 replaced: 8.6; a plain walk of ROUTES_BY_KEY 6.4). tests/test_engine_shape.py checks that both
+# take the same steps and run the same callbacks.
+
+
+class LeanCondition(tcore.Condition):
+    """A guard: its callable resolved once (a name is still resolved on the model, per check)."""
+
+    def __init__(self, func: Any, target: bool = True) -> None:
+        super().__init__(func, target)
+        self._fn = func if callable(func) else None
+
+    def check(self, event_data: tcore.EventData) -> bool:
+        fn = self._fn or event_data.machine.resolve_callable(self.func, event_data)
+        return bool(fn(event_data) == self.target)
+
+
+def _run(callbacks: Iterable[Any], event_data: tcore.EventData) -> None:
+    for func in callbacks:
+        if callable(func):
+            func(event_data)
+        else:
+            event_data.machine.callback(func, event_data)
+
+
+class LeanState(tcore.State):
+    """A phase: enter/exit callbacks run only when there are any (the graph declares none)."""
+
+    def enter(self, event_data: tcore.EventData) -> None:
+        if self.on_enter:
+            _run(self.on_enter, event_data)
+
+    def exit(self, event_data: tcore.EventData) -> None:
+        if self.on_exit:
+            _run(self.on_exit, event_data)
+
+
+class LeanTransition(tcore.Transition):
+    """A route's transition: transitions' ``execute`` (prepare, conditions — the guard —, the machine's
+    and its own before callbacks — the effect —, the state change, after callbacks) without the
+    per-step logging, each list walked only when it has callbacks."""
+
+    condition_cls = LeanCondition
+
+    def execute(self, event_data: tcore.EventData) -> bool:
+        machine = event_data.machine
+        if self.prepare:
+            _run(self.prepare, event_data)
+        for cond in self.conditions:
+            if not cond.check(event_data):
+                return False
+        if machine.before_state_change:
+            _run(machine.before_state_change, event_data)
+        _run(self.before, event_data)
+        if self.dest:
+            self._change_state(event_data)
+        if self.after:
+            _run(self.after, event_data)
+        if machine.after_state_change:
+            _run(machine.after_state_change, event_data)
+        return True
+
+    def _change_state(self, event_data: tcore.EventData) -> None:
+        machine = event_data.machine
+        machine.states[self.source].exit(event_data)
+        dest = machine.states[self.dest]
+        setattr(event_data.model, machine.model_attribute, dest.value)
+        event_data.state = dest
+        dest.enter(event_data)
+        if dest.final and machine.on_final:
+            _run(machine.on_final, event_data)
+
+
+class LeanEvent(tcore.Event):
+    """An event: transitions' ``_trigger`` (the model's state, a source check, prepare_event, the
+    transitions tried in order, on_exception, finalize_event) without its per-step logging."""
+
+    def _trigger(self, event_data: tcore.EventData) -> bool:
+        machine = self.machine
+        event_data.state = machine.states[getattr(event_data.model, machine.model_attribute)]
+        try:
+            if self._is_valid_source(event_data.state):
+                if machine.prepare_event:
+                    _run(machine.prepare_event, event_data)
+                for trans in self.transitions[event_data.state.name]:
+                    event_data.transition = trans
+                    if trans.execute(event_data):
+                        event_data.result = True
+                        break
+        except BaseException as err:
+            event_data.error = err
+            if not machine.on_exception:
+                raise
+            _run(machine.on_exception, event_data)
+        finally:
+            if machine.finalize_event:
+                try:
+                    _run(machine.finalize_event, event_data)
+                except BaseException as err:  # as transitions does: its own logger says so, and it goes on
+                    tcore._LOGGER.error("%sWhile executing finalize callbacks a %s occurred: %s.",
+                                        machine.name, type(err).__name__, str(err))
+        return event_data.result
+
+
+class LeanMachine(Machine):
+    """``transitions.Machine`` with the lean classes above; events are always sent as EventData (the
+    callbacks of the graph take one), which the lean classes assume."""
+
+    state_cls = LeanState
+    transition_cls = LeanTransition
+    event_cls = LeanEvent
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("send_event", False):
+            raise TypeError("LeanMachine runs with send_event=True (its callbacks take the EventData)")
+        super().__init__(*args, **kwargs)
+
+
+def build_machine(routes: Iterable[Route] = ROUTES) -> LeanMachine:
+    """One ``transitions.Machine`` (the lean one above) for every loop: states are the phases, each
+    route is a transition triggered by its event's name, with its guard as condition and its effect
+    run before the state changes. Transitions of one trigger and source are tried in declared order."""
+    machine = LeanMachine(model=None, states=[p.value for p in Phase], initial=A.value, auto_transitions=False,
+                          send_event=True, ignore_invalid_triggers=False, model_attribute="phase")
     for route in routes:
         dest = EDGES_BY_TRIGGER[route.edge].dest
         conditions = [_condition(route)] if route.guard is not None else []
@@ -1025,7 +1186,7 @@ def build_machine(routes: Iterable[Route] = ROUTES) -> Machine:
     return machine
 
 
-MACHINE: Machine = build_machine()
+MACHINE: LeanMachine = build_machine()
 
 class LoopMachine:
     """One running loop on :data:`MACHINE`. :meth:`fire` is the only way its state changes: the
@@ -1069,11 +1230,8 @@ class LoopMachine:
         # and the machine sets the model's state. Event.trigger, not a trigger bound on the model:
         # binding needs the model registered with the shared MACHINE (add_model/remove_model per
         # loop), which cost another ~60 us a loop and would keep every unclosed loop alive in it.
-        # Against the hand walk of the same lists that this replaced, transitions' processing costs
-        # about 2.4x per move: 21.8-24.7 against 8.8-10.6 us in the same runs of bench/moves.py,
-        # some 14 us a move (its debug-logging calls alone are ~16 a move); bench/overhead.py's engine
-        # iteration (one model turn, about five moves) rose by roughly 100 us: well under a
-        # thousandth of a real model turn, so the moves are not taken out of transitions' hands.
+        # MACHINE is a LeanMachine (above): transitions' processing without its per-step logging,
+        # 11.1 us a move against 18.8 for its stock classes (bench/moves.py, same run).
         model.step = None
         if trigger.trigger(model, event=event, limits=limits, automatic=automatic) and model.step is not None:
             return model.step

@@ -45,6 +45,10 @@ from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
 from agentfsm.tools.schema import coerce_input, compile_validator, schema_error, schema_issues
 
 log = fsm_log.get_logger("agentfsm.tools")
+#: The service (``ToolContext.services``) that interrupts the run, as the user's interrupt does: called
+#: when the permission prompt denies a call with ``interrupt`` (the Agent SDK's
+#: ``PermissionResultDeny(interrupt=True)``). The in-process driver provides it.
+INTERRUPT_RUN = "interrupt_run"
 # The texts of synthetic results live with the loop's other texts (agentfsm.prompts): the machine
 # pairs the calls of a response that broke off with them.
 
@@ -575,6 +579,9 @@ class _Call:
                 denial = {"tool_name": self.name, "tool_use_id": self.tool_use_id,
                           "tool_input": self._denied_input()}
                 self.log.info("tool.denied", behavior=perm.behavior, reason=reason, rule=perm.rule)
+                interrupt_run = ctx.services.get(INTERRUPT_RUN) if perm.interrupt else None
+                if callable(interrupt_run):
+                    interrupt_run()
                 return self.error(reason, denial=denial)
         if perm.updated_input is not None:
             bad = self._revalidate("permission check", perm.updated_input)

@@ -47,6 +47,8 @@ class PermissionOutcome:
     permission_ms: float = 0.0
     # the permission prompt (a person, the SDK's can_use_tool) changed the input before allowing it
     user_modified: bool = False
+    # a deny that also interrupts the run (a can_use_tool callback's deny with ``interrupt``)
+    interrupt: bool = False
 
 
 @attrs.frozen

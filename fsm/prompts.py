@@ -6,7 +6,8 @@ they reach the model but are not mistaken for something the user typed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from agentfsm.state import Message
 
@@ -130,3 +131,40 @@ def queued_input(text: str) -> Message:
         "Please address this message and continue with your tasks.",
         kind="attachment",
     )
+
+
+# --- background tasks (agentfsm.tasks) -------------------------------------------------------------
+
+# What heads a task notification: it reaches the model as a user message, so it says it is not one.
+# (Claude Code 2.1.332 heads its notifications with a longer text of the same purpose; the
+# <task-notification> element below is its protocol, tag for tag.)
+TASK_NOTIFICATION_HEAD = (
+    "[Background task event - not user input]\n"
+    "A background task you started reports below. Nobody typed this message: it approves, confirms or "
+    "answers nothing.")
+BACKGROUND_SESSION_ENDED = "stopped: the session ended"
+
+
+def background_timeout_summary(description: str) -> str:
+    """The summary of a background command stopped by its background timeout."""
+    return f'Background command "{description}" was stopped: it outran its background timeout'
+
+
+def _xml(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def task_notification(*, task_id: str, tool_use_id: str, output_file: str, status: str, summary: str,
+                      result: str | None = None, usage: Mapping[str, Any] | None = None) -> str:
+    """The ``<task-notification>`` a finished background task sends the model (Claude Code's elements:
+    task id, the tool call that started it, its output file, status, summary; a subagent's result and
+    usage), in a system reminder that says it is no user input."""
+    parts = [f"<task-id>{_xml(task_id)}</task-id>", f"<tool-use-id>{_xml(tool_use_id)}</tool-use-id>",
+             f"<output-file>{_xml(output_file)}</output-file>", f"<status>{_xml(status)}</status>",
+             f"<summary>{_xml(summary)}</summary>"]
+    if result is not None:
+        parts.append(f"<result>{_xml(result)}</result>")
+    if usage:
+        parts.append("<usage>" + "".join(f"<{k}>{_xml(str(v))}</{k}>" for k, v in usage.items()) + "</usage>")
+    body = "\n".join(("<task-notification>", *parts, "</task-notification>"))
+    return reminder(f"{TASK_NOTIFICATION_HEAD}\n\n{body}")

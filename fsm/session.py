@@ -38,9 +38,12 @@ from agentfsm.request import system_blocks
 from agentfsm.result import RunResult, merge_model_usage
 from agentfsm.state import TERMINAL_INFO, LoopState, Message, TerminalReason
 from agentfsm.subagents import SubagentHooks, SubagentIdentity, Subagents
+from agentfsm.tasks import TaskRegistry, tasks_dir
+from agentfsm.tools.base import TASKS
 from agentfsm.tools.bash import TOOL_RESULTS_DIR
 from agentfsm.tools.sandbox import SANDBOX
 from agentfsm.trace import TraceWriter, sessions_dir
+from agentfsm.weak import weak_method
 
 Prompt = str | Sequence[Mapping[str, Any]]
 class Session:
@@ -63,7 +66,8 @@ class Session:
         self.history: tuple[Message, ...] = tuple(history)
         self.emit = emit
         self.queue = queue if queue is not None else InputQueue()
-        self.queue.bind(self._emit, self.session_id)
+        # the owned objects call back through weak methods: no cycle keeps a finished session alive
+        self.queue.bind(weak_method(self._emit, gone=None), self.session_id)
         self._client = client
         self._owns_client = owns_client
         self.depth = depth
@@ -87,15 +91,19 @@ class Session:
             refused = self.sandbox.unavailable_error
             if refused is not None:
                 raise ValueError(refused)
-            self.sandbox.observer = self._sandbox_record
+            self.sandbox.observer = weak_method(self._sandbox_record, gone=None)
             self.sandbox.protected_paths = (str(self.sessions_dir),)
             self.sandbox.announce()
         observe = getattr(self.gate, "observe_hooks", None)
         if options.include_hook_events and observe is not None:
-            observe(lambda msg: self._emit({**msg, "session_id": self.session_id}))
+            observe(weak_method(self._emit_hook_event, gone=None))
         if subagent is not None:
             self.hooks = SubagentHooks(self.hooks, parent_hooks, subagent)
         self.subagents = Subagents(self, Session)
+        # background commands (and, through Subagents, agents): owned here, stopped at aclose
+        self.tasks = TaskRegistry(session_id=self.session_id, tasks_dir=tasks_dir(self.session_id),
+                                  queue=self.queue, emit=weak_method(self._emit, gone=None),
+                                  record=self.trace.write)
         self.driver: Driver | None = None
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history
@@ -138,6 +146,9 @@ class Session:
     def _emit(self, msg: dict[str, Any]) -> None:
         if self.emit is not None:
             self.emit(msg)
+
+    def _emit_hook_event(self, msg: dict[str, Any]) -> None:
+        self._emit({**msg, "session_id": self.session_id})
 
     def _sandbox_record(self, record: dict[str, Any]) -> None:
         # how each command of the model ran: `agentfsm audit` reports those run outside the sandbox
@@ -196,17 +207,19 @@ class Session:
         return tuple(b for item in items for b in item.content)
 
     async def _follow_up(self, result: RunResult) -> Prompt | None:
-        """The prompt of the next driver run of this run, or None when the run is over."""
-        if result.terminal_reason is not TerminalReason.COMPLETED or self._interrupted:
-            return None
-        # with nothing queued, wait only while a background agent we launched may still report
-        waiting = await self.queue.wait_for_items(
-            lambda: bool(self.subagents.running_in_background) and not self._interrupted)
-        if not waiting or self._interrupted:
+        """The prompt of the next driver run of this run, or None when the run is over: input queued
+        after the last request that could carry it. (The driver itself waits for the background work
+        the run started and takes its notifications: the graph's ``task_notification`` move; it leaves
+        them queued when user input is queued beside them, and they join that input here.)"""
+        if result.terminal_reason is not TerminalReason.COMPLETED or self._interrupted or not self.queue.pending:
             return None
         self.log.info("session.follow_up", queued=len(self.queue.pending),
-                      background=len(self.subagents.running_in_background))
+                      background=len(self.subagents.running_in_background) + len(self.tasks.running))
         return self._take_prompt()
+
+    def _background_pending(self) -> bool:
+        """Background work this session started may still report (a task or a background agent)."""
+        return bool(self.subagents.running_in_background or self.tasks.running)
 
     async def _run_once(self, prompt: Prompt) -> RunResult:
         system = system_blocks(self.options.cwd, add_dirs=self.options.add_dirs,
@@ -215,12 +228,13 @@ class Session:
                                append=self.options.append_system_prompt)
         self.driver = Driver(options=self.options, client=self.client, registry=self.registry,
                              session_id=self.session_id, system=system, gate=self.gate, hooks=self.hooks,
-                             trace=self.trace, emit=self._driver_emit, queue=self.queue,
-                             services={"run_subagent": self.subagents.run, SANDBOX: self.sandbox,
+                             trace=self.trace, emit=weak_method(self._driver_emit), queue=self.queue,
+                             services={"run_subagent": self.subagents.run, SANDBOX: self.sandbox, TASKS: self.tasks,
                                        # large Bash outputs are saved beside the session file
                                        TOOL_RESULTS_DIR: self.sessions_dir / self.session_id / "tool-results"},
                              observers=self.observers,
-                             file_access=self.gate.file_access)
+                             file_access=self.gate.file_access,
+                             background=weak_method(self._background_pending, gone=False))
         self.driver.read_files = self._read_files
         if self._interrupted:
             self.driver.interrupt()
@@ -318,6 +332,7 @@ class Session:
             return
         self._closed = True
         await self.subagents.stop_all()
+        await self.tasks.stop_all()
         self.queue.discard()
         end = getattr(self.hooks, "session_end", None)
         if end is not None and self._header_written and self.options.agent_type is None:

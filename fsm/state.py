@@ -112,20 +112,32 @@ def _non_negative(_inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         raise ValueError(f"limit {attribute.name} must be >= 0, got {value!r}")
 
 
+_CAP = "agentfsm.cap"
+
+
+def _cap(default: int, validator: Callable[[Any, attrs.Attribute, Any], None]) -> Any:
+    """A :class:`Limits` field that is the cap of one counter: the counter names it (``counter(...,
+    cap=NAME)``) and this marks it as such, so :func:`cap_problems` finds a cap that no counter uses
+    (a setting that would silently do nothing) as surely as a counter whose cap is not a limit. The
+    value, its validator and its documentation stay here; which counter it caps is read from the
+    counter (:meth:`Limits.capped_counter`), never declared twice."""
+    return attrs.field(default=default, validator=validator, metadata={_CAP: True})
+
+
 @attrs.frozen
 class Limits:
     """Every cap of the loop, each a setting (``--limit NAME=VALUE``). Defaults follow Claude Code
     (docs/behaviour.md §2)."""
 
     max_turns: int | None = attrs.field(default=None, validator=_positive_or_none)
-    max_output_tokens_recoveries: int = attrs.field(default=3, validator=_non_negative)
+    max_output_tokens_recoveries: int = _cap(3, _non_negative)
     # an earlier Claude Code (2.1.235) retried once; 2.1.332 retries twice
-    malformed_tool_use_retries: int = attrs.field(default=1, validator=_non_negative)
+    malformed_tool_use_retries: int = _cap(1, _non_negative)
     thinking_only_nudges: int = attrs.field(default=1, validator=_non_negative)
     # an answer with nothing in it is asked for again this many times (Claude Code 2.1.332: once)
     empty_response_nudges: int = attrs.field(default=1, validator=_non_negative)
-    stop_hook_block_cap: int = attrs.field(default=8, validator=_non_negative)
-    structured_output_retries: int = attrs.field(default=5, validator=_non_negative)
+    stop_hook_block_cap: int = _cap(8, _non_negative)
+    structured_output_retries: int = _cap(5, _non_negative)
     max_tool_concurrency: int = attrs.field(default=10, validator=_positive_or_none)
     max_budget_usd: float | None = attrs.field(default=None, validator=_positive_or_none)
     max_output_tokens: int = attrs.field(default=32000, validator=_positive_or_none)
@@ -137,12 +149,12 @@ class Limits:
     # compaction refilled to the threshold within this many turns counts as a rapid refill ...
     rapid_refill_turns: int = attrs.field(default=2, validator=_non_negative)
     # ... and this many consecutive rapid refills trip the breaker
-    rapid_refill_max: int = attrs.field(default=3, validator=_positive_or_none)
-    max_consecutive_compact_failures: int = attrs.field(default=3, validator=_positive_or_none)
+    rapid_refill_max: int = _cap(3, _positive_or_none)
+    max_consecutive_compact_failures: int = _cap(3, _positive_or_none)
     # transport retries of one request (429/5xx/529/connection), done by the SDK's retry machinery
     api_max_retries: int = attrs.field(default=10, validator=_non_negative)
     # a stream that breaks mid-way is requested again as a whole, this many times per turn
-    stream_retries: int = attrs.field(default=2, validator=_non_negative)
+    stream_retries: int = _cap(2, _non_negative)
 
     @property
     def auto_compact_threshold(self) -> int:
@@ -155,6 +167,16 @@ class Limits:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in attrs.fields(cls)]
+
+    @classmethod
+    def cap_names(cls) -> list[str]:
+        """The fields declared with :func:`_cap`: each caps exactly one counter (:func:`cap_problems`)."""
+        return [f.name for f in attrs.fields(cls) if f.metadata.get(_CAP)]
+
+    @classmethod
+    def capped_counter(cls, name: str) -> str | None:
+        """The key of the counter limit ``name`` caps (None for a limit that caps no counter)."""
+        return next((c.key for c in COUNTERS if c.cap == name), None)
 
     def with_setting(self, name: str, raw: str) -> Limits:
         """Parse ``raw`` for limit ``name`` (``none`` unsets an optional cap); clear errors otherwise."""
@@ -192,6 +214,9 @@ def _parse_number(name: str, raw: str, kind: type) -> Any:
 RESPONSE_ENDED = ("dispatch", "end_turn", "max_output_tokens_recovery", "recovery_exhausted",
                   "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
                   "structured_output_retry")
+# The edges that start a new model turn: after a tool batch, and when a background task's notification
+# starts the next pass after the run had ended. Per-turn counters are reset by both.
+NEW_TURN = ("next_turn", "task_notification")
 _COUNTER = "agentfsm.counter"
 
 
@@ -291,30 +316,31 @@ class LoopState:
     tool_use_context: ToolUseContext = attrs.field(factory=ToolUseContext)
     compact_tracking: CompactTracking = attrs.field(factory=CompactTracking)
     query_tracking: QueryTracking = attrs.field(factory=QueryTracking)
-    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking"))
+    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking", "task_notification"))
     max_output_tokens_recovery_count: int = counter(0, cap="max_output_tokens_recoveries",
-                                                    raised_by=("max_output_tokens_recovery",), reset_by=("next_turn",))
+                                                    raised_by=("max_output_tokens_recovery",), reset_by=NEW_TURN)
     malformed_tool_use_retry_count: int = counter(0, cap="malformed_tool_use_retries",
-                                                  raised_by=("malformed_tool_use_retry",), reset_by=("next_turn",))
+                                                  raised_by=("malformed_tool_use_retry",), reset_by=NEW_TURN)
     # a StructuredOutput call whose input failed the schema raises it on next_turn too (else it resets)
     structured_output_retry_count: int = counter(0, cap="structured_output_retries",
                                                  raised_by=("structured_output_retry", "next_turn"),
-                                                 reset_by=("next_turn",))
+                                                 reset_by=NEW_TURN)
     stream_retry_count: int = counter(0, cap="stream_retries", raised_by=("stream_retry",),
                                       reset_by=(*RESPONSE_ENDED, "fallback_retry"))
     # index into (model, *fallback_models): which model the next request goes to
     model_index: int = counter(0, raised_by=("fallback_retry",))
-    has_attempted_reactive_compact: bool = counter(False, reset_by=("next_turn",))
-    thinking_only_nudged: bool = counter(False, reset_by=("next_turn",))
-    empty_response_nudged: bool = counter(False, reset_by=("next_turn",))
+    has_attempted_reactive_compact: bool = counter(False, reset_by=NEW_TURN)
+    thinking_only_nudged: bool = counter(False, reset_by=NEW_TURN)
+    empty_response_nudged: bool = counter(False, reset_by=NEW_TURN)
     # the stream broke or was garbled before any content: the next request is made without streaming
     non_streaming: bool = counter(False, reset_by=(*RESPONSE_ENDED, "fallback_retry"))
     # set by the first Stop-hook block and kept for the rest of the run, tool turns included (Claude Code
     # 2.1.332 does; a hook that blocks "unless stop_hook_active" blocks once per run, not once per turn:
     # tests/fidelity/scenarios/stop_hook_active_after_tool_turn.json)
-    stop_hook_active: bool = counter(False)
+    # (a task notification's pass is a new run of the loop in Claude Code: the flag starts over)
+    stop_hook_active: bool = counter(False, reset_by=("task_notification",))
     stop_hook_blocking_count: int = counter(0, cap="stop_hook_block_cap", raised_by=("stop_hook_blocking",),
-                                            reset_by=("next_turn",))
+                                            reset_by=NEW_TURN)
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet
     stop_hooks_due: bool = False
     transition: str | None = None
@@ -381,9 +407,39 @@ def snapshot_json(value: Any) -> Any:
 COUNTER_CAPS: Mapping[str, str] = {c.key: c.cap for c in COUNTERS if c.cap is not None}
 # Counter name -> the edges that raise it (numbers only: a flag is set, not raised).
 RAISED_BY: Mapping[str, frozenset[str]] = {c.key: c.raised_by for c in COUNTERS if c.raised_by}
-_unknown_caps = [c.cap for c in COUNTERS if c.cap is not None and c.cap not in Limits.field_names()]
-if _unknown_caps:  # pragma: no cover - a counter must name a limit that exists
-    raise ImportError(f"agentfsm.state: counters capped by unknown limits: {_unknown_caps}")
+
+
+def cap_problems(counters: tuple[Counter, ...] = COUNTERS, limits: type = Limits) -> list[str]:
+    """What is wrong between the counters' caps and the limits, in words (empty when nothing is):
+    every counter's ``cap`` is a :class:`Limits` field declared with :func:`_cap`, no two counters
+    share one, and every such field caps a counter. Checked at import; ``counters`` and ``limits``
+    are parameters so a test can hand it a mismatch."""
+    fields = {f.name: f for f in attrs.fields(limits)}
+    caps = {name for name, f in fields.items() if f.metadata.get(_CAP)}
+    problems = []
+    users: dict[str, list[str]] = {}
+    for c in counters:
+        if c.cap is None:
+            continue
+        users.setdefault(c.cap, []).append(c.key)
+        if c.cap not in fields:
+            problems.append(f"counter {c.key} is capped by {c.cap!r}, which is not a field of {limits.__name__}; "
+                            f"add `{c.cap}: int = _cap(DEFAULT, _non_negative)` to {limits.__name__}")
+        elif c.cap not in caps:
+            problems.append(f"counter {c.key} is capped by {limits.__name__}.{c.cap}, which is not declared as a "
+                            f"cap; declare it with `_cap(...)`")
+    for cap, keys in users.items():
+        if len(keys) > 1:
+            problems.append(f"{limits.__name__}.{cap} caps several counters ({', '.join(keys)}); one cap per counter")
+    for name in sorted(caps - users.keys()):
+        problems.append(f"{limits.__name__}.{name} is declared with `_cap(...)` but no counter names it: give the "
+                        f"counter `cap={name!r}`, or declare the field with `attrs.field` if it caps no counter")
+    return problems
+
+
+_problems = cap_problems()
+if _problems:  # pragma: no cover - tests/test_counter_caps.py shows each of these failing on a mismatch
+    raise ImportError("agentfsm.state: the counters and their caps disagree:\n  " + "\n  ".join(_problems))
 
 
 def resets(trigger: str, state: LoopState) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -82,7 +83,9 @@ class Subagents:
     passed in, so this module does not import the session layer that owns it)."""
 
     def __init__(self, parent: Any, make_session: Callable[..., Any]) -> None:
-        self.parent = parent
+        # the owning session, held weakly (it owns this object: a strong reference back would be a
+        # cycle that keeps every finished session for the cyclic gc; see agentfsm.weak)
+        self.parent = weakref.proxy(parent)
         self._make_session = make_session
         self._background: dict[str, _Background] = {}
         # foreground subagent runs: an aborted Agent call is cancelled without being awaited, so

@@ -318,8 +318,10 @@ class RunStarts:
             return False
         if kind == "message":
             return rec.get("kind") in PROMPT_KINDS and not self.rewriting
-        if kind == "sandbox":
-            return False  # how a command ran (agentfsm.hooks.sandbox): no part of the conversation
+        if kind in ("sandbox", "task"):
+            # how a command ran (agentfsm.hooks.sandbox), a background task's state (agentfsm.tasks):
+            # no part of the conversation
+            return False
         self.rewriting = False
         return False
 

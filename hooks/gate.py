@@ -49,6 +49,7 @@ from agentfsm.ports import (
     StopOutcome,
 )
 from agentfsm.tools.base import FileAccess, Tool
+from agentfsm.weak import weak_method
 
 log = fsm_log.get_logger("agentfsm.permissions")
 
@@ -93,7 +94,8 @@ class HookGate:
         self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
         # the kernel sandbox of the model's commands (hooks, the user's own commands, run outside it)
         self.sandbox = SessionSandbox(self.settings.sandbox, self.policy, cli_enabled=sandbox)
-        self.policy.sandbox_auto_allow = self.sandbox.auto_allows
+        # held weakly (the sandbox holds the policy): gone, it auto-allows nothing (fails closed)
+        self.policy.sandbox_auto_allow = weak_method(self.sandbox.auto_allows, gone=False)
         if python_hooks:
             _validate_python_hooks(python_hooks)
             for event, matchers in python_hooks.items():
@@ -199,14 +201,15 @@ class HookGate:
         outcome = PermissionOutcome(decision.behavior, decision.reason, rule=label,
                                     updated_input=updated if decision.behavior == "allow" else None,
                                     user_modified=decision.decided_by == "callback"
-                                    and decision.updated_input is not None)
+                                    and decision.updated_input is not None,
+                                    interrupt=decision.behavior == "deny" and decision.interrupt)
         return self._log_permission(tool, outcome, start)
 
     def _log_permission(self, tool: Tool, outcome: PermissionOutcome, start: float) -> PermissionOutcome:
         ms = (time.perf_counter() - start) * 1000
         # every field of the record, built directly (attrs.evolve inspects the class on each call)
         outcome = PermissionOutcome(outcome.behavior, outcome.reason, outcome.updated_input, outcome.rule,
-                                    permission_ms=ms, user_modified=outcome.user_modified)
+                                    permission_ms=ms, user_modified=outcome.user_modified, interrupt=outcome.interrupt)
         log.info("permission", tool=tool.name, behavior=outcome.behavior, rule=outcome.rule,
                  permission_mode=self.policy.mode, permission_ms=round(ms, 2), session_id=self.session_id)
         return outcome
@@ -282,7 +285,8 @@ class HookGate:
 
 # _log_permission rebuilds a PermissionOutcome field by field: a field added to it must be added there
 if tuple(f.name for f in attrs.fields(PermissionOutcome)) != (
-        "behavior", "reason", "updated_input", "rule", "permission_ms", "user_modified"):  # pragma: no cover
+        "behavior", "reason", "updated_input", "rule", "permission_ms", "user_modified",
+        "interrupt"):  # pragma: no cover
     raise ImportError("agentfsm.hooks.gate: PermissionOutcome's fields changed; update _log_permission")
 
 

@@ -53,7 +53,12 @@ def test_there_are_fixtures_for_every_reentry_and_the_reasons_claude_code_reache
         exp = expected(scenario, "transcript")
         reentries |= set(exp["reentries"])
         reasons.add(exp["terminal_reason"])
-    assert reentries == {e for e, edge in EDGES_BY_TRIGGER.items() if edge.kind == "reentry"}
+    # Claude Code shows a task notification that arrives after the run ended as a run of its own (a second
+    # init, its own result, counters from the start): its records are read as a run whose cause is the
+    # notification, the client's form of the graph's task_notification move
+    assert reentries == {e for e, edge in EDGES_BY_TRIGGER.items() if edge.kind == "reentry"} - {"task_notification"}
+    causes = {run["cause"] for run in expected("subagent_background", "transcript")["runs"]}
+    assert "task-notification" in causes
     assert reasons >= {"completed", "api_error", "malformed_tool_use_exhausted", "prompt_too_long", "max_turns",
                        "stop_hook_prevented", "structured_output_retry_exhausted"}
 
@@ -63,6 +68,11 @@ def moved_counters(counters: Mapping[str, Any]) -> dict[str, Any]:
     starts there, so a recorded expectation without it still says what the run did)."""
     initial = LoopState().counters()
     return {k: v for k, v in counters.items() if v != initial.get(k)}
+
+
+def about_the_case(run: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's record with its counters narrowed to those the case moves (:func:`moved_counters`)."""
+    return {**run, "counters": moved_counters(run["counters"])} if "counters" in run else dict(run)
 
 
 @pytest.mark.parametrize("source", sorted(SOURCES))
@@ -106,10 +116,10 @@ def test_runs_subagents_and_facts_are_reported_one_by_one(scenario: str, source:
     report = audit_report(FIXTURES / scenario / name)
     runs = exp.get("runs", [{"line": report.runs[0].line, "cause": "prompt", "moves": exp["moves"],
                              "terminal_reason": exp["terminal_reason"], "counters": exp["counters"]}])
-    assert [r.to_json() for r in report.runs] == runs
-    assert [(c.link, [m.label for m in c.moves], c.terminal_reason, dict(c.counters), codes(c))
-            for c in report.children] == [(c["link"], c["moves"], c["terminal_reason"], c["counters"], c["findings"])
-                                          for c in exp.get("children", [])]
+    assert [about_the_case(r.to_json()) for r in report.runs] == [about_the_case(r) for r in runs]
+    assert [(c.link, [m.label for m in c.moves], c.terminal_reason, moved_counters(c.counters), codes(c))
+            for c in report.children] == [(c["link"], c["moves"], c["terminal_reason"], moved_counters(c["counters"]),
+                                           c["findings"]) for c in exp.get("children", [])]
     assert [kind for _, kind, _ in report.facts] == exp.get("facts", [])
     assert report.errors == 0
 
@@ -118,7 +128,8 @@ def test_each_client_process_of_a_resumed_session_has_its_stream_json() -> None:
     exp = expected("resumed", "stream-json-2")
     report = audit_report(FIXTURES / "resumed" / "stream2.jsonl")
     assert [m.label for m in report.moves] == exp["moves"] and report.terminal_reason == exp["terminal_reason"]
-    assert dict(report.counters) == exp["counters"] and report.errors == 0 and codes(report) == {}
+    assert moved_counters(report.counters) == moved_counters(exp["counters"])
+    assert report.errors == 0 and codes(report) == {}
 
 
 # --- tampered copies ------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ run can be drawn (over the overview, or as a sequence diagram)."""
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import os
@@ -35,7 +36,7 @@ from agentfsm.diagram.views import (
 )
 from agentfsm.events import Aborted, to_record
 from agentfsm.graph import EDGES, ROUTES, RUNNING, STATES
-from agentfsm.state import TerminalReason
+from agentfsm.state import COUNTERS, Limits, TerminalReason
 
 RENDERER = pytest.mark.skipif(diagram.renderer() is None, reason="neither Graphviz dot nor pygraphviz installed")
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
@@ -133,6 +134,28 @@ def test_the_recovery_view_lists_every_route_of_call_model_and_stream_in_order()
         if r.guard and " and " not in r.guard:
             assert f">[{r.guard}]<" in dot, r.guard
     assert not flowchart_problems(mmd)
+
+
+def test_the_recovery_view_shows_what_each_edge_counts_from_the_counters_declarations() -> None:
+    """Each route's "counts" line is read from the counters' fields (raised_by, cap) and the cap's
+    default from Limits: every counter a recovery edge raises is shown, with its cap, in every format."""
+    rows = recovery_rows()
+    dot, mmd = diagram.render_dot("recovery"), diagram.render_mermaid("recovery")
+    md = diagram.recovery_markdown()
+    shown = set()
+    for r in rows:
+        want = [c for c in COUNTERS if r.edge in c.raised_by]
+        assert [line.split(" +1")[0] for line in r.counts] == [c.key for c in want], r.edge
+        for c, line in zip(want, r.counts, strict=True):
+            if c.cap:
+                assert f"(cap {c.cap} = {getattr(Limits(), c.cap)})" in line
+            shown.add(c.key)
+            assert html.escape(line, quote=False) in dot and f"`{line}`" in md
+        if r.counts:
+            assert f"{r.label}<br/>{r.counts_label}" in mmd.replace("#quot;", '"')
+    # the retries and recoveries of call_model and stream are all counted somewhere in the view
+    assert {"stream_retry_count", "max_output_tokens_recovery_count", "malformed_tool_use_retry_count",
+            "structured_output_retry_count", "model_index"} <= shown
 
 
 def test_the_terminal_view_pairs_every_edge_with_its_reasons() -> None:

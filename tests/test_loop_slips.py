@@ -25,6 +25,7 @@ from test_recovery import run_session  # the recovery tests' session runner, aud
 
 from agentfsm.audit import audit_file
 from agentfsm.checks import CODES, check_request
+from agentfsm.hooks.permissions import PermissionDeny
 from agentfsm.options import Options
 from agentfsm.pipeline import REJECT_MESSAGE, WORKER_LOST, synthetic_result, synthetic_text
 from agentfsm.resume import load_history
@@ -229,6 +230,44 @@ async def test_an_interrupt_cancels_cancel_tools_and_lets_block_tools_finish_a_h
         assert answers["b1"]["content"] == REJECT_MESSAGE and answers["b1"]["is_error"] is True
     else:
         assert answers["b1"]["content"] == "finished" and not answers["b1"].get("is_error")
+
+
+@pytest.mark.parametrize("interrupt", [True, False])
+async def test_a_permission_callbacks_deny_with_interrupt_ends_the_run_as_the_users_interrupt_does(
+        tmp_path: Path, interrupt: bool) -> None:
+    # the Agent SDK's PermissionResultDeny(interrupt=True), given in process (Options.can_use_tool): the call
+    # is denied and the run ends aborted_tools with the interrupt marker, as through stream-json
+    # (tests/test_sdk_dropin.py); without interrupt the model is told and the run goes on
+    ws = populate_workspace(tmp_path / "ws").resolve()
+    write = {"blocks": [{"type": "tool_use", "id": "w1", "name": "Write",
+                         "input": {"file_path": "$WS/new.txt", "content": "x"}}], "stop_reason": "tool_use"}
+    model = ScriptedModel([write, DONE, DONE], ws=ws)
+    asked: list[str] = []
+
+    def deny(name: str, tool_input: Any, ctx: Any) -> PermissionDeny:
+        asked.append(name)
+        return PermissionDeny("NOT_NOW", interrupt=interrupt)
+
+    options = Options(tools=("Write",), permission_mode="default", cwd=ws, sessions_dir=tmp_path / "sessions",
+                      setting_sources=(), can_use_tool=deny)
+    session = Session(options, client=model)
+    try:
+        result = await session.run("go")
+    finally:
+        await session.aclose()
+    assert asked == ["Write"] and not (ws / "new.txt").exists()
+    assert [d["tool_use_id"] for d in result.permission_denials] == ["w1"]
+    assert session.trace_path is not None and audit_file(session.trace_path) == []
+    history = load_history(session.trace_path)
+    answer = history[2].content[0]
+    assert answer["tool_use_id"] == "w1" and answer["is_error"] is True and "NOT_NOW" in answer["content"]
+    if interrupt:
+        assert result.terminal_reason is TerminalReason.ABORTED_TOOLS and result.is_error and model.count == 1
+        assert [m.kind for m in history] == ["prompt", "assistant", "tool_results", "interrupt_marker"]
+    else:
+        assert result.terminal_reason is TerminalReason.COMPLETED and model.count == 2
+        assert [m.kind for m in history][:3] == ["prompt", "assistant", "tool_results"]
+        assert "interrupt_marker" not in [m.kind for m in history]
 
 
 # --- the auditor on stops without a reason or a result -------------------------------------------------

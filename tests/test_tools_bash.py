@@ -287,7 +287,16 @@ def test_tool_traits_and_schema() -> None:
                                          "dangerouslyDisableSandbox"}
     v = jsonschema.Draft202012Validator(schema)
     assert v.is_valid({"command": "ls", "timeout": 600000})
-    assert not v.is_valid({"command": "ls", "timeout": 600001})
+    # no maximum in the schema (Claude Code 2.1.332 has none): a background command may ask for up to
+    # two hours, a foreground one is held to ten minutes when it runs
+    assert v.is_valid({"command": "ls", "timeout": 7_200_000, "run_in_background": True})
+    assert not v.is_valid({"command": "ls", "timeout": "soon"})
+    from agentfsm.tools.bash import _background_timeout_ms, _timeout_ms
+
+    assert _timeout_ms({"timeout": 600_001}) == 600_000 and _timeout_ms({"timeout": 600_000}) == 600_000
+    assert _background_timeout_ms({"timeout": 7_200_001}) == 7_200_000
+    assert _background_timeout_ms({"timeout": 7_199_999}) == 7_199_999
+    assert _background_timeout_ms({}) == 600_000 and _background_timeout_ms({"timeout": True}) == 600_000
 
 
 # --- the read-only classifier ----------------------------------------------------------------

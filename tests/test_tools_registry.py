@@ -12,7 +12,7 @@ import pytest
 from agentfsm.tools import ToolRegistry, builtin_tools, tool
 from agentfsm.tools.base import NoFileRules, Tool, ToolContext, ToolError, ToolOutput
 
-BUILTIN = ["Agent", "Bash", "Glob", "Grep", "Read", "Edit", "Write"]
+BUILTIN = ["Agent", "Bash", "Glob", "Grep", "Read", "Edit", "Write", "TaskStop"]
 
 
 @tool("Shout", "Upper-cases text.", {"type": "object", "properties": {"text": {"type": "string"}},
@@ -49,7 +49,7 @@ def test_concurrency_traits() -> None:
     assert reg["Bash"].is_concurrency_safe({"command": "ls"})
     assert not reg["Bash"].is_concurrency_safe({"command": "make"})
     assert [t.interrupt_behavior() for t in reg] == ["cancel", "block", "cancel", "cancel", "cancel",
-                                                     "block", "block"]
+                                                     "block", "block", "block"]
 
 
 def test_lookup_by_name_and_alias() -> None:
@@ -83,12 +83,12 @@ def test_subset_rejects_unknown_names_clearly() -> None:
     with pytest.raises(ValueError) as err:
         reg.subset(["Read", "Reed", "Frobnicate"])
     assert str(err.value) == ("Unknown tools: Reed (did you mean Read?), Frobnicate. "
-                              "Available tools: Agent, Bash, Glob, Grep, Read, Edit, Write")
+                              "Available tools: Agent, Bash, Glob, Grep, Read, Edit, Write, TaskStop")
 
 
 def test_without() -> None:
     reg = ToolRegistry([*builtin_tools(), shout])
-    expected = ["Agent", "Glob", "Grep", "Read", "Edit", "Write"]
+    expected = ["Agent", "Glob", "Grep", "Read", "Edit", "Write", "TaskStop"]
     assert reg.without(["Bash", "Yell", "NotThere"]).names() == expected
 
 

@@ -20,6 +20,7 @@ from agentfsm.tools.grep import GrepTool
 from agentfsm.tools.read import ReadTool
 from agentfsm.tools.registry import ToolRegistry
 from agentfsm.tools.structured_output import StructuredOutputTool
+from agentfsm.tools.task_stop import TaskStopTool
 from agentfsm.tools.write import WriteTool
 
 
@@ -34,6 +35,8 @@ def builtin_tools() -> list[Tool]:
         ReadTool(),
         EditTool(),
         WriteTool(),
+        # stops what Bash and Agent started in the background
+        TaskStopTool(),
     ]
 
 
@@ -47,6 +50,7 @@ __all__ = [
     "NoFileRules",
     "ReadTool",
     "StructuredOutputTool",
+    "TaskStopTool",
     "Tool",
     "ToolContext",
     "ToolError",

@@ -109,6 +109,43 @@ class _NoPolicy:
 NO_POLICY: FileAccess = _NoPolicy()
 
 
+#: The key of the session's background tasks in :attr:`ToolContext.services` (a :class:`TaskHost`).
+TASKS = "tasks"
+
+
+@attrs.frozen
+class TaskStarted:
+    """A background task a tool handed to the host: its id and the file its output goes to."""
+
+    task_id: str
+    output_file: str
+
+
+@attrs.frozen
+class TaskStopped:
+    """A task :meth:`TaskHost.stop` ended: its id, kind (``local_bash``, ``local_agent``) and what it ran."""
+
+    task_id: str
+    task_type: str
+    command: str
+
+
+class TaskHost(Protocol):
+    """What a tool may ask of the session's background tasks (``ctx.services[TASKS]``; the session's
+    is :class:`agentfsm.tasks.TaskRegistry`)."""
+
+    def adopt_command(self, process: asyncio.subprocess.Process, output_path: Path, *, command: str,
+                      description: str, tool_use_id: str, timeout_ms: float,
+                      on_exit: Callable[[], None] | None = None) -> TaskStarted:
+        """Own ``process`` (a started command writing to ``output_path``) as a background task: it
+        runs on, is stopped after ``timeout_ms``, and its end notifies the model."""
+        ...
+
+    async def stop(self, task_id: str) -> TaskStopped | None:
+        """Stop a running task; None when no running task has this id."""
+        ...
+
+
 @attrs.frozen
 class ToolOutput:
     """What :meth:`Tool.call` returns. ``data`` is mapped to the tool_result content by

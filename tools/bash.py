@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput
+from agentfsm.tools.base import TASKS, TaskHost, TaskStarted, Tool, ToolContext, ToolError, ToolOutput
 from agentfsm.tools.environment import child_environment
 from agentfsm.tools.sandbox import SANDBOX, CommandSandbox, Prepared, unsandboxed
 from agentfsm.tools.shell import Analysis, analyse
@@ -34,6 +34,9 @@ DEFAULT_TIMEOUT_MS = 120_000
 #: Longest command the concurrency verdict analyses on the event loop.
 INLINE_ANALYSIS_CHARS = 8192
 MAX_TIMEOUT_MS = 600_000
+#: How long a background command may run unless its call says (Claude Code 2.1.332: 10 minutes), and at most.
+BACKGROUND_TIMEOUT_MS = 600_000
+MAX_BACKGROUND_TIMEOUT_MS = 7_200_000
 MAX_OUTPUT_CHARS = 30_000
 KILL_GRACE_S = 2.0
 ABORTED = "<error>Command was aborted before completion</error>"
@@ -311,6 +314,14 @@ def _environment() -> dict[str, str]:
     return env
 
 
+def _background_timeout_ms(input: Mapping[str, Any]) -> float:
+    """How long a background command may run: its ``timeout``, else 10 minutes, at most 2 hours."""
+    value = input.get("timeout")
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return BACKGROUND_TIMEOUT_MS
+    return min(float(value), MAX_BACKGROUND_TIMEOUT_MS)
+
+
 def _timeout_ms(input: Mapping[str, Any]) -> float:
     value = input.get("timeout")
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
@@ -336,55 +347,131 @@ def prepare(command: str, ctx: ToolContext, disable_requested: bool = False) -> 
 
 
 async def run_foreground(command: str, ctx: ToolContext, timeout_ms: float, *,
-                         disable_sandbox: bool = False) -> ToolOutput:
+                         disable_sandbox: bool = False, description: str = "") -> ToolOutput:
     # the rules are resolved off the event loop: finding what a glob matches walks the workspace
     sandbox, prepared = await asyncio.to_thread(prepare, command, ctx, disable_sandbox)
     if prepared.refusal is not None:
         if sandbox is not None:
             sandbox.finished(prepared)
         return ToolOutput(prepared.refusal, is_error=True)
-    try:
-        return await _run_prepared(command, prepared, ctx, timeout_ms)
-    finally:
+
+    def finished() -> None:
         if sandbox is not None:
             sandbox.finished(prepared)
 
+    adopted = False
+    try:
+        output, adopted = await _run_prepared(command, prepared, ctx, timeout_ms, description=description,
+                                              on_exit=finished)
+        return output
+    finally:
+        if not adopted:
+            finished()
 
-async def _run_prepared(command: str, prepared: Prepared, ctx: ToolContext, timeout_ms: float) -> ToolOutput:
+
+def _task_host(ctx: ToolContext) -> TaskHost | None:
+    return ctx.services.get(TASKS)
+
+
+async def _spawn(prepared: Prepared, ctx: ToolContext, out_path: Path, fd: int) -> asyncio.subprocess.Process:
+    guard = ctx.services.get(PROCESS_GUARD)
+    with os.fdopen(fd, "wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *prepared.argv, cwd=str(ctx.cwd), env={**_environment(), **prepared.env},
+            stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True, preexec_fn=guard.preexec if guard is not None else None)
+    if guard is not None:
+        guard.started(proc.pid)
+    return proc
+
+
+def _minutes(ms: float) -> str:
+    """A duration in whole minutes as Claude Code writes its background limit ("10m"), else as
+    :func:`format_duration` does."""
+    return f"{int(ms // 60_000)}m" if ms >= 60_000 and ms % 60_000 == 0 else format_duration(ms)
+
+
+def moved_to_background(so_far: str, timeout_ms: float, started: TaskStarted) -> str:
+    """What the model is told of a command its timeout moved to the background (Claude Code's words)."""
+    note = (f"Command did not complete within its {format_duration(timeout_ms)} timeout and was moved to the "
+            f"background (ID: {started.task_id}). Output is being written to: {started.output_file}. You will "
+            "be notified when it completes. If it is still running after "
+            f"{_minutes(BACKGROUND_TIMEOUT_MS)} in the background, it will be stopped and you will be "
+            "notified. It is running now: do not start a second copy while it runs. If it is no longer "
+            "needed, stop it with TaskStop. To check interim output, use Read on that file path.")
+    return "\n".join(p for p in (so_far, note) if p)
+
+
+async def _run_prepared(command: str, prepared: Prepared, ctx: ToolContext, timeout_ms: float, *,
+                        description: str = "", on_exit: Callable[[], None] | None = None) -> tuple[ToolOutput, bool]:
+    """Run the command; (its result, whether the session's tasks adopted it: a command that outran its
+    timeout moves to the background when the host keeps background tasks, and is killed otherwise)."""
     fd, name = tempfile.mkstemp(prefix="agentfsm-bash-", suffix=".out")
     out_path = Path(name)
-    guard = ctx.services.get(PROCESS_GUARD)
+    host = _task_host(ctx)
+    adopted: TaskStarted | None = None
     try:
-        with os.fdopen(fd, "wb") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *prepared.argv, cwd=str(ctx.cwd), env={**_environment(), **prepared.env},
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True, preexec_fn=guard.preexec if guard is not None else None)
-        if guard is not None:
-            guard.started(proc.pid)
+        proc = await _spawn(prepared, ctx, out_path, fd)
         waiter = asyncio.ensure_future(proc.wait())
         aborted = asyncio.ensure_future(ctx.abort.wait())
         try:
             done, _ = await asyncio.wait({waiter, aborted}, timeout=timeout_ms / 1000,
                                          return_when=asyncio.FIRST_COMPLETED)
+            if not done and host is not None:
+                so_far = await asyncio.to_thread(read_output, out_path, None)
+                adopted = host.adopt_command(proc, out_path, command=command, description=description or command,
+                                             tool_use_id=ctx.tool_use_id, timeout_ms=BACKGROUND_TIMEOUT_MS,
+                                             on_exit=on_exit)
+                waiter.cancel()
+                return ToolOutput(moved_to_background(so_far, timeout_ms, adopted)), True
         finally:
             aborted.cancel()
-            if proc.returncode is None:
+            if adopted is None and proc.returncode is None:
                 # timeout, abort, or this task was cancelled: nothing of the command may outlive it
                 await asyncio.shield(_kill_group(proc))
         text = await asyncio.to_thread(read_output, out_path, ctx)
     finally:
-        with contextlib.suppress(OSError):
-            out_path.unlink()
+        if adopted is None:
+            with contextlib.suppress(OSError):
+                out_path.unlink()
     if waiter not in done:
         if aborted in done:
-            return ToolOutput("\n".join(p for p in (text, ABORTED) if p), is_error=True)
+            return ToolOutput("\n".join(p for p in (text, ABORTED) if p), is_error=True), False
         note = f"Command timed out after {format_duration(timeout_ms)}"
-        return ToolOutput("\n".join(p for p in (note, text) if p), is_error=True)
+        return ToolOutput("\n".join(p for p in (note, text) if p), is_error=True), False
     code = _exit_code(proc.returncode)
     if code != 0 and not (code == 1 and await asyncio.to_thread(_found_nothing, command, str(ctx.cwd))):
-        return ToolOutput("\n".join(p for p in (f"Exit code {code}", text) if p), is_error=True)
-    return ToolOutput(text or NO_OUTPUT)
+        return ToolOutput("\n".join(p for p in (f"Exit code {code}", text) if p), is_error=True), False
+    return ToolOutput(text or NO_OUTPUT), False
+
+
+async def run_background(command: str, ctx: ToolContext, host: TaskHost, timeout_ms: float, *,
+                         disable_sandbox: bool = False, description: str = "") -> ToolOutput:
+    """Start ``command`` as a background task of the session (``run_in_background``): sandboxed like
+    any command, its output written to the task's file, its end notified by the host."""
+    sandbox, prepared = await asyncio.to_thread(prepare, command, ctx, disable_sandbox)
+    if prepared.refusal is not None:
+        if sandbox is not None:
+            sandbox.finished(prepared)
+        return ToolOutput(prepared.refusal, is_error=True)
+
+    def finished() -> None:
+        if sandbox is not None:
+            sandbox.finished(prepared)
+
+    fd, name = tempfile.mkstemp(prefix="agentfsm-bash-", suffix=".out")
+    try:
+        proc = await _spawn(prepared, ctx, Path(name), fd)
+    except BaseException:
+        finished()
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+    started = host.adopt_command(proc, Path(name), command=command, description=description or command,
+                                 tool_use_id=ctx.tool_use_id, timeout_ms=timeout_ms, on_exit=finished)
+    return ToolOutput(f"Command running in background with ID: {started.task_id}. Output is being written to: "
+                      f"{started.output_file}. You will be notified when it completes. To check interim "
+                      "output, use Read on that file path.")
 
 
 def _found_nothing(command: str, cwd: str) -> bool:
@@ -486,22 +573,28 @@ class BashTool(Tool):
         "Executes a bash command in the working directory and returns its combined stdout and stderr. "
         f"Times out after {DEFAULT_TIMEOUT_MS // 1000}s by default (timeout in ms, at most "
         f"{MAX_TIMEOUT_MS // 1000}s); output beyond {MAX_OUTPUT_CHARS} characters is saved to a file and a "
-        "preview shown. A non-zero exit status is reported as an error with its code. Set run_in_background to start a "
-        "long-running command and get its output file back at once. Use Read, Glob, Grep, Edit and "
-        "Write rather than cat, find, grep, sed or echo redirection for file work."
+        "preview shown. A non-zero exit status is reported as an error with its code. A command that outruns its "
+        "timeout moves to the background. Set run_in_background to start a long-running command and get its "
+        "output file back at once; you are notified when it ends, and TaskStop stops it. Use Read, Glob, Grep, "
+        "Edit and Write rather than cat, find, grep, sed or echo redirection for file work."
     )
     input_schema: Mapping[str, Any] = {
         "type": "object",
         "properties": {
             "command": {"type": "string", "description": "The command to execute"},
-            "timeout": {"type": "number", "maximum": MAX_TIMEOUT_MS,
-                        "description": f"Optional timeout in milliseconds (max {MAX_TIMEOUT_MS})"},
+            # no "maximum": a background command may ask for up to MAX_BACKGROUND_TIMEOUT_MS; a foreground
+            # one's is capped at MAX_TIMEOUT_MS when it runs (Claude Code's schema has none either)
+            "timeout": {"type": "number",
+                        "description": f"Optional timeout in milliseconds (max {MAX_TIMEOUT_MS} for a foreground "
+                                       "command)"},
             "description": {"type": "string",
                             "description": "Clear, concise description of what this command does in "
                                            "active voice, in 5-10 words"},
             "run_in_background": {"type": "boolean",
-                                  "description": "Set to true to run this command in the background; "
-                                                 "its output is written to a file you can Read later."},
+                                  "description": "Set to true to run this command in the background. With it, "
+                                                 "`timeout` limits how long the command may run in the background "
+                                                 f"before it is stopped (default {BACKGROUND_TIMEOUT_MS} ms, max "
+                                                 f"{MAX_BACKGROUND_TIMEOUT_MS} ms)."},
             # Claude Code's parameter and text; whether it is honoured is the settings' call
             # (sandbox.allowUnsandboxedCommands), and an unsandboxed command is never auto-allowed
             "dangerouslyDisableSandbox": {"type": "boolean",
@@ -531,12 +624,17 @@ class BashTool(Tool):
         command: str = input["command"]
         if not Path(ctx.cwd).is_dir():
             raise ToolError(f"Working directory does not exist: {ctx.cwd}")
+        disable = input.get("dangerouslyDisableSandbox") is True
+        description = input.get("description") if isinstance(input.get("description"), str) else ""
         if input.get("run_in_background"):
+            host = _task_host(ctx)
+            if host is not None:
+                return await run_background(command, ctx, host, _background_timeout_ms(input),
+                                            disable_sandbox=disable, description=description)
             timeout = _timeout_ms(input) if input.get("timeout") else None
-            disable = input.get("dangerouslyDisableSandbox") is True
             how = await asyncio.to_thread(prepare, command, ctx, disable)
             job = start_background(command, ctx, timeout, prepared=how)
             return ToolOutput(f"Command running in background with ID: {job.id}. "
                               f"Output is being written to: {job.output_path}.")
-        return await run_foreground(command, ctx, _timeout_ms(input),
-                                    disable_sandbox=input.get("dangerouslyDisableSandbox") is True)
+        return await run_foreground(command, ctx, _timeout_ms(input), disable_sandbox=disable,
+                                    description=description)

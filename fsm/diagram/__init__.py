@@ -104,9 +104,11 @@ def recovery_markdown() -> str:
         for r in panel.rows:
             # a pipe inside a guard would end the table cell; GFM reads `\|` as a pipe, even in code
             guard = "`" + r.guard.replace("|", "\\|") + "`" if r.guard else "otherwise"
-            rows.append(f"| {r.rank} | {guard} | `{r.edge}` | `{r.dest}` |")
+            counts = "<br>".join(f"`{c}`" for c in r.counts)
+            rows.append(f"| {r.rank} | {guard} | `{r.edge}` | `{r.dest}` | {counts} |")
         sources = " and ".join(f"`{s}`" for s in panel.sources)
-        out.append(f"**{sources} — on `{panel.event}`**\n\n| # | guard | edge | to |\n|---|---|---|---|\n"
+        out.append(f"**{sources} — on `{panel.event}`**\n\n| # | guard | edge | to | counts (cap = default) |\n"
+                   "|---|---|---|---|---|\n"
                    + "\n".join(rows) + "\n")
     return "\n".join(out)
 

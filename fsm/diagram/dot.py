@@ -270,6 +270,7 @@ def _panel_lines(panel: Panel) -> list[tuple[str, float, bool]]:
     for r in panel.rows:
         out += [(g, lay.FONT_ROUTE, False) for g in _guard_lines(r)]
         out.append((f"→ {r.edge}  to {r.dest}", lay.FONT_ROUTE, True))
+        out += [(f"  {c}", lay.FONT_ROUTE, False) for c in r.counts]
     return out
 
 
@@ -285,6 +286,8 @@ def _panel(panel: Panel, width: int) -> str:
         lines = '<br align="left"/>'.join(_cell(g, "#566573") for g in _guard_lines(r))
         colour = KIND_COLOURS[r.kind] if r.kind != "terminal" else STOP_LINE
         took = _cell(f"→ {r.edge}", colour, bold=True) + _cell(f"  to {r.dest}", NODE_TEXT)
+        # what the edge counts, from the counters' declarations: one line per counter it raises
+        took += "".join('<br align="left"/>' + _cell(f"  {c}", "#566573") for c in r.counts)
         rows.append(f'<tr><td align="right" valign="top" width="22">{_cell(str(r.rank), NODE_TEXT, bold=True)}</td>'
                     f'<td align="left" balign="left" width="{width}">{lines}<br align="left"/>{took}'
                     '<br align="left"/></td></tr>')

@@ -140,7 +140,8 @@ def render_recovery() -> str:
         for i, r in enumerate(rows):
             if r.source != source:
                 continue
-            out.append(f'        route{i}["{r.rank}. {_text(r.label)}"]')
+            counts = f"<br/>{_text(r.counts_label)}" if r.counts else ""
+            out.append(f'        route{i}["{r.rank}. {_text(r.label)}{counts}"]')
         out.append("    end")
         for i, r in enumerate(rows):
             if r.source != source:

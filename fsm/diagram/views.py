@@ -5,7 +5,8 @@ path one run took, read from an agentfsm trace or from the audit of a Claude Cod
   (source, destination, kind) carrying every trigger of that move, and one ``abort`` arrow from
   *running* for the edge every running phase declares;
 * the **recovery** view: every route out of ``call_model`` and ``stream``, as ``Event [guard] → edge``
-  (:attr:`agentfsm.graph.Route.label`), in the order the machine tries them;
+  (:attr:`agentfsm.graph.Route.label`), in the order the machine tries them, each with the counters its
+  edge raises and their caps, read from the counters' own declarations (:data:`agentfsm.state.COUNTERS`);
 * the **terminal** view: which edge into ``stop`` carries which terminal reason.
 """
 
@@ -19,7 +20,7 @@ import attrs
 
 from agentfsm.checks import Report
 from agentfsm.graph import EDGES, EDGES_BY_TRIGGER, ROUTES, RUNNING, STATES
-from agentfsm.state import TERMINAL_INFO, Phase
+from agentfsm.state import COUNTERS, TERMINAL_INFO, Limits, Phase
 
 # one colour per edge kind, the same in every view and format
 KIND_COLOURS: Mapping[str, str] = {
@@ -88,10 +89,28 @@ class RouteRow:
     edge: str
     kind: str
     dest: str
+    counts: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
         return f"{self.event} [{self.guard}] → {self.edge}" if self.guard else f"{self.event} → {self.edge}"
+
+    @property
+    def counts_label(self) -> str:
+        """What the edge counts, in one line (empty when it raises no counter)."""
+        return "; ".join(self.counts)
+
+
+def counted_by(edge: str) -> tuple[str, ...]:
+    """The counters ``edge`` raises, each with the cap it may not pass and that cap's default — as the
+    counters declare them (``counter(..., cap=..., raised_by=...)``), so a new counter's label needs no
+    edit here."""
+    defaults = Limits()
+    out = []
+    for c in COUNTERS:
+        if edge in c.raised_by:
+            out.append(f"{c.key} +1 (cap {c.cap} = {getattr(defaults, c.cap)})" if c.cap else f"{c.key} +1")
+    return tuple(out)
 
 
 RECOVERY_SOURCES: tuple[Phase, ...] = (Phase.CALL_MODEL, Phase.STREAM)
@@ -109,7 +128,7 @@ def recovery_rows() -> tuple[RouteRow, ...]:
             edge = EDGES_BY_TRIGGER[route.edge]
             row = RouteRow(source.value, ranks[route.event], route.event.__name__,
                            route.guard.name if route.guard is not None else None, route.edge, edge.kind,
-                           edge.dest.value)
+                           edge.dest.value, counted_by(route.edge))
             assert row.label == route.label  # the view shows exactly the routes table's labels
             rows.append(row)
     return tuple(rows)

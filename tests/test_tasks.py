@@ -1,0 +1,407 @@
+"""Background tasks (agentfsm.tasks): the registry, background Bash (run_in_background, a command
+moved to the background by its timeout), TaskStop / KillShell, the notification each end queues, the
+session file's task records, and that nothing outlives the session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentfsm.model import ModelRequest
+from agentfsm.options import Options
+from agentfsm.queue import TASK_NOTIFICATION, InputQueue
+from agentfsm.session import Session
+from agentfsm.tasks import COMPLETED, FAILED, KILLED, TaskRecord, TaskRegistry, cut_off
+from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import TASKS, ToolContext
+from agentfsm.tools.bash import BashTool, moved_to_background
+from agentfsm.tools.task_stop import TaskStopTool
+from agentfsm.trace import read_records
+
+
+def registry(tmp_path: Path, seen: list[dict[str, Any]] | None = None,
+             records: list[dict[str, Any]] | None = None) -> TaskRegistry:
+    return TaskRegistry(session_id="s1", tasks_dir=tmp_path / "tasks", queue=InputQueue(),
+                        emit=seen.append if seen is not None else None,
+                        record=records.append if records is not None else None)
+
+
+def ctx(tmp_path: Path, host: TaskRegistry | None, tool_use_id: str = "toolu_1") -> ToolContext:
+    return ToolContext(cwd=tmp_path, session_id="s1", tool_use_id=tool_use_id,
+                       services={TASKS: host} if host is not None else {})
+
+
+async def wait_until(cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# --- background Bash ---------------------------------------------------------------------------
+
+
+async def test_run_in_background_returns_at_once_and_notifies_on_exit(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []
+    host = registry(tmp_path, seen, records)
+    out = await BashTool().call({"command": "echo START; sleep 0.5; echo END", "description": "slow echo",
+                                 "run_in_background": True}, ctx(tmp_path, host))
+    assert not out.is_error
+    (task_id,) = host.running
+    rec = host.get(task_id)
+    assert rec is not None and rec.task_type == "local_bash" and rec.tool_use_id == "toolu_1"
+    assert rec.description == "slow echo" and rec.command == "echo START; sleep 0.5; echo END"
+    assert out.data == (f"Command running in background with ID: {task_id}. Output is being written to: "
+                        f"{rec.output_file}. You will be notified when it completes. To check interim output, "
+                        "use Read on that file path.")
+    assert len(task_id) == 9 and task_id.startswith("b")
+    await wait_until(lambda: not host.running)
+    done = host.get(task_id)
+    assert done is not None and done.status == COMPLETED and done.exit_code == 0 and done.notified
+    # the exit is appended to the output, as Claude Code's files end
+    assert Path(done.output_file).read_text() == "START\nEND\n\n[exited with code 0]\n"
+    (item,) = host.queue.pending
+    assert item.kind == TASK_NOTIFICATION
+    text = item.text()
+    assert text.startswith("<system-reminder>\n") and "not user input" in text
+    assert (f"<task-notification>\n<task-id>{task_id}</task-id>\n<tool-use-id>toolu_1</tool-use-id>\n"
+            f"<output-file>{done.output_file}</output-file>\n<status>completed</status>\n"
+            '<summary>Background command "slow echo" completed (exit code 0)</summary>\n'
+            "</task-notification>") in text
+    # the client saw the task start and end, in Claude Code's order
+    subtypes = [m["subtype"] for m in seen if m.get("type") == "system"]
+    assert subtypes == ["background_tasks_changed", "task_started", "task_updated", "task_notification",
+                        "background_tasks_changed"]
+    assert all(m["session_id"] == "s1" for m in seen)
+    # every state of the task went to the session file
+    assert [r["status"] for r in records] == ["running", "completed"]
+    assert TaskRecord.from_record(records[-1]) == done
+
+
+async def test_a_failing_background_command_is_reported_failed_with_its_code(tmp_path: Path) -> None:
+    host = registry(tmp_path)
+    await BashTool().call({"command": "echo X; exit 3", "description": "second", "run_in_background": True},
+                          ctx(tmp_path, host))
+    await wait_until(lambda: not host.running)
+    (rec,) = host.tasks.values()
+    assert rec.status == FAILED and rec.exit_code == 3
+    assert '<summary>Background command "second" failed with exit code 3</summary>' in host.queue.pending[0].text()
+
+
+async def test_a_foreground_command_that_outruns_its_timeout_moves_to_the_background(tmp_path: Path) -> None:
+    host = registry(tmp_path)
+    out = await BashTool().call({"command": "echo SLOW_START; sleep 1.5; echo SLOW_END", "description": "slow",
+                                 "timeout": 500}, ctx(tmp_path, host, "toolu_slow"))
+    assert not out.is_error
+    (task_id,) = host.running
+    rec = host.get(task_id)
+    assert rec is not None and rec.tool_use_id == "toolu_slow"
+    assert out.data.startswith("SLOW_START\nCommand did not complete within its 0.5s timeout and was moved to the "
+                               f"background (ID: {task_id}). Output is being written to: {rec.output_file}.")
+    assert out.data == moved_to_background("SLOW_START", 500, host_started(rec))
+    await wait_until(lambda: not host.running)
+    done = host.get(task_id)
+    assert done is not None and done.status == COMPLETED
+    # the command kept writing to the same file after it was moved
+    assert Path(done.output_file).read_text() == "SLOW_START\nSLOW_END\n\n[exited with code 0]\n"
+    assert "<tool-use-id>toolu_slow</tool-use-id>" in host.queue.pending[0].text()
+
+
+def host_started(rec: TaskRecord) -> Any:
+    from agentfsm.tools.base import TaskStarted
+
+    return TaskStarted(rec.task_id, rec.output_file)
+
+
+async def test_without_a_task_host_a_timeout_still_kills_the_command(tmp_path: Path) -> None:
+    out = await BashTool().call({"command": "sleep 5", "timeout": 200}, ctx(tmp_path, None))
+    assert out.is_error and out.data.startswith("Command timed out after 0.2s")
+
+
+async def test_a_background_command_is_stopped_after_its_background_timeout(tmp_path: Path) -> None:
+    host = registry(tmp_path)
+    await BashTool().call({"command": "sleep 30", "description": "long", "run_in_background": True,
+                           "timeout": 300}, ctx(tmp_path, host))
+    await wait_until(lambda: not host.running)
+    (rec,) = host.tasks.values()
+    assert rec.status == KILLED and rec.notified
+    assert "<status>killed</status>" in host.queue.pending[0].text()
+
+
+async def test_background_commands_go_through_the_sandbox_service(tmp_path: Path) -> None:
+    """run_in_background prepares the command through the session's sandbox like a foreground one, and
+    tells it when the command is over."""
+    from agentfsm.tools.sandbox import SANDBOX, Prepared
+
+    class Sandbox:
+        def __init__(self) -> None:
+            self.prepared: list[str] = []
+            self.finished_ids: list[str] = []
+
+        def prepare(self, command: str, cwd: Path, *, shell: str, disable_requested: bool,
+                    tool_use_id: str) -> Prepared:
+            self.prepared.append(command)
+            return Prepared(argv=(shell, "-c", f"echo WRAPPED; {command}"), sandboxed=True, record={})
+
+        def finished(self, prepared: Prepared) -> None:
+            self.finished_ids.append("done")
+
+    sandbox = Sandbox()
+    host = registry(tmp_path)
+    context = ToolContext(cwd=tmp_path, session_id="s1", tool_use_id="toolu_sb",
+                          services={TASKS: host, SANDBOX: sandbox})
+    await BashTool().call({"command": "echo INNER", "run_in_background": True}, context)
+    await wait_until(lambda: not host.running)
+    assert sandbox.prepared == ["echo INNER"] and sandbox.finished_ids == ["done"]
+    (rec,) = host.tasks.values()
+    assert Path(rec.output_file).read_text().startswith("WRAPPED\nINNER\n")
+
+
+async def test_a_refused_background_command_starts_no_task(tmp_path: Path) -> None:
+    from agentfsm.tools.sandbox import SANDBOX, Prepared
+
+    class Refusing:
+        def prepare(self, command: str, cwd: Path, **_kw: Any) -> Prepared:
+            return Prepared(argv=(), sandboxed=False, record={}, refusal="sandbox says no")
+
+        def finished(self, prepared: Prepared) -> None:
+            pass
+
+    host = registry(tmp_path)
+    context = ToolContext(cwd=tmp_path, session_id="s1", services={TASKS: host, SANDBOX: Refusing()})
+    out = await BashTool().call({"command": "echo X", "run_in_background": True}, context)
+    assert out.is_error and out.data == "sandbox says no" and host.tasks == {}
+
+
+# --- TaskStop ----------------------------------------------------------------------------------
+
+
+async def test_task_stop_kills_the_process_group_and_tells_only_the_client(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+    host = registry(tmp_path, seen)
+    pidfile = tmp_path / "child.pid"
+    await BashTool().call({"command": f"sleep 30 & echo $! > {pidfile}; wait", "description": "long",
+                           "run_in_background": True}, ctx(tmp_path, host))
+    (task_id,) = host.running
+    await wait_until(lambda: pidfile.exists() and pidfile.read_text().strip() != "")
+    child = int(pidfile.read_text())
+    out = await TaskStopTool().call({"task_id": task_id}, ctx(tmp_path, host, "toolu_stop"))
+    body = json.loads(out.data)
+    assert body == {"message": f"Successfully stopped task: {task_id} (sleep 30 & echo $! > {pidfile}; wait)",
+                    "task_id": task_id, "task_type": "local_bash",
+                    "command": f"sleep 30 & echo $! > {pidfile}; wait"}
+    assert out.data.startswith('{"message":')  # compact, as Claude Code writes it
+    await wait_until(lambda: not alive(child))
+    rec = host.get(task_id)
+    assert rec is not None and rec.status == KILLED and not rec.notified
+    assert host.queue.pending == ()  # the model is told by the tool's result only
+    note = [m for m in seen if m.get("subtype") == "task_notification"]
+    assert note[-1]["status"] == "stopped" and note[-1]["summary"] == "long"
+
+
+async def test_kill_shell_is_task_stop_with_its_old_parameter(tmp_path: Path) -> None:
+    from agentfsm.tools import ToolRegistry, builtin_tools
+
+    tools = ToolRegistry(builtin_tools())
+    assert tools.get("KillShell") is tools.get("TaskStop")
+    host = registry(tmp_path)
+    await BashTool().call({"command": "sleep 30", "run_in_background": True}, ctx(tmp_path, host))
+    (task_id,) = host.running
+    out = await TaskStopTool().call({"shell_id": task_id}, ctx(tmp_path, host))
+    assert json.loads(out.data)["task_id"] == task_id and host.running == ()
+
+
+@pytest.mark.parametrize("given", [{"task_id": "no_such_task"}, {"shell_id": "nope"}])
+async def test_task_stop_of_an_unknown_id_is_an_error(tmp_path: Path, given: dict[str, str]) -> None:
+    from agentfsm.tools.base import ToolError
+
+    host = registry(tmp_path)
+    with pytest.raises(ToolError, match=f"^No task found with ID: {next(iter(given.values()))}$"):
+        await TaskStopTool().call(given, ctx(tmp_path, host))
+
+
+async def test_task_stop_of_a_finished_task_is_an_error(tmp_path: Path) -> None:
+    from agentfsm.tools.base import ToolError
+
+    host = registry(tmp_path)
+    await BashTool().call({"command": "true", "run_in_background": True}, ctx(tmp_path, host))
+    (task_id,) = host.running
+    await wait_until(lambda: not host.running)
+    with pytest.raises(ToolError, match="No task found"):
+        await TaskStopTool().call({"task_id": task_id}, ctx(tmp_path, host))
+
+
+async def test_task_stop_needs_an_id(tmp_path: Path) -> None:
+    res = await TaskStopTool().validate_input({}, ctx(tmp_path, registry(tmp_path)))
+    assert not res.ok and "task_id" in (res.message or "")
+    res = await TaskStopTool().validate_input({"task_id": "  "}, ctx(tmp_path, registry(tmp_path)))
+    assert not res.ok
+
+
+# --- teardown and records ------------------------------------------------------------------------
+
+
+async def test_stop_all_leaves_nothing_running_and_records_killed(tmp_path: Path) -> None:
+    records: list[dict[str, Any]] = []
+    host = registry(tmp_path, records=records)
+    for _ in range(3):
+        await BashTool().call({"command": "sleep 30", "run_in_background": True}, ctx(tmp_path, host))
+    pids = [live.process.pid for live in host._live.values() if live.process is not None]
+    assert len(pids) == 3 and all(alive(p) for p in pids)
+    await host.stop_all()
+    assert host.running == () and all(not alive(p) for p in pids)
+    assert all(r.status == KILLED and not r.notified for r in host.tasks.values())
+    assert host.queue.pending == ()
+    with pytest.raises(RuntimeError, match="closing"):
+        await BashTool().call({"command": "true", "run_in_background": True}, ctx(tmp_path, host))
+    await host.stop_all()  # idempotent
+
+
+def test_cut_off_finds_the_tasks_a_file_left_running() -> None:
+    running = TaskRecord("b1", "local_bash", "t1", "d", "/o")
+    done = TaskRecord("b2", "local_bash", "t2", "d", "/o", status="completed", exit_code=0)
+    assert cut_off({"b1": running, "b2": done}) == (running,)
+    assert TaskRecord.from_record({"type": "task", "task_id": "x"}) is None
+    assert TaskRecord.from_record({**running.to_record(), "status": "exploded"}) is None
+
+
+# --- in a session ------------------------------------------------------------------------------
+
+
+def bash(tid: str, **inp: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Bash", "input": inp}]}
+
+
+def text(t: str, **kw: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "text", "text": t}], **kw}
+
+
+def options(tmp_path: Path) -> Options:
+    return Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
+                   setting_sources=(), tools=("Bash", "Read", "TaskStop"), sandbox=False)
+
+
+async def test_a_session_waits_for_its_background_command_and_runs_its_notification(tmp_path: Path) -> None:
+    requests: list[ModelRequest] = []
+    script = [bash("toolu_bg", command="sleep 0.5; echo BG_DONE", description="bg", run_in_background=True),
+              text("WAITING"), text("GOT_IT")]
+
+    def answer(request: ModelRequest, n: int) -> Any:
+        requests.append(request)
+        return script[n] if n < len(script) else text("EXHAUSTED")
+
+    seen: list[dict[str, Any]] = []
+    session = Session(options(tmp_path), client=ScriptedModel(answer), emit=seen.append)
+    result = await session.run("GO")
+    await session.aclose()
+    assert result.result == "GOT_IT" and len(requests) == 3
+    last = requests[2].messages[-1]
+    note = "".join(b.get("text", "") for b in last["content"])
+    assert "<task-notification>" in note and "<status>completed</status>" in note
+    assert "<tool-use-id>toolu_bg</tool-use-id>" in note
+    tasks = [r for r in read_records(session.trace_path) if r.get("type") == "task"]
+    assert [r["status"] for r in tasks] == ["running", "completed"]
+
+
+async def test_closing_a_session_stops_its_background_commands(tmp_path: Path) -> None:
+    script = [bash("toolu_bg", command="sleep 30", run_in_background=True), text("LEFT_IT")]
+    session = Session(options(tmp_path), client=ScriptedModel(lambda r, n: script[n] if n < 2 else text("X")))
+    run = asyncio.ensure_future(session.run("GO"))
+    await wait_until(lambda: bool(session.tasks.running))
+    (task_id,) = session.tasks.running
+    live = session.tasks._live[task_id]
+    assert live.process is not None
+    pid = live.process.pid
+    await asyncio.sleep(0.2)
+    session.interrupt()  # Ctrl-C while the run waits for the task: the run ends ...
+    await asyncio.wait_for(run, 10)
+    assert alive(pid)
+    await session.aclose()  # ... and the session's end stops the task
+    assert not alive(pid) and session.tasks.running == ()
+    tasks = [r for r in read_records(session.trace_path) if r.get("type") == "task"]
+    assert tasks[-1]["status"] == "killed"
+
+
+def test_no_background_process_survives_the_cli(tmp_path: Path, agentfsm_workspace: Path) -> None:
+    """`agentfsm -p` exits with its background command still running: the command is gone after it."""
+    import subprocess
+    import sys
+
+    from agentfsm.testing.server import ScriptedServer
+
+    pidfile = tmp_path / "bg.pid"
+    script = [bash("toolu_bg", command=f"echo $$ > {pidfile}; exec sleep 60", run_in_background=True),
+              text("LEFT_IT")]
+    with ScriptedServer(lambda r, n: script[n] if n < len(script) else text("X")) as server:
+        proc = subprocess.Popen([sys.executable, "-m", "agentfsm", "-p", "GO", "--tools", "Bash",
+                                 "--permission-mode", "bypassPermissions", "--no-sandbox"],
+                                cwd=agentfsm_workspace, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env={**os.environ, "ANTHROPIC_BASE_URL": server.base_url,
+                                     "ANTHROPIC_API_KEY": "sk-test"})
+        deadline = time.monotonic() + 30
+        while not (pidfile.exists() and pidfile.read_text().strip()):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        pid = int(pidfile.read_text())
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+
+
+async def test_the_notification_is_a_declared_move_and_the_run_audits_clean(tmp_path: Path) -> None:
+    """The notification that arrives after the run ended takes the graph's task_notification edge (stop →
+    assemble) in the same driver run; the session file records it and the auditor replays it without a
+    finding."""
+    from agentfsm.audit import audit_file
+
+    script = [bash("toolu_bg", command="sleep 0.3; echo BG", run_in_background=True), text("WAITING"),
+              text("GOT_IT")]
+    session = Session(options(tmp_path), client=ScriptedModel(lambda r, n: script[n] if n < 3 else text("X")))
+    result = await session.run("GO")
+    await session.aclose()
+    assert result.result == "GOT_IT" and result.num_turns == 3
+    records = list(read_records(session.trace_path))
+    moves = [r["trigger"] for r in records if r.get("type") == "transition"]
+    assert moves == ["call", "open_stream", "dispatch", "collect", "next_turn", "call", "open_stream", "end_turn",
+                     "settle", "task_notification", "call", "open_stream", "end_turn", "settle"]
+    assert [r["type"] for r in records].count("result") == 1
+    notes = [r for r in records if r.get("type") == "message" and r.get("kind") == "task_notification"]
+    assert len(notes) == 1
+    findings = audit_file(session.trace_path)
+    # (the one warning says the command ran unsandboxed, as this test asked: a background command's run
+    # is recorded like any other's)
+    assert [(f.code, f.severity) for f in findings if f.severity != "info"] == [("unsandboxed_command", "warning")]
+
+
+async def test_no_notification_pass_past_max_turns(tmp_path: Path) -> None:
+    """At max_turns the run does not wait for its background work: the notification would need a turn
+    the limit does not leave."""
+    from agentfsm.state import Limits
+
+    script = [bash("toolu_bg", command="sleep 30", run_in_background=True), text("WAITING"), text("NOT_ASKED")]
+    opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
+                   setting_sources=(), tools=("Bash",), sandbox=False, limits=Limits(max_turns=2))
+    session = Session(opts, client=ScriptedModel(lambda r, n: script[n] if n < 3 else text("X")))
+    result = await asyncio.wait_for(session.run("GO"), 20)
+    assert result.result == "WAITING" and session.tasks.running
+    await session.aclose()
+    assert session.tasks.running == ()
