@@ -103,6 +103,8 @@ class CallResult:
     output_data: Any = None
     context_layers: Mapping[str, Any] = attrs.field(factory=dict)
     ends_turn: bool = False
+    # what an SDK user receives as the structured result (``tool_use_result``); None: derived from the block
+    structured: Any = None
     deferred: bool = False
     stop: bool = False
     stop_reason: str = ""
@@ -422,6 +424,7 @@ class _Call:
                            self.clock.steps)
 
     def result(self, block: Mapping[str, Any], *, is_error: bool, output_data: Any = None,
+               structured: Any = None,
                context_layers: Mapping[str, Any] | None = None, ends_turn: bool = False,
                deferred: bool = False, denial: Mapping[str, Any] | None = None,
                cancel_reason: str | None = None) -> CallResult:
@@ -433,7 +436,8 @@ class _Call:
             out.pop("is_error", None)
         res = CallResult(self.tool_use_id, self.name, out, is_error=is_error, tool_input=dict(self.input),
                          after=tuple({"type": "text", "text": t} for t in self.after),
-                         output_data=output_data, context_layers=dict(context_layers or {}),
+                         output_data=output_data, structured=structured,
+                         context_layers=dict(context_layers or {}),
                          ends_turn=ends_turn, deferred=deferred, stop=self.stop,
                          stop_reason=self.stop_reason, permission_denial=denial,
                          cancel_reason=cancel_reason, timings=self._timings())
@@ -622,9 +626,13 @@ class _Call:
         with clock.step(12, "post_tool_use"):
             t = time.perf_counter()
             post: PostToolOutcome | None = None
+            if output.is_error:  # a failed call (a shell command's exit code): PostToolUseFailure, as Claude Code
+                await self._post_failure(_content_text(mapped), is_interrupt=False)
+                return self.result(mapped, is_error=True, output_data=output.data,
+                                   context_layers=output.context_layers, ends_turn=output.ends_turn)
             try:
-                post = await self.gate.post_tool_use(self.name, self.input, self.tool_use_id, output.data,
-                                                     self.run_ms)
+                post = await self.gate.post_tool_use(self.name, self.input, self.tool_use_id,
+                                                     sdk_result(output), self.run_ms)
             except (Exception, asyncio.CancelledError) as exc:
                 # the tool already ran: its output stands (an interrupt now must not claim otherwise)
                 self.log.warning("tool.hook_error", hook="PostToolUse", error=repr(exc))
@@ -642,6 +650,7 @@ class _Call:
 
         with clock.step(14, "result"):
             return self.result(mapped, is_error=bool(output.is_error), output_data=output.data,
+                               structured=None if output.is_error else sdk_result(output),
                                context_layers=output.context_layers,
                                ends_turn=output.ends_turn or (tool.ends_turn and not output.is_error))
 
@@ -696,7 +705,7 @@ class _Call:
                               f"match the output schema of {self.name} ({'; '.join(problems)}); "
                               "the original output was kept."))
             return output, mapped
-        replaced = attrs.evolve(output, data=updated)
+        replaced = attrs.evolve(output, data=updated, structured=None)
         remapped = self._map(tool, replaced)
         if isinstance(remapped, CallResult):
             self.notes.append(reminder(f"PostToolUse:{self.name} hook error: the updated tool output could not "
@@ -759,3 +768,16 @@ def _append_texts(block: Mapping[str, Any], texts: Sequence[str]) -> Mapping[str
     else:
         new = [*content, *({"type": "text", "text": t} for t in texts)]
     return {**block, "content": new}
+
+
+def sdk_result(output: ToolOutput) -> Any:
+    """What an SDK user receives for a call's output (PostToolUse's ``tool_response``, the stream's
+    ``tool_use_result``): the tool's structured result, else the data the model's result came from."""
+    return output.structured if output.structured is not None else output.data
+
+
+def _content_text(block: Mapping[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping) and b.get("type") == "text")
