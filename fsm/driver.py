@@ -64,6 +64,7 @@ from agentfsm.signals import RunSignals, Stopped
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext, appended
 from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
+from agentfsm.weak import weak_method
 
 __all__ = ["DEFERRED_RESULTS", "Driver", "Emit", "StepObserver", "StopBeforeCall"]
 
@@ -137,7 +138,8 @@ class Driver:
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
         # a permission callback's deny with interrupt stops the run like the user's interrupt
-        self.services.setdefault(INTERRUPT_RUN, self.interrupt)
+        # (held weakly: the driver's own bound method in its services would make a cycle, issue 34)
+        self.services.setdefault(INTERRUPT_RUN, weak_method(self.interrupt, gone=None))
         # the permission settings' file-access policy, one per call; without it file tools deny every path
         self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (

@@ -993,3 +993,48 @@ async def test_structured_tool_results_and_completed_inputs(cli: str, tmp_path: 
     sent = [b["input"] for m in run.server.requests[-1]["messages"] if isinstance(m["content"], list)
             for b in m["content"] if b.get("type") == "tool_use" and b["id"] == "toolu_e"]
     assert sent == [shown["toolu_e"]]  # the model's history shows the completed input too
+
+
+@pytest.mark.parametrize("forward", [False, True])
+async def test_a_subagents_prompt_and_final_text_follow_forward_subagent_text(cli: str, tmp_path: Path,
+                                                                            forward: bool) -> None:
+    """A foreground subagent's prompt is shown under its Agent call; its final text only with
+    ``forward_subagent_text``; its tool results carry no structured result; SubagentStart runs and
+    the subagent's hook inputs name it (``agent_id``, ``agent_type``). Recorded from Claude Code 2.1.332."""
+    agent = _tool("toolu_agent", "Agent", description="Read a", prompt="Read a.txt and say its word",
+                  subagent_type="general-purpose", run_in_background=False)
+    seen: list[dict[str, Any]] = []
+
+    async def record(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        seen.append(dict(hook_input))
+        return {}
+
+    async def body(run: Run) -> None:
+        events = ("PreToolUse", "PostToolUse", "SubagentStart", "SubagentStop")
+        await client_run(run, run.options(tools=["Read", "Agent"], permission_mode="bypassPermissions",
+                                          forward_subagent_text=forward,
+                                          hooks={e: [sdk.HookMatcher(hooks=[record])] for e in events}), "delegate")
+
+    run = await scenario(cli, tmp_path, [turn(agent), turn(read("toolu_sub_read", "a.txt")), text("SUB_SAYS_ALPHA"),
+                                         text("MAIN_DONE")], body)
+    under = [m for m in run.messages if isinstance(m, sdk.UserMessage | sdk.AssistantMessage)
+             and m.parent_tool_use_id == "toolu_agent"]
+    shown = [(type(m).__name__, [type(b).__name__ for b in m.content]) for m in under]
+    assert shown == [("UserMessage", ["TextBlock"]), ("AssistantMessage", ["ToolUseBlock"]),
+                     ("UserMessage", ["ToolResultBlock"])] + ([("AssistantMessage", ["TextBlock"])] if forward else [])
+    assert under[0].content[0].text == "Read a.txt and say its word"
+    assert [m.tool_use_result for m in under if isinstance(m, sdk.UserMessage)] == [None, None]
+    events = [(h["hook_event_name"], h.get("tool_name")) for h in seen]
+    assert events == [("PreToolUse", "Agent"), ("SubagentStart", None), ("PreToolUse", "Read"),
+                      ("PostToolUse", "Read"), ("SubagentStop", None), ("PostToolUse", "Agent")]
+    start = seen[1]
+    agent_id = start["agent_id"]
+    assert isinstance(agent_id, str) and agent_id and start["agent_type"] == "general-purpose"
+    for h in seen[2:5]:  # the subagent's own events name it, under the session's ids and prompt
+        assert (h["agent_id"], h["agent_type"]) == (agent_id, "general-purpose")
+        assert [h[k] for k in ("session_id", "transcript_path", "prompt_id")] == [
+            seen[0][k] for k in ("session_id", "transcript_path", "prompt_id")]
+    for h in (seen[0], seen[5]):  # the main session's do not
+        assert "agent_id" not in h and "agent_type" not in h
+    [result] = run.results()
+    assert result.result == "MAIN_DONE"
