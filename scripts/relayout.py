@@ -59,6 +59,7 @@ MAPPING: dict[str, str] = {
     "control": "commandline",
     "demo": "commandline",
     "sdk_coverage": "commandline",
+    "conform": "commandline",
     # the auditor of traces and of Claude Code's own files
     "audit": "auditing",
     "coverage": "auditing",
