@@ -116,6 +116,9 @@ class Session:
         self.tasks = TaskRegistry(session_id=self.session_id, tasks_dir=tasks_dir(self.session_id),
                                   queue=self.queue, emit=weak_method(self._emit, gone=None),
                                   record=self.trace.write)
+        if hasattr(self.gate, "background_tasks"):
+            # the Stop hook's input lists the tasks still running (the registry holds nothing of the gate)
+            self.gate.background_tasks = self.tasks.background_tasks
         self.driver: Driver | None = None
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history
