@@ -72,6 +72,7 @@ MAPPING: dict[str, str] = {
     "subagents": "sessions",
     "compose": "sessions",
     "memory": "sessions",
+    "claude_transcript": "sessions",
     # the runtime: the runner, the driver, what each phase does, the tool executor and pipeline
     "driver": "runtime",
     "runner": "runtime",
