@@ -64,6 +64,7 @@ from agentfsm.signals import RunSignals, Stopped
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext, appended
 from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
+from agentfsm.weak import weak_method
 
 __all__ = ["DEFERRED_RESULTS", "Driver", "Emit", "StepObserver", "StopBeforeCall"]
 
@@ -137,7 +138,8 @@ class Driver:
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
         # a permission callback's deny with interrupt stops the run like the user's interrupt
-        self.services.setdefault(INTERRUPT_RUN, self.interrupt)
+        # (held weakly: the driver's own bound method in its services would make a cycle, issue 34)
+        self.services.setdefault(INTERRUPT_RUN, weak_method(self.interrupt, gone=None))
         # the permission settings' file-access policy, one per call; without it file tools deny every path
         self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
@@ -500,6 +502,8 @@ class Driver:
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)
         if block is not None:
+            if block.get("type") == "tool_use" and block["id"] not in asm.invalid_tool_inputs:
+                phases.complete_tool_input(block, self.registry)
             self.emit(phases.assistant_block_message(asm.message_id, asm.model, block, asm.usage, self.session_id))
             if block.get("type") == "tool_use":
                 executor.add_tool(block, invalid_json=asm.invalid_tool_inputs.get(block["id"]))
@@ -517,7 +521,7 @@ class Driver:
         assert executor is not None and asm is not None
         try:
             results, interrupted = await _drain(executor, self.signals)
-            self.show_results([r.block for r in results])
+            self.show_calls(results)
         except Stopped:  # hard abort while tools ran
             return self.abort_event(state)
         self._executor = None
@@ -532,15 +536,19 @@ class Driver:
                                     context_layers=executor.context_layers())
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
-        for r in executor.drain_ready():
-            self._emit_result(r.block)
+        self.show_calls(executor.drain_ready())
 
-    def _emit_result(self, block: Mapping[str, Any]) -> None:
+    def show_calls(self, results: Sequence[CallResult]) -> None:
+        """Show how calls ended, with the structured result each tool gave for SDK users."""
+        for r in results:
+            self._emit_result(r.block, r.structured)
+
+    def _emit_result(self, block: Mapping[str, Any], structured: Any = None) -> None:
         tid = block.get("tool_use_id", "")
         if tid in self._emitted_results:
             return
         self._emitted_results.add(tid)
-        self.emit(phases.result_message(block, self.session_id))
+        self.emit(phases.result_message(block, self.session_id, structured))
 
     def new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
@@ -618,7 +626,7 @@ async def _resume_deferred(d: Driver, history: tuple[Message, ...], first: Messa
         executor.add_tool(block)
     results = await executor.remaining()
     d.log.info("tool.deferred_resumed", tools=[b["name"] for b in calls])
-    d.show_results([r.block for r in results])
+    d.show_calls(results)
     messages, failure = phases.deferred_resumed(history, results)
     # The session file's history view is rewritten from here on (agentfsm.resume.load_history
     # reads what follows the last boundary); the run's prompt, already recorded, closes the new view.

@@ -99,11 +99,18 @@ class Session:
             observe(weak_method(self._emit_hook_event, gone=None))
         if subagent is not None:
             self.hooks = SubagentHooks(self.hooks, parent_hooks, subagent)
+            if hasattr(self.gate, "agent"):  # the subagent's hook inputs name it, under the session's ids
+                self.gate.agent = (subagent.agent_id, subagent.agent_type)
+                outer = getattr(parent_hooks, "gate", parent_hooks)
+                self.gate.parent = outer if hasattr(outer, "_common") else None
         self.subagents = Subagents(self, Session)
         # background commands (and, through Subagents, agents): owned here, stopped at aclose
         self.tasks = TaskRegistry(session_id=self.session_id, tasks_dir=tasks_dir(self.session_id),
                                   queue=self.queue, emit=weak_method(self._emit, gone=None),
                                   record=self.trace.write)
+        if hasattr(self.gate, "background_tasks"):
+            # the Stop hook's input lists the tasks still running (the registry holds nothing of the gate)
+            self.gate.background_tasks = self.tasks.background_tasks
         self.driver: Driver | None = None
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history

@@ -11,6 +11,7 @@ what still runs and gives it a grace period to write its result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 import weakref
 from collections.abc import Callable
@@ -22,7 +23,6 @@ from agentfsm import log
 from agentfsm.compose import build_registry
 from agentfsm.options import PERMISSION_MODES, AgentDefinition
 from agentfsm.ports import PromptOutcome, StopOutcome
-from agentfsm.queue import TASK_NOTIFICATION
 from agentfsm.result import RunResult
 
 # Subagents may launch subagents only when their definition offers them the Agent tool; this caps
@@ -50,6 +50,11 @@ class SubagentHooks:
         self._own = own
         self._parent = parent
         self._identity = identity
+
+    @property
+    def gate(self) -> Any:
+        """The subagent's own gate (a subagent it launches names this session's ids through it)."""
+        return self._own
 
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
         return PromptOutcome()
@@ -125,6 +130,11 @@ class Subagents:
             task = asyncio.get_running_loop().create_task(
                 self._run_background(child, request), name=f"subagent:{child.session_id}")
             self._background[child.session_id] = _Background(task, child, request.description)
+            # the session's task registry owns it: TaskStop stops it, its end notifies (agentfsm.tasks)
+            self.parent.tasks.adopt_agent(child.session_id, task, description=request.description,
+                                          tool_use_id=request.tool_use_id, output_file=str(child.trace_path or ""),
+                                          subagent_type=request.subagent_type, prompt=request.prompt,
+                                          interrupt=child.interrupt)
             return SubagentOutcome(agent_id=child.session_id, launched=True,
                                    transcript_path=str(child.trace_path or ""))
         return await self._run_foreground(child, request)
@@ -150,19 +160,44 @@ class Subagents:
         parent_emit = self.parent.emit
         tool_use_id = request.tool_use_id
 
+        forward_text = base.forward_subagent_text
+
         def forward(msg: dict[str, Any]) -> None:
             # a foreground subagent's messages show in the parent's stream, marked with the Agent
-            # call they belong to (as Claude Code does); its init/result/system messages do not
-            shown = msg.get("type") in ("assistant", "user")
-            if parent_emit is not None and shown and not request.background:
-                parent_emit({**msg, "parent_tool_use_id": tool_use_id, "session_id": self.parent.session_id})
+            # call they belong to (as Claude Code does); its init/result/system messages do not, nor
+            # its text unless asked (forward_subagent_text), nor its tools' structured results
+            if parent_emit is None or request.background or not _shown(msg, forward_text):
+                return
+            shown = {**msg, "parent_tool_use_id": tool_use_id, "session_id": self.parent.session_id}
+            if msg.get("type") == "user":
+                shown["tool_use_result"] = None
+            parent_emit(shown)
 
         return self._make_session(options, client=self.parent.client, emit=forward, registry=registry,
                                   owns_client=False, depth=self.parent.depth + 1, subagent=identity,
                                   parent_hooks=self.parent.hooks)
 
+    async def _started(self, child: Any, request: Any) -> Any:
+        """The subagent's prompt, after the parent's SubagentStart hooks (their context rides with it,
+        as SessionStart's does with a first prompt); a foreground one is shown under its Agent call."""
+        from agentfsm import prompts
+
+        start = getattr(self.parent.hooks, "subagent_start", None)
+        extra: tuple[str, ...] = ()
+        if start is not None:
+            extra = tuple(await start(agent_id=child.session_id, agent_type=request.subagent_type))
+        parent_emit = self.parent.emit
+        if parent_emit is not None and not request.background:
+            parent_emit({"type": "user", "message": {"role": "user", "content": [
+                {"type": "text", "text": request.prompt}]}, "parent_tool_use_id": request.tool_use_id,
+                "session_id": self.parent.session_id, "uuid": str(uuid.uuid4())})
+        if not extra:
+            return request.prompt
+        return [{"type": "text", "text": request.prompt}, *prompts.reminder_blocks(extra)]
+
     async def _run_foreground(self, child: Any, request: Any) -> Any:
-        run = asyncio.ensure_future(child.run(request.prompt))
+        prompt = await self._started(child, request)
+        run = asyncio.ensure_future(child.run(prompt))
         self._foreground.add(run)
         run.add_done_callback(self._foreground.discard)
         abort = request.abort
@@ -192,14 +227,16 @@ class Subagents:
         return _outcome(child, result)
 
     async def _run_background(self, child: Any, request: Any) -> None:
-        from agentfsm.tools.agent import task_notification
-
-        status, text = "failed", ""
+        status, text, usage = "failed", "", None
         try:
-            result = await child.run(request.prompt)
+            result = await child.run(await self._started(child, request))
             self.cost_usd += result.total_cost_usd
             status = "completed" if not result.is_error else "failed"
             text = result.result or "; ".join(result.errors)
+            outcome = _outcome(child, result)
+            # the usage element of Claude Code's notification of a finished agent
+            usage = {"subagent_tokens": outcome.total_tokens, "tool_uses": outcome.tool_uses,
+                     "duration_ms": outcome.duration_ms}
         except asyncio.CancelledError:
             status, text = "killed", "The agent was stopped before it finished."
             raise
@@ -208,16 +245,13 @@ class Subagents:
             text = f"{type(exc).__name__}: {exc}"
         finally:
             await child.aclose()
-            entry = self._background.pop(child.session_id, None)
+            self._background.pop(child.session_id, None)
             self.log.info("subagent.end", agent_id=child.session_id, status=status, background=True)
-            if not self.parent._closed:
-                self.parent._emit({"type": "system", "subtype": "task_notification", "task_id": child.session_id,
-                            "status": status, "summary": f"Agent \"{request.description}\" {status}",
-                            "session_id": self.parent.session_id})
-                self.parent.queue.submit(task_notification(child.session_id, request.description, status, text),
-                                  kind=TASK_NOTIFICATION)
-            elif entry is not None:
-                self.parent.queue.poke()
+            # the registry tells the client and, unless the session is closing or the task was
+            # stopped by TaskStop (its result says so), queues the notification for the model
+            with contextlib.suppress(ReferenceError):  # the session itself is gone: nobody to tell
+                self.parent.tasks.agent_finished(child.session_id, status, text, usage=usage,
+                                                 notify=not self.parent._closed)
 
     async def stop_all(self) -> None:
         running = list(self._background.values())
@@ -230,6 +264,17 @@ class Subagents:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=SUBAGENT_STOP_GRACE_S)
+
+
+def _shown(msg: dict[str, Any], forward_text: bool) -> bool:
+    """Whether a subagent's message shows in the parent's stream: its assistant and user messages,
+    but an assistant message of text alone only when ``forward_text``."""
+    if msg.get("type") == "user":
+        return True
+    if msg.get("type") != "assistant":
+        return False
+    content = (msg.get("message") or {}).get("content") or ()
+    return forward_text or any(isinstance(b, dict) and b.get("type") != "text" for b in content)
 
 
 async def _stop_run(child: Any, run: asyncio.Future[Any]) -> None:

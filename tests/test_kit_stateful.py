@@ -324,7 +324,7 @@ def test_response_strategy_can_be_narrowed() -> None:
 
 def test_subagent_requests_are_told_apart() -> None:
     call = tool_response("toolu_a", "Agent", {"description": "look", "prompt": "look around",
-                                              "subagent_type": "general-purpose"})
+                                              "subagent_type": "general-purpose", "run_in_background": False})
     script = [call, text_response("sub answer"), text_response("parent done")]
     run = run_loop(script, builtin_tools=("Agent",))
     assert_invariants(run)
