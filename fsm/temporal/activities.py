@@ -756,12 +756,13 @@ def _last_seq_in(path: Path) -> int:
 
 def _portable(result: CallResult) -> CallResult:
     """The result as the workflow may hold it: what a tool returned is kept only where the run reports
-    it (the structured output) and only as JSON; context layers only as JSON."""
+    it (the structured output, and what an SDK user receives as ``tool_use_result``) and only as JSON;
+    context layers only as JSON."""
     from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 
     data = result.output_data if result.tool_name == STRUCTURED_OUTPUT and not result.is_error else None
     return attrs.evolve(result, output_data=_json(data), context_layers=_json(dict(result.context_layers)) or {},
-                        tool_input=_json(dict(result.tool_input)) or {})
+                        tool_input=_json(dict(result.tool_input)) or {}, structured=_json(result.structured))
 
 
 def _json(value: Any) -> Any:
