@@ -160,7 +160,7 @@ class Outcome:
 
 
 def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[str], timeout: float,
-            pyc: Any) -> Outcome:
+            pyc: Any, deselect: Sequence[str] = ()) -> Outcome:
     """``m`` applied in ``worker``'s copy, its module's tests run against it, the file put back.
 
     A kill is confirmed: the failing test must pass on the unmutated copy and fail again, run alone, on
@@ -174,6 +174,7 @@ def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[
     dig = hashlib.sha256(original.encode()).hexdigest()[:12]
     start = time.monotonic()
     unsure: list[str] = []
+    skip = [a for t in deselect for a in ("--deselect", t)]
 
     def on_mutant(args: Sequence[str]) -> tuple[int | None, str]:
         for p in pyc(worker.tree, m.file):
@@ -187,7 +188,7 @@ def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[
                 p.unlink()
 
     while True:
-        code, output = on_mutant([*(a for t in unsure for a in ("--deselect", t)), *tests])
+        code, output = on_mutant([*skip, *(a for t in unsure for a in ("--deselect", t)), *tests])
         took = time.monotonic() - start
         note = f"deselected (red on the clean tree, or flaky): {', '.join(unsure)}\n" if unsure else ""
         if code is None:
@@ -208,7 +209,8 @@ def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[
             return Outcome(m.id, "unconfirmed", test, took, dig, note + again[-1500:])
 
 
-def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path) -> list[Outcome]:
+def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path,
+        deselect: Sequence[str] = ()) -> list[Outcome]:
     sys.path.insert(0, str(REPO / "bench"))
     import mutation  # the campaign's scratch copies and forked worker (needs the `mutation` extra)
 
@@ -227,7 +229,8 @@ def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path) -> l
                 while queue and free:
                     m, w = queue.pop(0), free.pop()
                     tests = mutation.test_files(config, m.module, w.tree)
-                    running[pool.submit(run_one, m, w, tests, config.pytest_args, timeout, mutation._pyc)] = w
+                    running[pool.submit(run_one, m, w, tests, config.pytest_args, timeout, mutation._pyc,
+                                       deselect)] = w
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     free.append(running.pop(fut))
@@ -306,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="the last results; test nothing")
     p.add_argument("--check", action="store_true", help="only check the declarations and snippets")
     p.add_argument("--work", type=Path, default=REPO / ".mutation")
+    p.add_argument("--deselect", action="append", default=[], metavar="NODEID",
+                   help="leave this test out of every mutant's run (a test known to be flaky under load)")
     args = p.parse_args(argv)
     bad = problems(raw, modules)
     if bad:
@@ -329,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             chosen_run = list(chosen)
         print(f"hand-made mutants: {len(chosen_run)} to test, {args.jobs} job(s)", flush=True)
-        run(chosen_run, jobs=args.jobs, timeout=args.timeout, work=args.work)
+        run(chosen_run, jobs=args.jobs, timeout=args.timeout, work=args.work, deselect=args.deselect)
     return 0 if report(chosen, args.threshold) else 1
 
 
