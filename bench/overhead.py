@@ -13,6 +13,16 @@ is reported, so a neighbour's burst of load hits both alike.
 
 ``--profile`` runs the engine once more under cProfile and prints the top functions by own time.
 
+``--breakdown`` (issue 34) runs the untraced and the traced engine under cProfile and prints the share
+of the run's profiled time inside each part of the engine (cumulative, so nested parts overlap:
+the model's own stream is inside consuming it, the pipeline inside dispatching): where a model turn's
+cost goes, beside the scripted model's own share, which the 30-line loop pays too.
+
+``--pipeline`` (issue 34): one Echo call through the tool pipeline with the session's own gate (no
+hooks configured: the compiled plan leaves out the steps that do nothing), through the same pipeline
+with every step run (the gate wrapped so it cannot say which hooks it has: what every call paid
+before), and the tool's ``call`` alone; µs of CPU per call, alternating rounds.
+
 ``--growth`` (issue 34) shows how the cost grows instead: CPU per iteration of 1, 10, 100 and 1,000
 concurrent conversations (``--k`` tool turns + an answer each, one event loop, traced), and of one
 conversation of 10, 100 and 1,000 tool turns (traced), each beside the bare loop doing the same in
@@ -31,6 +41,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -68,9 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="profile the engine and print the top costs")
     ap.add_argument("--growth", action="store_true",
                     help="CPU per iteration from 1 to 1,000 sessions and from 10 to 1,000 turns, with the bare loop")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="profile the engine and print the share of each of its parts (issue 34)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="one tool call: compiled pipeline, every step, the tool alone (issue 34)")
     args = ap.parse_args(argv)
     if args.growth:
         return growth(args)
+    if args.breakdown:
+        return breakdown(args)
+    if args.pipeline:
+        return pipeline(args)
 
     cwd = workspace()
     echo = echo_tool()
@@ -137,6 +156,125 @@ def main(argv: list[str] | None = None) -> int:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(35)
         print(out.getvalue())
+    return 0
+
+
+# (label, file suffix, function name): the engine's parts, as the driver and runner call them
+PARTS: tuple[tuple[str, str, str], ...] = (
+    ("session set-up (Session(): settings, gate, registry, writer)", "fsm/session.py", "__init__"),
+    ("session start and teardown (SessionStart, aclose)", "fsm/session.py", "_session_start"),
+    ("", "fsm/session.py", "aclose"),
+    ("driver set-up (Driver(): tool table, accounting)", "fsm/driver.py", "__init__"),
+    ("machine moves (transitions, guards, effects, new LoopState)", "fsm/graph.py", "fire"),
+    ("step observers and what a move does (trace, logs, emit)", "fsm/runner.py", "perform"),
+    ("", "fsm/trace.py", "on_step"),
+    ("", "fsm/driver.py", "on_step"),
+    ("assemble (context estimate, auto-compact check)", "fsm/driver.py", "assemble"),
+    ("call model (request, preflight, accounting; the first event)", "fsm/driver.py", "call_model"),
+    ("consume stream (assembler, executor intake)", "fsm/driver.py", "consume_stream"),
+    ("  of which executor intake (safety check, input parse)", "fsm/executor.py", "add_tool"),
+    ("the scripted model itself, inside the two above (the 30-line loop pays it too)",
+     "fsm/testing/scripted.py", "_once"),
+    ("dispatch tools (wait for results, the batch)", "fsm/driver.py", "dispatch_tools"),
+    ("tool pipeline (15 steps; in the call's own task)", "fsm/pipeline.py", "run_tool_call"),
+    ("  of which the permission decision", "hooks/gate.py", "permission"),
+    ("stop hooks (none configured)", "fsm/driver.py", "stop_hooks"),
+    ("the stop signal wrapping each wait (the waits' work included)", "fsm/signals.py", "until_stopped"),
+)
+
+
+class _Opaque:
+    """A gate that answers like the one it wraps but cannot say which hooks it has."""
+
+    def __init__(self, gate: Any) -> None:
+        self.pre_tool_use = gate.pre_tool_use
+        self.permission = gate.permission
+        self.post_tool_use = gate.post_tool_use
+        self.post_tool_use_failure = gate.post_tool_use_failure
+
+
+def pipeline(args: argparse.Namespace) -> int:
+    from agentfsm.compose import build_policy, build_registry
+    from agentfsm.pipeline import ToolTable, run_tool_call
+
+    cwd = workspace()
+    echo = echo_tool()
+    options = engine_options(cwd, [echo])
+    gate, registry = build_policy(options, build_registry(options), session_id="bench", transcript_path="")
+    table = ToolTable.of(registry)
+    block = {"type": "tool_use", "id": "toolu_1", "name": echo.name, "input": {"text": "hi"}}
+    ctx = ToolContext(cwd=cwd)
+    n = args.n * 50
+
+    def make_ctx(tid: str) -> ToolContext:
+        return ToolContext(cwd=cwd, tool_use_id=tid)
+
+    async def through(g: Any) -> None:
+        for _ in range(n):
+            r = await run_tool_call(block, lookup=table, gate=g, ctx_factory=make_ctx)
+            if r.is_error:
+                raise SystemExit(f"the call went wrong: {r.block}")
+
+    async def compiled() -> None:
+        await through(gate)
+
+    async def every_step() -> None:
+        await through(_Opaque(gate))
+
+    async def alone() -> None:
+        for _ in range(n):
+            await echo.call({"text": "hi"}, ctx)
+
+    fns = {"compiled pipeline (session's gate)": compiled, "every step run (the same gate, opaque)": every_step,
+           "tool.call alone": alone}
+    for fn in fns.values():
+        asyncio.run(fn())
+    got: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(args.rounds):
+        for name, fn in (list(fns.items()) if r % 2 == 0 else list(reversed(fns.items()))):
+            got[name].append(_timed(fn)[0] * 1e6 / n)
+    print(f"machine: {machine()}")
+    print(f"pipeline: {n} calls of {echo.name} per round, {args.rounds} rounds, median, CPU")
+    for name, values in got.items():
+        print(f"  {name:<40} {median(values):7.1f} us/call")
+    a, b = median(got["compiled pipeline (session's gate)"]), median(got["every step run (the same gate, opaque)"])
+    print(f"  ratio compiled/every step: {ratio(a, b)}")
+    return 0
+
+
+def breakdown(args: argparse.Namespace) -> int:
+    """Where the engine's time goes, by part (cProfile, cumulative time)."""
+    cwd = workspace()
+    echo = echo_tool()
+    responses = tool_turns(args.k)
+    print(f"machine: {machine()}")
+    for label, options in (("no session file", engine_options(cwd, [echo])),
+                           ("traced", engine_options(cwd, [echo], write_trace=True, sessions_dir=cwd / "sessions"))):
+        async def engine(options: Any = options) -> None:
+            for _ in range(args.n):
+                await run_engine(responses, options)
+
+        asyncio.run(engine())  # warm-up
+        prof = cProfile.Profile(time.process_time)  # CPU time: a neighbour's load and fsync waits aside
+        prof.enable()
+        asyncio.run(engine())
+        prof.disable()
+        stats: dict[Any, Any] = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+        total = sum(tt for (_cc, _nc, tt, _ct, _callers) in stats.values())
+        print(f"breakdown, {label}: {args.n} conversations x ({args.k} tool turns + 1 answer), share of the "
+              f"profiled time (cumulative; parts nest)")
+        shown: dict[str, float] = {}
+        order: list[str] = []
+        current = ""
+        for name, suffix, func in PARTS:
+            current = name or current
+            if current not in shown:
+                shown[current] = 0.0
+                order.append(current)
+            shown[current] += sum(ct for (f, _line, fn), (_cc, _nc, _tt, ct, _c) in stats.items()
+                                  if fn == func and f.replace("\\", "/").endswith(suffix))
+        for name in order:
+            print(f"  {100 * shown[name] / total:5.1f} %  {name}")
     return 0
 
 

@@ -11,7 +11,11 @@ time on a shared machine also counts other people's work.
 Printed per setup: wall time, sessions/s, CPU seconds (server, workers, this client) and CPU per
 session; then the per-session overhead Temporal adds: its CPU per session minus the in-process one.
 
-    python bench/temporal.py [--n 1000] [--workers 1,2,4] [--parallel 200] [--no-trace] [--no-sandbox]
+    python bench/temporal.py [--n 1000] [--workers 1,2,4] [--parallel 200] [--no-trace] [--no-sandbox] [--profile]
+
+``--profile``: each worker process is one under a sampling profiler (bench/temporal_sampler.py), and
+the table of where its CPU went follows its row (the sampler costs CPU of its own: compare shares,
+not the row's totals). After the rows: what a session's workflow history holds.
 
 With the defaults it runs 4,000 sessions (about five minutes on 2 cores); ``--n 200`` for a quick look.
 """
@@ -69,30 +73,88 @@ async def in_process(n: int, ws: Path, sessions: Path, parallel: int, trace: boo
     return {"wall": time.monotonic() - t0, "cpu_client": own_cpu() - cpu0, "ok": ok}
 
 
+async def history_shape(client: Any, session_ids: list[str]) -> dict[str, Any]:
+    """What the sessions' workflow histories hold, averaged over a sample: events (and by type), the
+    bytes of their payloads, and the workflow tasks (each one an activation of the workflow on a
+    worker). Read after the timed part."""
+    from collections import Counter
+
+    from temporalio.api.enums.v1 import EventType
+
+    from agentfsm.temporal.client import workflow_id
+
+    kinds: Counter[str] = Counter()
+    size = 0
+    for sid in session_ids:
+        history = await client.get_workflow_handle(workflow_id(sid)).fetch_history()
+        for ev in history.events:
+            kinds[EventType.Name(ev.event_type).removeprefix("EVENT_TYPE_")] += 1
+        size += sum(len(ev.SerializeToString()) for ev in history.events)
+    n = max(1, len(session_ids))
+    return {"events": sum(kinds.values()) / n, "history_bytes": size / n,
+            "by_type": {k: v / n for k, v in kinds.most_common()}}
+
+
+def sampled_worker(address: str, queue: str, parallel: int, sandbox: bool, out: Path) -> Any:
+    """One worker under bench/temporal_sampler.py (its profile is written to ``out`` when it stops)."""
+    import subprocess
+
+    log = out.with_suffix(".log")
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "temporal_sampler.py"), address, queue,
+                                 str(parallel), str(int(sandbox)), str(out)], stderr=err, stdin=subprocess.DEVNULL)
+    while b"agentfsm worker ready" not in log.read_bytes():
+        if proc.poll() is not None:
+            raise RuntimeError(log.read_text(errors="replace")[-2000:])
+        time.sleep(0.05)
+    return proc
+
+
+def print_profile(out: Path) -> None:
+    data = json.loads(out.read_text())
+    total = sum(n for _s, _w, n in data["samples"]) or 1
+    threads = data["threads"]
+    cpu = sum(threads.values()) or 1.0
+    print("\nthe worker's CPU by thread (s): " + ", ".join(
+        f"{name or '?'} {v:.1f} ({v / cpu:.0%})" for name, v in sorted(threads.items(), key=lambda kv: -kv[1])
+        if v >= 0.05))
+    print("its Python samples (busy threads, 1 ms), by side and by what the innermost known frame does:")
+    for side, what, n in data["samples"]:
+        if n / total >= 0.01:
+            print(f"  {side:<10}{what:<26}{n / total:>6.1%}")
+
+
 def on_temporal(address: str, n: int, workers: int, ws: Path, sessions: Path, parallel: int, trace: bool,
-                server_pid: int, sandbox: bool) -> dict[str, float]:
+                server_pid: int, sandbox: bool, profile: Path | None = None) -> dict[str, Any]:
     from agentfsm.temporal.client import BatchItem, run_batch, spawn_workers, stop_workers
     from agentfsm.temporal.worker import connect
 
     scenario = json.dumps(load_embedded_scenario().to_dict() | {"prompt": "AGENT_LOOP_INITIAL_MARKER"})
     queue = f"bench-{workers}-{os.getpid()}"
-    procs = spawn_workers(address, workers, task_queue=queue, concurrency=parallel,
-                          extra=() if sandbox else ("--no-sandbox",))
+    if profile is not None:
+        procs = [sampled_worker(address, queue, parallel, sandbox, profile)]
+    else:
+        procs = spawn_workers(address, workers, task_queue=queue, concurrency=parallel,
+                              extra=() if sandbox else ("--no-sandbox",))
     try:
         opts = Options(cwd=ws, sessions_dir=sessions, setting_sources=(), write_trace=trace)
         items = [BatchItem(f"s{i}", "AGENT_LOOP_INITIAL_MARKER", scenario) for i in range(n)]
 
-        async def go() -> list[dict[str, Any]]:
-            client = await connect(address)
-            return await run_batch(client, items, opts, task_queue=queue, parallel=parallel)
-
         before = {p.pid: cpu_of(p.pid) for p in procs}
-        server0, cpu0, t0 = cpu_of(server_pid), own_cpu(), time.monotonic()
-        results = asyncio.run(go())
-        wall = time.monotonic() - t0
-        return {"wall": wall, "cpu_client": own_cpu() - cpu0, "cpu_server": cpu_of(server_pid) - server0,
-                "cpu_workers": sum(cpu_of(p.pid) - before[p.pid] for p in procs),
-                "ok": sum(1 for r in results if r.get("subtype") == "success")}
+        m: dict[str, Any] = {}
+
+        async def go() -> None:
+            client = await connect(address)
+            server0, cpu0, t0 = cpu_of(server_pid), own_cpu(), time.monotonic()
+            results = await run_batch(client, items, opts, task_queue=queue, parallel=parallel)
+            m.update(wall=time.monotonic() - t0, cpu_client=own_cpu() - cpu0, cpu_server=cpu_of(server_pid) - server0,
+                     cpu_workers=sum(cpu_of(p.pid) - before[p.pid] for p in procs),
+                     ok=sum(1 for r in results if r.get("subtype") == "success"))
+            # after the timed part: what the histories hold
+            m.update(await history_shape(client, [r["session_id"] for r in results[:20] if r.get("session_id")]))
+
+        asyncio.run(go())
+        return m
     finally:
         stop_workers(procs)
 
@@ -104,6 +166,8 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=200, help="sessions in flight at once")
     p.add_argument("--no-trace", action="store_true", help="write no session files")
     p.add_argument("--no-sandbox", action="store_true", help="workers run workflows outside Temporal's sandbox")
+    p.add_argument("--profile", action="store_true",
+                   help="one worker under a sampling profiler (bench/temporal_sampler.py): where its CPU goes")
     args = p.parse_args()
     from agentfsm.temporal.devserver import start_dev_server
 
@@ -121,14 +185,21 @@ def main() -> None:
     rows = []
     with start_dev_server() as server:
         for k in (int(x) for x in args.workers.split(",")):
+            prof = root / f"profile-{k}.json" if args.profile else None
             r = on_temporal(server.address, args.n, k, ws, root / f"t{k}", args.parallel, trace, server.process.pid,
-                            not args.no_sandbox)
+                            not args.no_sandbox, prof)
             cpu = r["cpu_server"] + r["cpu_workers"] + r["cpu_client"]
             rows.append((k, r, cpu))
             label = f"Temporal, {k} worker{'s' if k > 1 else ''}"
             split = f"{r['cpu_server']:.1f}/{r['cpu_workers']:.1f}/{r['cpu_client']:.1f}"
             print(f"{label:<22}{r['wall']:>8.1f}{args.n / r['wall']:>12.1f}{split:>22}"
                   f"{cpu / args.n * 1000:>16.1f}{r['ok']:>6}", flush=True)
+            if prof is not None:
+                print_profile(prof)
+    print("\nwhat a session's workflow history holds (mean over 20 sessions):")
+    for k, r, _cpu in rows:
+        kinds = ", ".join(f"{name} {count:g}" for name, count in r["by_type"].items())
+        print(f"  {k} worker(s): {r['events']:g} events, {r['history_bytes'] / 1024:.1f} KiB: {kinds}")
     print("\nper-session overhead Temporal adds (CPU per session minus the in-process API's; ratio of throughput):")
     for k, r, cpu in rows:
         print(f"  {k} worker(s): +{(cpu / args.n - base_per) * 1000:.1f} ms CPU per session "

@@ -85,7 +85,9 @@ _STATES = frozenset(p.value for p in Phase)
 _REASONS = frozenset(r.value for r in TerminalReason)
 _START = Phase.ASSEMBLE.value
 _STOP = Phase.STOP.value
-_REENTER_FROM_STOP = "stop_hook_blocking"
+# the moves that leave stop for another pass of the loop (a Stop hook's block, a task notification)
+_REENTER_FROM_STOP = frozenset(e.trigger for e in EDGES_BY_TRIGGER.values()
+                               if Phase.STOP in e.sources and e.dest is not Phase.STOP)
 AGENTFSM = "agentfsm"
 SOURCES: Mapping[str, str] = {AGENTFSM: "agentfsm trace", claude_code.TRANSCRIPT: "Claude Code transcript",
                               claude_code.STREAM_JSON: "Claude Code stream-json output"}
@@ -377,7 +379,7 @@ class _Auditor:
         if to == _STOP:
             self.stopped = (line, str(trig), reason)
             self.last_reason = reason
-        elif frm == _STOP and trig == _REENTER_FROM_STOP:
+        elif frm == _STOP and trig in _REENTER_FROM_STOP:
             self.stopped = None
         self.at = to if isinstance(to, str) else repr(to)
         self.last_transition = line
@@ -566,7 +568,8 @@ class _Auditor:
         if self.stopped is not None:
             stop_line, trig, reason = self.stopped
             self.add(line, "request_after_stop", f"request sent after the loop reached stop at line {stop_line} "
-                                                 f"({trig!r}, {reason!r}) with no {_REENTER_FROM_STOP!r} in between")
+                                                 f"({trig!r}, {reason!r}) with no move out of stop "
+                                                 f"({', '.join(sorted(_REENTER_FROM_STOP))}) in between")
         elif self.result_line is not None:
             self.add(line, "request_after_stop", f"request sent after the result record at line {self.result_line}")
         messages = rec.get("messages")

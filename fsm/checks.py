@@ -47,7 +47,8 @@ CODES: Mapping[str, str] = {
     "result_subtype": "the result's subtype/is_error disagree with TERMINAL_INFO",
     "duplicate_result": "a second result record in one run",
     "transition_after_result": "a transition after the run's result record",
-    "request_after_stop": "a request after the loop reached stop without stop_hook_blocking",
+    "request_after_stop": "a request after the loop reached stop without a move out of it (stop_hook_blocking, "
+                          "task_notification)",
     "bad_request": "a request record without a list of messages",
     "role_order": "request messages do not alternate user/assistant starting with user",
     "duplicate_tool_use": "a tool_use id occurs more than once in one request",

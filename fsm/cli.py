@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from agentfsm.textsafe import json_line, printable
 
-SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch")
+SUBCOMMANDS = ("demo", "serve-scripted", "diagram", "audit", "worker", "batch", "conform")
 TEMPORAL_ENV = "AGENTFSM_TEMPORAL"  # stands in for --temporal
 
 
@@ -742,6 +742,13 @@ def _subcommand(name: str, argv: list[str], *, exit_at_once: bool = False) -> in
         from agentfsm.testing.server import main as serve_main
 
         return serve_main(argv)
+    if name == "conform":
+        try:
+            from agentfsm.conform import main as conform_main
+        except ImportError as exc:
+            sys.stderr.write(f"agentfsm conform: needs the testing extra: pip install 'agentfsm[testing]' ({exc})\n")
+            return 2
+        return conform_main(argv)
     if name == "diagram":
         from agentfsm.diagram import main as diagram_main
 

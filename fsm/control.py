@@ -295,7 +295,9 @@ class ControlChannel:
                 description=str(d["description"]), prompt=d["prompt"],
                 tools=tuple(d["tools"]) if isinstance(d.get("tools"), list) else None,
                 model=None if model in (None, "inherit") else str(model))
-        return attrs.evolve(options, hooks=hooks, agents=agents)
+        forward = (bool(init.get("forwardSubagentText")) if self.initialize is not None
+                   else options.forward_subagent_text)
+        return attrs.evolve(options, hooks=hooks, agents=agents, forward_subagent_text=forward)
 
     async def aclose(self) -> None:
         for task in list(self._tasks):

@@ -49,13 +49,14 @@ from agentfsm.events import (
     SetupFailed,
     StopHookVerdict,
     StreamOpened,
+    TaskNotified,
 )
 from agentfsm.executor import StreamingToolExecutor
 from agentfsm.model import MessageStart, ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
 from agentfsm.options import Options
 from agentfsm.pipeline import INTERRUPT_RUN, CallResult, ToolTable
 from agentfsm.ports import LoopHooks, ToolGate, ToolLookup
-from agentfsm.queue import InputQueue, QueueItem
+from agentfsm.queue import TASK_NOTIFICATION, InputQueue, QueueItem
 from agentfsm.request import WireCache
 from agentfsm.result import RunAccount, RunResult, build_result, shows_api_error
 from agentfsm.runner import LoopRunner, StepObserver
@@ -63,6 +64,7 @@ from agentfsm.signals import RunSignals, Stopped
 from agentfsm.state import LoopState, Message, Phase, TerminalReason, ToolUseContext, appended
 from agentfsm.tools.base import FileAccess, ToolContext
 from agentfsm.trace import TraceWriter
+from agentfsm.weak import weak_method
 
 __all__ = ["DEFERRED_RESULTS", "Driver", "Emit", "StepObserver", "StopBeforeCall"]
 
@@ -116,8 +118,11 @@ class Driver:
                  queue: InputQueue | None = None, services: Mapping[str, Any] | None = None,
                  should_stop_before_next_call: StopBeforeCall | None = None,
                  observers: Sequence[StepObserver] = (),
-                 file_access: Callable[[], FileAccess] | None = None) -> None:
+                 file_access: Callable[[], FileAccess] | None = None,
+                 background: Callable[[], bool] | None = None) -> None:
         self.options = options
+        # whether background work this session started may still report (its tasks and agents)
+        self.background: Callable[[], bool] = background or (lambda: False)
         self.limits = options.limits
         self.client = client
         # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
@@ -133,7 +138,8 @@ class Driver:
         self.queue = queue if queue is not None else InputQueue()
         self.services = dict(services or {})
         # a permission callback's deny with interrupt stops the run like the user's interrupt
-        self.services.setdefault(INTERRUPT_RUN, self.interrupt)
+        # (held weakly: the driver's own bound method in its services would make a cycle, issue 34)
+        self.services.setdefault(INTERRUPT_RUN, weak_method(self.interrupt, gone=None))
         # the permission settings' file-access policy, one per call; without it file tools deny every path
         self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
@@ -496,6 +502,8 @@ class Driver:
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)
         if block is not None:
+            if block.get("type") == "tool_use" and block["id"] not in asm.invalid_tool_inputs:
+                phases.complete_tool_input(block, self.registry)
             self.emit(phases.assistant_block_message(asm.message_id, asm.model, block, asm.usage, self.session_id))
             if block.get("type") == "tool_use":
                 executor.add_tool(block, invalid_json=asm.invalid_tool_inputs.get(block["id"]))
@@ -513,7 +521,7 @@ class Driver:
         assert executor is not None and asm is not None
         try:
             results, interrupted = await _drain(executor, self.signals)
-            self.show_results([r.block for r in results])
+            self.show_calls(results)
         except Stopped:  # hard abort while tools ran
             return self.abort_event(state)
         self._executor = None
@@ -528,15 +536,19 @@ class Driver:
                                     context_layers=executor.context_layers())
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
-        for r in executor.drain_ready():
-            self._emit_result(r.block)
+        self.show_calls(executor.drain_ready())
 
-    def _emit_result(self, block: Mapping[str, Any]) -> None:
+    def show_calls(self, results: Sequence[CallResult]) -> None:
+        """Show how calls ended, with the structured result each tool gave for SDK users."""
+        for r in results:
+            self._emit_result(r.block, r.structured)
+
+    def _emit_result(self, block: Mapping[str, Any], structured: Any = None) -> None:
         tid = block.get("tool_use_id", "")
         if tid in self._emitted_results:
             return
         self._emitted_results.add(tid)
-        self.emit(phases.result_message(block, self.session_id))
+        self.emit(phases.result_message(block, self.session_id, structured))
 
     def new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
@@ -562,6 +574,19 @@ class Driver:
         except Stopped:
             return StopHookVerdict()
         return phases.stop_verdict(outcome)
+
+    async def task_notifications(self, state: LoopState) -> TaskNotified | None:
+        """Wait, after the run ended, while background work may still report; the notifications
+        queued by then start the next pass (their items leave the queue with the move: its
+        ``take_input``). None when nothing runs, the run is being stopped, or user input is queued
+        (the session's next run takes that, with any notification beside it)."""
+        await self.queue.wait_for_items(lambda: self.background() and not self.stopping())
+        pending = self.queue.pending
+        if self.stopping() or not pending or any(item.kind != TASK_NOTIFICATION for item in pending):
+            return None
+        self._pending_input = pending
+        self.log.info("loop.task_notifications", count=len(pending))
+        return TaskNotified(tuple(item.as_attachment() for item in pending))
 
     # --- clean-up ------------------------------------------------------------------------------
 
@@ -601,7 +626,7 @@ async def _resume_deferred(d: Driver, history: tuple[Message, ...], first: Messa
         executor.add_tool(block)
     results = await executor.remaining()
     d.log.info("tool.deferred_resumed", tools=[b["name"] for b in calls])
-    d.show_results([r.block for r in results])
+    d.show_calls(results)
     messages, failure = phases.deferred_resumed(history, results)
     # The session file's history view is rewritten from here on (agentfsm.resume.load_history
     # reads what follows the last boundary); the run's prompt, already recorded, closes the new view.

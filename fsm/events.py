@@ -193,8 +193,17 @@ class Aborted:
     detail: str = "Request interrupted by user"
 
 
+@attrs.frozen
+class TaskNotified:
+    """After the run ended, background tasks it started reported: ``notifications`` are their
+    ``<task-notification>`` messages (taken from the input queue), in the order they arrived."""
+
+    notifications: tuple[Message, ...]
+
+
 EVENT_TYPES: tuple[type, ...] = (
     Assembled, SetupFailed, Refused, StreamOpened, CallFailed, StreamEnded, StopHookVerdict, ToolsDrained, Aborted,
+    TaskNotified,
 )
 Event = (
     Assembled
@@ -206,6 +215,7 @@ Event = (
     | StopHookVerdict
     | ToolsDrained
     | Aborted
+    | TaskNotified
 )
 
 
@@ -297,7 +307,7 @@ def _decode_field(name: str, kind: Any, value: Any) -> Any:
         return _message(value)
     if name in _BLOCK_FIELDS:
         return tuple(dict(b) for b in value)
-    if name == "sent_input":
+    if name in ("sent_input", "notifications"):
         return tuple(_message(m) for m in value)
     if name == "response":
         return ModelResponse(tuple(value.get("blocks", ())), value.get("stop_reason"), {}, value.get("model", ""),

@@ -44,6 +44,7 @@ from agentfsm.events import (
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
+    TaskNotified,
     ToolsDrained,
 )
 from agentfsm.state import (
@@ -183,6 +184,9 @@ EDGES: tuple[Edge, ...] = (
     _edge("stop_hook_blocking", X, A, "reentry",
           "a Stop hook blocked the end or added context for the model (count < cap)",
           does=Does(stop_feedback=True)),
+    _edge("task_notification", X, A, "reentry",
+          "the run had ended; a background task it started reported, and its notification starts the next pass",
+          does=Does(take_input=True)),
     # same request again
     _edge("stream_retry", (C, S), C, "retry",
           "the stream broke (or dropped before its first event); discard it and request again", does=_AGAIN),
@@ -445,6 +449,18 @@ def structured_failed(_s: LoopState, e: ToolsDrained, _lim: Limits) -> bool:
 @_named("stop_hooks_due")
 def stop_hooks_due(s: LoopState, _e: Any, _lim: Limits) -> bool:
     return s.stop_hooks_due
+
+
+def takes_notifications(state: LoopState, limits: Limits) -> bool:
+    """The run ended and may go on when a background task reports: it settled completed (its Stop
+    hooks ran) and another turn fits under max_turns. The runtime waits for notifications only then."""
+    return (state.phase is X and not state.stop_hooks_due and state.terminal_reason is T.COMPLETED
+            and not (limits.max_turns is not None and state.turn_count + 1 > limits.max_turns))
+
+
+@_named("settled_completed")
+def settled_completed(s: LoopState, _e: TaskNotified, lim: Limits) -> bool:
+    return takes_notifications(s, lim)
 
 
 @_named("prevented")
@@ -732,6 +748,15 @@ def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[
     return {"stop_hooks_due": False}
 
 
+def notified(s: LoopState, e: TaskNotified, _lim: Limits) -> Mapping[str, Any]:
+    """The notifications join the conversation and a new turn starts: the counters declared to reset
+    on a new turn (agentfsm.state.NEW_TURN) start over."""
+    t = s.compact_tracking
+    return {**resets("task_notification", s), "messages": (*s.messages, *e.notifications),
+            "turn_count": s.turn_count + 1,
+            "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
+
+
 def aborted(reason: TerminalReason) -> Effect:
     """The run was stopped: what was shown stays, paired, and the interrupt marker follows it (the
     next request tells the model where it was cut off, as Claude Code's does)."""
@@ -827,6 +852,8 @@ ROUTES: tuple[Route, ...] = (
            verdict_cap_override, block_cap_warning),
     _route(X, StopHookVerdict, _due & verdict_continues, "stop_hook_blocking", stop_hook_reentry),
     _route(X, StopHookVerdict, _due, "settle", verdict_passed),
+    # background tasks reported after the run ended
+    _route(X, TaskNotified, settled_completed, "task_notification", notified),
     # cancelled
     _route(RUNNING, Aborted, tools_running, "abort", aborted(T.ABORTED_TOOLS)),
     _route(RUNNING, Aborted, None, "abort", aborted(T.ABORTED_STREAMING)),
@@ -846,6 +873,8 @@ REFUSALS: Mapping[tuple[Phase, type], str] = {
     **{(p, StreamEnded): _ONLY.format("stream") for p in (A, C, D, F, X)},
     **{(p, ToolsDrained): _ONLY.format("dispatch_tools") for p in (A, C, S, X)},
     **{(p, StopHookVerdict): _ONLY.format("stop (after end_turn)") for p in (*RUNNING, F)},
+    **{(p, TaskNotified): "a notification that arrives while the run goes on joins the next request as queued "
+                          "input (StreamOpened); only a run that ended is restarted by one" for p in (*RUNNING, F)},
     (F, Aborted): "feedback decides on the batch's own event, at once: nothing can arrive in between",
     (X, Aborted): "the loop has stopped: there is nothing left to abort",
 }

@@ -90,6 +90,9 @@ class Options:
     # asked before every model request; a true answer ends the run `background_requested`
     should_stop_before_next_call: Callable[[Any], Any] | None = None
     agent_type: str | None = None  # set for subagents
+    # a foreground subagent's final text is shown in the stream (the SDK's initialize turns this off
+    # unless it asks for forwardSubagentText, as Claude Code does)
+    forward_subagent_text: bool = True
     parent_session_id: str | None = None
 
     @property

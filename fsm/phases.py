@@ -11,6 +11,7 @@ runtimes build the same requests, events and messages from the same facts.
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -397,10 +398,40 @@ def marker_message(message: Any, session_id: str) -> dict[str, Any]:
             "parent_tool_use_id": None, "session_id": session_id}
 
 
-def result_message(block: Mapping[str, Any], session_id: str) -> dict[str, Any]:
-    """The stream-json message of one tool result."""
+def result_message(block: Mapping[str, Any], session_id: str, structured: Any = None) -> dict[str, Any]:
+    """The stream-json message of one tool result, with what an SDK user receives as its structured
+    result (``tool_use_result``, see :func:`tool_use_result`)."""
     return {"type": "user", "message": {"role": "user", "content": [dict(block)]},
-            "parent_tool_use_id": None, "session_id": session_id}
+            "parent_tool_use_id": None, "session_id": session_id,
+            "tool_use_result": tool_use_result(block, structured)}
+
+
+_ERROR_TAGS = re.compile(r"^<tool_use_error>(.*)</tool_use_error>$", re.DOTALL)
+
+
+def tool_use_result(block: Mapping[str, Any], structured: Any = None) -> Any:
+    """A call's result as SDK users receive it: the tool's ``structured`` object when it gave one;
+    for a failed call, Claude Code's ``Error: ...`` text (the model's text without the
+    ``<tool_use_error>`` wrapper); else the content the model received."""
+    if structured is not None:
+        return structured
+    content = block.get("content")
+    if not block.get("is_error"):
+        return content
+    text = content if isinstance(content, str) else "".join(
+        str(b.get("text", "")) for b in content or () if isinstance(b, Mapping) and b.get("type") == "text")
+    match = _ERROR_TAGS.match(text)
+    inner = match.group(1) if match else text
+    return inner if inner.startswith("Error") else f"Error: {inner}"
+
+
+def complete_tool_input(block: dict[str, Any], tools: Any) -> None:
+    """Fill a finished tool_use block's input with its tool's defaults (Claude Code shows them to the
+    model, the hooks and the SDK): done once, where the block is finished, so every view agrees."""
+    tool = tools.get(block.get("name", ""))
+    defaults = getattr(tool, "input_defaults", None)
+    if defaults and isinstance(block.get("input"), dict):
+        block["input"] = {**{k: v for k, v in defaults.items() if k not in block["input"]}, **block["input"]}
 
 
 def assistant_block_message(message_id: str, model: str, block: Mapping[str, Any], usage: Mapping[str, Any],

@@ -103,6 +103,8 @@ class CallResult:
     output_data: Any = None
     context_layers: Mapping[str, Any] = attrs.field(factory=dict)
     ends_turn: bool = False
+    # what an SDK user receives as the structured result (``tool_use_result``); None: derived from the block
+    structured: Any = None
     deferred: bool = False
     stop: bool = False
     stop_reason: str = ""
@@ -129,6 +131,41 @@ def synthetic_result(tool_use_id: str, tool_name: str, reason: str,
 
 
 @attrs.frozen
+class Plan:
+    """Which steps do anything for one tool under one gate, decided once per run (issue 34): the
+    tool's own ``validate_input`` (5) when it has one, the PreToolUse (6), PostToolUse (12) and
+    PostToolUseFailure hook points when the gate has a hook for them (a gate that cannot say runs
+    them all), the output check (13) when the tool declares an output schema or a PostToolUse hook
+    may replace the output. A step left out is one whose answer is known: the base validator's
+    "valid", no hook's empty outcome, no schema's "no problems". The gate's hooks are fixed when it
+    is built (agentfsm.hooks.gate), so the plan holds for the run."""
+
+    validate: bool = True
+    pre_hooks: bool = True
+    post_hooks: bool = True
+    failure_hooks: bool = True
+    output_check: bool = True
+
+
+def compile_plan(tool: Tool, gate: Any) -> Plan:
+    has_hooks = getattr(gate, "has_hooks", None)
+
+    def hooks(event: str) -> bool:
+        return True if not callable(has_hooks) else bool(has_hooks(event))
+
+    own_validate = (getattr(type(tool), "validate_input", None) is not Tool.validate_input
+                    or "validate_input" in getattr(tool, "__dict__", {}))
+    post = hooks("PostToolUse")
+    return Plan(validate=own_validate, pre_hooks=hooks("PreToolUse"), post_hooks=post,
+                failure_hooks=hooks("PostToolUseFailure"),
+                output_check=post or getattr(tool, "output_schema", None) is not None)
+
+
+# the PreToolUse answer when no hook is configured (what a gate's pre_tool_use answers then)
+_NO_PRE = PreToolOutcome()
+
+
+@attrs.frozen
 class PreparedInput:
     """Step 3/4 outcome: the coerced input and the schema issues (empty = valid)."""
 
@@ -150,6 +187,8 @@ class ToolTable:
         # keyed by id(tool); the tool is kept in the value so the id cannot be reused
         self._validators: dict[int, tuple[Tool, Any]] = {}
         self._out_validators: dict[int, tuple[Tool, Any]] = {}
+        # compiled once per tool and gate (keyed by their ids; both kept so neither id is reused)
+        self._plans: dict[tuple[int, int], tuple[Tool, Any, Plan]] = {}
         self._static: list[Tool] | None = None
         # asked once: an ABC check of a registry that is no Mapping costs ~µs on every lookup
         self._mapping = isinstance(source, Mapping)
@@ -223,6 +262,15 @@ class ToolTable:
             canon.setdefault(n.lower(), n)
         hit = difflib.get_close_matches(name.lower(), list(canon), n=1, cutoff=0.6)
         return canon[hit[0]] if hit else None
+
+    def plan(self, tool: Tool, gate: Any) -> Plan:
+        """The steps that do anything for ``tool`` under ``gate`` (:func:`compile_plan`), once."""
+        hit = self._plans.get((id(tool), id(gate)))
+        if hit is not None and hit[0] is tool and hit[1] is gate:
+            return hit[2]
+        plan = compile_plan(tool, gate)
+        self._plans[(id(tool), id(gate))] = (tool, gate, plan)
+        return plan
 
     # schemas ---------------------------------------------------------------------------------
 
@@ -412,6 +460,7 @@ class _Call:
         self.run_ms = 0.0
         self.stop = False
         self.stop_reason = ""
+        self.plan = Plan()  # every step, until the lookup found the tool and its plan
         self.log = log.bind(tool_use_id=self.tool_use_id, tool_name=self.name)
 
     # result builders ---------------------------------------------------------------------------
@@ -422,6 +471,7 @@ class _Call:
                            self.clock.steps)
 
     def result(self, block: Mapping[str, Any], *, is_error: bool, output_data: Any = None,
+               structured: Any = None,
                context_layers: Mapping[str, Any] | None = None, ends_turn: bool = False,
                deferred: bool = False, denial: Mapping[str, Any] | None = None,
                cancel_reason: str | None = None) -> CallResult:
@@ -433,7 +483,8 @@ class _Call:
             out.pop("is_error", None)
         res = CallResult(self.tool_use_id, self.name, out, is_error=is_error, tool_input=dict(self.input),
                          after=tuple({"type": "text", "text": t} for t in self.after),
-                         output_data=output_data, context_layers=dict(context_layers or {}),
+                         output_data=output_data, structured=structured,
+                         context_layers=dict(context_layers or {}),
                          ends_turn=ends_turn, deferred=deferred, stop=self.stop,
                          stop_reason=self.stop_reason, permission_denial=denial,
                          cancel_reason=cancel_reason, timings=self._timings())
@@ -477,6 +528,7 @@ class _Call:
                 text = f"<tool_use_error>Error: No such tool available: {self.name}{off}</tool_use_error>"
                 return self.error(text + (f" Did you mean {hint}?" if hint else ""))
             self.tool = tool
+            plan = self.plan = self.table.plan(tool, self.gate)
             if tool.name != self.name:  # called by an alias: hooks and rules see the canonical name
                 self.name = tool.name
                 self.log = self.log.bind(tool_name=tool.name, alias=self.block.get("name"))
@@ -519,44 +571,48 @@ class _Call:
                 own = tool.invalid_input_text(coerced)
                 return self.error(own if own else input_validation_error(self.name, issues))
 
-        with clock.step(5, "validate_input"):
-            verdict = await tool.validate_input(self.input, ctx)
-            if not verdict.ok and verdict.denied:
-                # the input names a file the permission settings deny: a denial, listed as one
-                # (checked before anything else about the file is said, as Claude Code does)
-                self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
-                return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
-                                  denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                          "tool_input": self._denied_input()})
-            if not verdict.ok:
-                self.log.info("tool.rejected_input", message=verdict.message)
-                return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))
+        if plan.validate:
+            with clock.step(5, "validate_input"):
+                verdict = await tool.validate_input(self.input, ctx)
+                if not verdict.ok and verdict.denied:
+                    # the input names a file the permission settings deny: a denial, listed as one
+                    # (checked before anything else about the file is said, as Claude Code does)
+                    self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
+                    return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
+                                      denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
+                                              "tool_input": self._denied_input()})
+                if not verdict.ok:
+                    self.log.info("tool.rejected_input", message=verdict.message)
+                    return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))
 
-        with clock.step(6, "pre_tool_use"):
-            t = time.perf_counter()
-            try:
-                pre: PreToolOutcome = await self.gate.pre_tool_use(self.name, self.input, self.tool_use_id)
-            except Exception as exc:  # a broken hook must not let the call through unchecked
-                self.log.warning("tool.hook_error", hook="PreToolUse", error=repr(exc))
-                return self.error(f"PreToolUse:{self.name} hook error: {exc}")
-            finally:
-                self.hook_ms += (time.perf_counter() - t) * 1000
-            # Claude Code sends a PreToolUse context as its own block after the results, labelled
-            self.after.extend(reminder(f"PreToolUse:{self.name} hook additional context: {c}")
-                              for c in pre.additional_context)
-            if pre.stop:
-                self.stop, self.stop_reason = True, pre.stop_reason
-            if pre.blocked:
-                self.log.info("tool.blocked", hook="PreToolUse", reason=pre.reason)
-                # a hook that blocks the call (exit 2) denied it: listed as a denial, as Claude Code does
-                return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}",
-                                  denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                          "tool_input": self._denied_input()})
-            if pre.decision == "defer":
-                self.log.info("tool.deferred", reason=pre.reason)
-                why = f": {pre.reason}" if pre.reason else ""
-                return self.error(tool_use_error(f"The {self.name} call was deferred by a PreToolUse "
-                                                 f"hook{why}. It has not run."), deferred=True)
+        pre: PreToolOutcome = _NO_PRE
+        if plan.pre_hooks:
+            with clock.step(6, "pre_tool_use"):
+                t = time.perf_counter()
+                try:
+                    pre = await self.gate.pre_tool_use(self.name, self.input, self.tool_use_id)
+                except Exception as exc:  # a broken hook must not let the call through unchecked
+                    self.log.warning("tool.hook_error", hook="PreToolUse", error=repr(exc))
+                    return self.error(f"PreToolUse:{self.name} hook error: {exc}")
+                finally:
+                    self.hook_ms += (time.perf_counter() - t) * 1000
+                # Claude Code sends a PreToolUse context as its own block after the results, labelled
+                self.after.extend(reminder(f"PreToolUse:{self.name} hook additional context: {c}")
+                                  for c in pre.additional_context)
+                if pre.stop:
+                    self.stop, self.stop_reason = True, pre.stop_reason
+                if pre.blocked:
+                    self.log.info("tool.blocked", hook="PreToolUse", reason=pre.reason)
+                    # a hook that blocks the call (exit 2) denied it: listed as a denial, as Claude Code does
+                    return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}",
+                                      denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
+                                              "tool_input": self._denied_input()})
+                if pre.decision == "defer":
+                    self.log.info("tool.deferred", reason=pre.reason)
+                    why = f": {pre.reason}" if pre.reason else ""
+                    return self.error(tool_use_error(f"The {self.name} call was deferred by a PreToolUse "
+                                                     f"hook{why}. It has not run."), deferred=True)
+
         if pre.updated_input is not None:
             bad = self._revalidate("PreToolUse hook", pre.updated_input)
             if bad is not None:
@@ -619,29 +675,38 @@ class _Call:
             if isinstance(mapped, CallResult):
                 return mapped
 
-        with clock.step(12, "post_tool_use"):
-            t = time.perf_counter()
-            post: PostToolOutcome | None = None
-            try:
-                post = await self.gate.post_tool_use(self.name, self.input, self.tool_use_id, output.data,
-                                                     self.run_ms)
-            except (Exception, asyncio.CancelledError) as exc:
-                # the tool already ran: its output stands (an interrupt now must not claim otherwise)
-                self.log.warning("tool.hook_error", hook="PostToolUse", error=repr(exc))
-                self.notes.append(reminder(f"PostToolUse:{self.name} hook error: {exc}"))
-            finally:
-                self.hook_ms += (time.perf_counter() - t) * 1000
-            if post is not None:
-                self._apply_post(post, "PostToolUse")
+        post: PostToolOutcome | None = None
+        if output.is_error:  # a failed call (a shell command's exit code): PostToolUseFailure, as Claude Code
+            if plan.failure_hooks:
+                with clock.step(12, "post_tool_use"):
+                    await self._post_failure(_content_text(mapped), is_interrupt=False)
+            return self.result(mapped, is_error=True, output_data=output.data,
+                               context_layers=output.context_layers, ends_turn=output.ends_turn)
+        if plan.post_hooks:
+            with clock.step(12, "post_tool_use"):
+                t = time.perf_counter()
+                try:
+                    post = await self.gate.post_tool_use(self.name, self.input, self.tool_use_id,
+                                                         sdk_result(output), self.run_ms)
+                except (Exception, asyncio.CancelledError) as exc:
+                    # the tool already ran: its output stands (an interrupt now must not claim otherwise)
+                    self.log.warning("tool.hook_error", hook="PostToolUse", error=repr(exc))
+                    self.notes.append(reminder(f"PostToolUse:{self.name} hook error: {exc}"))
+                finally:
+                    self.hook_ms += (time.perf_counter() - t) * 1000
+                if post is not None:
+                    self._apply_post(post, "PostToolUse")
 
-        with clock.step(13, "output_schema"):
-            if post is not None and post.updated_output is not None:
-                output, mapped = self._replace_output(tool, output, mapped, post.updated_output)
-            elif not output.is_error:
-                self._check_own_output(tool, output)
+        if plan.output_check:
+            with clock.step(13, "output_schema"):
+                if post is not None and post.updated_output is not None:
+                    output, mapped = self._replace_output(tool, output, mapped, post.updated_output)
+                elif not output.is_error:
+                    self._check_own_output(tool, output)
 
         with clock.step(14, "result"):
             return self.result(mapped, is_error=bool(output.is_error), output_data=output.data,
+                               structured=None if output.is_error else sdk_result(output),
                                context_layers=output.context_layers,
                                ends_turn=output.ends_turn or (tool.ends_turn and not output.is_error))
 
@@ -696,7 +761,7 @@ class _Call:
                               f"match the output schema of {self.name} ({'; '.join(problems)}); "
                               "the original output was kept."))
             return output, mapped
-        replaced = attrs.evolve(output, data=updated)
+        replaced = attrs.evolve(output, data=updated, structured=None)
         remapped = self._map(tool, replaced)
         if isinstance(remapped, CallResult):
             self.notes.append(reminder(f"PostToolUse:{self.name} hook error: the updated tool output could not "
@@ -716,6 +781,8 @@ class _Call:
             self.log.warning("tool.output_schema_mismatch", problems=problems)
 
     async def _post_failure(self, error: str, *, is_interrupt: bool) -> None:
+        if not self.plan.failure_hooks:
+            return
         t = time.perf_counter()
         try:
             post = await self.gate.post_tool_use_failure(self.name, self.input, self.tool_use_id, error,
@@ -759,3 +826,16 @@ def _append_texts(block: Mapping[str, Any], texts: Sequence[str]) -> Mapping[str
     else:
         new = [*content, *({"type": "text", "text": t} for t in texts)]
     return {**block, "content": new}
+
+
+def sdk_result(output: ToolOutput) -> Any:
+    """What an SDK user receives for a call's output (PostToolUse's ``tool_response``, the stream's
+    ``tool_use_result``): the tool's structured result, else the data the model's result came from."""
+    return output.structured if output.structured is not None else output.data
+
+
+def _content_text(block: Mapping[str, Any]) -> str:
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    return "".join(str(b.get("text", "")) for b in content or () if isinstance(b, Mapping) and b.get("type") == "text")

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from agentfsm import graph, phases
-from agentfsm.events import Aborted, Event, StopHookVerdict
+from agentfsm.events import Aborted, Event, StopHookVerdict, TaskNotified
 from agentfsm.state import Limits, LoopState, Phase
 
 
@@ -43,6 +43,11 @@ class Runtime(Protocol):
 
     async def between(self, state: LoopState) -> None:
         """Before a phase is performed (a Temporal workflow may continue as a new run here)."""
+
+    async def task_notifications(self, state: LoopState) -> TaskNotified | None:
+        """The run ended and may go on (:func:`agentfsm.graph.takes_notifications`): wait while
+        background tasks it started may still report, and return what they reported; None when
+        nothing is left to wait for (or the run is being stopped, or other input is queued)."""
 
     # the consequences a move declares (agentfsm.graph.Does), carried out after the move
     def warn(self, notice: str) -> None: ...
@@ -93,7 +98,8 @@ def perform(runtime: Runtime, session_id: str, before: LoopState, step: graph.St
 class LoopRunner:
     """One run of the loop on its machine (:class:`agentfsm.graph.LoopMachine`), through a runtime.
     :meth:`fire` is how any event (the run's setup failure included) reaches the machine; :meth:`run`
-    is the loop until ``stop`` (and its due Stop hooks). A cancellation of the run fires the abort
+    is the loop until ``stop`` (and its due Stop hooks, and the passes the run's background tasks start
+when they report after it ended). A cancellation of the run fires the abort
     event first, so the run ends at ``stop`` with everything shown paired."""
 
     def __init__(self, runtime: Runtime, state: LoopState, session_id: str) -> None:
@@ -123,7 +129,14 @@ class LoopRunner:
             while True:
                 state = self.machine.state
                 if state.phase is Phase.STOP and not graph.stop_hooks_are_due(state):
-                    break
+                    # the run ended; background work it started may start the next pass
+                    if not graph.takes_notifications(state, runtime.limits) or runtime.stopping():
+                        break
+                    notified = await runtime.task_notifications(state)
+                    if notified is None:
+                        break
+                    self.fire(notified)
+                    continue
                 await runtime.between(state)
                 state = self.machine.state
                 if state.phase is not Phase.STOP and runtime.stopping():

@@ -99,6 +99,10 @@ class Session:
             observe(weak_method(self._emit_hook_event, gone=None))
         if subagent is not None:
             self.hooks = SubagentHooks(self.hooks, parent_hooks, subagent)
+            if hasattr(self.gate, "agent"):  # the subagent's hook inputs name it, under the session's ids
+                self.gate.agent = (subagent.agent_id, subagent.agent_type)
+                outer = getattr(parent_hooks, "gate", parent_hooks)
+                self.gate.parent = outer if hasattr(outer, "_common") else None
         self.subagents = Subagents(self, Session)
         # background commands (and, through Subagents, agents): owned here, stopped at aclose
         self.tasks = TaskRegistry(session_id=self.session_id, tasks_dir=tasks_dir(self.session_id),
@@ -207,17 +211,19 @@ class Session:
         return tuple(b for item in items for b in item.content)
 
     async def _follow_up(self, result: RunResult) -> Prompt | None:
-        """The prompt of the next driver run of this run, or None when the run is over."""
-        if result.terminal_reason is not TerminalReason.COMPLETED or self._interrupted:
-            return None
-        # with nothing queued, wait only while a background task we launched may still report
-        waiting = await self.queue.wait_for_items(
-            lambda: bool(self.subagents.running_in_background or self.tasks.running) and not self._interrupted)
-        if not waiting or self._interrupted:
+        """The prompt of the next driver run of this run, or None when the run is over: input queued
+        after the last request that could carry it. (The driver itself waits for the background work
+        the run started and takes its notifications: the graph's ``task_notification`` move; it leaves
+        them queued when user input is queued beside them, and they join that input here.)"""
+        if result.terminal_reason is not TerminalReason.COMPLETED or self._interrupted or not self.queue.pending:
             return None
         self.log.info("session.follow_up", queued=len(self.queue.pending),
                       background=len(self.subagents.running_in_background) + len(self.tasks.running))
         return self._take_prompt()
+
+    def _background_pending(self) -> bool:
+        """Background work this session started may still report (a task or a background agent)."""
+        return bool(self.subagents.running_in_background or self.tasks.running)
 
     async def _run_once(self, prompt: Prompt) -> RunResult:
         system = system_blocks(self.options.cwd, add_dirs=self.options.add_dirs,
@@ -231,7 +237,8 @@ class Session:
                                        # large Bash outputs are saved beside the session file
                                        TOOL_RESULTS_DIR: self.sessions_dir / self.session_id / "tool-results"},
                              observers=self.observers,
-                             file_access=self.gate.file_access)
+                             file_access=self.gate.file_access,
+                             background=weak_method(self._background_pending, gone=False))
         self.driver.read_files = self._read_files
         if self._interrupted:
             self.driver.interrupt()

@@ -214,6 +214,9 @@ def _parse_number(name: str, raw: str, kind: type) -> Any:
 RESPONSE_ENDED = ("dispatch", "end_turn", "max_output_tokens_recovery", "recovery_exhausted",
                   "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
                   "structured_output_retry")
+# The edges that start a new model turn: after a tool batch, and when a background task's notification
+# starts the next pass after the run had ended. Per-turn counters are reset by both.
+NEW_TURN = ("next_turn", "task_notification")
 _COUNTER = "agentfsm.counter"
 
 
@@ -313,30 +316,31 @@ class LoopState:
     tool_use_context: ToolUseContext = attrs.field(factory=ToolUseContext)
     compact_tracking: CompactTracking = attrs.field(factory=CompactTracking)
     query_tracking: QueryTracking = attrs.field(factory=QueryTracking)
-    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking"))
+    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking", "task_notification"))
     max_output_tokens_recovery_count: int = counter(0, cap="max_output_tokens_recoveries",
-                                                    raised_by=("max_output_tokens_recovery",), reset_by=("next_turn",))
+                                                    raised_by=("max_output_tokens_recovery",), reset_by=NEW_TURN)
     malformed_tool_use_retry_count: int = counter(0, cap="malformed_tool_use_retries",
-                                                  raised_by=("malformed_tool_use_retry",), reset_by=("next_turn",))
+                                                  raised_by=("malformed_tool_use_retry",), reset_by=NEW_TURN)
     # a StructuredOutput call whose input failed the schema raises it on next_turn too (else it resets)
     structured_output_retry_count: int = counter(0, cap="structured_output_retries",
                                                  raised_by=("structured_output_retry", "next_turn"),
-                                                 reset_by=("next_turn",))
+                                                 reset_by=NEW_TURN)
     stream_retry_count: int = counter(0, cap="stream_retries", raised_by=("stream_retry",),
                                       reset_by=(*RESPONSE_ENDED, "fallback_retry"))
     # index into (model, *fallback_models): which model the next request goes to
     model_index: int = counter(0, raised_by=("fallback_retry",))
-    has_attempted_reactive_compact: bool = counter(False, reset_by=("next_turn",))
-    thinking_only_nudged: bool = counter(False, reset_by=("next_turn",))
-    empty_response_nudged: bool = counter(False, reset_by=("next_turn",))
+    has_attempted_reactive_compact: bool = counter(False, reset_by=NEW_TURN)
+    thinking_only_nudged: bool = counter(False, reset_by=NEW_TURN)
+    empty_response_nudged: bool = counter(False, reset_by=NEW_TURN)
     # the stream broke or was garbled before any content: the next request is made without streaming
     non_streaming: bool = counter(False, reset_by=(*RESPONSE_ENDED, "fallback_retry"))
     # set by the first Stop-hook block and kept for the rest of the run, tool turns included (Claude Code
     # 2.1.332 does; a hook that blocks "unless stop_hook_active" blocks once per run, not once per turn:
     # tests/fidelity/scenarios/stop_hook_active_after_tool_turn.json)
-    stop_hook_active: bool = counter(False)
+    # (a task notification's pass is a new run of the loop in Claude Code: the flag starts over)
+    stop_hook_active: bool = counter(False, reset_by=("task_notification",))
     stop_hook_blocking_count: int = counter(0, cap="stop_hook_block_cap", raised_by=("stop_hook_blocking",),
-                                            reset_by=("next_turn",))
+                                            reset_by=NEW_TURN)
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet
     stop_hooks_due: bool = False
     transition: str | None = None

@@ -51,6 +51,11 @@ class SubagentHooks:
         self._parent = parent
         self._identity = identity
 
+    @property
+    def gate(self) -> Any:
+        """The subagent's own gate (a subagent it launches names this session's ids through it)."""
+        return self._own
+
     async def user_prompt_submit(self, prompt: str) -> PromptOutcome:
         return PromptOutcome()
 
@@ -150,19 +155,44 @@ class Subagents:
         parent_emit = self.parent.emit
         tool_use_id = request.tool_use_id
 
+        forward_text = base.forward_subagent_text
+
         def forward(msg: dict[str, Any]) -> None:
             # a foreground subagent's messages show in the parent's stream, marked with the Agent
-            # call they belong to (as Claude Code does); its init/result/system messages do not
-            shown = msg.get("type") in ("assistant", "user")
-            if parent_emit is not None and shown and not request.background:
-                parent_emit({**msg, "parent_tool_use_id": tool_use_id, "session_id": self.parent.session_id})
+            # call they belong to (as Claude Code does); its init/result/system messages do not, nor
+            # its text unless asked (forward_subagent_text), nor its tools' structured results
+            if parent_emit is None or request.background or not _shown(msg, forward_text):
+                return
+            shown = {**msg, "parent_tool_use_id": tool_use_id, "session_id": self.parent.session_id}
+            if msg.get("type") == "user":
+                shown["tool_use_result"] = None
+            parent_emit(shown)
 
         return self._make_session(options, client=self.parent.client, emit=forward, registry=registry,
                                   owns_client=False, depth=self.parent.depth + 1, subagent=identity,
                                   parent_hooks=self.parent.hooks)
 
+    async def _started(self, child: Any, request: Any) -> Any:
+        """The subagent's prompt, after the parent's SubagentStart hooks (their context rides with it,
+        as SessionStart's does with a first prompt); a foreground one is shown under its Agent call."""
+        from agentfsm import prompts
+
+        start = getattr(self.parent.hooks, "subagent_start", None)
+        extra: tuple[str, ...] = ()
+        if start is not None:
+            extra = tuple(await start(agent_id=child.session_id, agent_type=request.subagent_type))
+        parent_emit = self.parent.emit
+        if parent_emit is not None and not request.background:
+            parent_emit({"type": "user", "message": {"role": "user", "content": [
+                {"type": "text", "text": request.prompt}]}, "parent_tool_use_id": request.tool_use_id,
+                "session_id": self.parent.session_id, "uuid": str(uuid.uuid4())})
+        if not extra:
+            return request.prompt
+        return [{"type": "text", "text": request.prompt}, *prompts.reminder_blocks(extra)]
+
     async def _run_foreground(self, child: Any, request: Any) -> Any:
-        run = asyncio.ensure_future(child.run(request.prompt))
+        prompt = await self._started(child, request)
+        run = asyncio.ensure_future(child.run(prompt))
         self._foreground.add(run)
         run.add_done_callback(self._foreground.discard)
         abort = request.abort
@@ -196,7 +226,7 @@ class Subagents:
 
         status, text = "failed", ""
         try:
-            result = await child.run(request.prompt)
+            result = await child.run(await self._started(child, request))
             self.cost_usd += result.total_cost_usd
             status = "completed" if not result.is_error else "failed"
             text = result.result or "; ".join(result.errors)
@@ -230,6 +260,17 @@ class Subagents:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=SUBAGENT_STOP_GRACE_S)
+
+
+def _shown(msg: dict[str, Any], forward_text: bool) -> bool:
+    """Whether a subagent's message shows in the parent's stream: its assistant and user messages,
+    but an assistant message of text alone only when ``forward_text``."""
+    if msg.get("type") == "user":
+        return True
+    if msg.get("type") != "assistant":
+        return False
+    content = (msg.get("message") or {}).get("content") or ()
+    return forward_text or any(isinstance(b, dict) and b.get("type") != "text" for b in content)
 
 
 async def _stop_run(child: Any, run: asyncio.Future[Any]) -> None:

@@ -22,7 +22,7 @@ def weak_method(method: Callable[..., Any], *, gone: Any = _RAISE) -> Callable[.
     object is gone it returns ``gone``, or, when no ``gone`` is given, raises ReferenceError naming
     the method (a caller that must never outlive its owner says so loudly)."""
     ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
-    name = getattr(method, "__qualname__", repr(method))
+    name = method.__qualname__  # a bound method has one (its repr would format the whole object)
 
     def call(*args: Any, **kwargs: Any) -> Any:
         bound = ref()

@@ -32,6 +32,7 @@ from agentfsm.hooks.inputs import (
     SessionEndInput,
     SessionStartInput,
     StopInput,
+    SubagentStartInput,
     SubagentStopInput,
     ToolCallRecord,
     UserPromptSubmitInput,
@@ -89,6 +90,9 @@ class HookGate:
             self.policy.mode = normalize_mode(permission_mode)
         self.can_use_tool = can_use_tool
         self.prompt_id: str | None = None
+        # (agent_id, agent_type) and the launching session's gate when this gate is a subagent's
+        self.agent: tuple[str, str] | None = None
+        self.parent: HookGate | None = None
         self.session_id = session_id
         self.transcript_path = transcript_path
         self.runner = HookRunner(self.settings.active_hooks(), project_dir=self.cwd, env=env)
@@ -142,8 +146,17 @@ class HookGate:
         return registry.without(hidden) if hidden else registry
 
     def _common(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "cwd": str(self.cwd),
-                "permission_mode": self.policy.mode, "prompt_id": self.prompt_id}
+        common = {"session_id": self.session_id, "transcript_path": self.transcript_path, "cwd": str(self.cwd),
+                  "permission_mode": self.policy.mode, "prompt_id": self.prompt_id}
+        if self.parent is not None:
+            # a subagent's events are the session's: its id, file and prompt (as Claude Code), the
+            # subagent named beside them
+            outer = self.parent._common()
+            common.update(session_id=outer["session_id"], transcript_path=outer["transcript_path"],
+                          prompt_id=outer["prompt_id"])
+        if self.agent is not None:
+            common["agent_id"], common["agent_type"] = self.agent
+        return common
 
     async def run(self, record: HookInput) -> HookRunResult:
         """Run the hooks of any event record as is (the typed methods below build the records)."""
@@ -245,9 +258,15 @@ class HookGate:
                             agent_transcript_path: str = "", last_assistant_message: str = "",
                             stop_hook_active: bool = False) -> StopOutcome:
         res = await self._run_event(HookEvent.SUBAGENT_STOP, lambda: SubagentStopInput(
-            **self._common(), stop_hook_active=stop_hook_active, agent_id=agent_id, agent_type=agent_type,
+            **{**self._common(), "agent_id": agent_id, "agent_type": agent_type}, stop_hook_active=stop_hook_active,
             agent_transcript_path=agent_transcript_path, last_assistant_message=last_assistant_message))
         return _stop_outcome(res)
+
+    async def subagent_start(self, *, agent_id: str, agent_type: str) -> tuple[str, ...]:
+        """SubagentStart: a subagent is about to run; what the hooks add to its context."""
+        res = await self._run_event(HookEvent.SUBAGENT_START, lambda: SubagentStartInput(
+            **{**self._common(), "agent_id": agent_id, "agent_type": agent_type}))
+        return tuple(res.additional_context)
 
     async def post_tool_batch(
             self, tool_calls: Sequence[ToolCallRecord | Mapping[str, Any]]) -> PostToolBatchOutcome:

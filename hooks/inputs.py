@@ -22,6 +22,7 @@ class HookEvent(enum.StrEnum):
     POST_TOOL_BATCH = "PostToolBatch"
     STOP = "Stop"
     SUBAGENT_STOP = "SubagentStop"
+    SUBAGENT_START = "SubagentStart"
     USER_PROMPT_SUBMIT = "UserPromptSubmit"
     PRE_COMPACT = "PreCompact"
     SESSION_START = "SessionStart"
@@ -33,7 +34,7 @@ HOOK_EVENTS: tuple[str, ...] = tuple(e.value for e in HookEvent)
 # Events Claude Code knows but this loop never fires. Settings files written for Claude Code often
 # configure them (Notification is common), so they must load without error and simply never run.
 FOREIGN_EVENTS: frozenset[str] = frozenset({
-    "Notification", "PermissionRequest", "PermissionDenied", "SubagentStart", "PostCompact",
+    "Notification", "PermissionRequest", "PermissionDenied", "PostCompact",
     "PreToolBatch", "TaskCompleted", "TeammateIdle", "ConfigChange", "WorktreeCreate",
     "WorktreeRemove", "InstructionsLoaded", "Elicitation", "ElicitationResult", "StopFailure",
     "Setup", "UserPromptExpansion", "TaskCreated", "CwdChanged", "FileChanged",
@@ -47,6 +48,7 @@ MATCHER_FIELD: Mapping[str, str | None] = {
     HookEvent.POST_TOOL_BATCH: None,
     HookEvent.STOP: None,
     HookEvent.SUBAGENT_STOP: "agent_type",
+    HookEvent.SUBAGENT_START: "agent_type",
     HookEvent.USER_PROMPT_SUBMIT: None,
     HookEvent.PRE_COMPACT: "trigger",
     HookEvent.SESSION_START: "source",
@@ -91,6 +93,8 @@ class HookInput:
     """Fields every event carries. ``hook_event_name`` is the class's ``event``."""
 
     event: ClassVar[str] = ""
+    # Claude Code leaves the permission mode out of some events' inputs (SubagentStart)
+    shows_permission_mode: ClassVar[bool] = True
 
     session_id: str = ""
     transcript_path: str = ""
@@ -99,6 +103,9 @@ class HookInput:
     permission_mode: str = "default"
     # the id of the user prompt whose run fired the event (None before the first prompt: left out)
     prompt_id: str | None = None
+    # the subagent whose session fired the event (None in the main session: left out)
+    agent_id: str | None = None
+    agent_type: str | None = None
 
     @property
     def hook_event_name(self) -> str:
@@ -119,11 +126,13 @@ class HookInput:
             "transcript_path": self.transcript_path,
             "cwd": self.cwd,
             **({"prompt_id": self.prompt_id} if self.prompt_id is not None else {}),
-            "permission_mode": self.permission_mode,
+            **({"permission_mode": self.permission_mode} if self.shows_permission_mode else {}),
+            **({"agent_id": self.agent_id} if self.agent_id is not None else {}),
+            **({"agent_type": self.agent_type} if self.agent_type is not None else {}),
             "hook_event_name": self.event,
         }
         for f in attrs.fields(type(self)):
-            if f.name in out or f.name == "prompt_id":
+            if f.name in out or f.name in ("prompt_id", "permission_mode", "agent_id", "agent_type"):
                 continue
             out[f.name] = _json_safe(getattr(self, f.name))
         return out
@@ -142,6 +151,11 @@ class PreToolUseInput(HookInput):
     tool_use_id: str = ""
 
 
+def whole_ms(value: float) -> int:
+    """A duration in whole milliseconds, as Claude Code gives hooks ``duration_ms``."""
+    return round(value)
+
+
 @attrs.frozen(kw_only=True)
 class PostToolUseInput(HookInput):
     event: ClassVar[str] = HookEvent.POST_TOOL_USE
@@ -149,7 +163,7 @@ class PostToolUseInput(HookInput):
     tool_input: Mapping[str, Any] = attrs.field(factory=dict)
     tool_use_id: str = ""
     tool_response: Any = None
-    duration_ms: float = 0.0
+    duration_ms: int = attrs.field(default=0, converter=whole_ms)
 
 
 @attrs.frozen(kw_only=True)
@@ -160,7 +174,7 @@ class PostToolUseFailureInput(HookInput):
     tool_use_id: str = ""
     error: str = ""
     is_interrupt: bool = False
-    duration_ms: float = 0.0
+    duration_ms: int = attrs.field(default=0, converter=whole_ms)
 
 
 @attrs.frozen(kw_only=True)
@@ -225,12 +239,18 @@ class StopInput(HookInput):
 class SubagentStopInput(HookInput):
     event: ClassVar[str] = HookEvent.SUBAGENT_STOP
     stop_hook_active: bool = False
-    agent_id: str = ""
     agent_transcript_path: str = ""
-    agent_type: str = ""
     last_assistant_message: str = ""
     background_tasks: tuple[Mapping[str, Any], ...] = ()
     session_crons: tuple[Mapping[str, Any], ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class SubagentStartInput(HookInput):
+    """A subagent is about to run its prompt (``agent_id``, ``agent_type`` of the common fields name it)."""
+
+    event: ClassVar[str] = HookEvent.SUBAGENT_START
+    shows_permission_mode: ClassVar[bool] = False
 
 
 @attrs.frozen(kw_only=True)
@@ -261,7 +281,8 @@ class SessionEndInput(HookInput):
 INPUT_TYPES: Mapping[str, type[HookInput]] = {
     cls.event: cls
     for cls in (PreToolUseInput, PostToolUseInput, PostToolUseFailureInput, PostToolBatchInput, StopInput,
-                SubagentStopInput, UserPromptSubmitInput, PreCompactInput, SessionStartInput, SessionEndInput)
+                SubagentStopInput, SubagentStartInput, UserPromptSubmitInput, PreCompactInput, SessionStartInput,
+                SessionEndInput)
 }
 
 PermissionDecisionValue = Literal["allow", "deny", "ask", "defer"]

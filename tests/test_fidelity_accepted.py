@@ -17,8 +17,10 @@ from test_fidelity_cc import HERE, RESULT_FIELDS, SCENARIOS, accepted
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
 START, END = "<!-- accepted:start (rendered from tests/fidelity/accepted.json) -->", "<!-- accepted:end -->"
-# the keys tests/test_fidelity_cc.differences() can report
-FIELD = re.compile(r"tool_result\[\d+\]|history|tools|n_requests|ws|out|result\.(" + "|".join(RESULT_FIELDS) + ")")
+# the keys tests/test_fidelity_cc.differences() can report, and those agentfsm conform adds
+# (agentfsm.testing.oracle.conform_differences; ``request[]`` stands for every request)
+FIELD = re.compile(r"tool_result\[\d+\]|history|tools|n_requests|ws|out|exit|path|counters|request\[\]|result\.("
+                   + "|".join(RESULT_FIELDS) + ")")
 
 
 def _cell(text: str) -> str:

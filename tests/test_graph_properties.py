@@ -38,6 +38,7 @@ from agentfsm.events import (
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
+    TaskNotified,
     ToolsDrained,
 )
 from agentfsm.graph import UndeclaredMove
@@ -80,7 +81,7 @@ DEST: dict[str, Phase] = {
     **dict.fromkeys(("next_turn", "reactive_compact_retry", "max_output_tokens_recovery",
                      "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
                      "structured_output_retry",
-                     "stop_hook_blocking"), A),
+                     "stop_hook_blocking", "task_notification"), A),
     **dict.fromkeys(REASONS, X),
 }
 REENTRIES = frozenset(t for t, d in DEST.items() if d is A)
@@ -322,6 +323,25 @@ def _stop_hooks(s: LoopState, e: StopHookVerdict, lim: Limits) -> tuple[str, dic
     return "settle", {"stop_hooks_due": False}
 
 
+def _task_notified(s: LoopState, e: TaskNotified, lim: Limits) -> tuple[str, dict[str, Any]]:
+    # a run that ended completed, its Stop hooks run, goes on when its background work reports — while
+    # another turn fits under max_turns; the notifications join the history and a new turn starts:
+    # the per-turn counters and flags start over, and so does stop_hook_active (a new pass of the loop)
+    if s.stop_hooks_due:
+        raise Refusal("the Stop hooks have not run yet")
+    if s.terminal_reason is not T.COMPLETED:
+        raise Refusal(f"a run that ended {s.terminal_reason} is not continued by a notification")
+    if _turn_cap(s, lim):
+        raise Refusal("another turn would exceed max_turns")
+    t = s.compact_tracking
+    return "task_notification", {
+        "messages": (*s.messages, *e.notifications), "turn_count": s.turn_count + 1,
+        "max_output_tokens_recovery_count": 0, "malformed_tool_use_retry_count": 0,
+        "structured_output_retry_count": 0, "has_attempted_reactive_compact": False, "thinking_only_nudged": False,
+        "empty_response_nudged": False, "stop_hook_blocking_count": 0, "stop_hook_active": False,
+        "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
+
+
 RULES: dict[tuple[Phase, type], Callable[[LoopState, Any, Limits], tuple[str, dict[str, Any]]]] = {
     (A, SetupFailed): _assemble, (A, Assembled): _assemble,
     (C, Refused): lambda s, e, lim: ("refuse", {"terminal_reason": e.reason, "terminal_detail": e.detail}),
@@ -329,7 +349,7 @@ RULES: dict[tuple[Phase, type], Callable[[LoopState, Any, Limits], tuple[str, di
     (C, CallFailed): _call_failed, (S, CallFailed): _call_failed,
     (S, StreamEnded): _stream_ended,
     (D, ToolsDrained): _collect, (F, ToolsDrained): _feedback,
-    (X, StopHookVerdict): _stop_hooks,
+    (X, StopHookVerdict): _stop_hooks, (X, TaskNotified): _task_notified,
     **{(p, Aborted): _aborted for p in (A, C, S, D)},
 }
 
@@ -550,6 +570,9 @@ verdicts = st.builds(StopHookVerdict, blocked=st.booleans(), reason=st.sampled_f
                      prevented=st.sampled_from([False, False, True]), stop_reason=st.sampled_from(["", "enough"]),
                      context=st.sampled_from([(), (), ("lint is red",), ("a", "b\nc")]))
 reasons = st.sampled_from(list(T))
+NOTE = Message("user", ({"type": "text", "text": "<task-notification>…</task-notification>"},),
+               kind="task_notification")
+notified = st.builds(TaskNotified, notifications=st.sampled_from([(NOTE,), (NOTE, attrs.evolve(NOTE, uuid="n2"))]))
 
 
 def reasons_for(*edges: str) -> st.SearchStrategy[TerminalReason]:
@@ -567,7 +590,7 @@ EVENTS: dict[Phase, st.SearchStrategy[Any]] = {
     S: st.one_of(stream_ended_st(), call_failed_st(), aborted_st()),
     D: st.one_of(drained_st(), drained_st(), aborted_st()),
     F: drained_st(),
-    X: verdicts,
+    X: st.one_of(verdicts, notified),
 }
 any_event = st.one_of(*EVENTS.values())
 
@@ -763,6 +786,20 @@ def test_every_stop_hook_verdict() -> None:
                                   stop_reason="enough" if turn == 1 else "", context=context)
         moved.update(check(state, verdict, Limits(stop_hook_block_cap=1, max_turns=max_turns)))
     assert moved == {"settle", "stop_hook_blocking"}
+
+
+def test_every_notification_after_the_run() -> None:
+    """A background task's notification at stop: before and after the Stop hooks ran, after every way
+    the run may have ended, on both sides of max_turns; and in every running phase (refused there: the
+    notification joins the next request as queued input instead)."""
+    moved = set()
+    for due, reason, turn, max_turns in itertools.product([False, True], list(T), [1, 2, 3], [None, 2, 3]):
+        state = base(X, stop_hooks_due=due, terminal_reason=reason, turn_count=turn, stop_hook_active=True,
+                     stop_hook_blocking_count=1, thinking_only_nudged=True)
+        moved.update(check(state, TaskNotified((NOTE,)), Limits(max_turns=max_turns)))
+    assert moved == {"task_notification"}
+    for phase in (A, C, S, D, F):
+        assert check(base(phase), TaskNotified((NOTE,)), Limits()) == []
 
 
 def test_a_guard_is_its_name_and_a_route_its_declaration() -> None:
@@ -1133,6 +1170,7 @@ RISES: list[tuple[LoopState, Any, Limits]] = [
     (base(F), _drained(), Limits()),
     (base(F), _drained(failed_structured=True), Limits()),
     (base(X), StopHookVerdict(blocked=True, reason="again"), Limits()),
+    (base(X, stop_hooks_due=False), TaskNotified((NOTE,)), Limits()),
     (base(S), StreamEnded(CUT), Limits()),
     (base(S), StreamEnded(MALFORMED), Limits()),
     (base(S), StreamEnded(ModelResponse((TEXT,), "end_turn"), json_schema=True), Limits()),

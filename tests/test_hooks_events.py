@@ -37,8 +37,9 @@ EXPECTED_FIELDS = {
     "PostToolUseFailure": ["tool_name", "tool_input", "tool_use_id", "error", "is_interrupt", "duration_ms"],
     "PostToolBatch": ["tool_calls"],
     "Stop": ["stop_hook_active", "last_assistant_message", "background_tasks", "session_crons"],
-    "SubagentStop": ["stop_hook_active", "agent_id", "agent_transcript_path", "agent_type",
-                     "last_assistant_message", "background_tasks", "session_crons"],
+    "SubagentStop": ["stop_hook_active", "agent_transcript_path", "last_assistant_message", "background_tasks",
+                     "session_crons"],
+    "SubagentStart": [],
     "UserPromptSubmit": ["prompt"],
     "PreCompact": ["trigger", "custom_instructions"],
     "SessionStart": ["source"],
@@ -57,6 +58,7 @@ def make(event: str) -> Any:
         "PostToolBatch": {"tool_calls": [{"tool_name": "Read", "tool_input": {}, "tool_use_id": "a"}]},
         "Stop": {"stop_hook_active": True, "last_assistant_message": "done"},
         "SubagentStop": {"agent_id": "ag1", "agent_type": "Explore", "agent_transcript_path": "/a.jsonl"},
+        "SubagentStart": {"agent_id": "ag1", "agent_type": "Explore"},
         "UserPromptSubmit": {"prompt": "hello"},
         "PreCompact": {"trigger": "manual", "custom_instructions": "keep the plan"},
         "SessionStart": {"source": "resume"},
@@ -72,9 +74,21 @@ def test_every_event_has_a_record() -> None:
 @pytest.mark.parametrize("event", HOOK_EVENTS)
 def test_stdin_json_has_exactly_the_claude_code_fields(event: str) -> None:
     data = json.loads(make(event).to_json())
-    assert list(data) == COMMON + EXPECTED_FIELDS[event]
+    common = COMMON
+    if event in ("SubagentStop", "SubagentStart"):
+        # the subagent is named after the permission mode, which SubagentStart leaves out (Claude Code 2.1.332)
+        common = [*COMMON[:4], "agent_id", "agent_type", "hook_event_name"]
+        if event == "SubagentStart":
+            common.remove("permission_mode")
+    assert list(data) == common + EXPECTED_FIELDS[event]
     assert data["hook_event_name"] == event
-    assert data["permission_mode"] == "plan"
+    assert data.get("permission_mode", "plan") == "plan"
+
+
+def test_a_subagents_events_name_it_and_the_main_sessions_do_not() -> None:
+    named = json.loads(PreToolUseInput(tool_name="Read", agent_id="a1", agent_type="Explore").to_json())
+    assert list(named)[3:7] == ["permission_mode", "agent_id", "agent_type", "hook_event_name"]
+    assert "agent_id" not in json.loads(PreToolUseInput(tool_name="Read").to_json())
 
 
 def test_json_is_compact_like_claude_codes() -> None:

@@ -148,7 +148,8 @@ async def test_post_tool_use(tmp_path: Path) -> None:
     assert post.updated_output == "redacted" and post.additional_context == ("ran ruff",)
     assert post.blocked and post.reason == "lint failed"
     data = json.loads(out.read_text())
-    assert data["tool_response"] == {"content": "secret"} and data["duration_ms"] == 12.5
+    # whole milliseconds, as Claude Code gives them
+    assert data["tool_response"] == {"content": "secret"} and data["duration_ms"] == 12
     assert data["hook_event_name"] == "PostToolUse" and data["tool_use_id"] == "toolu_7"
 
 

@@ -111,8 +111,57 @@ async def test_success_block_timings_and_every_step() -> None:
     assert read.calls == [{"file_path": "/a.txt"}]
     assert read.ctxs[0].tool_use_id == "toolu_1"
     steps = [k.split("_", 1)[0] for k in r.timings.steps]
-    assert steps == [f"{n:02d}" for n in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15)]
+    # a tool without its own validate_input has no step 5 (issue 34's compiled plan); a gate that
+    # cannot say which hooks it has runs every hook point
+    assert steps == [f"{n:02d}" for n in (1, 2, 3, 4, 6, 7, 9, 10, 11, 12, 13, 14, 15)]
     assert r.timings.total_ms >= r.timings.run_ms >= 0
+
+
+class HooksSaid(Recorder):
+    """A Recorder gate that says which hook events it has hooks for."""
+
+    def __init__(self, events: set[str], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.events_with_hooks = events
+
+    def has_hooks(self, event: str) -> bool:
+        return event in self.events_with_hooks
+
+
+class ValidatingRead(FakeRead):
+    async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
+        return ValidationResult.valid()
+
+
+@pytest.mark.parametrize("events", [set(), {"PreToolUse"}, {"PostToolUse"}, {"PreToolUse", "PostToolUse"}])
+@pytest.mark.parametrize("own_validate", [False, True])
+async def test_the_compiled_plan_leaves_out_only_steps_that_do_nothing(events: set[str], own_validate: bool) -> None:
+    """A hook point runs only when the gate has a hook for it, the tool's validate_input only when
+    it has its own, the output check only with an output schema or a PostToolUse hook; the result is
+    the same either way."""
+    gate = HooksSaid(events)
+    read = ValidatingRead() if own_validate else FakeRead()
+    r = await run(use(), read, gate=gate)
+    assert r.block == {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1\tcontents of /a.txt"}
+    steps = {int(k.split("_", 1)[0]) for k in r.timings.steps}
+    assert (5 in steps) is own_validate
+    assert (6 in steps) is ("PreToolUse" in events)
+    assert (12 in steps) is ("PostToolUse" in events) and (13 in steps) is ("PostToolUse" in events)
+    assert {1, 2, 3, 4, 7, 9, 10, 11, 14, 15} <= steps
+    kinds = [e[0] for e in gate.events]
+    assert ("pre" in kinds) is ("PreToolUse" in events) and ("post" in kinds) is ("PostToolUse" in events)
+
+
+async def test_a_failure_hook_runs_only_when_configured() -> None:
+    class Broken(FakeRead):
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            raise ToolError("disk on fire")
+
+    for events, ran in ((set(), False), ({"PostToolUseFailure"}, True)):
+        gate = HooksSaid(events)
+        r = await run(use(), Broken(), gate=gate)
+        assert r.is_error and "disk on fire" in content(r)
+        assert any(e[0] == "failure" for e in gate.events) is ran
 
 
 async def test_alias_resolves_to_canonical_name() -> None:

@@ -8,6 +8,7 @@ written down here (observed from Claude Code 2.1.332 driven by claude-agent-sdk 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -281,6 +282,9 @@ async def test_in_process_sdk_mcp_tool(cli: str, tmp_path: Path) -> None:
     assert failed.get("is_error") is True and result_text(failed).startswith("FAILED: scripted")
     init = next(m for m in run.messages if isinstance(m, sdk.SystemMessage) and m.subtype == "init")
     assert {"name": "calc", "status": "connected", "source": "sdk"} in init.data["mcp_servers"]
+    # the structured results SDK users see: the MCP content, and a failure's Error text (as Claude Code)
+    assert [m.tool_use_result for m in run.messages if isinstance(m, sdk.UserMessage)] == [
+        [{"type": "text", "text": "SUM=42"}], "Error: FAILED: scripted"]
 
 
 async def test_interrupt_while_streaming_then_go_on(cli: str, tmp_path: Path) -> None:
@@ -904,3 +908,133 @@ async def test_a_shell_command_reading_outside_asks_like_a_read(cli: str, tmp_pa
     assert asked == [(f"cat {outside}", outside, "Show")]
     assert "SECRET" not in result_text(sent_result(run.server, 1, "toolu_o"))
     assert "ALPHA" in result_text(sent_result(run.server, 2, "toolu_i"))
+
+
+def _tool(tool_id: str, name: str, **tool_input: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}
+
+
+async def test_structured_tool_results_and_completed_inputs(cli: str, tmp_path: Path) -> None:
+    """``UserMessage.tool_use_result`` and PostToolUse's ``tool_response`` are each tool's structured
+    result (Write and Edit with their patch), a failure's is its ``Error: ...`` text and goes to
+    PostToolUseFailure; Edit's input shows ``replace_all: false`` everywhere. Recorded from Claude
+    Code 2.1.332."""
+    calls = [_tool("toolu_ra", "Read", file_path="$WS/a.txt"),
+             _tool("toolu_r", "Read", file_path="$WS/multi.txt", offset=2, limit=2),
+             _tool("toolu_new", "Write", file_path="$WS/new.txt", content="one\ntwo\n"),
+             _tool("toolu_upd", "Write", file_path="$WS/a.txt", content="ALPHA\nMORE\n"),
+             _tool("toolu_e", "Edit", file_path="$WS/multi.txt", old_string="line3", new_string="LINE3\nextra"),
+             _tool("toolu_all", "Edit", file_path="$WS/multi.txt", old_string="x", new_string="y", replace_all=True),
+             _tool("toolu_sh", "Bash", command="echo out; echo err >&2", description="print"),
+             _tool("toolu_fail", "Bash", command="echo fail; exit 3"),
+             _tool("toolu_gone", "Read", file_path="$WS/missing.txt"),
+             _tool("toolu_nf", "Edit", file_path="$WS/multi.txt", old_string="notthere", new_string="q")]
+    hooks: dict[str, list[dict[str, Any]]] = {"PreToolUse": [], "PostToolUse": [], "PostToolUseFailure": []}
+
+    def recorder(event: str) -> Any:
+        async def hook(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+            hooks[event].append(dict(hook_input))
+            return {}
+        return hook
+
+    async def body(run: Run) -> None:
+        (run.ws / "multi.txt").write_text("line1\nline2\nline3\nline4 x\nline5 x\n")
+        await client_run(run, run.options(tools=["Read", "Write", "Edit", "Bash"], permission_mode="bypassPermissions",
+                                          hooks={e: [sdk.HookMatcher(hooks=[recorder(e)])] for e in hooks}), "go")
+
+    run = await scenario(cli, tmp_path, [turn(c) for c in calls] + [text("done")], body)
+    ws = str(run.ws)
+
+    def local(value: Any) -> Any:
+        return json.loads(json.dumps(value).replace(ws, "$WS"))
+
+    results = {b.tool_use_id: local(m.tool_use_result) for m in run.messages
+               if isinstance(m, sdk.UserMessage) and isinstance(m.content, list)
+               for b in m.content if isinstance(b, sdk.ToolResultBlock)}
+    multi = "line1\nline2\nline3\nline4 x\nline5 x\n"
+    edited = "line1\nline2\nLINE3\nextra\nline4 x\nline5 x\n"
+    assert results == {
+        "toolu_ra": {"type": "text", "file": {"filePath": "$WS/a.txt", "content": "ALPHA\n", "numLines": 2,
+                                              "startLine": 1, "totalLines": 2}},
+        "toolu_r": {"type": "text", "file": {"filePath": "$WS/multi.txt", "content": "line2\nline3", "numLines": 2,
+                                             "startLine": 2, "totalLines": 6}},
+        "toolu_new": {"type": "create", "filePath": "$WS/new.txt", "content": "one\ntwo\n", "structuredPatch": [],
+                      "originalFile": None, "userModified": False},
+        "toolu_upd": {"type": "update", "filePath": "$WS/a.txt", "content": "ALPHA\nMORE\n", "structuredPatch": [
+            {"oldStart": 1, "oldLines": 1, "newStart": 1, "newLines": 2, "lines": [" ALPHA", "+MORE"]}],
+            "originalFile": "ALPHA\n", "userModified": False},
+        "toolu_e": {"filePath": "$WS/multi.txt", "oldString": "line3", "newString": "LINE3\nextra",
+                    "originalFile": multi,
+                    "structuredPatch": [{"oldStart": 1, "oldLines": 5, "newStart": 1, "newLines": 6, "lines": [
+                        " line1", " line2", "-line3", "+LINE3", "+extra", " line4 x", " line5 x"]}],
+                    "userModified": False, "replaceAll": False, "contentNotInModelContext": True},
+        "toolu_all": {"filePath": "$WS/multi.txt", "oldString": "x", "newString": "y", "originalFile": edited,
+                      "structuredPatch": [{"oldStart": 1, "oldLines": 6, "newStart": 1, "newLines": 6, "lines": [
+                          " line1", " line2", " LINE3", "-extra", "-line4 x", "-line5 x", "+eytra", "+line4 y",
+                          "+line5 y"]}],
+                      "userModified": False, "replaceAll": True, "contentNotInModelContext": True},
+        "toolu_sh": {"stdout": "out\nerr", "stderr": "", "interrupted": False, "isImage": False,
+                     "noOutputExpected": False},
+        "toolu_fail": "Error: Exit code 3\nfail",
+        "toolu_gone": "Error: File does not exist. Note: your current working directory is $WS.",
+        "toolu_nf": "Error: String to replace not found in file.\nString: notthere",
+    }
+    post = {h["tool_use_id"]: local(h["tool_response"]) for h in hooks["PostToolUse"]}
+    assert post == {k: v for k, v in results.items() if not isinstance(v, str)}
+    assert all(isinstance(h["duration_ms"], int) for h in hooks["PostToolUse"] + hooks["PostToolUseFailure"])
+    assert [(h["tool_use_id"], local(h["error"])) for h in hooks["PostToolUseFailure"]] == [
+        ("toolu_fail", "Exit code 3\nfail"),
+        ("toolu_gone", "File does not exist. Note: your current working directory is $WS.")]
+    pre = {h["tool_use_id"]: h["tool_input"] for h in hooks["PreToolUse"]}
+    assert pre["toolu_e"]["replace_all"] is False and "replace_all" not in pre["toolu_upd"]
+    shown = {b.id: b.input for m in run.messages if isinstance(m, sdk.AssistantMessage)
+             for b in m.content if isinstance(b, sdk.ToolUseBlock)}
+    assert shown["toolu_e"]["replace_all"] is False and shown["toolu_all"]["replace_all"] is True
+    sent = [b["input"] for m in run.server.requests[-1]["messages"] if isinstance(m["content"], list)
+            for b in m["content"] if b.get("type") == "tool_use" and b["id"] == "toolu_e"]
+    assert sent == [shown["toolu_e"]]  # the model's history shows the completed input too
+
+
+@pytest.mark.parametrize("forward", [False, True])
+async def test_a_subagents_prompt_and_final_text_follow_forward_subagent_text(cli: str, tmp_path: Path,
+                                                                            forward: bool) -> None:
+    """A foreground subagent's prompt is shown under its Agent call; its final text only with
+    ``forward_subagent_text``; its tool results carry no structured result; SubagentStart runs and
+    the subagent's hook inputs name it (``agent_id``, ``agent_type``). Recorded from Claude Code 2.1.332."""
+    agent = _tool("toolu_agent", "Agent", description="Read a", prompt="Read a.txt and say its word",
+                  subagent_type="general-purpose", run_in_background=False)
+    seen: list[dict[str, Any]] = []
+
+    async def record(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        seen.append(dict(hook_input))
+        return {}
+
+    async def body(run: Run) -> None:
+        events = ("PreToolUse", "PostToolUse", "SubagentStart", "SubagentStop")
+        await client_run(run, run.options(tools=["Read", "Agent"], permission_mode="bypassPermissions",
+                                          forward_subagent_text=forward,
+                                          hooks={e: [sdk.HookMatcher(hooks=[record])] for e in events}), "delegate")
+
+    run = await scenario(cli, tmp_path, [turn(agent), turn(read("toolu_sub_read", "a.txt")), text("SUB_SAYS_ALPHA"),
+                                         text("MAIN_DONE")], body)
+    under = [m for m in run.messages if isinstance(m, sdk.UserMessage | sdk.AssistantMessage)
+             and m.parent_tool_use_id == "toolu_agent"]
+    shown = [(type(m).__name__, [type(b).__name__ for b in m.content]) for m in under]
+    assert shown == [("UserMessage", ["TextBlock"]), ("AssistantMessage", ["ToolUseBlock"]),
+                     ("UserMessage", ["ToolResultBlock"])] + ([("AssistantMessage", ["TextBlock"])] if forward else [])
+    assert under[0].content[0].text == "Read a.txt and say its word"
+    assert [m.tool_use_result for m in under if isinstance(m, sdk.UserMessage)] == [None, None]
+    events = [(h["hook_event_name"], h.get("tool_name")) for h in seen]
+    assert events == [("PreToolUse", "Agent"), ("SubagentStart", None), ("PreToolUse", "Read"),
+                      ("PostToolUse", "Read"), ("SubagentStop", None), ("PostToolUse", "Agent")]
+    start = seen[1]
+    agent_id = start["agent_id"]
+    assert isinstance(agent_id, str) and agent_id and start["agent_type"] == "general-purpose"
+    for h in seen[2:5]:  # the subagent's own events name it, under the session's ids and prompt
+        assert (h["agent_id"], h["agent_type"]) == (agent_id, "general-purpose")
+        assert [h[k] for k in ("session_id", "transcript_path", "prompt_id")] == [
+            seen[0][k] for k in ("session_id", "transcript_path", "prompt_id")]
+    for h in (seen[0], seen[5]):  # the main session's do not
+        assert "agent_id" not in h and "agent_type" not in h
+    [result] = run.results()
+    assert result.result == "MAIN_DONE"

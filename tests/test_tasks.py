@@ -365,3 +365,43 @@ def test_no_background_process_survives_the_cli(tmp_path: Path, agentfsm_workspa
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pid)
+
+
+async def test_the_notification_is_a_declared_move_and_the_run_audits_clean(tmp_path: Path) -> None:
+    """The notification that arrives after the run ended takes the graph's task_notification edge (stop →
+    assemble) in the same driver run; the session file records it and the auditor replays it without a
+    finding."""
+    from agentfsm.audit import audit_file
+
+    script = [bash("toolu_bg", command="sleep 0.3; echo BG", run_in_background=True), text("WAITING"),
+              text("GOT_IT")]
+    session = Session(options(tmp_path), client=ScriptedModel(lambda r, n: script[n] if n < 3 else text("X")))
+    result = await session.run("GO")
+    await session.aclose()
+    assert result.result == "GOT_IT" and result.num_turns == 3
+    records = list(read_records(session.trace_path))
+    moves = [r["trigger"] for r in records if r.get("type") == "transition"]
+    assert moves == ["call", "open_stream", "dispatch", "collect", "next_turn", "call", "open_stream", "end_turn",
+                     "settle", "task_notification", "call", "open_stream", "end_turn", "settle"]
+    assert [r["type"] for r in records].count("result") == 1
+    notes = [r for r in records if r.get("type") == "message" and r.get("kind") == "task_notification"]
+    assert len(notes) == 1
+    findings = audit_file(session.trace_path)
+    # (the one warning says the command ran unsandboxed, as this test asked: a background command's run
+    # is recorded like any other's)
+    assert [(f.code, f.severity) for f in findings if f.severity != "info"] == [("unsandboxed_command", "warning")]
+
+
+async def test_no_notification_pass_past_max_turns(tmp_path: Path) -> None:
+    """At max_turns the run does not wait for its background work: the notification would need a turn
+    the limit does not leave."""
+    from agentfsm.state import Limits
+
+    script = [bash("toolu_bg", command="sleep 30", run_in_background=True), text("WAITING"), text("NOT_ASKED")]
+    opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
+                   setting_sources=(), tools=("Bash",), sandbox=False, limits=Limits(max_turns=2))
+    session = Session(opts, client=ScriptedModel(lambda r, n: script[n] if n < 3 else text("X")))
+    result = await asyncio.wait_for(session.run("GO"), 20)
+    assert result.result == "WAITING" and session.tasks.running
+    await session.aclose()
+    assert session.tasks.running == ()

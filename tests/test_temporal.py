@@ -273,6 +273,13 @@ async def test_the_workflow_replays_deterministically(server: DevServer, worker:
     handle = await start(client, inp, task_queue=queue)
     await handle.result()
     history = await handle.fetch_history()
+    # the read probe's shape (issue 34): the two model calls are the only remote activities; the Read
+    # (read-only) is a local activity and the session-file lines travel with the model calls, so the
+    # markers are the version, the set-up, the Read and the last flush
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    assert scheduled == ["agentfsm.call_model", "agentfsm.call_model"]
+    assert sum(e.HasField("marker_recorded_event_attributes") for e in history.events) == 4
     runner = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
     replayer = Replayer(workflows=[SessionWorkflow], data_converter=DATA_CONVERTER, workflow_runner=runner)
     await replayer.replay_workflow(history)
@@ -502,6 +509,28 @@ def test_a_worker_killed_mid_stream_is_replaced_and_the_request_made_again(
     assert_audits_clean(path)
 
 
+def _running(command: str, procs: list[subprocess.Popen[bytes]]) -> int | None:
+    """The pid of the worker among ``procs`` one of whose descendants runs ``command`` (Linux /proc)."""
+    parent: dict[int, int] = {}
+    running: list[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if command.encode() in (d / "cmdline").read_bytes().replace(b"\0", b" "):
+                running.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    pids = {p.pid for p in procs if p.poll() is None}
+    for pid in running:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid in pids:
+                return pid
+    return None
+
+
 def test_a_read_only_call_lost_with_its_worker_is_run_again(server: DevServer, workers: Workers, ws: Path,
                                                              home: Path) -> None:
     """A call the tool says only reads has no side effect to repeat: the next attempt runs it again."""
@@ -515,15 +544,12 @@ def test_a_read_only_call_lost_with_its_worker_is_run_again(server: DevServer, w
         client = await connect(workers.address)
         inp = session_input(options(ws, home), "go", scripted=scenario, timing=FAST)
         handle = await start(client, inp, task_queue=workers.queue)
-        while True:
-            desc = await handle.describe()
-            running = [a for a in desc.raw_description.pending_activities
-                       if a.activity_type.name == "agentfsm.run_tool" and a.last_worker_identity]
-            if running:
-                break
+        # a read-only call runs as a local activity of the worker holding the workflow: the one whose
+        # process tree runs the command
+        while (worker := _running("sleep 3", workers.procs)) is None:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
-        os.kill(_pid_of(running[0].last_worker_identity), signal.SIGKILL)
+        os.kill(worker, signal.SIGKILL)
         return await follow(client, handle, lambda m: None), Path(inp.spec.trace_path or "")
 
     result, path = asyncio.run(go())

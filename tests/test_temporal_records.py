@@ -118,3 +118,28 @@ def test_appending_the_session_file_is_idempotent_across_workers(tmp_path: Path)
         fh.write('{"type": "x", "seq": 8, "torn')
     assert asyncio.run(b.append_trace(TraceBatch(str(path), lines(range(8, 10))))) == 2
     assert [r["seq"] for r in read_records(path)] == list(range(10))
+
+
+def test_payloads_leave_defaults_out_but_carry_what_the_workflow_decides_by_whole() -> None:
+    """Defaults are not repeated in every activity input; a session's Limits and Timing and a continued
+    run's state are always written out (a default changed by a later release must not change an
+    in-flight session on replay); a payload written with every field (as before) still decodes."""
+    import cattrs
+
+    from agentfsm.state import Limits
+    from agentfsm.temporal.records import ModelCallInput, SessionInput, SessionSpec, Timing
+
+    converter = DATA_CONVERTER.payload_converter
+    spec = SessionSpec(session_id="s", cwd="/w", model="m")
+    inp = SessionInput(spec, ({"type": "text", "text": "go"},))
+    [payload] = converter.to_payloads([inp])
+    data = json.loads(payload.data)
+    assert data["spec"]["limits"] == cattrs.Converter().unstructure(Limits())
+    assert data["timing"] == cattrs.Converter().unstructure(Timing())
+    assert "sandbox" not in data["spec"] and "resume_path" not in data and "carried" not in data
+    call = ModelCallInput(spec, "wf", "run", 0, "m", (), ())
+    [small] = converter.to_payloads([call])
+    assert "live" not in json.loads(small.data) and "lines" not in json.loads(small.data)
+    assert trip(inp, SessionInput) == inp and trip(call, ModelCallInput) == call
+    full = converter.from_payloads([converter.to_payloads([cattrs.Converter().unstructure(inp)])[0]], [SessionInput])
+    assert full == [inp]

@@ -70,7 +70,10 @@ async def read_pid(path: Path, within: float = 5.0) -> int:
 
 async def test_stdout_and_stderr_are_combined(ctx: ToolContext) -> None:
     out = await bash(ctx, "echo out; echo err >&2")
-    assert out == ToolOutput("out\nerr")
+    assert out.data == "out\nerr" and not out.is_error
+    # SDK users get Claude Code's fields: stderr is merged into stdout, as for the model
+    assert out.structured == {"stdout": "out\nerr", "stderr": "", "interrupted": False, "isImage": False,
+                              "noOutputExpected": False}
 
 
 async def test_nonzero_exit_is_an_error_with_its_code(ctx: ToolContext) -> None:

@@ -156,6 +156,9 @@ class ToolOutput:
     is_error: bool = False
     ends_turn: bool = False
     context_layers: Mapping[str, Any] = attrs.field(factory=dict)
+    # what an SDK user receives as the call's structured result (``UserMessage.tool_use_result`` and
+    # PostToolUse's ``tool_response``: Claude Code's per-tool objects); None: ``data`` stands for it
+    structured: Any = None
 
 
 class ToolError(Exception):
@@ -213,6 +216,9 @@ class Tool:
     input_schema: Mapping[str, Any] = {"type": "object", "properties": {}}
     output_schema: Mapping[str, Any] | None = None
     ends_turn: bool = False
+    # values of optional inputs Claude Code fills in when the model leaves them out (its Edit shows
+    # ``replace_all: false`` to the model, the hooks and the SDK); the driver fills them in
+    input_defaults: Mapping[str, Any] = {}
 
     def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
         return False

@@ -442,7 +442,9 @@ async def _run_prepared(command: str, prepared: Prepared, ctx: ToolContext, time
     code = _exit_code(proc.returncode)
     if code != 0 and not (code == 1 and await asyncio.to_thread(_found_nothing, command, str(ctx.cwd))):
         return ToolOutput("\n".join(p for p in (f"Exit code {code}", text) if p), is_error=True), False
-    return ToolOutput(text or NO_OUTPUT), False
+    # what an SDK user receives (Claude Code's fields): the command's output, stderr merged into it
+    return ToolOutput(text or NO_OUTPUT, structured={"stdout": text, "stderr": "", "interrupted": False,
+                                                     "isImage": False, "noOutputExpected": False}), False
 
 
 async def run_background(command: str, ctx: ToolContext, host: TaskHost, timeout_ms: float, *,

@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.patch import structured_patch
 from agentfsm.tools.read import (
     FILE_STATE_CURRENT,
     MODIFIED_SINCE_READ,
@@ -53,6 +54,8 @@ class PlannedEdit:
     bom: bool
     # the file changed on disk since the model read it (the edit still applied)
     stale: bool = False
+    # the file's text before the edit (None: it did not exist)
+    original: str | None = None
 
 
 def normalize_quotes(text: str) -> str:
@@ -141,7 +144,8 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
     if old == "":
         if body.strip():
             raise ToolError(ALREADY_EXISTS)
-        return PlannedEdit(path, new, 0, new, creates=False, crlf=False, bom=bom)
+        return PlannedEdit(path, new, 0, new, creates=False, crlf=False, bom=bom,
+                           original=body.decode("utf-8", errors="replace"))
     seen = last_read(ctx, path)
     if seen is None:
         raise ToolError(NOT_READ_YET)
@@ -153,6 +157,7 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
                         "command that keeps its encoding.") from exc
     # Edit on LF text and put CRLF back, but only for files that are CRLF throughout: converting a
     # mixed file would rewrite lines the edit never touched.
+    original = text
     crlf = "\r\n" in text and text.count("\r\n") == text.count("\n")
     if crlf:
         text = text.replace("\r\n", "\n")
@@ -163,7 +168,8 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
         if stale:  # what the model remembers is out of date: it must read the file again
             raise ToolError(MODIFIED_SINCE_READ) from None
         raise
-    return PlannedEdit(path, new_text, anchor, new, creates=False, crlf=crlf, bom=bom, stale=stale)
+    return PlannedEdit(path, new_text, anchor, new, creates=False, crlf=crlf, bom=bom, stale=stale,
+                       original=original)
 
 
 
@@ -175,6 +181,7 @@ class EditTool(Tool):
         "output without the line-number prefix) and must be unique unless replace_all is true; give more "
         "surrounding context to make it unique. An empty old_string creates a new file."
     )
+    input_defaults: Mapping[str, Any] = {"replace_all": False}
     input_schema: Mapping[str, Any] = {
         "type": "object",
         "properties": {
@@ -211,10 +218,22 @@ class EditTool(Tool):
         shown = input["file_path"]
         head = (f"The file {shown} has been updated. All occurrences were successfully replaced."
                 if input.get("replace_all") else f"The file {shown} has been updated successfully.")
+        structured = edit_result(input, plan, ctx.user_modified)
         if ctx.user_modified:  # Claude Code's words, spacing and stray period included
-            return ToolOutput(head + "  The user modified your proposed changes before accepting them. .")
+            return ToolOutput(head + "  The user modified your proposed changes before accepting them. .",
+                              structured=structured)
         # no snippet of the edited lines (as Claude Code): the model wrote them, they cost tokens
-        return ToolOutput(head + (STALE_NOTE if plan.stale else FILE_STATE_CURRENT))
+        return ToolOutput(head + (STALE_NOTE if plan.stale else FILE_STATE_CURRENT), structured=structured)
+
+
+def edit_result(input: Mapping[str, Any], plan: PlannedEdit, user_modified: bool) -> dict[str, Any]:
+    """What an SDK user receives for an edit (Claude Code's fields; the snippet is not in the model's
+    context, as the result text says only that the file was updated)."""
+    written = plan.new_text.replace("\n", "\r\n") if plan.crlf else plan.new_text
+    return {"filePath": input["file_path"], "oldString": input["old_string"], "newString": input["new_string"],
+            "originalFile": plan.original, "structuredPatch": structured_patch(plan.original or "", written),
+            "userModified": user_modified, "replaceAll": bool(input.get("replace_all", False)),
+            "contentNotInModelContext": True}
 
 
 def _write(plan: PlannedEdit) -> None:

@@ -317,16 +317,27 @@ class ReadTool(ReadOnlyTool):
                 data = fh.read(cap + 1)
                 if len(data) > cap:  # it grew while we looked
                     raise ToolError(too_large(len(data), cap, allow_large), wrapped=False)
-                text = render(file_lines(decode_text(data)), offset, limit)
+                lines = file_lines(decode_text(data))
+                text = render(lines, offset, limit)
+                start = max(offset or 1, 1)
+                window, total = lines[start - 1:start - 1 + (limit if limit is not None else DEFAULT_LIMIT)], len(lines)
             else:
-                text = _render_range(fh, offset, limit, cap, allow_large)
+                text, window, total = _render_range(fh, offset, limit, cap, allow_large)
         record_read(ctx, path)
-        return ToolOutput(text)
+        return ToolOutput(text, structured=text_result(path, window, max(offset or 1, 1), total))
 
 
-def _render_range(fh: IO[bytes], offset: int | None, limit: int | None, cap: int, allow_large: bool) -> str:
+def text_result(path: Path, window: list[str], first: int, total: int) -> dict[str, Any]:
+    """What an SDK user receives for a text read (Claude Code's fields): the lines read, unnumbered."""
+    return {"type": "text", "file": {"filePath": str(path), "content": "\n".join(window), "numLines": len(window),
+                                     "startLine": first, "totalLines": total}}
+
+
+def _render_range(fh: IO[bytes], offset: int | None, limit: int | None, cap: int,
+                  allow_large: bool) -> tuple[str, list[str], int]:
     """:func:`render` of a range, reading the file one line at a time: memory holds the range, never
-    the file (a 200 MB file costs what its 2000 lines cost)."""
+    the file (a 200 MB file costs what its 2000 lines cost). Also the lines read and the file's
+    line count."""
     first = max(offset or 1, 1)
     count = limit if limit is not None else DEFAULT_LIMIT
     window: list[str] = []
@@ -340,16 +351,16 @@ def _render_range(fh: IO[bytes], offset: int | None, limit: int | None, cap: int
                 raise ToolError(too_large(held, cap, allow_large), wrapped=False)
             window.append(line)
     if total == 0:
-        return EMPTY_FILE_WARNING
+        return EMPTY_FILE_WARNING, window, total
     if first > total:
         return (f"<system-reminder>Warning: the file exists but is shorter than the provided offset "
-                f"({first}). The file has {total} lines.</system-reminder>")
+                f"({first}). The file has {total} lines.</system-reminder>"), window, total
     text = number_lines([_clip(line) for line in window], first)
     last = first + len(window) - 1
     if limit is None and last < total:
         text += (f"\n\n[Showing lines {first}-{last} of {total}. Call Read with offset={last + 1} "
                  "to read further.]")
-    return text
+    return text, window, total
 
 
 def render(lines: list[str], offset: int | None, limit: int | None) -> str:

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.patch import structured_patch
 from agentfsm.tools.read import (
     FILE_STATE_CURRENT,
     absolute,
+    access_denied,
     check_fresh,
     record_read,
     require_access,
@@ -55,15 +57,26 @@ class WriteTool(Tool):
         # Checked again: hooks and permission prompts run between validation and the call.
         await asyncio.to_thread(require_access, ctx, path, "write")
         existed = _check(ctx, path)
+        # the old text only where it may be read (a write-only file's content is not shown anywhere)
+        readable = existed and access_denied(ctx, path, "read") is None
+        original = await asyncio.to_thread(_original, path) if readable else None
         await asyncio.to_thread(_write, path, input["content"])
         record_read(ctx, path)
+        # what an SDK user receives (Claude Code's fields): a new file has no patch
+        structured = {"type": "update" if existed else "create", "filePath": input["file_path"],
+                      "content": input["content"],
+                      "structuredPatch": structured_patch(original, input["content"]) if original is not None else [],
+                      "originalFile": original, "userModified": ctx.user_modified}
         if ctx.user_modified:  # Claude Code's words, without the file-state note
             verb = f"The file {input['file_path']} has been updated successfully." if existed else \
                 f"File created successfully at: {input['file_path']}"
-            return ToolOutput(f"{verb} The user modified your proposed content before accepting it.")
+            return ToolOutput(f"{verb} The user modified your proposed content before accepting it.",
+                              structured=structured)
         if existed:
-            return ToolOutput(f"The file {input['file_path']} has been updated successfully.{FILE_STATE_CURRENT}")
-        return ToolOutput(f"File created successfully at: {input['file_path']}{FILE_STATE_CURRENT}")
+            return ToolOutput(f"The file {input['file_path']} has been updated successfully.{FILE_STATE_CURRENT}",
+                              structured=structured)
+        return ToolOutput(f"File created successfully at: {input['file_path']}{FILE_STATE_CURRENT}",
+                          structured=structured)
 
 
 def _check(ctx: ToolContext, path: Path) -> bool:
@@ -76,6 +89,14 @@ def _check(ctx: ToolContext, path: Path) -> bool:
         raise ToolError(f"{path} is not a regular file; Write only writes regular files.")
     check_fresh(ctx, path)
     return True
+
+
+def _original(path: Path) -> str | None:
+    """The file's text before it is overwritten (None when it cannot be read: the write reports that)."""
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def _write(path: Path, content: str) -> None:

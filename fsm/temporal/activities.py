@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -101,12 +102,44 @@ class _ProcessGuard:
 
     preexec = staticmethod(_die_with_parent)
 
-    def __init__(self, details: dict[str, Any]) -> None:
+    def __init__(self, details: dict[str, Any], file: Path | None = None) -> None:
         self.details = details
+        self.file = file  # a local attempt (no heartbeats): the groups go to this file
 
     def started(self, pgid: int) -> None:
         self.details.setdefault("pgids", []).append(pgid)
-        activity.heartbeat(self.details)
+        if self.file is None:
+            activity.heartbeat(self.details)
+            return
+        self.file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.details))
+        os.replace(tmp, self.file)
+
+
+def _pgid_file(workflow_id: str, tool_use_id: str) -> Path:
+    """Where a local attempt keeps its process groups: on this host (only this host can kill them),
+    per user, named by the call."""
+    name = hashlib.sha256(f"{workflow_id}\0{tool_use_id}".encode()).hexdigest()[:32]
+    return Path(tempfile.gettempdir()) / f"agentfsm-{os.getuid()}" / "pgids" / f"{name}.json"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_only(tool: Any, block: Mapping[str, Any], invalid_json: str | None) -> bool:
+    """The tool says this call only reads (a call it cannot judge does not)."""
+    if tool is None or invalid_json is not None:
+        return False
+    try:
+        return bool(tool.is_read_only(dict(block.get("input") or {})))
+    except Exception:
+        return False
 
 
 def _kill_stale(details: Mapping[str, Any]) -> list[int]:
@@ -476,6 +509,8 @@ class Activities:
         if info.attempt > 1 and inp.live:
             await self._push(inp, "lost", inp.request_no)
         ctx = self.context(spec)
+        if inp.lines and spec.trace_path:
+            self._append(TraceBatch(spec.trace_path, inp.lines))
         request = phases.build_request(self._messages(spec, inp.messages), model=inp.model, system=inp.system,
                                        tools=ctx.registry.api_schemas(), limits=spec.limits,
                                        metadata=phases.request_metadata(spec.session_id))
@@ -522,9 +557,9 @@ class Activities:
         response = asm.finish()
         traits = []
         for block in response.tool_uses():
-            _tool, safe, _prepared, interrupt = call_traits(ctx.table, block,
-                                                            response.invalid_tool_inputs.get(block["id"]))
-            traits.append(ToolTraits(block["id"], safe, interrupt))
+            invalid = response.invalid_tool_inputs.get(block["id"])
+            tool, safe, _prepared, interrupt = call_traits(ctx.table, block, invalid)
+            traits.append(ToolTraits(block["id"], safe, interrupt, _read_only(tool, block, invalid)))
         return outcome(opened=True, response=response, traits=tuple(traits))
 
     @activity.defn(name="agentfsm.compact")
@@ -556,6 +591,8 @@ class Activities:
         ctx = self.context(spec)
         block = inp.block
         tool_use_id = str(block.get("id", ""))
+        if info.is_local:
+            return await self._run_read_only(inp, ctx, info.workflow_id)
         outcome_file = _outcome_file(spec, tool_use_id)
         if info.attempt > 1:
             killed = _kill_stale(_previous_details())
@@ -563,10 +600,7 @@ class Activities:
             if done is not None:
                 return attrs.evolve(done, attempt=info.attempt)
             tool = ctx.table.lookup(str(block.get("name", "")))
-            read_only = False
-            if tool is not None and inp.invalid_json is None:
-                with contextlib.suppress(Exception):
-                    read_only = bool(tool.is_read_only(dict(block.get("input") or {})))
+            read_only = _read_only(tool, block, inp.invalid_json)
             self.log.warning("tool.worker_lost", tool_use_id=tool_use_id, attempt=info.attempt, read_only=read_only,
                              killed_groups=killed)
             if not read_only:
@@ -574,8 +608,33 @@ class Activities:
                                         block.get("input") if isinstance(block.get("input"), Mapping) else None)
                 return ToolCallOutcome(lost, interrupted=True, attempt=info.attempt)
         details: dict[str, Any] = {"host": HOST, "boot_id": BOOT_ID, "pid": os.getpid(), "pgids": []}
+        async with _heartbeats(lambda: details):
+            done = await self._run_call(inp, ctx, _ProcessGuard(details))
+        _write_outcome(outcome_file, done)
+        return done
+
+    async def _run_read_only(self, inp: ToolCallInput, ctx: _Context, workflow_id: str) -> ToolCallOutcome:
+        """A call the tool says only reads, as a local activity of the workflow's worker: no task of its
+        own, no heartbeat, no outcome file — a worker lost while it runs is replaced by one that
+        replays the workflow and runs the call again. Its process groups are kept in a file on this
+        host instead of in heartbeats, so that run first kills what the lost one left."""
+        pgids = _pgid_file(workflow_id, str(inp.block.get("id", "")))
+        killed = _kill_stale(_read_json(pgids))
+        if killed:
+            self.log.warning("tool.worker_lost", tool_use_id=inp.block.get("id"), read_only=True, killed_groups=killed)
+        details: dict[str, Any] = {"host": HOST, "boot_id": BOOT_ID, "pid": os.getpid(), "pgids": []}
+        try:
+            return await self._run_call(inp, ctx, _ProcessGuard(details, pgids))
+        finally:
+            if details["pgids"] or killed:
+                pgids.unlink(missing_ok=True)
+
+    async def _run_call(self, inp: ToolCallInput, ctx: _Context, guard: _ProcessGuard) -> ToolCallOutcome:
+        """The call through the 15-step pipeline, with the session's gate and hooks."""
+        spec, block = inp.spec, inp.block
+        tool_use_id = str(block.get("id", ""))
         read_files = dict(inp.read_files)
-        services: dict[str, Any] = {PROCESS_GUARD: _ProcessGuard(details)}
+        services: dict[str, Any] = {PROCESS_GUARD: guard}
         # the model's commands run in the session's kernel sandbox here too
         sandbox = getattr(ctx.gate, "sandbox", None)
         if sandbox is not None:
@@ -591,16 +650,13 @@ class Activities:
 
         kept = ctx.sandbox_records.setdefault(tool_use_id, [])
         try:
-            async with _heartbeats(lambda: details):
-                result = await run_tool_call(block, lookup=ctx.table, gate=ctx.gate, ctx_factory=make_ctx,
-                                             invalid_json=inp.invalid_json)
+            result = await run_tool_call(block, lookup=ctx.table, gate=ctx.gate, ctx_factory=make_ctx,
+                                         invalid_json=inp.invalid_json)
         finally:
             ctx.sandbox_records.pop(tool_use_id, None)
         changed = {k: v for k, v in read_files.items() if inp.read_files.get(k) != v}
-        done = ToolCallOutcome(_portable(result), changed, attempt=info.attempt,
+        return ToolCallOutcome(_portable(result), changed, attempt=activity.info().attempt,
                                sandbox=tuple(_json(r) for r in kept))
-        _write_outcome(outcome_file, done)
-        return done
 
     # --- hooks -------------------------------------------------------------------------------------
 
@@ -622,24 +678,29 @@ class Activities:
     async def append_trace(self, batch: TraceBatch) -> int:
         """Append session-file lines; lines whose record number the file already holds are skipped
         (a workflow task lost with its worker runs its local activities again)."""
+        return self._append(batch)
+
+    def _append(self, batch: TraceBatch) -> int:
         path = Path(batch.path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+b") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            size = fh.seek(0, os.SEEK_END)
-            known = self._last_seq.hit(batch.path)
-            if known is not None and known[1] == size:
-                last = known[0]
-            else:  # another worker wrote since (the session moved), or first sight of the file
-                heal_tail(path)
-                last = _last_seq_in(path)
-            fresh = [line for seq, line in batch.lines if seq > last]
-            if fresh:
-                fh.seek(0, os.SEEK_END)
-                fh.write("".join(line + "\n" for line in fresh).encode())
-                fh.flush()
-                last = max(seq for seq, _ in batch.lines)
-            self._last_seq.put(batch.path, (last, fh.seek(0, os.SEEK_END)))
+        fresh: list[str] = []
+        if batch.lines:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a+b") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                size = fh.seek(0, os.SEEK_END)
+                known = self._last_seq.hit(batch.path)
+                if known is not None and known[1] == size:
+                    last = known[0]
+                else:  # another worker wrote since (the session moved), or first sight of the file
+                    heal_tail(path)
+                    last = _last_seq_in(path)
+                fresh = [line for seq, line in batch.lines if seq > last]
+                if fresh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.write("".join(line + "\n" for line in fresh).encode())
+                    fh.flush()
+                    last = max(seq for seq, _ in batch.lines)
+                self._last_seq.put(batch.path, (last, fh.seek(0, os.SEEK_END)))
         outcomes = path.with_suffix(".tools")
         for tool_use_id in batch.settled:
             f = _outcome_file_in(outcomes, tool_use_id)

@@ -9,12 +9,14 @@ structured back on the way in. Workers and clients must use :data:`DATA_CONVERTE
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from typing import Any
 
 import attrs
 import cattrs
+from cattrs.gen import make_dict_unstructure_fn, override
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
     AdvancedJSONEncoder,
@@ -25,7 +27,23 @@ from temporalio.converter import (
     JSONTypeConverter,
 )
 
-CONVERTER = cattrs.Converter()
+from agentfsm.state import Limits
+from agentfsm.temporal.records import Carried, SessionInput, SessionSpec, Timing
+
+# Defaults are left out of a payload (decoding fills them back in; a payload with every field still
+# decodes), except in the records whose values the workflow decides by — a session's Limits and its
+# Timing: those travel whole, so that a default changed in a later release cannot change, on replay,
+# what a session recorded before it decided
+CONVERTER = cattrs.Converter(omit_if_default=True)
+_WHOLE = cattrs.Converter()
+for _cls in (Limits, Timing):
+    CONVERTER.register_unstructure_hook(_cls, functools.partial(_WHOLE.unstructure, unstructure_as=_cls))
+CONVERTER.register_unstructure_hook(SessionSpec, make_dict_unstructure_fn(
+    SessionSpec, CONVERTER, _cattrs_omit_if_default=True, limits=override(omit_if_default=False)))
+# the loop state a continued run starts from: whole, for the same reason
+CONVERTER.register_unstructure_hook(Carried, functools.partial(_WHOLE.unstructure, unstructure_as=Carried))
+CONVERTER.register_unstructure_hook(SessionInput, make_dict_unstructure_fn(
+    SessionInput, CONVERTER, _cattrs_omit_if_default=True, timing=override(omit_if_default=False)))
 
 
 def _has_attrs(hint: Any) -> bool:

@@ -200,11 +200,13 @@ def message_digest(role: str, kind: str, content: Any) -> str:
 @attrs.frozen
 class ToolTraits:
     """What scheduling needs to know of a call (the worker's registry answers it): the concurrency
-    verdict and the interrupt behaviour."""
+    verdict, the interrupt behaviour, and whether the tool says the call only reads (``read_only``: it
+    may run again after its worker died, so it runs as a local activity on the workflow's worker)."""
 
     tool_use_id: str
     safe: bool
     interrupt: str
+    read_only: bool = False
 
 
 @attrs.frozen
@@ -220,6 +222,9 @@ class ModelCallInput:
     system: tuple[Mapping[str, Any], ...]
     messages: tuple[MessageRef, ...]
     live: bool = True
+    # session-file lines the workflow has not written yet (the request's own records among them): the
+    # activity appends them (idempotently, by record number) before it reads the messages back
+    lines: tuple[tuple[int, str], ...] = ()
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     import json
@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         SetupFailed,
         StopHookVerdict,
         StreamOpened,
+        TaskNotified,
     )
     from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
     from agentfsm.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
@@ -81,6 +82,12 @@ _PAGE_MESSAGES = 500
 _PAGE_CHARS = 1 << 20
 # messages a continued run keeps for a client that has not read them yet
 _CARRIED_OUTPUT = 200
+# The workflow's versions (temporalio's patching: a history recorded before a change replays on the
+# code that existed then; docs/temporal.md, "Upgrading workers"). Each id names one change and stays
+# as long as histories without it may still be in flight.
+# Issue 34: read-only tool calls as local activities; a model call writes the pending session-file
+# lines itself (no local activity before it).
+FEWER_TASKS = "agentfsm-34-fewer-tasks"
 
 
 class _Stopped(Exception):
@@ -99,6 +106,7 @@ class _Call:
     safe: bool
     interrupt: str
     invalid_json: str | None
+    local: bool = False  # a read-only call run as a local activity
     status: str = QUEUED
     handle: Any = None
     result: CallResult | None = None
@@ -136,6 +144,7 @@ class SessionWorkflow:
         self._outcome: ModelCallOutcome | None = None
         self._request_no = -1
         self._request_messages = 0
+        self._fewer_tasks = False
 
     # --- what clients and activities talk to ---------------------------------------------------------
 
@@ -197,6 +206,7 @@ class SessionWorkflow:
 
     @workflow.run
     async def run(self, inp: SessionInput) -> dict[str, Any]:
+        self._fewer_tasks = workflow.patched(FEWER_TASKS)
         first = await self._open(inp) if inp.carried is None else self._restore(inp.carried)
         self._runner = LoopRunner(self, self._state, self._spec.session_id)
         self._state = await self._runner.run(first)
@@ -404,7 +414,11 @@ class SessionWorkflow:
         assert self._trace is not None
         self._trace.request(model, state.query_tracking.depth, state.messages)
         self._request_messages = len(state.messages)
-        await self._flush()
+        lines: tuple[tuple[int, str], ...] = ()
+        if self._fewer_tasks and self._spec.trace_path:
+            lines = tuple(self._pending)  # the activity writes them before it reads the messages back
+        else:
+            await self._flush()
         n = self._request_no = self._requests
         self._requests += 1
         info, timing = workflow.info(), self._inp.timing
@@ -412,9 +426,10 @@ class SessionWorkflow:
             o: ModelCallOutcome = await self._activity(
                 "agentfsm.call_model",
                 ModelCallInput(spec, info.workflow_id, info.run_id, n, model, self._setup.system,
-                               self._refs(state.messages), self._inp.live),
+                               self._refs(state.messages), self._inp.live, lines),
                 ModelCallOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
                 attempts=timing.model_attempts, stop="soft")
+            del self._pending[:len(lines)]  # written (the outcome is the activity's, after it wrote them)
         except _Stopped:
             self._given_up.add(n)
             return Aborted(tuple(b for shown in self._shown.get(n, {}).values() for b in shown))
@@ -501,7 +516,8 @@ class SessionWorkflow:
         calls = []
         for b in blocks:
             t = traits.get(str(b.get("id", "")))
-            calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id"))))
+            calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id")),
+                               local=self._fewer_tasks and t is not None and t.read_only))
         layers: dict[str, Any] = {}
         limit = self._spec.limits.max_tool_concurrency
         interrupted = self.stopping()
@@ -524,6 +540,16 @@ class SessionWorkflow:
                     continue
                 if may_start(c.safe, [x.safe for x in calls if x.status == RUNNING], limit):
                     c.status = RUNNING
+                    if c.local:
+                        # only reads: run again (not called interrupted) if its worker is lost
+                        c.handle = workflow.start_local_activity(
+                            "agentfsm.run_tool", ToolCallInput(self._spec, c.block, c.invalid_json, dict(layers),
+                                                               dict(self._read_files)),
+                            result_type=ToolCallOutcome, start_to_close_timeout=timedelta(minutes=15),
+                            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=timing.retry_s),
+                                                     maximum_attempts=2, non_retryable_error_types=[NON_RETRYABLE]),
+                            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+                        continue
                     self._tools_ran = True
                     c.handle = workflow.start_activity(
                         "agentfsm.run_tool", ToolCallInput(self._spec, c.block, c.invalid_json, dict(layers),
@@ -545,11 +571,15 @@ class SessionWorkflow:
                 finish(c, synthetic_result(c.tool_use_id, name, c.cancel_reason or USER_INTERRUPTED))
                 return
             except ActivityError as exc:  # no attempt could report: what the call did is unknown
+                if c.cancel_reason is not None and isinstance(exc.cause, CancelledError):
+                    finish(c, synthetic_result(c.tool_use_id, name, c.cancel_reason))
+                    return
                 workflow.logger.warning("tool call %s failed on every attempt: %s", c.tool_use_id, exc)
                 finish(c, synthetic_result(c.tool_use_id, name, WORKER_LOST))
                 return
             self._read_files.update(out.read_files)
-            self._settled.append(c.tool_use_id)
+            if not c.local:  # a local call leaves no outcome file
+                self._settled.append(c.tool_use_id)
             assert self._trace is not None
             for rec in out.sandbox:
                 # how the call's commands ran, as a local session records them (agentfsm audit)
@@ -616,6 +646,11 @@ class SessionWorkflow:
         return messages, failure
 
     # --- stop ----------------------------------------------------------------------------------------
+
+    async def task_notifications(self, state: LoopState) -> TaskNotified | None:
+        """A worker keeps no background tasks (Bash's run_in_background runs unsupervised there, and
+        TaskStop and Agent are not offered): nothing reports after the run ended."""
+        return None
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""

@@ -363,7 +363,8 @@ class _StepChecker:
     def on_step(self, before: LoopState, step: Any, event: Any) -> None:
         after = step.state
         if self.stopped and before.phase is Phase.ASSEMBLE and self.at == _STOP:
-            # a new leg: a loop leaves stop only through stop_hook_blocking, which starts at stop
+            # a new leg: a loop leaves stop only by a re-entry from stop (stop_hook_blocking,
+            # task_notification), which starts at stop
             self.legs += 1
             self.at, self.stopped, self._prev = _START, False, {}
         elif self.moves == 0:
@@ -405,7 +406,7 @@ class _StepChecker:
         if to == _STOP:
             self.stopped, self.last_reason = True, rec.get("terminal_reason")
         elif frm == _STOP:
-            self.stopped = False  # stop_hook_blocking re-entered
+            self.stopped = False  # a re-entry from stop (stop_hook_blocking, task_notification)
         self.at = str(to)
 
 

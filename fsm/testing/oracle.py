@@ -1,0 +1,303 @@
+"""Running a scripted case with a real client — Claude Code (the oracle) or agentfsm — and reducing the run to
+what the differential comparisons compare (issues 14 and 27).
+
+A *case* is the differential test's scenario format (``tests/fidelity/scenarios/NAME.json``): ``files``
+(the workspace; ``$OUT/...`` names a file in the directory beside it), ``prompt``, ``args`` (extra command
+line), ``tools`` (the ``--tools`` list), ``responses`` (the scripted model, in
+:mod:`agentfsm.testing.scenario`'s JSON form), ``timeout``. ``$WS``, ``$OUT`` and ``$HOME`` in any of them
+stand for the run's own directories.
+
+:func:`run_client` runs one client on a case in a fresh workspace (``ws/``), beside a directory outside
+it (``out/``), with a scratch HOME, against its own :class:`~agentfsm.testing.server.ScriptedServer`. The
+run comes back reduced — with the run's paths written ``$WS``, ``$OUT``, ``$HOME`` — to every request's
+messages, the tools offered, the result line's fields, the exit status, the files left in ``ws/`` and
+``out/``, and the path and counters the auditor rebuilds from the client's own record (Claude Code's
+transcript, agentfsm's trace) with :func:`agentfsm.audit.audit_report`.
+
+:func:`differences` is the differential test's comparison (tool results, history shape, result fields,
+tools, number of requests, files); :func:`conform_differences` adds what ``agentfsm conform`` compares
+besides: every request's canonical shape, the exit status, and the audited path and counters.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentfsm.audit import NotATrace, audit_report
+from agentfsm.testing.server import ScriptedServer
+
+MODEL = "claude-sonnet-4-5"
+DEFAULT_TOOLS = "Read,Write,Edit,Bash,Glob,Grep"
+RESULT_FIELDS = ("subtype", "is_error", "terminal_reason", "result", "permission_denials", "structured_output",
+                 "num_turns", "errors")
+CLAUDE_CODE = "cc"
+AGENTFSM = "af"
+
+TOKENS_REMINDER = re.compile(
+    r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>\n?")
+SAVED_PATH = re.compile(r"Full output saved to: \S+")
+PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_tokens>", "Today's date is",
+                    "Attribution for git commits", "As you answer the user's questions", "# claudeMd")
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def file_bytes(spec: Any) -> bytes | None:
+    """A case's file: its text, or ``{"lines": n}``, ``{"size": n}``, ``{"hex": ...}``, ``{"base64": ...}``,
+    ``{"png": [w, h]}``; ``{"dir": true}`` (None) is a directory."""
+    if isinstance(spec, str):
+        return spec.encode()
+    if spec.get("dir"):
+        return None
+    if "lines" in spec:
+        body = "\n".join(spec.get("pattern", "line {n}").format(n=i) for i in range(1, spec["lines"] + 1))
+        return (body + ("\n" if spec.get("trailing_newline", True) else "")).encode()
+    if "size" in spec:
+        line = spec.get("line", "0123456789abcdef" * 4 + "\n")
+        return (line * (spec["size"] // len(line) + 1))[: spec["size"]].encode()
+    if "hex" in spec:
+        return bytes.fromhex(spec["hex"])
+    if "base64" in spec:
+        return base64.b64decode(spec["base64"])
+    if "png" in spec:  # a w×h red PNG
+        w, h = spec["png"]
+        raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+
+        def chunk(tag: bytes, data: bytes) -> bytes:
+            return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    raise ValueError(f"bad file spec {spec!r}")
+
+
+def subst(value: Any, paths: Mapping[str, str]) -> Any:
+    """``$WS``, ``$OUT``, ``$HOME`` replaced by the run's directories, everywhere in ``value``."""
+    if isinstance(value, str):
+        for k, v in paths.items():
+            value = value.replace(k, v)
+        return value
+    if isinstance(value, list):
+        return [subst(v, paths) for v in value]
+    if isinstance(value, dict):
+        return {subst(k, paths): subst(v, paths) for k, v in value.items()}
+    return value
+
+
+def normalise(value: Any, paths: Mapping[str, str]) -> Any:
+    """The reverse of :func:`subst`: the run's directories written ``$WS``, ``$OUT``, ``$HOME``."""
+    if isinstance(value, str):
+        for k, v in sorted(paths.items(), key=lambda kv: -len(kv[1])):
+            value = value.replace(v, k)
+        return value
+    if isinstance(value, list):
+        return [normalise(v, paths) for v in value]
+    if isinstance(value, dict):
+        return {normalise(k, paths): normalise(v, paths) for k, v in value.items()}
+    return value
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """The files under ``root``: short ASCII ones by content, the others by size and digest."""
+    out: dict[str, str] = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_dir():
+            out[rel + "/"] = "<dir>"
+            continue
+        data = p.read_bytes()
+        out[rel] = data.decode() if len(data) <= 300 and data.isascii() else \
+            f"<{len(data)} bytes {hashlib.sha256(data).hexdigest()[:16]}>"
+    return out
+
+
+def _audited(home: Path, client: str) -> dict[str, Any]:
+    """The path and counters the auditor rebuilds from the client's own record of the run."""
+    # (an oracle that is not Claude Code — another agentfsm, in the kit's own tests — keeps its trace under
+    # agentfsm's home)
+    wheres = [home / ".claude", home / "agentfsm"] if client == CLAUDE_CODE else [home / "agentfsm"]
+    files = [p for where in wheres if where.is_dir()
+             for p in sorted(where.rglob("*.jsonl")) if "subagents" not in p.parts]
+    if not files:
+        return {"path": None, "counters": None, "terminal_reason": None, "findings": ["no transcript"]}
+    try:
+        report = audit_report(files[0])
+    except NotATrace as exc:
+        return {"path": None, "counters": None, "terminal_reason": None, "findings": [str(exc)]}
+    return {"path": [m.label for m in report.moves], "counters": dict(report.counters),
+            "terminal_reason": report.terminal_reason,
+            "findings": [f"{f.code}: {f.message}" for f in report.findings if f.severity == "error"]}
+
+
+def run_client(case: Mapping[str, Any], client: str, rd: Path, *, claude: str | None = None,
+               agentfsm: Sequence[str] | None = None, pythonpath: str | None = None) -> dict[str, Any]:
+    """Run ``case`` with ``client`` (:data:`CLAUDE_CODE`, whose binary is ``claude``, or :data:`AGENTFSM`,
+    run as ``agentfsm`` — default: this interpreter's ``-m agentfsm`` — with ``pythonpath`` first on its
+    import path) in the fresh directory ``rd``; the run reduced to what is compared (``bodies``: every
+    request's messages)."""
+    ws, out, home = rd / "ws", rd / "out", rd / "home"
+    for d in (ws, out, home):
+        d.mkdir(parents=True)
+    paths = {"$WS": str(ws), "$OUT": str(out), "$HOME": str(home)}
+    for rel, spec in case.get("files", {}).items():
+        target = Path(subst(rel, paths))
+        target = target if target.is_absolute() else ws / rel
+        data = file_bytes(spec)
+        if data is None:
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    if client == CLAUDE_CODE:
+        if not claude:
+            raise ValueError("no Claude Code binary given")
+        command = [claude]
+    else:
+        command = list(agentfsm or [sys.executable, "-m", "agentfsm"])
+    argv = [*command, "-p", subst(case["prompt"], paths), "--output-format", "stream-json", "--verbose",
+            "--model", MODEL, "--tools", case.get("tools", DEFAULT_TOOLS), *subst(case.get("args", []), paths)]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "IS_SANDBOX": "1",
+           "ANTHROPIC_API_KEY": "sk-test", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "AGENTFSM_HOME": str(home / "agentfsm"), "LANG": "C.UTF-8", "TERM": "dumb"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    with ScriptedServer(subst(case["responses"], paths), ws=ws) as server:
+        env["ANTHROPIC_BASE_URL"] = server.base_url
+        try:
+            done = subprocess.run(argv, cwd=ws, env=env, capture_output=True, text=True,
+                                  timeout=case.get("timeout", 180), stdin=subprocess.DEVNULL)
+            stdout, stderr, code = done.stdout, done.stderr, done.returncode
+        except subprocess.TimeoutExpired as exc:
+            stdout = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            stderr, code = f"timed out after {exc.timeout} s", None
+        requests = [dict(r) for r in server.requests]
+    events = []
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    result = next((e for e in reversed(events) if e.get("type") == "result"), None)
+    return normalise({
+        "history": requests[-1].get("messages", []) if requests else [],
+        "bodies": [r.get("messages", []) for r in requests],
+        "tools": sorted(t.get("name") for t in (requests[0].get("tools", []) if requests else [])),
+        "result": {k: result[k] for k in RESULT_FIELDS if k in result} if result else None,
+        "n_requests": len(requests), "exit": code,
+        "ws": snapshot(ws), "out": snapshot(out), "stderr": stderr[-1500:],
+        **_audited(home, client),
+    }, paths)
+
+
+# --- comparing ---------------------------------------------------------------------------------
+
+
+def _text(content: Any) -> Any:
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    parts: list[Any] = []
+    for b in content or []:
+        if b.get("type") == "text":
+            text = SAVED_PATH.sub("Full output saved to: $SAVED", TOKENS_REMINDER.sub("", b["text"])).rstrip()
+            if text or len(content) == 1:
+                parts.append(text)
+        elif b.get("type") == "image":
+            src = b.get("source", {})
+            digest = hashlib.sha256(src.get("data", "").encode()).hexdigest()[:16]
+            parts.append(f"<image {src.get('media_type')} {digest}>")
+        else:
+            parts.append(f"<{b.get('type')}>")
+    return parts[0] if len(parts) == 1 and isinstance(parts[0], str) else parts
+
+
+def is_preamble(block: Mapping[str, Any]) -> bool:
+    """A block of the first message's context preamble (the client's own prompt text, not compared)."""
+    text = block.get("text", "") if block.get("type") == "text" else ""
+    return text.startswith("<system-reminder>") and any(m in text[:400] for m in PREAMBLE_MARKERS)
+
+
+def canon(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The run with ``results`` (every tool_result: id, error flag, text) and ``shape`` (per message of the
+    history, its blocks other than thinking and the preamble) added."""
+    results: list[dict[str, Any]] = []
+    shape: list[Any] = []
+    for i, m in enumerate(run["history"]):
+        content = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
+        # parallel results: Claude Code lists them as they complete, which varies from run to run;
+        # agentfsm in call order. Compared by id, so the texts still have to match one for one.
+        slots = [k for k, b in enumerate(content) if b.get("type") == "tool_result"]
+        by_id = sorted((content[k] for k in slots), key=lambda b: str(b.get("tool_use_id")))
+        content = list(content)
+        for k, b in zip(slots, by_id, strict=True):
+            content[k] = b
+        blocks: list[Any] = []
+        for b in content:
+            if (i == 0 and is_preamble(b)) or b.get("type") in ("thinking", "redacted_thinking"):
+                continue
+            if b.get("type") == "tool_result":
+                results.append({"id": b["tool_use_id"], "is_error": bool(b.get("is_error")),
+                                "content": _text(b.get("content"))})
+                blocks.append(("tool_result", b["tool_use_id"]))
+            elif b.get("type") == "tool_use":
+                blocks.append(("tool_use", b["name"], b["id"]))
+            elif b.get("type") == "text":
+                text = TOKENS_REMINDER.sub("", b["text"])
+                if text:
+                    blocks.append(("text", text))
+        shape.append((m["role"], blocks))
+    return {**run, "results": results, "shape": shape}
+
+
+def differences(cc: Mapping[str, Any], af: Mapping[str, Any]) -> dict[str, Any]:
+    """``{key: (claude code, agentfsm)}`` for everything the differential test compares that differs."""
+    a, b = canon(cc), canon(af)
+    out: dict[str, Any] = {}
+    for i in range(max(len(a["results"]), len(b["results"]))):
+        x = a["results"][i] if i < len(a["results"]) else None
+        y = b["results"][i] if i < len(b["results"]) else None
+        if x != y:
+            out[f"tool_result[{i}]"] = (x, y)
+    if a["shape"] != b["shape"]:
+        out["history"] = (a["shape"], b["shape"])
+    ra, rb = a["result"] or {}, b["result"] or {}
+    for k in RESULT_FIELDS:
+        if ra.get(k) != rb.get(k):
+            out[f"result.{k}"] = (ra.get(k), rb.get(k))
+    for k in ("tools", "n_requests", "ws", "out"):
+        if a[k] != b[k]:
+            out[k] = (a[k], b[k])
+    return out
+
+
+def request_shapes(run: Mapping[str, Any]) -> list[Any]:
+    """Every request's history shape (:func:`canon`'s ``shape``), the first message's preamble left out."""
+    return [canon({"history": body})["shape"] for body in run.get("bodies", [])]
+
+
+def conform_differences(cc: Mapping[str, Any], af: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`differences`, plus one key per request whose shape differs (``request[i]``), the exit status
+    (``exit``) and the audited path and counters (``path``, ``counters``)."""
+    out = differences(cc, af)
+    ra, rb = request_shapes(cc), request_shapes(af)
+    for i in range(max(len(ra), len(rb))):
+        x = ra[i] if i < len(ra) else None
+        y = rb[i] if i < len(rb) else None
+        if x != y:
+            out[f"request[{i}]"] = (x, y)
+    for k in ("exit", "path", "counters"):
+        if cc.get(k) != af.get(k):
+            out[k] = (cc.get(k), af.get(k))
+    return out
