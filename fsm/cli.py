@@ -179,6 +179,12 @@ def options_from_args(args: argparse.Namespace) -> Any:
     if args.resume_session_at is not None or args.resume_drops_turn is not None:
         raise UsageError("--resume-session-at/--resume-drops-turn are not supported: agentfsm resumes a session "
                          "whole (--resume, --fork-session)")
+    if args.plugin_dir:
+        raise UsageError("--plugin-dir (the Agent SDK's plugins) is not supported: agentfsm loads no plugins")
+    skills = [t for t in _split_list(args.allowed_tools) if t == "Skill" or t.startswith("Skill(")]
+    if skills:
+        raise UsageError(f"skills are not supported (the Agent SDK's skills option, --allowedTools {skills[0]}): "
+                         "agentfsm has no Skill tool and loads no skills")
     if args.include_partial_messages and args.output_format != "stream-json":
         raise UsageError("--include-partial-messages requires --print and --output-format=stream-json.")
     if args.input_format == "stream-json" and args.output_format != "stream-json":

@@ -297,7 +297,9 @@ class ControlChannel:
                 model=None if model in (None, "inherit") else str(model))
         forward = (bool(init.get("forwardSubagentText")) if self.initialize is not None
                    else options.forward_subagent_text)
-        return attrs.evolve(options, hooks=hooks, agents=agents, forward_subagent_text=forward)
+        # run as the SDK's CLI: the conversation is also kept where the SDK's session helpers look
+        return attrs.evolve(options, hooks=hooks, agents=agents, forward_subagent_text=forward,
+                            claude_transcript=True)
 
     async def aclose(self) -> None:
         for task in list(self._tasks):

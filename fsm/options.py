@@ -93,6 +93,9 @@ class Options:
     # a foreground subagent's final text is shown in the stream (the SDK's initialize turns this off
     # unless it asks for forwardSubagentText, as Claude Code does)
     forward_subagent_text: bool = True
+    # also keep the conversation in Claude Code's transcript layout (agentfsm.claude_transcript), where
+    # the Agent SDK's session helpers look: set when agentfsm runs as the SDK's CLI
+    claude_transcript: bool = False
     parent_session_id: str | None = None
 
     @property

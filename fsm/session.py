@@ -83,7 +83,15 @@ class Session:
             transcript_path=str(self.trace_path or ""))
         # one writer per session: the file is locked (agentfsm.trace.lock_session_file); a resume
         # passes the handle it locked before it read the file
-        self.trace = TraceWriter(self.trace_path, handle=trace_handle if self.trace_path is not None else None)
+        mirror = None
+        if options.claude_transcript and depth == 0 and self.trace_path is not None:
+            from agentfsm.claude_transcript import ClaudeTranscript, transcript_path
+            from agentfsm.phases import CLAUDE_CODE_VERSION
+
+            mirror = ClaudeTranscript(transcript_path(options.cwd, self.session_id), session_id=self.session_id,
+                                      cwd=str(options.cwd), version=CLAUDE_CODE_VERSION)
+        self.trace = TraceWriter(self.trace_path, handle=trace_handle if self.trace_path is not None else None,
+                                 mirror=mirror)
         self.hooks: Any = self.gate
         # the kernel sandbox of the model's commands (agentfsm.hooks.sandbox), when the gate has one
         self.sandbox: Any = getattr(self.gate, "sandbox", None)
@@ -108,6 +116,9 @@ class Session:
         self.tasks = TaskRegistry(session_id=self.session_id, tasks_dir=tasks_dir(self.session_id),
                                   queue=self.queue, emit=weak_method(self._emit, gone=None),
                                   record=self.trace.write)
+        if hasattr(self.gate, "background_tasks"):
+            # the Stop hook's input lists the tasks still running (the registry holds nothing of the gate)
+            self.gate.background_tasks = self.tasks.background_tasks
         self.driver: Driver | None = None
         self.last_state: LoopState | None = None
         self.resumed = False  # set by agentfsm.resume when the file already holds header and history

@@ -11,6 +11,7 @@ what still runs and gives it a grace period to write its result.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 import weakref
 from collections.abc import Callable
@@ -22,7 +23,6 @@ from agentfsm import log
 from agentfsm.compose import build_registry
 from agentfsm.options import PERMISSION_MODES, AgentDefinition
 from agentfsm.ports import PromptOutcome, StopOutcome
-from agentfsm.queue import TASK_NOTIFICATION
 from agentfsm.result import RunResult
 
 # Subagents may launch subagents only when their definition offers them the Agent tool; this caps
@@ -130,6 +130,11 @@ class Subagents:
             task = asyncio.get_running_loop().create_task(
                 self._run_background(child, request), name=f"subagent:{child.session_id}")
             self._background[child.session_id] = _Background(task, child, request.description)
+            # the session's task registry owns it: TaskStop stops it, its end notifies (agentfsm.tasks)
+            self.parent.tasks.adopt_agent(child.session_id, task, description=request.description,
+                                          tool_use_id=request.tool_use_id, output_file=str(child.trace_path or ""),
+                                          subagent_type=request.subagent_type, prompt=request.prompt,
+                                          interrupt=child.interrupt)
             return SubagentOutcome(agent_id=child.session_id, launched=True,
                                    transcript_path=str(child.trace_path or ""))
         return await self._run_foreground(child, request)
@@ -222,14 +227,16 @@ class Subagents:
         return _outcome(child, result)
 
     async def _run_background(self, child: Any, request: Any) -> None:
-        from agentfsm.tools.agent import task_notification
-
-        status, text = "failed", ""
+        status, text, usage = "failed", "", None
         try:
             result = await child.run(await self._started(child, request))
             self.cost_usd += result.total_cost_usd
             status = "completed" if not result.is_error else "failed"
             text = result.result or "; ".join(result.errors)
+            outcome = _outcome(child, result)
+            # the usage element of Claude Code's notification of a finished agent
+            usage = {"subagent_tokens": outcome.total_tokens, "tool_uses": outcome.tool_uses,
+                     "duration_ms": outcome.duration_ms}
         except asyncio.CancelledError:
             status, text = "killed", "The agent was stopped before it finished."
             raise
@@ -238,16 +245,13 @@ class Subagents:
             text = f"{type(exc).__name__}: {exc}"
         finally:
             await child.aclose()
-            entry = self._background.pop(child.session_id, None)
+            self._background.pop(child.session_id, None)
             self.log.info("subagent.end", agent_id=child.session_id, status=status, background=True)
-            if not self.parent._closed:
-                self.parent._emit({"type": "system", "subtype": "task_notification", "task_id": child.session_id,
-                            "status": status, "summary": f"Agent \"{request.description}\" {status}",
-                            "session_id": self.parent.session_id})
-                self.parent.queue.submit(task_notification(child.session_id, request.description, status, text),
-                                  kind=TASK_NOTIFICATION)
-            elif entry is not None:
-                self.parent.queue.poke()
+            # the registry tells the client and, unless the session is closing or the task was
+            # stopped by TaskStop (its result says so), queues the notification for the model
+            with contextlib.suppress(ReferenceError):  # the session itself is gone: nobody to tell
+                self.parent.tasks.agent_finished(child.session_id, status, text, usage=usage,
+                                                 notify=not self.parent._closed)
 
     async def stop_all(self) -> None:
         running = list(self._background.values())

@@ -120,6 +120,7 @@ class _Live:
     task: asyncio.Future[Any] | None = None
     watcher: asyncio.Task[None] | None = None
     on_exit: Callable[[], None] | None = None
+    interrupt: Callable[[], None] | None = None
     stopping: bool = False
 
 
@@ -195,22 +196,24 @@ class TaskRegistry:
         return TaskStarted(task_id, str(target))
 
     def adopt_agent(self, task_id: str, task: asyncio.Future[Any], *, description: str, tool_use_id: str,
-                    output_file: str) -> TaskRecord:
+                    output_file: str, subagent_type: str = "", prompt: str = "",
+                    interrupt: Callable[[], None] | None = None) -> TaskRecord:
         """Own a background subagent's run (its end is reported by :meth:`agent_finished`)."""
         if self._closed:
             raise RuntimeError("the session is closing: no new background task may start")
-        self._live[task_id] = _Live(task=task)
+        self._live[task_id] = _Live(task=task, interrupt=interrupt)
+        started = {"subagent_type": subagent_type, "prompt": prompt} if subagent_type else {}
         return self._started(TaskRecord(task_id, LOCAL_AGENT, tool_use_id, description, output_file,
-                                        started_ms=_now_ms()))
+                                        started_ms=_now_ms()), started)
 
-    def _started(self, rec: TaskRecord) -> TaskRecord:
+    def _started(self, rec: TaskRecord, extra: Mapping[str, Any] | None = None) -> TaskRecord:
         self.tasks[rec.task_id] = rec
         self._write(rec)
         self.log.info("task.start", task_id=rec.task_id, task_type=rec.task_type, tool_use_id=rec.tool_use_id)
         self._emit({"type": "system", "subtype": "background_tasks_changed", "tasks": self.background_tasks()})
         self._emit({"type": "system", "subtype": "task_started", "task_id": rec.task_id,
                     "tool_use_id": rec.tool_use_id, "description": rec.description, "is_backgrounded": True,
-                    "task_type": rec.task_type})
+                    "task_type": rec.task_type, **(extra or {})})
         return rec
 
     # --- watching --------------------------------------------------------------------------------
@@ -250,16 +253,19 @@ class TaskRegistry:
 
     def agent_finished(self, task_id: str, status: str, result: str, *, usage: Mapping[str, Any] | None = None,
                        notify: bool = True) -> TaskRecord | None:
-        """A background subagent's run ended (``completed``, ``failed`` or ``killed``)."""
+        """A background subagent's run ended (``completed``, ``failed`` or ``killed``). The client's
+        summary is the agent's report, the model's says the agent finished (Claude Code's)."""
         rec = self.tasks.get(task_id)
-        if rec is None or not rec.running:
-            return rec
+        live = self._live.get(task_id)
+        if rec is None or not rec.running or (live is not None and live.stopping):
+            return rec  # not ours, reported already, or being stopped (stop() reports it)
         summary = f'Agent "{rec.description}" {"finished" if status == COMPLETED else status}'
-        return self._finish(task_id, status, None, summary, notify=notify, result=result, usage=usage)
+        return self._finish(task_id, status, None, summary, notify=notify, result=result, usage=usage,
+                            client_summary=result)
 
     def _finish(self, task_id: str, status: str, exit_code: int | None, summary: str, *, notify: bool,
                 result: str | None = None, usage: Mapping[str, Any] | None = None,
-                client_status: str | None = None) -> TaskRecord:
+                client_status: str | None = None, client_summary: str | None = None) -> TaskRecord:
         rec = attrs.evolve(self.tasks[task_id], status=status, exit_code=exit_code, ended_ms=_now_ms(),
                            summary=summary, notified=notify and not self._closed)
         self.tasks[task_id] = rec
@@ -268,9 +274,12 @@ class TaskRegistry:
         self.log.info("task.end", task_id=task_id, status=status, exit_code=exit_code, notified=rec.notified)
         self._emit({"type": "system", "subtype": "task_updated", "task_id": task_id,
                     "patch": {"status": status, "end_time": rec.ended_ms}})
+        # what the client is told: the status (``stopped`` for a task the model stopped) and a summary
+        # (the task's description when stopped; a subagent's own report)
+        shown = rec.description if client_status is not None else client_summary or summary
         self._emit({"type": "system", "subtype": "task_notification", "task_id": task_id,
                     "tool_use_id": rec.tool_use_id, "status": client_status or status, "output_file": rec.output_file,
-                    "summary": summary if client_status is None else rec.description})
+                    "summary": shown})
         self._emit({"type": "system", "subtype": "background_tasks_changed", "tasks": self.background_tasks()})
         if rec.notified:
             text = prompts.task_notification(task_id=task_id, tool_use_id=rec.tool_use_id,
@@ -302,8 +311,11 @@ class TaskRegistry:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await live.watcher
         elif live.task is not None and not live.task.done():
-            live.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            if live.interrupt is not None:  # a subagent: interrupted, given a grace period to end
+                live.interrupt()
+                await asyncio.wait({live.task}, timeout=STOP_GRACE_S)
+            if not live.task.done():
+                live.task.cancel()
                 await asyncio.wait({live.task}, timeout=STOP_GRACE_S * 2)
 
     async def stop_all(self) -> None:

@@ -107,12 +107,14 @@ class TraceWriter:
 
     def __init__(self, path: Path | None, handle: IO[str] | None = None, *,
                  sink: Callable[[dict[str, Any]], None] | None = None, seq: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, mirror: Any = None) -> None:
         """``handle``: ``path`` already opened and locked (:func:`lock_session_file`). ``sink``: hand
         each finished record (``seq`` set) to this callable instead of the file — a host that writes
         the file elsewhere (a Temporal workflow, through an activity) builds the same records; ``seq``
-        is then the number of the first record and ``clock`` gives ``ts``."""
+        is then the number of the first record and ``clock`` gives ``ts``. ``mirror``: also hand each
+        message and compaction to it (:class:`agentfsm.claude_transcript.ClaudeTranscript`)."""
         self.path = path
+        self.mirror = mirror
         self._seq = seq
         self._chain: str | None = None
         self._snap_of: Any = None  # the state whose snapshot values _snap are
@@ -182,11 +184,15 @@ class TraceWriter:
             return
         self.write({"type": "message", "uuid": msg.uuid, "role": msg.role, "kind": msg.kind,
                     "content": [dict(b) for b in msg.content]}, flush=flush)
+        if self.mirror is not None:
+            self.mirror.message(msg.role, msg.content, msg.uuid, msg.kind)
 
     def compact_boundary(self, trigger: str, pre_tokens: int, *, flush: bool = True) -> None:
         if not self._on:
             return
         self.write({"type": "compact_boundary", "trigger": trigger, "pre_tokens": pre_tokens}, flush=flush)
+        if self.mirror is not None:
+            self.mirror.compact_boundary(trigger, pre_tokens)
 
     def on_step(self, before: LoopState, step: Any, event: Any) -> None:
         """A step of the loop (the driver's observer): its transition record, then the messages it
@@ -244,6 +250,8 @@ class TraceWriter:
     def close(self) -> None:
         """Close the file, its records on disk first (fsync): a result printed is a result kept."""
         self._flush_due = False
+        if self.mirror is not None:
+            self.mirror.close()
         if self._fh is not None:
             self._fh.flush()
             try:

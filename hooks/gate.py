@@ -100,6 +100,9 @@ class HookGate:
         self.sandbox = SessionSandbox(self.settings.sandbox, self.policy, cli_enabled=sandbox)
         # held weakly (the sandbox holds the policy): gone, it auto-allows nothing (fails closed)
         self.policy.sandbox_auto_allow = weak_method(self.sandbox.auto_allows, gone=False)
+        # the session's running background tasks, for the Stop hook's ``background_tasks`` (the session
+        # sets it: agentfsm.tasks.TaskRegistry.background_tasks); None lists none
+        self.background_tasks: Callable[[], Sequence[Mapping[str, Any]]] | None = None
         if python_hooks:
             _validate_python_hooks(python_hooks)
             for event, matchers in python_hooks.items():
@@ -250,8 +253,10 @@ class HookGate:
     # -- the other events -----------------------------------------------------------------------
 
     async def stop(self, last_assistant_message: str = "", stop_hook_active: bool = False) -> StopOutcome:
+        tasks = tuple(self.background_tasks()) if self.background_tasks is not None else ()
         res = await self._run_event(HookEvent.STOP, lambda: StopInput(
-            **self._common(), stop_hook_active=stop_hook_active, last_assistant_message=last_assistant_message))
+            **self._common(), stop_hook_active=stop_hook_active, last_assistant_message=last_assistant_message,
+            background_tasks=tasks))
         return _stop_outcome(res)
 
     async def subagent_stop(self, *, agent_id: str = "", agent_type: str = "",

@@ -229,8 +229,8 @@ class StopInput(HookInput):
     event: ClassVar[str] = HookEvent.STOP
     stop_hook_active: bool = False
     last_assistant_message: str = ""
-    # Claude Code's lists of the session's background tasks and scheduled prompts; agentfsm has no
-    # background shells or crons, so they are always empty (background subagents report by message)
+    # Claude Code's lists of the session's background tasks and scheduled prompts: the tasks still
+    # running when the turn ends (agentfsm.tasks: task_id, task_type, description); agentfsm has no crons
     background_tasks: tuple[Mapping[str, Any], ...] = ()
     session_crons: tuple[Mapping[str, Any], ...] = ()
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def test_one_top_level_name(installed: Path) -> None:
 def test_the_contracts_hold(installed: Path) -> None:
     done = lint(installed)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "5 kept, 0 broken" in done.stdout
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert f"{len(contracts)} kept, 0 broken" in done.stdout
 
 
 def test_a_broken_arrow_is_caught(installed: Path, tmp_path: Path) -> None:

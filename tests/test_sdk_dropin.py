@@ -1038,3 +1038,81 @@ async def test_a_subagents_prompt_and_final_text_follow_forward_subagent_text(cl
         assert "agent_id" not in h and "agent_type" not in h
     [result] = run.results()
     assert result.result == "MAIN_DONE"
+
+
+async def test_the_sdks_session_helpers_find_the_session(cli: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``list_sessions`` and ``get_session_messages`` (reading ``$CLAUDE_CONFIG_DIR``) find the session
+    and its conversation, prompt to answer, as they do for Claude Code; a resumed session goes on in
+    the same transcript."""
+    config = tmp_path / "claude-config"
+
+    async def body(run: Run) -> None:
+        run.env["CLAUDE_CONFIG_DIR"] = str(config)
+        await client_run(run, run.options(allowed_tools=["Read"]), "Read a.txt please")
+        [first] = run.results()
+        async for m in sdk.query(prompt="and again", options=run.options(allowed_tools=["Read"],
+                                                                        resume=first.session_id)):
+            run.messages.append(m)
+
+    responses = [{"blocks": [{"type": "text", "text": "Reading."}, read("toolu_r", "a.txt")],
+                  "stop_reason": "tool_use"}, text("It says ALPHA."), text("Still ALPHA.")]
+    run = await scenario(cli, tmp_path, responses, body)
+    first, second = run.results()
+    assert first.session_id == second.session_id
+    monkeypatch.setenv("CLAUDE_CONFIG_DIR", str(config))
+    found = sdk.list_sessions(directory=str(run.ws))
+    messages = sdk.get_session_messages(first.session_id, directory=str(run.ws))
+    assert [(s.session_id, s.first_prompt) for s in found] == [(first.session_id, "Read a.txt please")]
+
+    def shown(m: Any) -> tuple[str, list[str]]:
+        content = m.message["content"]
+        if isinstance(content, str):
+            return m.type, ["text:" + content]
+        return m.type, [b["type"] + ":" + (b.get("text") or b.get("name") or b.get("tool_use_id") or "")
+                        for b in content]
+
+    assert [shown(m) for m in messages] == [
+        ("user", ["text:Read a.txt please"]), ("assistant", ["text:Reading."]), ("assistant", ["tool_use:Read"]),
+        ("user", ["tool_result:toolu_r"]), ("assistant", ["text:It says ALPHA."]),
+        ("user", ["text:and again"]), ("assistant", ["text:Still ALPHA."])]
+    if cli == AGENTFSM:  # agentfsm audit reads the transcript as the Claude Code transcript it is laid out as
+        from agentfsm.audit import audit_report
+
+        [path] = (config / "projects").rglob("*.jsonl")
+        report = audit_report(path)
+        assert report.errors == 0, [str(f) for f in report.findings]
+        assert report.moves
+
+
+@pytest.mark.parametrize(("option", "named"), [({"plugins": [{"type": "local", "path": "plugin"}]}, "--plugin-dir"),
+                                               ({"skills": ["review"]}, "skills are not supported")])
+async def test_plugins_and_skills_are_refused_by_name(tmp_path: Path, option: dict[str, Any], named: str) -> None:
+    """agentfsm loads no plugins and has no Skill tool: the SDK's options for them stop the run with a
+    usage error that names them (never a run that silently lacks them)."""
+    said: list[str] = []
+
+    async def body(run: Run) -> None:
+        with pytest.raises(Exception):  # noqa: B017 - the SDK raises its own process/connection errors
+            await client_run(run, run.options(stderr=said.append, **option), "go")
+
+    await scenario(AGENTFSM, tmp_path, [text("never")], body)
+    assert any(named in line and "not supported" in line for line in said), said
+
+
+async def test_a_deferred_call_is_named_in_the_result(cli: str, tmp_path: Path) -> None:
+    """A PreToolUse ``defer`` ends the run with the call in ``deferred_tool_use``, ``tool_deferred`` as
+    the stop reason, and no tool result shown (Claude Code 2.1.332)."""
+    async def defer(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "defer"}}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], hooks={
+            "PreToolUse": [sdk.HookMatcher(hooks=[defer])]}), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_d", "a.txt")), text("never")], body)
+    [result] = run.results()
+    assert (result.subtype, result.stop_reason, result.num_turns) == ("success", "tool_deferred", 1)
+    deferred = result.deferred_tool_use
+    assert (deferred.id, deferred.name, deferred.input) == ("toolu_d", "Read", {"file_path": f"{run.ws}/a.txt"})
+    assert not tool_results(run.messages)

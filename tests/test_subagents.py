@@ -18,20 +18,20 @@ import pytest
 from agentfsm.hooks.runner import HookMatcher
 from agentfsm.model import ModelRequest
 from agentfsm.options import AgentDefinition, Options
+from agentfsm.prompts import task_notification
 from agentfsm.session import Session
 from agentfsm.state import Limits
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.server import ScriptedServer
 from agentfsm.tools import AgentTool
-from agentfsm.tools.agent import task_notification
 from agentfsm.trace import read_records
 
 
 def agent_call(prompt: str, *, background: bool = False, kind: str = "general-purpose",
                tid: str = "toolu_agent") -> dict[str, Any]:
-    args: dict[str, Any] = {"description": "child task", "prompt": prompt, "subagent_type": kind}
-    if background:
-        args["run_in_background"] = True
+    # Claude Code 2.1.332 runs an agent in the background unless told otherwise: the foreground is explicit
+    args: dict[str, Any] = {"description": "child task", "prompt": prompt, "subagent_type": kind,
+                            "run_in_background": background}
     return {"blocks": [{"type": "tool_use", "id": tid, "name": "Agent", "input": args}]}
 
 
@@ -142,8 +142,10 @@ async def test_background_subagent_notifies_the_parent_through_its_queue(tmp_pat
     last_user = consume.messages[-1]
     assert last_user["role"] == "user"
     note = "".join(b.get("text", "") for b in last_user["content"])
-    assert note.startswith("<task-notification>") and "SUBAGENT_CHILD_RESULT_MARKER" in note
-    assert "<status>completed</status>" in note
+    assert note.startswith("<system-reminder>\n") and "not user input" in note
+    assert "<task-notification>" in note and "<result>SUBAGENT_CHILD_RESULT_MARKER</result>" in note
+    assert "<status>completed</status>" in note and "<tool-use-id>toolu_agent</tool-use-id>" in note
+    assert '<summary>Agent "child task" finished</summary>' in note and "<subagent_tokens>" in note
     (child_req,) = rec.child_requests
     assert "LAUNCH_IN_BACKGROUND" not in json.dumps(child_req.body())
     # the notification went through the queue, with its lifecycle, and was announced
@@ -259,8 +261,11 @@ def test_agent_tool_schema_and_notification_text() -> None:
     assert set(tool.input_schema["properties"]) == {"description", "prompt", "subagent_type",
                                                     "run_in_background"}
     assert tool.is_concurrency_safe({}) and tool.is_read_only({})
-    note = task_notification("a1", "find <x>", "completed", "R & D")
-    assert "<task-id>a1</task-id>" in note and "find &lt;x&gt;" in note and "R &amp; D" in note
+    assert tool.input_schema["properties"]["run_in_background"]["description"].startswith(
+        "Agents run in the background by default")
+    note = task_notification(task_id="a1", tool_use_id="t1", output_file="/o", status="completed",
+                             summary='Agent "find <x>" finished', result="R & D")
+    assert "<task-id>a1</task-id>" in note and "find &lt;x&gt;" in note and "<result>R &amp; D</result>" in note
 
 
 @pytest.mark.server

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -94,14 +95,17 @@ async def test_run_in_background_returns_at_once_and_notifies_on_exit(tmp_path: 
     assert TaskRecord.from_record(records[-1]) == done
 
 
-async def test_a_failing_background_command_is_reported_failed_with_its_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("code", [1, 3])
+async def test_a_failing_background_command_is_reported_failed_with_its_code(tmp_path: Path, code: int) -> None:
     host = registry(tmp_path)
-    await BashTool().call({"command": "echo X; exit 3", "description": "second", "run_in_background": True},
+    await BashTool().call({"command": f"echo X; exit {code}", "description": "second", "run_in_background": True},
                           ctx(tmp_path, host))
     await wait_until(lambda: not host.running)
     (rec,) = host.tasks.values()
-    assert rec.status == FAILED and rec.exit_code == 3
-    assert '<summary>Background command "second" failed with exit code 3</summary>' in host.queue.pending[0].text()
+    assert rec.status == FAILED and rec.exit_code == code
+    assert (f'<summary>Background command "second" failed with exit code {code}</summary>'
+            in host.queue.pending[0].text())
+    assert Path(rec.output_file).read_text() == f"X\n\n[exited with code {code}]\n"
 
 
 async def test_a_foreground_command_that_outruns_its_timeout_moves_to_the_background(tmp_path: Path) -> None:
@@ -405,3 +409,98 @@ async def test_no_notification_pass_past_max_turns(tmp_path: Path) -> None:
     assert result.result == "WAITING" and session.tasks.running
     await session.aclose()
     assert session.tasks.running == ()
+
+
+# --- background subagents ----------------------------------------------------------------------
+
+
+def agent(tid: str, prompt: str, **extra: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Agent",
+                        "input": {"description": "child", "prompt": prompt, "subagent_type": "general-purpose",
+                                  **extra}}]}
+
+
+def agent_options(tmp_path: Path, **kw: Any) -> Options:
+    return Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
+                   setting_sources=(), tools=("Agent", "Read", "TaskStop"), sandbox=False, **kw)
+
+
+async def test_an_agent_runs_in_the_background_by_default_as_a_task(tmp_path: Path) -> None:
+    parent: list[ModelRequest] = []
+
+    def answer(request: ModelRequest, n: int) -> Any:
+        if not any(t["name"] == "Agent" for t in request.tools):
+            return text("CHILD_REPORT", delay_s=0.3)
+        parent.append(request)
+        return [agent("toolu_ag", "SUBTASK"), text("WAITING"), text("DONE")][len(parent) - 1]
+
+    seen: list[dict[str, Any]] = []
+    session = Session(agent_options(tmp_path), client=ScriptedModel(answer, per_session=True), emit=seen.append)
+    result = await session.run("GO")
+    await session.aclose()
+    assert result.result == "DONE" and len(parent) == 3
+    launched = parent[1].messages[-1]["content"][0]
+    assert "Async agent launched successfully" in json.dumps(launched)
+    (rec,) = session.tasks.tasks.values()
+    assert rec.task_type == "local_agent" and rec.status == COMPLETED and rec.tool_use_id == "toolu_ag"
+    assert rec.output_file.endswith(f"/subagents/{rec.task_id}.jsonl")  # the agent's own transcript
+    note = json.dumps(parent[2].messages[-1])
+    assert "<result>CHILD_REPORT</result>" in note and f"<task-id>{rec.task_id}</task-id>" in note
+    started = next(m for m in seen if m.get("subtype") == "task_started")
+    assert started["subagent_type"] == "general-purpose" and started["prompt"] == "SUBTASK"
+    ended = next(m for m in seen if m.get("subtype") == "task_notification")
+    assert ended["summary"] == "CHILD_REPORT" and ended["status"] == "completed"
+
+
+async def test_task_stop_stops_a_background_agent(tmp_path: Path) -> None:
+    child_started = asyncio.Event()
+    parent: list[ModelRequest] = []
+
+    def answer(request: ModelRequest, n: int) -> Any:
+        if not any(t["name"] == "Agent" for t in request.tools):
+            child_started.set()
+            return text("NEVER", delay_s=30)
+        parent.append(request)
+        if len(parent) == 1:
+            return agent("toolu_ag", "SUBTASK")
+        if len(parent) == 2:
+            agent_id = re.search(r"agentId: (\S+)", json.dumps(request.messages)).group(1)  # type: ignore[union-attr]
+            return {"blocks": [{"type": "tool_use", "id": "toolu_stop", "name": "TaskStop",
+                                "input": {"task_id": agent_id}}], "delay_s": 0.3}
+        return text("STOPPED_IT")
+
+    seen: list[dict[str, Any]] = []
+    session = Session(agent_options(tmp_path), client=ScriptedModel(answer, per_session=True), emit=seen.append)
+    result = await asyncio.wait_for(session.run("GO"), 30)
+    assert child_started.is_set()
+    assert result.result == "STOPPED_IT" and session.background_agents == () and session.tasks.running == ()
+    stop_result = parent[2].messages[-1]["content"][0]
+    body = json.loads(stop_result["content"])
+    assert body["task_type"] == "local_agent" and body["message"].startswith("Successfully stopped task:")
+    (rec,) = session.tasks.tasks.values()
+    assert rec.status == KILLED and not rec.notified and session.queue.pending == ()
+    assert [m["status"] for m in seen if m.get("subtype") == "task_notification"] == ["stopped"]
+    await session.aclose()
+
+
+async def test_the_stop_hook_is_told_of_the_tasks_still_running(tmp_path: Path) -> None:
+    from agentfsm.hooks.runner import HookMatcher
+
+    inputs: list[Any] = []
+
+    async def on_stop(record: Any) -> None:
+        inputs.append(record)
+
+    script = [bash("toolu_bg", command="sleep 0.5", description="nap", run_in_background=True), text("WAITING"),
+              text("DONE")]
+    opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
+                   setting_sources=(), tools=("Bash",), sandbox=False,
+                   hooks={"Stop": [HookMatcher(hooks=[on_stop])]})
+    session = Session(opts, client=ScriptedModel(lambda r, n: script[n] if n < 3 else text("X")))
+    await session.run("GO")
+    await session.aclose()
+    first, second = inputs
+    (task,) = first.background_tasks
+    assert task["task_type"] == "local_bash" and task["description"] == "nap"
+    assert second.background_tasks == ()  # the notification's pass ends with nothing running
+    assert json.loads(first.to_json())["background_tasks"] == [dict(task)]

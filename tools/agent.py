@@ -5,11 +5,12 @@ The tool itself only validates and formats; the host runs the subagent. It finds
 ``ctx.services["run_subagent"]``: an ``async (SubagentRequest) -> SubagentOutcome`` callable that
 :class:`agentfsm.session.Session` provides to every tool of its loop. Two modes:
 
-- foreground (default): the parent's tool call lasts as long as the subagent's run; its result is
-  the subagent's final text (plus a short ``agentId``/usage trailer, as Claude Code writes it);
-- background (``run_in_background: true``): the call returns at once with an ``async_launched``
-  result naming the agent id; when the subagent finishes, a ``<task-notification>`` reaches the
-  parent through its input queue (see :func:`task_notification`).
+- background (the default, as in Claude Code 2.1.332): the call returns at once with a result naming
+  the agent id; the session's task registry owns the run (:mod:`agentfsm.tasks`: TaskStop stops it)
+  and, when it finishes, its ``<task-notification>`` reaches the parent through its input queue;
+- foreground (``run_in_background: false``): the parent's tool call lasts as long as the subagent's
+  run; its result is the subagent's final text (plus a short ``agentId``/usage trailer, as Claude
+  Code writes it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ LAUNCHED_TEXT = (
     "agentId: {agent_id} (an internal ID for your use; do not mention it to the user)\n"
     "The agent is working in the background. You will be notified automatically when it completes "
     "(a <task-notification> message). Continue with other work that does not overlap with it, or end "
-    "your turn to wait for the notification. Do not launch another agent for the same task.")
+    "your turn to wait for the notification. Do not launch another agent for the same task.\n"
+    "output_file: {output_file}\n"
+    "It is the agent's own transcript: do not Read it to follow the agent; wait for the notification.")
 
 SubagentRunner = Callable[["SubagentRequest"], Awaitable["SubagentOutcome"]]
 
@@ -70,24 +73,6 @@ class SubagentOutcome:
     transcript_path: str = ""
 
 
-def escape(text: str) -> str:
-    """``&``, ``<`` and ``>`` as XML entities (what ``xml.sax.saxutils.escape`` does, without the
-    urllib/http/email imports that module pulls into every start-up)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def task_notification(agent_id: str, description: str, status: str, result: str) -> str:
-    """The ``<task-notification>`` a finished background agent sends its parent (``status``:
-    ``completed``, ``failed`` or ``killed``)."""
-    verb = {"completed": "completed", "failed": "failed", "killed": "was stopped"}.get(status, status)
-    return ("<task-notification>\n"
-            f"<task-id>{escape(agent_id)}</task-id>\n"
-            f"<status>{escape(status)}</status>\n"
-            f"<summary>Agent \"{escape(description)}\" {verb}</summary>\n"
-            f"<result>{escape(result)}</result>\n"
-            "</task-notification>")
-
-
 def builtin_agents() -> dict[str, tuple[str, str]]:
     """The built-in subagent types: name -> (description, system prompt)."""
     return {GENERAL_PURPOSE: (GENERAL_PURPOSE_DESCRIPTION, GENERAL_PURPOSE_PROMPT)}
@@ -106,8 +91,10 @@ class AgentTool(Tool):
             "subagent_type": {"type": "string",
                               "description": "The type of specialized agent to use for this task"},
             "run_in_background": {"type": "boolean",
-                                  "description": "Set to true to run this agent in the background. You "
-                                                 "will be notified when it completes."},
+                                  "description": "Agents run in the background by default, and you are notified "
+                                                 "when one completes. Set to false only when your next step "
+                                                 "needs this agent's result and nothing else can be done "
+                                                 "meanwhile."},
         },
         "required": ["description", "prompt", "subagent_type"],
         "additionalProperties": False,
@@ -156,11 +143,11 @@ class AgentTool(Tool):
             raise ToolError("Agent is not available here: this loop has no subagent runner.")
         request = SubagentRequest(description=str(input.get("description", "")), prompt=str(input["prompt"]),
                                   subagent_type=str(input["subagent_type"]),
-                                  background=bool(input.get("run_in_background", False)),
+                                  background=input.get("run_in_background", True) is not False,
                                   tool_use_id=ctx.tool_use_id, abort=ctx.abort)
         outcome = await runner(request)
         if outcome.launched:
-            return ToolOutput(LAUNCHED_TEXT.format(agent_id=outcome.agent_id))
+            return ToolOutput(LAUNCHED_TEXT.format(agent_id=outcome.agent_id, output_file=outcome.transcript_path))
         if outcome.is_error:
             raise ToolError(f"Agent failed: {outcome.text}" if outcome.text else "Agent failed.")
         trailer = (f"agentId: {outcome.agent_id} (for reference; the agent has finished)\n"
