@@ -21,7 +21,8 @@ cost goes, beside the scripted model's own share, which the 30-line loop pays to
 ``--pipeline`` (issue 34): one Echo call through the tool pipeline with the session's own gate (no
 hooks configured: the compiled plan leaves out the steps that do nothing), through the same pipeline
 with every step run (the gate wrapped so it cannot say which hooks it has: what every call paid
-before), and the tool's ``call`` alone; µs of CPU per call, alternating rounds.
+before), the compiled pipeline in a task of its own (as the executor runs a call), the tool's
+``call`` alone, and building a response's executor; µs of CPU per call, alternating rounds.
 
 ``--growth`` (issue 34) shows how the cost grows instead: CPU per iteration of 1, 10, 100 and 1,000
 concurrent conversations (``--k`` tool turns + an answer each, one event loop, traced), and of one
@@ -225,8 +226,20 @@ def pipeline(args: argparse.Namespace) -> int:
         for _ in range(n):
             await echo.call({"text": "hi"}, ctx)
 
+    async def in_a_task() -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(n):
+            await loop.create_task(run_tool_call(block, lookup=table, gate=gate, ctx_factory=make_ctx))
+
+    async def executors() -> None:
+        from agentfsm.executor import StreamingToolExecutor
+
+        for _ in range(n):
+            StreamingToolExecutor(table, gate=gate)
+
     fns = {"compiled pipeline (session's gate)": compiled, "every step run (the same gate, opaque)": every_step,
-           "tool.call alone": alone}
+           "compiled pipeline in a task of its own": in_a_task, "tool.call alone": alone,
+           "a response's executor, built (no call)": executors}
     for fn in fns.values():
         asyncio.run(fn())
     got: dict[str, list[float]] = {k: [] for k in fns}
@@ -239,6 +252,7 @@ def pipeline(args: argparse.Namespace) -> int:
         print(f"  {name:<40} {median(values):7.1f} us/call")
     a, b = median(got["compiled pipeline (session's gate)"]), median(got["every step run (the same gate, opaque)"])
     print(f"  ratio compiled/every step: {ratio(a, b)}")
+    print(f"  a call's own task adds {median(got['compiled pipeline in a task of its own']) - a:.1f} us/call")
     return 0
 
 

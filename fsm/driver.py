@@ -351,7 +351,7 @@ class Driver:
         model = self._model(state)
         request = phases.build_request(outgoing, model=model, system=self.system, tools=self.registry.api_schemas(),
                                        limits=self.limits, metadata=self._metadata(), wire=self._wire.wire(outgoing),
-                                       task_budget=self.options.task_budget)
+                                       task_budget=self.options.task_budget, thinking=self.options.thinking)
         wire = request.messages
         self.trace.request(model, state.query_tracking.depth, state.messages, sent)
         self.log.info("model.request", model=model, messages=len(wire),
@@ -541,7 +541,8 @@ class Driver:
     def show_calls(self, results: Sequence[CallResult]) -> None:
         """Show how calls ended, with the structured result each tool gave for SDK users."""
         for r in results:
-            self._emit_result(r.block, r.structured)
+            if not r.deferred:  # a deferred call has no result yet (the run's result names it, as Claude Code)
+                self._emit_result(r.block, r.structured)
 
     def _emit_result(self, block: Mapping[str, Any], structured: Any = None) -> None:
         tid = block.get("tool_use_id", "")

@@ -383,8 +383,10 @@ def has_tool_calls(_s: LoopState, e: StreamEnded, _lim: Limits) -> bool:
 @_named("thinking_only")
 def thinking_only(s: LoopState, e: StreamEnded, lim: Limits) -> bool:
     r = e.response
+    # one nudge per turn for an answer without visible output, thinking-only or empty (Claude Code 2.1.332
+    # ends the run on an empty answer after a thinking-only nudge: tests/fidelity/conform/conform-f1fc44a76c.json)
     return (not r.visible_text() and r.has_thinking() and not s.thinking_only_nudged
-            and lim.thinking_only_nudges > 0)
+            and not s.empty_response_nudged and lim.thinking_only_nudges > 0)
 
 
 def empty_answer(response: Any) -> bool:
@@ -394,7 +396,8 @@ def empty_answer(response: Any) -> bool:
 
 @_named("empty_response")
 def empty_response(s: LoopState, e: StreamEnded, lim: Limits) -> bool:
-    return empty_answer(e.response) and not s.empty_response_nudged and lim.empty_response_nudges > 0
+    return (empty_answer(e.response) and not s.empty_response_nudged and not s.thinking_only_nudged
+            and lim.empty_response_nudges > 0)
 
 
 @_named("structured_output_missing")
@@ -619,7 +622,12 @@ def dispatching(_s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, An
 
 
 def max_tokens_recovery(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
-    return _ended({"messages": _kept(s, e, prompts.meta_message(prompts.MAX_TOKENS_RESUME)),
+    # a cut answer with nothing visible yet (thinking only) is dropped, as Claude Code 2.1.332 does: the
+    # resume reminder then joins the last user message (tests/fidelity/conform/conform-4faaa3549f.json)
+    visible = e.response.visible_text() or e.response.tool_uses()
+    kept = _kept(s, e, prompts.meta_message(prompts.MAX_TOKENS_RESUME)) if visible else (
+        *s.messages, prompts.meta_message(prompts.MAX_TOKENS_RESUME))
+    return _ended({"messages": kept,
                    "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1})
 
 
@@ -635,13 +643,13 @@ def malformed_retry(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str,
 
 
 def malformed_exhausted(_s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
-    return _ended({"terminal_reason": T.MALFORMED_TOOL_USE_EXHAUSTED, "terminal_detail":
-                   "The model kept ending with stop_reason tool_use without a complete tool_use block."})
+    return _ended({"terminal_reason": T.MALFORMED_TOOL_USE_EXHAUSTED,
+                   "terminal_detail": prompts.MALFORMED_TOOL_USE_EXHAUSTED})
 
 
 def thinking_nudge(s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
     # the thinking-only answer is dropped (Claude Code re-asks without it)
-    return _ended({"messages": (*s.messages, prompts.meta_message(prompts.THINKING_ONLY_NUDGE)),
+    return _ended({"messages": (*s.messages, prompts.meta_message(prompts.EMPTY_RESPONSE_NUDGE)),
                    "thinking_only_nudged": True})
 
 

@@ -318,8 +318,10 @@ class ToolTable:
 
 
 def input_validation_error(tool_name: str, issues: Iterable[str]) -> str:
-    body = "\n".join(issues)
-    return tool_use_error(f"InputValidationError: {tool_name} failed due to the following issues:\n{body}")
+    lines = list(issues)
+    # "issue" for one, "issues" for more: Claude Code 2.1.332's words (tests/fidelity/conform/conform-03f0f82180.json)
+    head = "the following issue" if len(lines) == 1 else "the following issues"
+    return tool_use_error(f"InputValidationError: {tool_name} failed due to {head}:\n" + "\n".join(lines))
 
 
 def invalid_json_error(tool_name: str, raw: str) -> str:

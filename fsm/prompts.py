@@ -58,17 +58,13 @@ MAX_TOKENS_RESUME = (
     "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
     "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
 )
-MALFORMED_TOOL_USE_RETRY = (
-    "Your last response ended with stop_reason tool_use but contained no complete, valid tool_use "
-    "block. Retry the tool call now with complete, valid JSON input."
-)
-# Claude Code 2.1.332's words, asked once after an answer with no content at all.
+# Claude Code 2.1.332's words (tests/fidelity/conform/conform-11d939ce08.json)
+MALFORMED_TOOL_USE_RETRY = "The previous response failed to produce a valid tool call. Please retry the tool call now."
+MALFORMED_TOOL_USE_EXHAUSTED = "The model's tool call could not be parsed (retry also failed)."
+# Claude Code 2.1.332's words, asked once per turn after an answer with no visible output (thinking only, or
+# nothing at all).
 EMPTY_RESPONSE_NUDGE = ("[Your previous response had no visible output. Please continue and produce a "
                         "user-visible response.]")
-THINKING_ONLY_NUDGE = (
-    "Your last response contained only thinking and no visible answer. Reply to the user now with "
-    "a visible answer."
-)
 # Claude Code 2.1.332's words, sent as a plain user text (no reminder) when a --json-schema run answers
 # in text.
 STRUCTURED_OUTPUT_RETRY = ("[structured-output-enforce] You MUST call the StructuredOutput tool to complete this "

@@ -33,6 +33,11 @@ def _normalize(messages: Sequence[Message], offset: int = 0) -> tuple[list[dict[
         if not blocks:
             continue
         if out and out[-1]["role"] == m.role:
+            last = out[-1]["content"][-1]
+            if m.role == "user" and last.get("type") == "text":
+                # Claude Code 2.1.332 ends a text with a newline when the next message's content joins it
+                # (tests/fidelity/conform/conform-11d939ce08.json)
+                out[-1]["content"][-1] = {**last, "text": last["text"] + "\n"}
             out[-1]["content"].extend(blocks)
         else:
             out.append({"role": m.role, "content": blocks})

@@ -92,6 +92,8 @@ class RunResult:
     model_usage: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     api_error_status: int | None = None
     uuid: str = attrs.field(factory=lambda: str(uuid_mod.uuid4()))
+    # the call a PreToolUse hook deferred ({id, name, input}), for a run that ended tool_deferred
+    deferred_tool_use: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -112,6 +114,8 @@ class RunResult:
             "api_error_status": self.api_error_status,
             "uuid": self.uuid,
         }
+        if self.deferred_tool_use is not None:
+            out["deferred_tool_use"] = dict(self.deferred_tool_use)
         # error subtypes carry `errors` instead of `result` (docs/behaviour.md §10)
         if self.subtype == "success":
             out["result"] = self.result or ""
@@ -177,7 +181,21 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
     acct = account or RunAccount()
     # a run stopped before its first request took no turn (Claude Code counts 0)
     turns = 0 if reason is TerminalReason.HOOK_STOPPED and not usage else state.turn_count
+    deferred = _deferred_call(state) if reason is TerminalReason.TOOL_DEFERRED else None
     return RunResult(reason, info.subtype, info.is_error, turns, duration_ms, duration_api_ms,
                      cost, usage, session_id, text, errors, denials, structured_output, warnings,
-                     stop_reason=acct.stop_reason, model_usage={m: dict(u) for m, u in acct.model_usage.items()},
-                     api_error_status=acct.api_error_status if info.is_error else None)
+                     # Claude Code names the deferral as the stop reason
+                     stop_reason="tool_deferred" if deferred is not None else acct.stop_reason,
+                     model_usage={m: dict(u) for m, u in acct.model_usage.items()},
+                     api_error_status=acct.api_error_status if info.is_error else None, deferred_tool_use=deferred)
+
+
+def _deferred_call(state: LoopState) -> Mapping[str, Any] | None:
+    """The deferred call of a run that ended ``tool_deferred``: the one call of its last response."""
+    for message in reversed(state.messages):
+        if message.role == "assistant":
+            calls = [b for b in message.content if b.get("type") == "tool_use"]
+            if len(calls) != 1:
+                return None
+            return {"id": calls[0]["id"], "name": calls[0]["name"], "input": dict(calls[0].get("input") or {})}
+    return None

@@ -92,8 +92,8 @@ TERMINAL_INFO: Mapping[TerminalReason, TerminalInfo] = {
     _T.PROMPT_TOO_LONG: TerminalInfo(False, "success", True),
     _T.IMAGE_ERROR: TerminalInfo(False, "success", True),
     _T.API_ERROR: TerminalInfo(False, "success", True),
+    _T.MALFORMED_TOOL_USE_EXHAUSTED: TerminalInfo(False, "success", True),
     _T.MODEL_ERROR: TerminalInfo(False, "error_during_execution", True),
-    _T.MALFORMED_TOOL_USE_EXHAUSTED: TerminalInfo(False, "error_during_execution", True),
     _T.BUDGET_EXHAUSTED: TerminalInfo(False, "error_max_budget_usd", True),
     _T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED: TerminalInfo(False, "error_max_structured_output_retries", True),
     _T.TOOL_DEFERRED_UNAVAILABLE: TerminalInfo(False, "error_during_execution", True),
@@ -132,7 +132,7 @@ class Limits:
     max_turns: int | None = attrs.field(default=None, validator=_positive_or_none)
     max_output_tokens_recoveries: int = _cap(3, _non_negative)
     # an earlier Claude Code (2.1.235) retried once; 2.1.332 retries twice
-    malformed_tool_use_retries: int = _cap(1, _non_negative)
+    malformed_tool_use_retries: int = _cap(2, _non_negative)
     thinking_only_nudges: int = attrs.field(default=1, validator=_non_negative)
     # an answer with nothing in it is asked for again this many times (Claude Code 2.1.332: once)
     empty_response_nudges: int = attrs.field(default=1, validator=_non_negative)

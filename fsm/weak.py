@@ -17,20 +17,31 @@ from typing import Any
 _RAISE: Any = object()
 
 
+class _WeakCall:
+    """A bound method held weakly: one object and its weak reference (a closure would add a
+    function and three cells to every session's gc-tracked objects)."""
+
+    __slots__ = ("_gone", "_name", "_ref")
+
+    def __init__(self, method: Callable[..., Any], gone: Any) -> None:
+        self._ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+        self._name: str = method.__qualname__  # a bound method has one (its repr would format the object)
+        self._gone = gone
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        bound = self._ref()
+        if bound is None:
+            if self._gone is _RAISE:
+                raise ReferenceError(f"{self._name}: its object is gone")
+            return self._gone
+        return bound(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<weak {self._name}>"
+
+
 def weak_method(method: Callable[..., Any], *, gone: Any = _RAISE) -> Callable[..., Any]:
     """``method`` (a bound method) without a strong reference to its object. Called after the
     object is gone it returns ``gone``, or, when no ``gone`` is given, raises ReferenceError naming
     the method (a caller that must never outlive its owner says so loudly)."""
-    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
-    name = method.__qualname__  # a bound method has one (its repr would format the whole object)
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        bound = ref()
-        if bound is None:
-            if gone is _RAISE:
-                raise ReferenceError(f"{name}: its object is gone")
-            return gone
-        return bound(*args, **kwargs)
-
-    call.__qualname__ = call.__name__ = f"weak {name}"
-    return call
+    return _WeakCall(method, gone)

@@ -169,6 +169,8 @@ def _max_tokens_exhausted(sim: Sim) -> None:
 
 
 def _malformed(sim: Sim) -> None:
+    # two retries by default, as Claude Code 2.1.332
+    assert sim.respond(MALFORMED) == "malformed_tool_use_retry"
     assert sim.respond(MALFORMED) == "malformed_tool_use_retry"
     assert sim.respond(MALFORMED) == "recovery_exhausted"
 

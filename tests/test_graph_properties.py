@@ -212,8 +212,11 @@ def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict
         return "dispatch", {}
     if r.stop_reason in ("max_tokens", "model_context_window_exceeded"):
         if s.max_output_tokens_recovery_count < lim.max_output_tokens_recoveries:
+            # a cut answer with nothing visible (thinking only) is dropped before the reminder
+            resume = prompts.meta_message(prompts.MAX_TOKENS_RESUME)
+            shown = _visible(r.blocks) or any(b.get("type") == "tool_use" for b in r.blocks)
             return "max_output_tokens_recovery", {
-                "messages": _kept(s, r, prompts.meta_message(prompts.MAX_TOKENS_RESUME)),
+                "messages": _kept(s, r, resume) if shown else (*s.messages, resume),
                 "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1}
         return "recovery_exhausted", {"messages": _kept(s, r), "terminal_reason": T.API_ERROR,
                                       "terminal_detail": prompts.MAX_TOKENS_EXHAUSTED.format(n=lim.max_output_tokens)}
@@ -224,13 +227,15 @@ def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict
                 "malformed_tool_use_retry_count": s.malformed_tool_use_retry_count + 1}
         return "recovery_exhausted", {
             "terminal_reason": T.MALFORMED_TOOL_USE_EXHAUSTED,
-            "terminal_detail": "The model kept ending with stop_reason tool_use without a complete tool_use block."}
+            "terminal_detail": prompts.MALFORMED_TOOL_USE_EXHAUSTED}
     thinking = any(b.get("type") in ("thinking", "redacted_thinking") for b in r.blocks)
-    if not _visible(r.blocks) and thinking and not s.thinking_only_nudged and lim.thinking_only_nudges > 0:
-        return "thinking_only_nudge", {"messages": (*s.messages, prompts.meta_message(prompts.THINKING_ONLY_NUDGE)),
+    # one nudge per turn for an answer without visible output, thinking-only or empty
+    nudged = s.thinking_only_nudged or s.empty_response_nudged
+    if not _visible(r.blocks) and thinking and not nudged and lim.thinking_only_nudges > 0:
+        return "thinking_only_nudge", {"messages": (*s.messages, prompts.meta_message(prompts.EMPTY_RESPONSE_NUDGE)),
                                        "thinking_only_nudged": True}
     empty = not _visible(r.blocks) and not thinking and not any(b.get("type") == "tool_use" for b in r.blocks)
-    if empty and not s.empty_response_nudged and lim.empty_response_nudges > 0:
+    if empty and not nudged and lim.empty_response_nudges > 0:
         # the empty answer is dropped; one nudge per turn asks for a visible one
         return "empty_response_nudge", {"messages": (*s.messages, prompts.meta_message(prompts.EMPTY_RESPONSE_NUDGE)),
                                         "empty_response_nudged": True}

@@ -110,7 +110,7 @@ def test_step_checker_accepts_a_declared_path() -> None:
     ([_move("assemble", "stream", "call")], "not a declared edge"),
     ([_move("assemble", "call_model", "teleport")], "not a declared trigger"),
     ([_move("call_model", "stream", "open_stream")], "starts at 'call_model' but the loop was at 'assemble'"),
-    ([_move("assemble", "call_model", "call", malformed_tool_use_retry_count=2)],
+    ([_move("assemble", "call_model", "call", malformed_tool_use_retry_count=3)],
      "exceeds malformed_tool_use"),
     ([_move("assemble", "call_model", "call", turn=3)], "exceeds max_turns=2"),
     ([_move("assemble", "call_model", "call", stream_retry_count=0),

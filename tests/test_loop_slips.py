@@ -80,11 +80,14 @@ async def test_a_tool_call_with_invalid_json_is_answered_and_the_run_goes_on(tmp
 
 async def test_tool_use_without_a_call_past_the_retry_cap_ends_the_run(tmp_path: Path) -> None:
     bad = NO_CALL
-    result, model, _ = await run(tmp_path, [bad, bad, DONE])
+    # two retries by default, as Claude Code 2.1.332 (tests/fidelity/conform/conform-11d939ce08.json)
+    result, model, _ = await run(tmp_path, [bad, bad, bad, DONE])
     assert result.terminal_reason is TerminalReason.MALFORMED_TOOL_USE_EXHAUSTED and result.is_error
-    assert model.count == 2
-    result, model, _ = await run(tmp_path / "two", [bad, bad, DONE], malformed_tool_use_retries=2)
+    assert model.count == 3
+    result, model, _ = await run(tmp_path / "two", [bad, bad, DONE])
     assert result.terminal_reason is TerminalReason.COMPLETED and model.count == 3
+    result, model, _ = await run(tmp_path / "one", [bad, bad, DONE], malformed_tool_use_retries=1)
+    assert result.terminal_reason is TerminalReason.MALFORMED_TOOL_USE_EXHAUSTED and model.count == 2
 
 
 async def test_a_valid_call_beside_an_invalid_one_runs_and_the_invalid_one_is_answered(tmp_path: Path) -> None:
@@ -275,7 +278,7 @@ async def test_a_permission_callbacks_deny_with_interrupt_ends_the_run_as_the_us
 ENDINGS: dict[str, tuple[list[Any], dict[str, Any], TerminalReason]] = {
     "completed": ([DONE], {}, TerminalReason.COMPLETED),
     "max_turns": ([{"blocks": [GOOD], "stop_reason": "tool_use"}, DONE], {"max_turns": 1}, TerminalReason.MAX_TURNS),
-    "malformed": ([NO_CALL] * 2, {},
+    "malformed": ([NO_CALL] * 3, {},
                   TerminalReason.MALFORMED_TOOL_USE_EXHAUSTED),
     "prompt_too_long": ([PTL], {}, TerminalReason.PROMPT_TOO_LONG),
     "api_error": ([{"status": 400, "error_type": "invalid_request_error", "message": "bad"}], {},

@@ -287,19 +287,19 @@ async def test_coercion_of_strings_into_schema_types() -> None:
 
 async def test_missing_required_parameter_text() -> None:
     r = await run(use(input={}))
-    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issue:\n"
                           "The required parameter `file_path` is missing</tool_use_error>")
 
 
 async def test_unexpected_parameter_text() -> None:
     r = await run(use(input={"file_path": "/a", "x": 1}))
-    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issue:\n"
                           "An unexpected parameter `x` was provided</tool_use_error>")
 
 
 async def test_type_mismatch_text() -> None:
     r = await run(use(input={"file_path": "/a", "limit": "ten"}))
-    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issues:\n"
+    assert content(r) == ("<tool_use_error>InputValidationError: Read failed due to the following issue:\n"
                           "The parameter `limit` type is expected as `number` but provided as `string`"
                           "</tool_use_error>")
 

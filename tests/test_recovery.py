@@ -151,12 +151,14 @@ def test_malformed_tool_use_twice_with_limit_two_retries_cleanly(cli: Any) -> No
     run.audit_clean()
 
 
-def test_malformed_tool_use_default_limit_is_exhausted_after_one_retry(cli: Any) -> None:
-    run = cli([MALFORMED, MALFORMED, text("never sent")])
-    assert len(run.bodies) == 2
+def test_malformed_tool_use_default_limit_is_exhausted_after_two_retries(cli: Any) -> None:
+    """As Claude Code 2.1.332: two retries, then subtype success with is_error and its text
+    (tests/fidelity/conform/conform-11d939ce08.json)."""
+    run = cli([MALFORMED, MALFORMED, MALFORMED, text("never sent")])
+    assert len(run.bodies) == 3
     res = run.result
-    assert (res["terminal_reason"], res["subtype"], res["is_error"]) == (
-        "malformed_tool_use_exhausted", "error_during_execution", True)
+    assert (res["terminal_reason"], res["subtype"], res["is_error"], res["result"]) == (
+        "malformed_tool_use_exhausted", "success", True, prompts.MALFORMED_TOOL_USE_EXHAUSTED)
     assert run.code == 1
     run.audit_clean()
 
@@ -164,7 +166,7 @@ def test_malformed_tool_use_default_limit_is_exhausted_after_one_retry(cli: Any)
 def test_thinking_only_twice_nudges_once_then_completes(cli: Any) -> None:
     run = cli([THINKING, THINKING, text("never sent")])
     assert run.requests == [["U:do the task"], ["U:do the task"]]
-    assert prompts.THINKING_ONLY_NUDGE in json.dumps(run.bodies[1]["messages"][-1])
+    assert prompts.EMPTY_RESPONSE_NUDGE in json.dumps(run.bodies[1]["messages"][-1])
     res = run.result
     assert (res["terminal_reason"], res["is_error"], res["result"]) == ("completed", False, "")
     run.audit_clean()

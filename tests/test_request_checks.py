@@ -50,16 +50,21 @@ MESSAGES = st.builds(lambda role, blocks: Message(role, tuple(blocks)), st.sampl
 
 def _expected_wire(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """Every non-empty block in order, consecutive same-role blocks in one message, and in a user
-    message the tool results first (in their order), then the rest (in theirs)."""
+    message the tool results first (in their order), then the rest (in theirs). Where a user message's
+    blocks join the one before and that one ends with a text, the text gets a newline (Claude Code
+    2.1.332, tests/fidelity/conform/conform-11d939ce08.json)."""
     groups: list[tuple[str, list[dict[str, Any]]]] = []
     for m in messages:
-        for b in m.content:
-            if b.get("type") == "text" and not b.get("text"):
-                continue
-            if groups and groups[-1][0] == m.role:
-                groups[-1][1].append(dict(b))
-            else:
-                groups.append((m.role, [dict(b)]))
+        kept = [dict(b) for b in m.content if not (b.get("type") == "text" and not b.get("text"))]
+        if not kept:
+            continue
+        if groups and groups[-1][0] == m.role:
+            last = groups[-1][1][-1]
+            if m.role == "user" and last["type"] == "text":
+                groups[-1][1][-1] = {**last, "text": last["text"] + "\n"}
+            groups[-1][1].extend(kept)
+        else:
+            groups.append((m.role, kept))
     out = []
     for role, blocks in groups:
         if role == "user":
@@ -78,8 +83,9 @@ def test_normalize_cases() -> None:
     result = {"type": "tool_result", "tool_use_id": "a", "content": "ok"}
     wire = normalize([Message("user", "go"), Message("assistant", ""), Message("user", (
         {"type": "text", "text": "note"}, result))])
-    # the empty answer is dropped, so the three user parts travel as one message, the result first
-    assert wire == [{"role": "user", "content": [result, {"type": "text", "text": "go"},
+    # the empty answer is dropped, so the three user parts travel as one message, the result first; the
+    # text the next message joins ends with a newline
+    assert wire == [{"role": "user", "content": [result, {"type": "text", "text": "go\n"},
                                                  {"type": "text", "text": "note"}]}]
     # an assistant message keeps its order (only user messages put results first)
     use = {"type": "tool_use", "id": "a", "name": "Read", "input": {}}

@@ -1083,3 +1083,56 @@ async def test_the_sdks_session_helpers_find_the_session(cli: str, tmp_path: Pat
         report = audit_report(path)
         assert report.errors == 0, [str(f) for f in report.findings]
         assert report.moves
+
+
+@pytest.mark.parametrize(("option", "named"), [({"plugins": [{"type": "local", "path": "plugin"}]}, "--plugin-dir"),
+                                               ({"skills": ["review"]}, "skills are not supported")])
+async def test_plugins_and_skills_are_refused_by_name(tmp_path: Path, option: dict[str, Any], named: str) -> None:
+    """agentfsm loads no plugins and has no Skill tool: the SDK's options for them stop the run with a
+    usage error that names them (never a run that silently lacks them)."""
+    said: list[str] = []
+
+    async def body(run: Run) -> None:
+        with pytest.raises(Exception):  # noqa: B017 - the SDK raises its own process/connection errors
+            await client_run(run, run.options(stderr=said.append, **option), "go")
+
+    await scenario(AGENTFSM, tmp_path, [text("never")], body)
+    assert any(named in line and "not supported" in line for line in said), said
+
+
+async def test_a_deferred_call_is_named_in_the_result(cli: str, tmp_path: Path) -> None:
+    """A PreToolUse ``defer`` ends the run with the call in ``deferred_tool_use``, ``tool_deferred`` as
+    the stop reason, and no tool result shown (Claude Code 2.1.332)."""
+    async def defer(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "defer"}}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], hooks={
+            "PreToolUse": [sdk.HookMatcher(hooks=[defer])]}), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_d", "a.txt")), text("never")], body)
+    [result] = run.results()
+    assert (result.subtype, result.stop_reason, result.num_turns) == ("success", "tool_deferred", 1)
+    deferred = result.deferred_tool_use
+    assert (deferred.id, deferred.name, deferred.input) == ("toolu_d", "Read", {"file_path": f"{run.ws}/a.txt"})
+    assert not tool_results(run.messages)
+
+
+@pytest.mark.parametrize(("option", "sent"), [
+    ({"max_thinking_tokens": 2048}, {"type": "enabled", "budget_tokens": 2048, "display": "updates"}),
+    ({"thinking": {"type": "enabled", "budget_tokens": 3000}}, {"type": "enabled", "budget_tokens": 3000,
+                                                                "display": "updates"}),
+    ({"thinking": {"type": "enabled", "budget_tokens": 3000, "display": "summarized"}},
+     {"type": "enabled", "budget_tokens": 3000, "display": "summarized"}),
+    ({"thinking": {"type": "adaptive"}}, {"type": "enabled", "budget_tokens": 31999, "display": "updates"}),
+    ({"thinking": {"type": "disabled"}}, {"type": "disabled"}),
+], ids=["max_thinking_tokens", "enabled", "display", "adaptive", "disabled"])
+async def test_the_thinking_the_sdk_asks_for_is_sent(cli: str, tmp_path: Path, option: dict[str, Any],
+                                                     sent: dict[str, Any]) -> None:
+    """The SDK's thinking options reach every request as Claude Code 2.1.332 sends them (claude-sonnet-4-5:
+    ``adaptive`` takes the whole output budget less one token)."""
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(**option), "hi")
+
+    run = await scenario(cli, tmp_path, [text("ok")], body)
+    assert [r.get("thinking") for r in run.server.requests] == [sent]

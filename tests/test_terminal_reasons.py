@@ -283,7 +283,7 @@ MALFORMED = {"blocks": [{"type": "text", "text": "calling"}],
 
 
 async def malformed_tool_use_exhausted(loop: Loop) -> Run:
-    return await loop.run([MALFORMED, MALFORMED, text("never sent")])
+    return await loop.run([MALFORMED, MALFORMED, MALFORMED, text("never sent")])
 
 
 async def budget_exhausted(loop: Loop) -> Run:

@@ -50,8 +50,11 @@ def tree(tmp_path: Path) -> Path:
     return tmp_path
 
 
-async def test_star_stays_in_one_directory(ctx: ToolContext, tree: Path) -> None:
-    assert await glob(ctx, "*.py") == ".hidden.py\ntop.py"
+async def test_a_pattern_without_a_directory_matches_names_at_any_depth(ctx: ToolContext, tree: Path) -> None:
+    """As Claude Code 2.1.332's Glob (tests/fidelity/conform/conform-53238a8864.json); with a directory
+    part, ``*`` stays in that directory."""
+    assert await glob(ctx, "*.py") == ".hidden.py\ntop.py\nsrc/a.py\nsrc/deep/c.py"
+    assert await glob(ctx, "src/*.py") == "src/a.py"
 
 
 async def test_double_star_spans_directories_oldest_first(ctx: ToolContext, tree: Path) -> None:
@@ -71,9 +74,9 @@ async def test_vcs_directories_are_skipped_unless_named(ctx: ToolContext, tree: 
 async def test_path_parameter_and_absolute_results_outside_cwd(
         tree: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     elsewhere = ToolContext(cwd=tmp_path_factory.mktemp("elsewhere"), file_access=NoFileRules())
-    out = await glob(elsewhere, "*.py", str(tree / "src"))
+    out = await glob(elsewhere, "a.py", str(tree / "src"))
     assert out == str(tree / "src" / "a.py")
-    assert await glob(ToolContext(cwd=tree, file_access=NoFileRules()), "*.py", "src") == "src/a.py"
+    assert await glob(ToolContext(cwd=tree, file_access=NoFileRules()), "*.py", "src") == "src/a.py\nsrc/deep/c.py"
 
 
 async def test_absolute_pattern(ctx: ToolContext, tree: Path) -> None:
@@ -85,7 +88,9 @@ async def test_no_files_found(ctx: ToolContext, tree: Path) -> None:
 
 
 async def test_directories_are_not_results(ctx: ToolContext, tree: Path) -> None:
-    assert await glob(ctx, "*") == ".hidden.py\ntop.py"
+    found = (await glob(ctx, "*")).split("\n")
+    assert found == (await glob(ctx, "**/*")).split("\n")
+    assert found and all((tree / f).is_file() for f in found)
 
 
 async def test_ties_in_mtime_sort_by_path(ctx: ToolContext, tmp_path: Path) -> None:

@@ -87,6 +87,10 @@ def find_files(root: str, pattern: str, stop: threading.Event | None = None) -> 
     stop = stop or threading.Event()
     found: dict[str, float] = {}
     for alternative in expand_braces(pattern):
+        if "/" not in alternative:
+            # a pattern without a directory part matches a file's name at any depth (``*.py`` finds
+            # sub/c.py), as Claude Code 2.1.332's Glob does (tests/fidelity/conform/conform-53238a8864.json)
+            alternative = "**/" + alternative
         start, rest = split_literal_prefix(root, alternative)
         if not rest or not os.path.isdir(start):
             continue
