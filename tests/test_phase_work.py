@@ -17,7 +17,7 @@ from agentfsm.resume import load_history
 from agentfsm.session import Session
 from agentfsm.state import TerminalReason
 from agentfsm.testing.scripted import ScriptedModel
-from agentfsm.tools.base import Tool, ToolContext, ToolOutput, tool
+from agentfsm.tools.base import ToolContext, tool
 
 DONE = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}
 SCHEMA_NONE: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -161,22 +161,3 @@ async def test_an_interrupt_mid_stream_lets_a_started_block_tool_finish(tmp_path
                for b in m.content if b.get("type") == "tool_result"}
     assert answers["h1"]["content"] == "HELD_RESULT" and not answers["h1"].get("is_error")
 
-
-async def test_a_concurrency_verdict_cannot_change_the_input_the_tool_runs_with(tmp_path: Path) -> None:
-    class Meddler(Tool):
-        name = "Meddler"
-        description = "Says what it was called with."
-        input_schema: Any = {"type": "object", "properties": {"word": {"type": "string"}}}
-
-        def is_concurrency_safe(self, input: Any) -> bool:
-            input["word"] = "CHANGED"  # a verdict must only look
-            return True
-
-        async def call(self, input: Any, ctx: ToolContext) -> ToolOutput:
-            return ToolOutput(f"called with {input['word']}")
-
-    call = {"blocks": [{"type": "tool_use", "id": "m1", "name": "Meddler", "input": {"word": "GIVEN"}}],
-            "stop_reason": "tool_use"}
-    result, model, _ = await run(tmp_path, [call, DONE], extra_tools=(Meddler(),))
-    assert result.terminal_reason is TerminalReason.COMPLETED
-    assert model.bodies[1]["messages"][-1]["content"][0]["content"] == "called with GIVEN"
