@@ -6,9 +6,9 @@ the operators of ``bench/mutation.py`` cannot make — a wrong field, an off-by-
 reversed pairing, a string-prefix test for "inside a directory", ``<`` for ``<=`` at a cap, a dropped
 reset, swapped arguments. Each is applied to a scratch copy of the tree (never the working tree) and
 tested with the tests ``bench/mutation.toml`` maps to its module (pytest ``-x``, the ``mutation``
-hypothesis profile), in the campaign's forked worker. A mutant is *killed* when a test fails, and
-the failing test is then run on the unmutated copy: only a test that passes there counts (a test
-that fails on the clean tree says nothing of the mutant).
+hypothesis profile), in the campaign's forked worker. A mutant is *killed* when a test fails on it,
+passes on the unmutated copy and fails on the mutant again when run alone; a test that fails on the
+clean copy too, or only once (flaky under load), says nothing of the mutant and is deselected.
 
     python bench/handmade.py                       # every mutant (an hour or more on 2 busy cores)
     python bench/handmade.py session driver        # the mutants of some modules
@@ -160,30 +160,37 @@ class Outcome:
 
 
 def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[str], timeout: float,
-            pyc: Any) -> Outcome:
-    """``m`` applied in ``worker``'s copy, its module's tests run against it, the file put back. A failing
-    test is run again on the unmutated copy: when it fails there too it says nothing of the mutant, so it
-    is deselected and the mutant's tests run again without it (up to three such tests)."""
+            pyc: Any, deselect: Sequence[str] = ()) -> Outcome:
+    """``m`` applied in ``worker``'s copy, its module's tests run against it, the file put back.
+
+    A kill is confirmed: the failing test must pass on the unmutated copy and fail again, run alone, on
+    the mutant. A test that fails on the clean copy too, or passes on the mutant the second time (a
+    flaky test), says nothing of the mutant: it is deselected and the mutant's tests run again without
+    it (up to three such tests)."""
     target = worker.tree / m.file
     original = target.read_text()
     if original.count(m.old) != 1:
         return Outcome(m.id, "stale", "", 0.0, "", f"old snippet occurs {original.count(m.old)} times")
     dig = hashlib.sha256(original.encode()).hexdigest()[:12]
     start = time.monotonic()
-    red_on_clean: list[str] = []
-    while True:
-        deselect = [a for t in red_on_clean for a in ("--deselect", t)]
+    unsure: list[str] = []
+    skip = [a for t in deselect for a in ("--deselect", t)]
+
+    def on_mutant(args: Sequence[str]) -> tuple[int | None, str]:
         for p in pyc(worker.tree, m.file):
             p.unlink()
         target.write_text(original.replace(m.old, m.new, 1))
         try:
-            code, output = worker.run([*pytest_args, *deselect, *tests], timeout)
+            return worker.run([*pytest_args, *args], timeout)
         finally:
             target.write_text(original)
             for p in pyc(worker.tree, m.file):
                 p.unlink()
+
+    while True:
+        code, output = on_mutant([*skip, *(a for t in unsure for a in ("--deselect", t)), *tests])
         took = time.monotonic() - start
-        note = f"deselected, red on the clean tree: {', '.join(red_on_clean)}\n" if red_on_clean else ""
+        note = f"deselected (red on the clean tree, or flaky): {', '.join(unsure)}\n" if unsure else ""
         if code is None:
             return Outcome(m.id, "timeout", "", took, dig, note + output[-1500:])
         if code == 0:
@@ -194,13 +201,16 @@ def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[
         test = hit.group(1)
         clean, again = worker.run([*pytest_args, test], timeout)
         if clean == 0:
-            return Outcome(m.id, "killed", test, took, dig, note)
-        red_on_clean.append(test)
-        if len(red_on_clean) >= 3:
+            twice, again = on_mutant([test])
+            if twice not in (0, None):
+                return Outcome(m.id, "killed", test, time.monotonic() - start, dig, note)
+        unsure.append(test)
+        if len(unsure) >= 3:
             return Outcome(m.id, "unconfirmed", test, took, dig, note + again[-1500:])
 
 
-def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path) -> list[Outcome]:
+def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path,
+        deselect: Sequence[str] = ()) -> list[Outcome]:
     sys.path.insert(0, str(REPO / "bench"))
     import mutation  # the campaign's scratch copies and forked worker (needs the `mutation` extra)
 
@@ -219,7 +229,8 @@ def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path) -> l
                 while queue and free:
                     m, w = queue.pop(0), free.pop()
                     tests = mutation.test_files(config, m.module, w.tree)
-                    running[pool.submit(run_one, m, w, tests, config.pytest_args, timeout, mutation._pyc)] = w
+                    running[pool.submit(run_one, m, w, tests, config.pytest_args, timeout, mutation._pyc,
+                                       deselect)] = w
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     free.append(running.pop(fut))
@@ -298,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--report", action="store_true", help="the last results; test nothing")
     p.add_argument("--check", action="store_true", help="only check the declarations and snippets")
     p.add_argument("--work", type=Path, default=REPO / ".mutation")
+    p.add_argument("--deselect", action="append", default=[], metavar="NODEID",
+                   help="leave this test out of every mutant's run (a test known to be flaky under load)")
     args = p.parse_args(argv)
     bad = problems(raw, modules)
     if bad:
@@ -321,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             chosen_run = list(chosen)
         print(f"hand-made mutants: {len(chosen_run)} to test, {args.jobs} job(s)", flush=True)
-        run(chosen_run, jobs=args.jobs, timeout=args.timeout, work=args.work)
+        run(chosen_run, jobs=args.jobs, timeout=args.timeout, work=args.work, deselect=args.deselect)
     return 0 if report(chosen, args.threshold) else 1
 
 

@@ -12,13 +12,16 @@ request, result to exit), ``overhead.py`` (engine µs per iteration against the 
 ``sessions.py --scale`` with default and tuned gc (turns/s, p50/p99, gc share and memory at 1,000
 sessions), ``critical_path.py`` (wall against
 ideal), ``property_throughput.py`` (whole runs per second). ``cli.py`` also runs
-``bare_sdk.py``, the bare-SDK peer of the ``-p`` row. The full output of each bench is printed
+``bare_sdk.py``, the bare-SDK peer of the ``-p`` row. With the Temporal extra, ``temporal.py --workers 4``
+(read-probe sessions on four workers) and ``temporal_floor.py`` (Temporal's own floor for the same
+shape, no agentfsm code) give the Temporal rows (about five more minutes). The full output of each bench is printed
 above the table. Nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -229,6 +232,27 @@ def critical_rows(out: str) -> list[Row]:
              "≤ 1.02× ideal", yes(None if r is None else r <= 1.02))]
 
 
+def temporal_rows(out: str, floor: str) -> list[Row]:
+    """Issue 34's Temporal rows: sessions/s and CPU per session on 4 workers, against the in-process API
+    (same run) and Temporal's own floor for the read probe's shape (bench/temporal_floor.py)."""
+    m = re.search(r"^Temporal, 4 workers\s+([\d.]+)\s+([\d.]+)\s+\S+\s+([\d.]+)\s+(\d+)", out, re.MULTILINE)
+    base = grab(r"^in-process API\s+[\d.]+\s+([\d.]+)", out)
+    events = grab(r"^\s+4 worker\(s\): ([\d.]+) events", out)
+    f = re.search(r"^probe shape \(2 remote, 3 local\), sandbox on\s+[\d.]+\s+([\d.]+)\s+\S+\s+([\d.]+)", floor,
+                  re.MULTILINE)
+    floor_rate, floor_cpu = (float(f.group(1)), float(f.group(2))) if f else (None, None)
+    if not m:
+        return [("Temporal, 4 workers (temporal.py)", "n/a", "—", "≥ 40 sessions/s; ≤ 30 ms CPU", "n/a")]
+    rate, cpu = float(m.group(2)), float(m.group(3))
+    return [("Temporal, read-probe sessions on 4 workers (2 cores): sessions/s", f"{rate:.1f}",
+             f"in-process API {fmt(base, '.0f', '/s')}; Temporal's floor for the shape {fmt(floor_rate, '.1f', '/s')}",
+             "≥ 40 (issue 34)", f"{yes(rate >= 40)} (floor {yes(None if floor_rate is None else floor_rate >= 40)})"),
+            ("Temporal CPU per session (server + workers + client)", f"{cpu:.1f} ms",
+             f"floor for the shape, no agentfsm code {fmt(floor_cpu, '.1f', ' ms')}", "≤ 30 ms (issue 34)",
+             f"{yes(cpu <= 30)} (floor {yes(None if floor_cpu is None else floor_cpu <= 30)})"),
+            ("Temporal history per session", fmt(events, ".1f", " events"), "27 before issue 34", "—", "—")]
+
+
 def table(rows: Sequence[Row]) -> str:
     head = ("what", "measured", "baseline (same run)", "goal", "met")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -244,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     q = args.quick
     global STEPS
-    STEPS = Steps(total=10)
+    STEPS = Steps(total=12)
     with STEPS:
         rows = _measure(args, q)
     print(f"machine: {machine()}")
@@ -265,6 +289,11 @@ def _measure(args: argparse.Namespace, q: bool) -> list[Row]:
         rows += sessions_rows(run("sessions.py", "--scale", "--gc", mode), mode)
     rows += critical_rows(run("critical_path.py", "--repeats", "3" if q else "5"))
     rows += throughput_rows(run("property_throughput.py", "--runs", "100" if q else "300"))
+    if importlib.util.find_spec("temporalio") is not None:
+        rows += temporal_rows(run("temporal.py", "--n", "200" if q else "1000", "--workers", "4"),
+                              run("temporal_floor.py", "--n", "100" if q else "200"))
+    else:
+        rows.append(("Temporal rows", "n/a (pip install 'agentfsm[temporal]')", "—", "—", "n/a"))
     return rows
 
 

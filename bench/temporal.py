@@ -12,6 +12,10 @@ Printed per setup: wall time, sessions/s, CPU seconds (server, workers, this cli
 session; then the per-session overhead Temporal adds: its CPU per session minus the in-process one.
 
     python bench/temporal.py [--n 1000] [--workers 1,2,4] [--parallel 200] [--no-trace] [--no-sandbox] [--profile]
+    python bench/temporal.py --scale
+
+``--scale``: instead of the rows, how the cost grows on one worker — 1, 10, 100 and 1,000 sessions,
+and one session of 10, 100 and 1,000 Read turns (CPU per session and per turn, history events).
 
 ``--profile``: each worker process is one under a sampling profiler (bench/temporal_sampler.py), and
 the table of where its CPU went follows its row (the sampler costs CPU of its own: compare shares,
@@ -159,6 +163,49 @@ def on_temporal(address: str, n: int, workers: int, ws: Path, sessions: Path, pa
         stop_workers(procs)
 
 
+def probe_scenario(turns: int) -> str:
+    """The read probe with ``turns`` Read turns before its answer (1: the read probe itself)."""
+    base = load_embedded_scenario().to_dict()
+    read, answer = base["responses"]
+    tool = read["blocks"][0]
+    responses = [dict(read, blocks=[dict(tool, id=f"toolu_{i:05d}")]) for i in range(turns)]
+    return json.dumps(base | {"prompt": "AGENT_LOOP_INITIAL_MARKER", "responses": [*responses, answer]})
+
+
+def scale(address: str, server_pid: int, ws: Path, root: Path, parallel: int, trace: bool, sandbox: bool) -> None:
+    """How Temporal's cost grows: 1 to 1,000 read-probe sessions, and one session of 10 to 1,000 turns,
+    on one worker process (each step's CPU from /proc, as the rows above)."""
+    from agentfsm.temporal.client import BatchItem, run_batch, spawn_workers, stop_workers
+    from agentfsm.temporal.worker import connect
+
+    queue = f"bench-scale-{os.getpid()}"
+    procs = spawn_workers(address, 1, task_queue=queue, concurrency=parallel,
+                          extra=() if sandbox else ("--no-sandbox",))
+    opts = Options(cwd=ws, sessions_dir=root / "scale", setting_sources=(), write_trace=trace)
+
+    async def step(n: int, turns: int) -> dict[str, Any]:
+        client = await connect(address)
+        scenario = probe_scenario(turns)
+        items = [BatchItem(f"s{i}", "AGENT_LOOP_INITIAL_MARKER", scenario) for i in range(n)]
+        wrk0, srv0, cli0, t0 = cpu_of(procs[0].pid), cpu_of(server_pid), own_cpu(), time.monotonic()
+        results = await run_batch(client, items, opts, task_queue=queue, parallel=parallel)
+        m: dict[str, Any] = {"wall": time.monotonic() - t0, "cpu": cpu_of(procs[0].pid) - wrk0 + cpu_of(server_pid)
+                             - srv0 + own_cpu() - cli0, "ok": sum(r.get("subtype") == "success" for r in results)}
+        m.update(await history_shape(client, [r["session_id"] for r in results[:20] if r.get("session_id")]))
+        return m
+
+    try:
+        print("\nhow it grows, one worker process (CPU = server + worker + client):")
+        print(f"  {'sessions':>8}{'turns':>7}{'wall s':>8}{'sessions/s':>12}{'CPU ms/session':>16}{'CPU ms/turn':>13}"
+              f"{'events/session':>16}{'ok':>6}")
+        for n, turns in ((1, 1), (10, 1), (100, 1), (1000, 1), (1, 10), (1, 100), (1, 1000)):
+            r = asyncio.run(step(n, turns))
+            print(f"  {n:>8}{turns:>7}{r['wall']:>8.1f}{n / r['wall']:>12.1f}{r['cpu'] / n * 1000:>16.1f}"
+                  f"{r['cpu'] / n / turns * 1000:>13.1f}{r['events']:>16.0f}{r['ok']:>6}", flush=True)
+    finally:
+        stop_workers(procs)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1000)
@@ -166,6 +213,8 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=200, help="sessions in flight at once")
     p.add_argument("--no-trace", action="store_true", help="write no session files")
     p.add_argument("--no-sandbox", action="store_true", help="workers run workflows outside Temporal's sandbox")
+    p.add_argument("--scale", action="store_true",
+                   help="instead of the rows: how the cost grows from 1 to 1,000 sessions and 10 to 1,000 turns")
     p.add_argument("--profile", action="store_true",
                    help="one worker under a sampling profiler (bench/temporal_sampler.py): where its CPU goes")
     args = p.parse_args()
@@ -177,6 +226,11 @@ def main() -> None:
     print(f"machine: {machine()}")
     print(f"{args.n} sessions (read probe: 2 model requests, 1 Read), {args.parallel} in flight, "
           f"session files {'on' if trace else 'off'}, workflow sandbox {'off' if args.no_sandbox else 'on'}")
+    if args.scale:
+        with start_dev_server() as server:
+            scale(server.address, server.process.pid, ws, root, args.parallel, trace, not args.no_sandbox)
+        shutil.rmtree(root, ignore_errors=True)
+        return
     base = asyncio.run(in_process(args.n, ws, root / "local", args.parallel, trace))
     base_per = base["cpu_client"] / args.n
     print(f"{'setup':<22}{'wall s':>8}{'sessions/s':>12}{'CPU s srv/wrk/cli':>22}{'CPU ms/session':>16}{'ok':>6}")

@@ -167,6 +167,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _thinking(args: argparse.Namespace, max_tokens: int) -> dict[str, Any] | None:
+    """The thinking configuration the flags ask for, as Claude Code sends it: a budget
+    (``--max-thinking-tokens``; ``--thinking adaptive`` takes the whole output budget less one token,
+    as Claude Code 2.1.332 does for the models agentfsm knows), the display (``--thinking-display``,
+    default ``updates``), or ``--thinking disabled``. None when no flag asks."""
+    kind = args.thinking[-1] if args.thinking else None
+    budget = args.max_thinking_tokens[-1] if args.max_thinking_tokens else None
+    display = args.thinking_display[-1] if args.thinking_display else None
+    if kind == "disabled":
+        return {"type": "disabled"}
+    if kind not in (None, "adaptive", "enabled"):
+        raise UsageError(f"--thinking {kind}: use adaptive, enabled or disabled")
+    if kind is None and budget is None:
+        return None
+    try:
+        tokens = int(budget) if budget is not None else max_tokens - 1
+    except ValueError:
+        raise UsageError(f"--max-thinking-tokens {budget}: not a number of tokens") from None
+    if not 0 < tokens < max_tokens:
+        raise UsageError(f"--max-thinking-tokens {tokens}: must be positive and below the output limit ({max_tokens})")
+    return {"budget_tokens": tokens, "type": "enabled", "display": display or "updates"}
+
+
 def options_from_args(args: argparse.Namespace) -> Any:
     from agentfsm.options import DEFAULT_MODEL, Options
     from agentfsm.state import Limits
@@ -253,6 +276,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
             sessions_dir=Path(args.sessions_dir) if args.sessions_dir else None, json_schema=schema,
             include_partial_messages=args.include_partial_messages, task_budget=args.task_budget,
             include_hook_events=args.include_hook_events, add_dirs=args.add_dir,
+            thinking=_thinking(args, limits.max_output_tokens),
             system_identity=SDK_IDENTITY if args.system_prompt is not None and os.environ.get(
                 "CLAUDE_CODE_ENTRYPOINT", "").startswith("sdk") else None)
     except ValueError as exc:
@@ -450,7 +474,8 @@ async def run_print(args: argparse.Namespace, *, exit_at_once: bool = False) -> 
         # partial messages: the model call streams inside an activity, and its events are not relayed
         unsupported = (("--mcp-config", args.mcp_config), ("--permission-prompt-tool", args.permission_prompt_tool),
                        ("--include-partial-messages", args.include_partial_messages),
-                       ("--task-budget", args.task_budget))
+                       ("--task-budget", args.task_budget),
+                       ("--thinking/--max-thinking-tokens", options.thinking))
         for flag, given in unsupported:
             if given:
                 raise UsageError(f"{flag} is not supported with --temporal")

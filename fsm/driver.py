@@ -351,7 +351,7 @@ class Driver:
         model = self._model(state)
         request = phases.build_request(outgoing, model=model, system=self.system, tools=self.registry.api_schemas(),
                                        limits=self.limits, metadata=self._metadata(), wire=self._wire.wire(outgoing),
-                                       task_budget=self.options.task_budget)
+                                       task_budget=self.options.task_budget, thinking=self.options.thinking)
         wire = request.messages
         self.trace.request(model, state.query_tracking.depth, state.messages, sent)
         self.log.info("model.request", model=model, messages=len(wire),

@@ -27,6 +27,8 @@ class ModelRequest:
     metadata: Mapping[str, Any] = attrs.field(factory=dict)
     # the API's output_config (task_budget: the token budget the model is told it has for the task)
     output_config: Mapping[str, Any] | None = None
+    # the API's thinking configuration ({"type": "enabled", "budget_tokens": ...} or disabled), when asked for
+    thinking: Mapping[str, Any] | None = None
 
     def body(self) -> dict[str, Any]:
         """The JSON body of ``POST /v1/messages``."""
@@ -43,6 +45,8 @@ class ModelRequest:
             body["metadata"] = dict(self.metadata)
         if self.output_config:
             body["output_config"] = dict(self.output_config)
+        if self.thinking:
+            body["thinking"] = dict(self.thinking)
         return body
 
 

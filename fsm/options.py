@@ -68,6 +68,8 @@ class Options:
     include_hook_events: bool = False
     # --task-budget: the token budget the model is told the task has (output_config.task_budget)
     task_budget: int | None = attrs.field(default=None)
+    # the API's thinking configuration sent with each request (--max-thinking-tokens, --thinking); None: none
+    thinking: Mapping[str, Any] | None = None
     # the line that opens the system prompt before a custom one: the Agent SDK's identity when the SDK
     # runs this CLI (Claude Code adds it there); None for a plain CLI run
     system_identity: str | None = None

@@ -168,16 +168,17 @@ def estimate(account: RunAccount, messages: Sequence[Message], static: int) -> i
 def build_request(messages: Sequence[Message], *, model: str, system: Sequence[Mapping[str, Any]],
                   tools: Sequence[Mapping[str, Any]], limits: Limits,
                   metadata: Mapping[str, Any], wire: Sequence[Mapping[str, Any]] | None = None,
-                  task_budget: int | None = None) -> ModelRequest:
+                  task_budget: int | None = None, thinking: Mapping[str, Any] | None = None) -> ModelRequest:
     """The Messages request of a turn: the wire view of ``messages`` (history plus queued input);
     ``wire``: that view already built (a caller that keeps it incrementally, request by request);
     ``task_budget``: the tokens the model is told the whole task may take (Claude Code's
-    ``--task-budget``, sent with every request)."""
+    ``--task-budget``, sent with every request); ``thinking``: the API's thinking configuration, when
+    the run asked for one (``--max-thinking-tokens``, ``--thinking``)."""
     output_config = {"task_budget": {"type": "tokens", "total": task_budget}} if task_budget is not None else None
     return ModelRequest(model=model, system=tuple(system),
                         messages=tuple(normalize(messages) if wire is None else wire),
                         tools=tuple(tools), max_tokens=limits.max_output_tokens, metadata=dict(metadata),
-                        output_config=output_config)
+                        output_config=output_config, thinking=thinking)
 
 
 def open_error(exc: BaseException) -> ModelError:

@@ -192,7 +192,7 @@ class TaskRegistry:
         self._started(TaskRecord(task_id, LOCAL_BASH, tool_use_id, description or command, str(target),
                                  command=command, started_ms=_now_ms()))
         live.watcher = asyncio.get_running_loop().create_task(
-            self._watch_command(task_id, process, target, timeout_ms), name=f"task:{task_id}")
+            self._watch_command(task_id, live, target, timeout_ms), name=f"task:{task_id}")
         return TaskStarted(task_id, str(target))
 
     def adopt_agent(self, task_id: str, task: asyncio.Future[Any], *, description: str, tool_use_id: str,
@@ -218,8 +218,9 @@ class TaskRegistry:
 
     # --- watching --------------------------------------------------------------------------------
 
-    async def _watch_command(self, task_id: str, process: asyncio.subprocess.Process, output: Path,
-                             timeout_ms: float) -> None:
+    async def _watch_command(self, task_id: str, live: _Live, output: Path, timeout_ms: float) -> None:
+        process = live.process
+        assert process is not None
         timed_out = False
         try:
             try:
@@ -232,14 +233,12 @@ class TaskRegistry:
             await asyncio.shield(_kill_group(process))
             raise
         finally:
-            live = self._live.get(task_id)
-            if live is not None and live.on_exit is not None:
+            if live.on_exit is not None:
                 with contextlib.suppress(Exception):
                     live.on_exit()
                 live.on_exit = None
-        live = self._live.get(task_id)
-        if live is not None and live.stopping:
-            return  # stop() reports it
+        if live.stopping or not self.tasks[task_id].running:
+            return  # stop() or stop_all() reports it
         code = _exit_code(process.returncode)
         rec = self.tasks[task_id]
         if timed_out:
@@ -266,7 +265,10 @@ class TaskRegistry:
     def _finish(self, task_id: str, status: str, exit_code: int | None, summary: str, *, notify: bool,
                 result: str | None = None, usage: Mapping[str, Any] | None = None,
                 client_status: str | None = None, client_summary: str | None = None) -> TaskRecord:
-        rec = attrs.evolve(self.tasks[task_id], status=status, exit_code=exit_code, ended_ms=_now_ms(),
+        current = self.tasks[task_id]
+        if not current.running:
+            return current  # a task ends once: whoever reports it second says nothing
+        rec = attrs.evolve(current, status=status, exit_code=exit_code, ended_ms=_now_ms(),
                            summary=summary, notified=notify and not self._closed)
         self.tasks[task_id] = rec
         self._live.pop(task_id, None)
@@ -300,6 +302,7 @@ class TaskRegistry:
         if rec is None or not rec.running or live is None:
             return None
         await self._halt(live)
+        # (it may have ended meanwhile, on its own or by the session's end: then that end stands)
         self._finish(task_id, KILLED, None, rec.description, notify=False, client_status="stopped")
         return TaskStopped(task_id, rec.task_type, rec.command or rec.description)
 

@@ -44,6 +44,7 @@ import functools
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -123,6 +124,7 @@ class TraceWriter:
         self._sink = sink
         self._clock = clock
         self._flush_due = False  # a flush is scheduled on the running loop
+        self._lock = threading.Lock()  # records may come from worker threads (see write)
         if sink is None and path is not None:
             self._fh = handle if handle is not None else lock_session_file(path)
             self._seq = _next_seq(path)
@@ -138,15 +140,20 @@ class TraceWriter:
         several records and flushes after them."""
         if not self._on:
             return
-        # "type" first, then "seq", then the rest in order (update keeps "type" where it is)
-        rec = {"type": record["type"], "seq": self._seq}
-        rec.update(record)
-        self._seq += 1
-        if self._sink is not None:
-            self._sink(rec)
-            return
-        assert self._fh is not None
-        self._fh.write(json_line(rec) + "\n")
+        # One record at a time: a command's sandbox record comes from the worker thread that prepared
+        # it (concurrent read-only commands prepare in parallel), the loop's from the event loop; a
+        # seq taken and written under the lock keeps the file's records numbered in order.
+        with self._lock:
+            # "type" first, then "seq", then the rest in order (update keeps "type" where it is)
+            rec = {"type": record["type"], "seq": self._seq}
+            rec.update(record)
+            self._seq += 1
+            if self._sink is not None:
+                self._sink(rec)
+                return
+            if self._fh is None:  # closed meanwhile (by the loop, while a worker thread got here)
+                return
+            self._fh.write(json_line(rec) + "\n")
         if flush:
             self.flush_soon()
 
@@ -159,7 +166,9 @@ class TraceWriter:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._fh.flush()
+            with self._lock:
+                if self._fh is not None:
+                    self._fh.flush()
             return
         self._flush_due = True
         loop.call_soon(self.flush)
@@ -167,8 +176,9 @@ class TraceWriter:
     def flush(self) -> None:
         """Flush now (before the loop hands the file to someone else: a hook may read it)."""
         self._flush_due = False
-        if self._fh is not None:
-            self._fh.flush()
+        with self._lock:
+            if self._fh is not None:
+                self._fh.flush()
 
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
                 parent_session_id: str | None = None, **extra: Any) -> None:
@@ -252,15 +262,16 @@ class TraceWriter:
         self._flush_due = False
         if self.mirror is not None:
             self.mirror.close()
-        if self._fh is not None:
-            self._fh.flush()
-            try:
-                os.fsync(self._fh.fileno())
-            except OSError:  # a file system without fsync still gets its flushed records
-                pass
-            self._fh.close()
-            self._fh = None
-        self._on = self._sink is not None
+        with self._lock:
+            if self._fh is not None:
+                self._fh.flush()
+                try:
+                    os.fsync(self._fh.fileno())
+                except OSError:  # a file system without fsync still gets its flushed records
+                    pass
+                self._fh.close()
+                self._fh = None
+            self._on = self._sink is not None
 
 
 # The snapshot of a loop that has not moved yet: what format 3 records are differences from.

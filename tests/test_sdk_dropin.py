@@ -1116,3 +1116,23 @@ async def test_a_deferred_call_is_named_in_the_result(cli: str, tmp_path: Path) 
     deferred = result.deferred_tool_use
     assert (deferred.id, deferred.name, deferred.input) == ("toolu_d", "Read", {"file_path": f"{run.ws}/a.txt"})
     assert not tool_results(run.messages)
+
+
+@pytest.mark.parametrize(("option", "sent"), [
+    ({"max_thinking_tokens": 2048}, {"type": "enabled", "budget_tokens": 2048, "display": "updates"}),
+    ({"thinking": {"type": "enabled", "budget_tokens": 3000}}, {"type": "enabled", "budget_tokens": 3000,
+                                                                "display": "updates"}),
+    ({"thinking": {"type": "enabled", "budget_tokens": 3000, "display": "summarized"}},
+     {"type": "enabled", "budget_tokens": 3000, "display": "summarized"}),
+    ({"thinking": {"type": "adaptive"}}, {"type": "enabled", "budget_tokens": 31999, "display": "updates"}),
+    ({"thinking": {"type": "disabled"}}, {"type": "disabled"}),
+], ids=["max_thinking_tokens", "enabled", "display", "adaptive", "disabled"])
+async def test_the_thinking_the_sdk_asks_for_is_sent(cli: str, tmp_path: Path, option: dict[str, Any],
+                                                     sent: dict[str, Any]) -> None:
+    """The SDK's thinking options reach every request as Claude Code 2.1.332 sends them (claude-sonnet-4-5:
+    ``adaptive`` takes the whole output budget less one token)."""
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(**option), "hi")
+
+    run = await scenario(cli, tmp_path, [text("ok")], body)
+    assert [r.get("thinking") for r in run.server.requests] == [sent]

@@ -504,3 +504,29 @@ async def test_the_stop_hook_is_told_of_the_tasks_still_running(tmp_path: Path) 
     assert task["task_type"] == "local_bash" and task["description"] == "nap"
     assert second.background_tasks == ()  # the notification's pass ends with nothing running
     assert json.loads(first.to_json())["background_tasks"] == [dict(task)]
+
+
+def test_records_from_worker_threads_keep_the_file_in_seq_order(tmp_path: Path) -> None:
+    """A command's sandbox record is written by the worker thread that prepared it, while the loop
+    writes its own (concurrent read-only commands prepare in parallel): every record's seq follows the
+    one before it in the file."""
+    import threading
+
+    from agentfsm.trace import TraceWriter
+
+    writer = TraceWriter(tmp_path / "s.jsonl")
+
+    def burst(n: int) -> None:
+        for i in range(300):
+            writer.write({"type": "sandbox", "tool_use_id": f"t{n}-{i}", "sandboxed": True})
+
+    threads = [threading.Thread(target=burst, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for i in range(300):
+        writer.write({"type": "task", "task_id": f"b{i}"})
+    for t in threads:
+        t.join()
+    writer.close()
+    seqs = [r["seq"] for r in read_records(tmp_path / "s.jsonl")]
+    assert seqs == list(range(7 * 300))

@@ -30,6 +30,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -102,29 +103,44 @@ class _ProcessGuard:
 
     preexec = staticmethod(_die_with_parent)
 
-    def __init__(self, details: dict[str, Any], file: Path | None = None) -> None:
+    def __init__(self, details: dict[str, Any], *, local: bool = False, file: Path | None = None) -> None:
         self.details = details
-        self.file = file  # a local attempt (no heartbeats): the groups go to this file
+        self.local, self.file = local, file  # a local attempt (no heartbeats): the groups go to this file
 
     def started(self, pgid: int) -> None:
         self.details.setdefault("pgids", []).append(pgid)
-        if self.file is None:
+        if not self.local:
             activity.heartbeat(self.details)
             return
-        self.file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.file is None:  # no safe place for it: the commands still die with this worker
+            return
         tmp = self.file.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.details))
         os.replace(tmp, self.file)
 
 
-def _pgid_file(workflow_id: str, tool_use_id: str) -> Path:
-    """Where a local attempt keeps its process groups: on this host (only this host can kill them),
-    per user, named by the call."""
+def _pgid_file(workflow_id: str, tool_use_id: str) -> Path | None:
+    """Where a local attempt keeps its process groups: on this host (only this host can kill them), in
+    a directory of this user's that no one else can write (else None: a planted file must not make
+    a worker kill process groups it did not start), named by the call."""
+    top = Path(tempfile.gettempdir()) / f"agentfsm-{os.getuid()}"
+    d = top / "pgids"
+    try:
+        for p in (top, d):
+            with contextlib.suppress(FileExistsError):
+                p.mkdir(mode=0o700)
+            st = os.lstat(p)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+                return None
+    except OSError:
+        return None
     name = hashlib.sha256(f"{workflow_id}\0{tool_use_id}".encode()).hexdigest()[:32]
-    return Path(tempfile.gettempdir()) / f"agentfsm-{os.getuid()}" / "pgids" / f"{name}.json"
+    return d / f"{name}.json"
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -624,9 +640,9 @@ class Activities:
             self.log.warning("tool.worker_lost", tool_use_id=inp.block.get("id"), read_only=True, killed_groups=killed)
         details: dict[str, Any] = {"host": HOST, "boot_id": BOOT_ID, "pid": os.getpid(), "pgids": []}
         try:
-            return await self._run_call(inp, ctx, _ProcessGuard(details, pgids))
+            return await self._run_call(inp, ctx, _ProcessGuard(details, local=True, file=pgids))
         finally:
-            if details["pgids"] or killed:
+            if pgids is not None and (details["pgids"] or killed):
                 pgids.unlink(missing_ok=True)
 
     async def _run_call(self, inp: ToolCallInput, ctx: _Context, guard: _ProcessGuard) -> ToolCallOutcome:
@@ -740,12 +756,13 @@ def _last_seq_in(path: Path) -> int:
 
 def _portable(result: CallResult) -> CallResult:
     """The result as the workflow may hold it: what a tool returned is kept only where the run reports
-    it (the structured output) and only as JSON; context layers only as JSON."""
+    it (the structured output, and what an SDK user receives as ``tool_use_result``) and only as JSON;
+    context layers only as JSON."""
     from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 
     data = result.output_data if result.tool_name == STRUCTURED_OUTPUT and not result.is_error else None
     return attrs.evolve(result, output_data=_json(data), context_layers=_json(dict(result.context_layers)) or {},
-                        tool_input=_json(dict(result.tool_input)) or {})
+                        tool_input=_json(dict(result.tool_input)) or {}, structured=_json(result.structured))
 
 
 def _json(value: Any) -> Any:

@@ -597,7 +597,9 @@ class SessionWorkflow:
             pump()
             for i in deliverable([(c.status, c.safe) for c in calls]):
                 calls[i].status = DELIVERED
-                self._emit_results((calls[i].result.block,))  # type: ignore[union-attr]
+                done = calls[i].result
+                assert done is not None
+                self._emit_results((done.block,), done.structured)
             if all(c.status == DELIVERED for c in calls):
                 return [c.result for c in calls if c.result is not None], interrupted
             await workflow.wait_condition(
@@ -621,14 +623,16 @@ class SessionWorkflow:
                     if c.status == RUNNING and c.interrupt == "cancel":
                         cancel(c, USER_INTERRUPTED)
 
-    def _emit_results(self, results: Message | Sequence[Mapping[str, Any]] | None) -> None:
+    def _emit_results(self, results: Message | Sequence[Mapping[str, Any]] | None, structured: Any = None) -> None:
+        """Each result's stream-json message, once (``structured``: what an SDK user receives as the one
+        call's ``tool_use_result``, as the local driver shows it)."""
         blocks = results.content if isinstance(results, Message) else results or ()
         for block in blocks:
             tid = block.get("tool_use_id", "")
             if tid in self._emitted:
                 continue
             self._emitted.add(tid)
-            self._emit(phases.result_message(block, self._spec.session_id))
+            self._emit(phases.result_message(block, self._spec.session_id, structured))
 
     async def _resume_deferred(self, history: tuple[Message, ...], first: Message
                                ) -> tuple[tuple[Message, ...], SetupFailed | None]:
