@@ -17,7 +17,7 @@ from agentfsm.resume import load_history
 from agentfsm.session import Session
 from agentfsm.state import TerminalReason
 from agentfsm.testing.scripted import ScriptedModel
-from agentfsm.tools.base import ToolContext, tool
+from agentfsm.tools.base import ToolContext, ToolOutput, tool
 
 DONE = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}
 SCHEMA_NONE: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -161,3 +161,13 @@ async def test_an_interrupt_mid_stream_lets_a_started_block_tool_finish(tmp_path
                for b in m.content if b.get("type") == "tool_result"}
     assert answers["h1"]["content"] == "HELD_RESULT" and not answers["h1"].get("is_error")
 
+
+
+async def test_a_turn_ending_tool_that_fails_does_not_end_the_turn(tmp_path: Path) -> None:
+    @tool("Finish", "Ends the turn when it succeeds.", SCHEMA_NONE, ends_turn=True)
+    async def finish(input: Any, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput("could not finish", is_error=True)
+
+    result, model, _ = await run(tmp_path, [calls(("f1", "Finish")), DONE], extra_tools=(finish,))
+    assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done" and model.count == 2
+    assert model.bodies[1]["messages"][-1]["content"][0]["is_error"] is True
