@@ -246,6 +246,8 @@ def _alternation(names: Iterable[str]) -> str:
 
 _NAMES = _alternation(MAPPING)
 _DOTTED = re.compile(rf"(?<![\w.])agentfsm\.({_NAMES})(?!\w)")
+# ``from agentfsm import a, b as c`` written in a string (code a test writes to a file) or in a document
+_FROM_IMPORT = re.compile(r"\bfrom agentfsm import (\w+(?: as \w+)?(?:, *\w+(?: as \w+)?)*)")
 _PATH = re.compile(rf"(?<![\w.-])fsm/(?:({_NAMES})(?=\.py\b)|(claude_code)(?=/|\b(?!\.)))")
 
 
@@ -263,8 +265,9 @@ def persisted_names(root: Path) -> frozenset[str]:
 
 def rewrite_text(text: str, persisted: frozenset[str] = frozenset()) -> str:
     """Rewrite module paths in free text (a string, a comment, a Markdown or TOML file): file paths
-    ``fsm/<module>.py`` (and ``fsm/claude_code/``), and dotted paths ``agentfsm.<module>`` — followed
-    by ``.name`` or ``:name`` always, bare unless it is a persisted name (a logger or activity name)."""
+    ``fsm/<module>.py`` (and ``fsm/claude_code/``), dotted paths ``agentfsm.<module>`` — followed by
+    ``.name`` or ``:name`` always, bare unless it is a persisted name (a logger or activity name) —
+    and ``from agentfsm import <modules>`` when they all moved to one package."""
 
     def dotted(m: re.Match[str]) -> str:
         name = m.group(1)
@@ -278,6 +281,14 @@ def rewrite_text(text: str, persisted: frozenset[str] = frozenset()) -> str:
         name = m.group(1) or m.group(2)
         return f"fsm/{MAPPING[name]}/{name}"
 
+    def from_import(m: re.Match[str]) -> str:
+        names = [n.strip().split(" ")[0] for n in m.group(1).split(",")]
+        packages = {MAPPING.get(n) for n in names}
+        if len(packages) != 1 or None in packages:  # names that stay, or that went to several packages
+            return m.group(0)
+        return f"from agentfsm.{packages.pop()} import {m.group(1)}"
+
+    text = _FROM_IMPORT.sub(from_import, text)
     return _PATH.sub(path, _DOTTED.sub(dotted, text))
 
 

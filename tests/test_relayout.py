@@ -128,6 +128,11 @@ def test_paths_and_dotted_names_are_rewritten_once() -> None:
                     "fsm/auditing/claude_code_audit.py, fsm/diagram/ and agentfsm.auditing.claude_code.transcript; "
                     "agentfsm/graph.py and fsm/graph are not module paths")
     assert relayout.rewrite_text(once) == once
+    # code in a string (a module a test writes out) or in a document
+    assert relayout.rewrite_text("import sys\nfrom agentfsm import graph, state as s\n") == \
+        "import sys\nfrom agentfsm.machine import graph, state as s\n"
+    for unchanged in ("from agentfsm import api", "from agentfsm import graph, driver", "from agentfsm import Limits"):
+        assert relayout.rewrite_text(unchanged) == unchanged
 
 
 def test_python_rewrites_imports_uses_and_strings() -> None:
