@@ -144,6 +144,12 @@ TASK_NOTIFICATION_HEAD = (
 BACKGROUND_SESSION_ENDED = "stopped: the session ended"
 
 
+def task_cut_off_summary(task: Any) -> str:
+    """The summary of a task a resumed session found cut off (its process ended with the session's)."""
+    what = "Agent" if task.task_type == "local_agent" else "Background command"
+    return f'{what} "{task.description}" was cut off: the session\'s earlier process ended while it ran'
+
+
 def background_timeout_summary(description: str) -> str:
     """The summary of a background command stopped by its background timeout."""
     return f'Background command "{description}" was stopped: it outran its background timeout'
