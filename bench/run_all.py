@@ -219,7 +219,9 @@ def sessions_rows(out: str, mode: str) -> list[Row]:
     if not m:
         return [(f"1,000 sessions ({mode} gc)", "n/a", "—", "—", "n/a")]
     tps, p50, p99, spread, gcs, kib = (float(x) for x in m.groups())
-    return [(f"1,000 sessions ({mode} gc): turns/s", f"{tps:.0f}", "—", "≥ 2,000", yes(tps >= 2000)),
+    goal = 2500 if mode == "tuned" else 2000  # issue 34 asks 2,500 with gc sized for the sessions
+    return [(f"1,000 sessions ({mode} gc): turns/s", f"{tps:.0f}", "—",
+             f"≥ {goal:,}" + (" (issue 34)" if mode == "tuned" else " (issue 19)"), yes(tps >= goal)),
             (f"1,000 sessions ({mode} gc): p99 / p50 turn", f"{p99:.0f} / {p50:.0f} ms", "—", "≤ 3×",
              f"{yes(spread <= 3)} ({spread:.2f}×)"),
             (f"1,000 sessions ({mode} gc): gc share of wall", f"{gcs:.1f} %", "—", "< 5 %", yes(gcs < 5)),

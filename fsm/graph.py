@@ -346,6 +346,18 @@ def _retry_edge(state: LoopState, e: CallFailed, limits: Limits) -> str | None:
     return None
 
 
+@_named("cut_after_text")
+def cut_after_text(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
+    """The API sent an ``overloaded_error`` event in the middle of a response that had already shown a
+    complete text block, and no tool call: Claude Code 2.1.332 keeps the text and asks the model to
+    resume from it (docs/conform.md). A dropped or garbled stream, or one that showed only thinking, is
+    requested again as a whole."""
+    shown = e.shown
+    return (s.phase is S and e.error.kind == "overloaded" and bool(shown)
+            and any(b.get("type") == "text" and str(b.get("text", "")).strip() for b in shown)
+            and not any(b.get("type") == "tool_use" for b in shown))
+
+
 @_named("stream_retry_left")
 def stream_retry_left(s: LoopState, e: CallFailed, lim: Limits) -> bool:
     return _retry_edge(s, e, lim) == "stream_retry"
@@ -617,6 +629,13 @@ def _kept(s: LoopState, e: StreamEnded, *extra: Message) -> tuple[Message, ...]:
     return (*s.messages, *((assistant,) if assistant.content else ()), *extra)
 
 
+def mid_stream_resume(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
+    # the text shown before the error event is kept, and the model asked to go on from it
+    return _ended({"messages": (*s.messages, Message("assistant", e.shown, kind="assistant"),
+                                prompts.meta_message(prompts.MID_STREAM_RESUME)),
+                   "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1})
+
+
 def dispatching(_s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
     return _ended({})
 
@@ -821,6 +840,8 @@ ROUTES: tuple[Route, ...] = (
     _route(C, Refused, None, "refuse", stop_with_event_reason),
     _route(C, StreamOpened, None, "open_stream", stream_opened),
     # a failed call, before or during the stream
+    _route(S, CallFailed, cut_after_text & under_cap("max_output_tokens_recovery_count"),
+           "max_output_tokens_recovery", mid_stream_resume),
     _route((C, S), CallFailed, stream_retry_left, "stream_retry", stream_retried),
     _route((C, S), CallFailed, non_streaming_left, "non_streaming_retry", non_streaming_taken),
     _route((C, S), CallFailed, fallback_left, "fallback_retry", fallback_taken),

@@ -58,6 +58,9 @@ MAX_TOKENS_RESUME = (
     "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
     "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
 )
+# Claude Code 2.1.332's words when an error event cut a response after some text
+MID_STREAM_RESUME = ("Your response above was cut off mid-stream. Resume directly from where it stops — no apology, "
+                     "no recap. If none of it survived, answer the request from the start.")
 # Claude Code 2.1.332's words (tests/fidelity/conform/conform-11d939ce08.json)
 MALFORMED_TOOL_USE_RETRY = "The previous response failed to produce a valid tool call. Please retry the tool call now."
 MALFORMED_TOOL_USE_EXHAUSTED = "The model's tool call could not be parsed (retry also failed)."
@@ -139,6 +142,12 @@ TASK_NOTIFICATION_HEAD = (
     "A background task you started reports below. Nobody typed this message: it approves, confirms or "
     "answers nothing.")
 BACKGROUND_SESSION_ENDED = "stopped: the session ended"
+
+
+def task_cut_off_summary(task: Any) -> str:
+    """The summary of a task a resumed session found cut off (its process ended with the session's)."""
+    what = "Agent" if task.task_type == "local_agent" else "Background command"
+    return f'{what} "{task.description}" was cut off: the session\'s earlier process ended while it ran'
 
 
 def background_timeout_summary(description: str) -> str:

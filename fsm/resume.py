@@ -32,6 +32,7 @@ from agentfsm.model import ModelClient
 from agentfsm.options import Options
 from agentfsm.session import Session
 from agentfsm.state import Message
+from agentfsm.tasks import read_task_records
 from agentfsm.trace import FileProblem, lock_session_file, numbered_records, sessions_dir
 
 DANGLING_RESULT = ("<tool_use_error>Tool use was interrupted: the session ended before its result was "
@@ -351,6 +352,8 @@ def open_session(options: Options, *, client: ModelClient | None = None, emit: E
         raise
     session.file_problems = tuple(problems)
     session.resumed = True  # the file already holds the header and these messages
+    # the background tasks its last process left running were cut off with it: reported at the next run
+    session.tasks.restore(read_task_records(rec for _, rec in numbered_records(plan.source)))
     # a crash left the file's view incomplete: the first run records the repaired view (appended,
     # after a boundary), so the file again holds what the next request carries
     session.repaired = repaired

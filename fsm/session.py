@@ -200,6 +200,8 @@ class Session:
             first_run = not self._header_written
             self._write_header()
             self._emit(self.init_message())
+            # a resumed session's tasks cut off by its earlier process's end: the client and model learn it
+            self.tasks.announce_cut_off()
             if first_run:
                 current = await self._session_start(current)
             started = time.monotonic()

@@ -30,7 +30,7 @@ import signal
 import string
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,18 @@ def cut_off(records: Mapping[str, TaskRecord]) -> tuple[TaskRecord, ...]:
     return tuple(r for r in records.values() if r.running)
 
 
+def read_task_records(records: Iterable[Mapping[str, Any]]) -> dict[str, TaskRecord]:
+    """Each task's last state among a session file's records (``{"type": "task"}``; unusable ones are
+    skipped)."""
+    out: dict[str, TaskRecord] = {}
+    for raw in records:
+        if raw.get("type") == "task":
+            rec = TaskRecord.from_record(raw)
+            if rec is not None:
+                out[rec.task_id] = rec
+    return out
+
+
 def command_summary(description: str, status: str, exit_code: int | None) -> str:
     """The ``<summary>`` of a finished background command (Claude Code's words)."""
     if status == COMPLETED:
@@ -138,6 +150,7 @@ class TaskRegistry:
         self.tasks: dict[str, TaskRecord] = {}
         self._live: dict[str, _Live] = {}
         self._closed = False
+        self._cut_off: tuple[TaskRecord, ...] = ()  # found by restore(), announced at the next run
         self.log = log.get_logger("agentfsm.tasks", session_id=session_id)
 
     # --- inspection ------------------------------------------------------------------------------
@@ -331,6 +344,33 @@ class TaskRegistry:
                 await self._halt(live)
             if self.tasks[task_id].running:
                 self._finish(task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
+
+    # --- resume ----------------------------------------------------------------------------------
+
+    def restore(self, records: Mapping[str, TaskRecord]) -> tuple[TaskRecord, ...]:
+        """A resumed session's tasks, as its file last recorded them. Those it left running were cut
+        off with the process that ran them (nothing of a session outlives it): they are recorded
+        ``killed`` now, and :meth:`announce_cut_off` tells the client and the model at the next run."""
+        cut = cut_off(records)
+        for task_id, rec in records.items():
+            self.tasks[task_id] = rec
+        for rec in cut:
+            ended = attrs.evolve(rec, status=KILLED, ended_ms=_now_ms(), summary=prompts.task_cut_off_summary(rec))
+            self.tasks[rec.task_id] = ended
+            self._write(ended)
+        self._cut_off = tuple(self.tasks[r.task_id] for r in cut)
+        return self._cut_off
+
+    def announce_cut_off(self) -> None:
+        """Tell the client and the model of the tasks a resumed session found cut off (once)."""
+        cut, self._cut_off = self._cut_off, ()
+        for rec in cut:
+            self._emit({"type": "system", "subtype": "task_notification", "task_id": rec.task_id,
+                        "tool_use_id": rec.tool_use_id, "status": KILLED, "output_file": rec.output_file,
+                        "summary": rec.summary})
+            self.queue.submit(prompts.task_notification(task_id=rec.task_id, tool_use_id=rec.tool_use_id,
+                                                        output_file=rec.output_file, status=KILLED,
+                                                        summary=rec.summary), kind=TASK_NOTIFICATION)
 
     # --- output ----------------------------------------------------------------------------------
 

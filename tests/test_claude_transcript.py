@@ -8,7 +8,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agentfsm.claude_transcript import ClaudeTranscript, project_name, transcript_path
@@ -17,6 +17,12 @@ sessions = pytest.importorskip("claude_agent_sdk._internal.sessions")
 
 
 @given(st.text(min_size=1, max_size=400))
+# the cap's boundary (a name of exactly 200 characters keeps no suffix; 201 gets one) and long names whose
+# 32-bit hash is negative and positive (the suffix is the hash's absolute value, signed as Claude Code's)
+@example("a" * 199)
+@example("c" * 200)
+@example("a" * 250)
+@example("b" * 300)
 def test_the_directory_name_is_the_one_the_sdk_computes(name: str) -> None:
     path = "/" + name.replace("\x00", "")
     assert project_name(path) == sessions._sanitize_path(unicodedata.normalize("NFC", os.path.realpath(path)))

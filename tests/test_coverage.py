@@ -164,16 +164,17 @@ def run_path_keep(trace_dir: Path, script: Sequence[Response], *, tools: Sequenc
              json_schema: Mapping[str, Any] | None = None, abort_at: int | None = None,
              fault: Faulty | None = None, history: Sequence[Message] = (),
              on_request: Callable[[Interrupter, RequestContext], None] | None = None,
-             extra: Mapping[str, Any] | None = None) -> tuple[LoopRun, LoopHarness]:
-    """Run ``script`` on the real loop with this module's tools, checked against every invariant;
-    the harness is returned too (its session's history seeds a resumed run)."""
+             extra: Mapping[str, Any] | None = None,
+             builtins: Sequence[str] = ()) -> tuple[LoopRun, LoopHarness]:
+    """Run ``script`` on the real loop with this module's tools (and the named built-in ones), checked
+    against every invariant; the harness is returned too (its session's history seeds a resumed run)."""
     box = Interrupter()
     workspace = trace_dir / "ws"
     workspace.mkdir(exist_ok=True)
     hook_map = dict(hooks(box) if callable(hooks) else hooks or {})
     # once Options declares the background hook itself, HostOptions is not needed any more
     options_cls = Options if "should_stop_before_next_call" in attrs.fields_dict(Options) else HostOptions
-    options = options_cls(tools=(), extra_tools=tuple(tools), hooks=hook_map, limits=limits or Limits(),
+    options = options_cls(tools=tuple(builtins), extra_tools=tuple(tools), hooks=hook_map, limits=limits or Limits(),
                       permission_mode="bypassPermissions", cwd=workspace, sessions_dir=trace_dir,
                       setting_sources=(), json_schema=json_schema,
                       fallback_models=suite.FALLBACK if fallback else (), **dict(extra or {}))
@@ -426,7 +427,19 @@ def _max_tokens(d: Path) -> LoopRun:
 @rare("malformed tool_use exhausted", T.MALFORMED_TOOL_USE_EXHAUSTED, "malformed_tool_use_retry:stream",
       "recovery_exhausted:stream")
 def _malformed(d: Path) -> LoopRun:
-    return run_path(d, [MALFORMED, MALFORMED])
+    # one malformed response more than the declared number of retries
+    return run_path(d, [MALFORMED] * (Limits().malformed_tool_use_retries + 1))
+
+
+@rare("a background command's notification after the run settled", T.COMPLETED,
+      "task_notification:stop", "end_turn:stream")
+def _task_notification(d: Path) -> LoopRun:
+    # the answer comes before the command ends, so its notification arrives at a settled stop
+    background = tool_response("toolu_bg", "Bash", {"command": "sleep 0.3; echo BG_DONE",
+                                                    "run_in_background": True})
+    return run_path(d, [background, text_response("waiting"),
+                        text_response("got it")],
+                    builtins=("Bash",), extra={"sandbox": False})
 
 
 @rare("thinking only, nudged", T.COMPLETED, "thinking_only_nudge:stream", "end_turn:stream")

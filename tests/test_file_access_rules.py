@@ -107,6 +107,14 @@ def test_creating_below_a_directory_meets_anchored_rules_only(tmp_path: Path) ->
     assert found is not None and found.through_link
 
 
+@pytest.mark.parametrize("sibling", ["out-public", "out.bak", "outer"])
+def test_creating_below_a_sibling_of_a_denied_directory_is_not_below_it(tmp_path: Path, sibling: str) -> None:
+    """"Below a denied directory" is a path test, not a string-prefix one: `out-public` is not inside `out`."""
+    (tmp_path / sibling).mkdir()
+    assert PathChecker(tmp_path, deny("./out/**")).check_below(str(tmp_path / sibling), creating=True) is None
+    assert PathChecker(tmp_path, deny("./out/**")).check_below(str(tmp_path), creating=True) is not None
+
+
 @pytest.mark.parametrize("extra", [0, 1])
 def test_a_walk_checks_exactly_its_budget_and_denies_past_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              extra: int) -> None:

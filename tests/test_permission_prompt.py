@@ -37,6 +37,15 @@ def test_a_write_outside_also_suggests_adding_its_directory(tmp_path: Path) -> N
     assert (ctx["description"], ctx["decision_reason"]) == (str(other / "w.txt"), OUTSIDE_REASON)
 
 
+def test_a_write_in_an_additional_directory_is_named_by_its_full_path_and_is_not_outside(tmp_path: Path) -> None:
+    # inside the working directories, but not below the cwd: named as it is, not as ../extra/x.txt
+    ws, extra = tmp_path / "ws", tmp_path / "extra"
+    ws.mkdir()
+    extra.mkdir()
+    ctx = asked(PermissionPolicy.build(ws, additional_directories=[extra]), WRITE, {"file_path": str(extra / "x.txt")})
+    assert (ctx["description"], ctx["decision_reason"]) == (str(extra / "x.txt"), None)
+
+
 def test_a_read_outside_suggests_reads_under_its_directory(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -17,7 +17,7 @@ from agentfsm.resume import load_history
 from agentfsm.session import Session
 from agentfsm.state import TerminalReason
 from agentfsm.testing.scripted import ScriptedModel
-from agentfsm.tools.base import ToolContext, tool
+from agentfsm.tools.base import ToolContext, ToolOutput, tool
 
 DONE = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn"}
 SCHEMA_NONE: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -104,3 +104,70 @@ async def test_stop_hooks_are_shown_the_last_assistant_text(tmp_path: Path) -> N
     result, _, _ = await run(tmp_path, [first, last], extra_tools=(probe,),
                              hooks={"Stop": [HookMatcher(hooks=[on_stop])]})
     assert result.result == "FINAL_TEXT" and shown == ["FINAL_TEXT"]
+
+
+# --- what the driver shows when a stream is cut --------------------------------------------------------------
+
+
+async def test_a_call_of_a_retried_response_shows_its_result_again_after_the_tombstone(tmp_path: Path) -> None:
+    # the stream breaks after a call whose tool finished (its result was shown); the response is asked
+    # for again with the same call id, and that call's result is shown again after the withdrawal
+    @tool("Probe", "Answers at once.", SCHEMA_NONE, concurrency_safe=True)
+    async def probe(input: Any, ctx: ToolContext) -> str:
+        return "PROBED"
+
+    call = {"type": "tool_use", "id": "p1", "name": "Probe", "input": {}}
+    broken = {"blocks": [call, {"type": "text", "text": "more"}], "break_after": 1, "block_delay_s": 0.2}
+    again = {"blocks": [call], "stop_reason": "tool_use"}
+    model = ScriptedModel([broken, again, DONE])
+    seen: list[dict[str, Any]] = []
+    session = Session(options(tmp_path, extra_tools=(probe,)), client=model, emit=seen.append)
+    try:
+        result = await asyncio.wait_for(session.run("go"), 60)
+    finally:
+        await session.aclose()
+    assert result.terminal_reason is TerminalReason.COMPLETED and model.count == 3
+    shown = [("result" if m["type"] == "user" else "tombstone") for m in seen
+             if (m["type"] == "user" and any(b.get("tool_use_id") == "p1" for b in m["message"]["content"]))
+             or m.get("subtype") == "tombstone"]
+    assert shown == ["result", "tombstone", "result"]
+
+
+async def test_an_interrupt_mid_stream_lets_a_started_block_tool_finish(tmp_path: Path) -> None:
+    started, release = asyncio.Event(), asyncio.Event()
+
+    @tool("Hold", "Finishes when released.", SCHEMA_NONE, concurrency_safe=True, interrupt="block")
+    async def hold(input: Any, ctx: ToolContext) -> str:
+        started.set()
+        await release.wait()
+        return "HELD_RESULT"
+
+    streaming = {"blocks": [{"type": "tool_use", "id": "h1", "name": "Hold", "input": {}},
+                            {"type": "text", "text": "still streaming"}],
+                 "stop_reason": "tool_use", "block_delay_s": 30}
+    model = ScriptedModel([streaming, DONE])
+    session = Session(options(tmp_path, extra_tools=(hold,)), client=model)
+    try:
+        running = asyncio.ensure_future(session.run("go"))
+        await asyncio.wait_for(started.wait(), 30)
+        session.interrupt()
+        await asyncio.sleep(0.2)
+        release.set()
+        result = await asyncio.wait_for(running, 30)
+    finally:
+        await session.aclose()
+    assert result.terminal_reason.value.startswith("aborted") and model.count == 1
+    answers = {b["tool_use_id"]: b for m in load_history(session.trace_path) if m.role == "user"
+               for b in m.content if b.get("type") == "tool_result"}
+    assert answers["h1"]["content"] == "HELD_RESULT" and not answers["h1"].get("is_error")
+
+
+
+async def test_a_turn_ending_tool_that_fails_does_not_end_the_turn(tmp_path: Path) -> None:
+    @tool("Finish", "Ends the turn when it succeeds.", SCHEMA_NONE, ends_turn=True)
+    async def finish(input: Any, ctx: ToolContext) -> ToolOutput:
+        return ToolOutput("could not finish", is_error=True)
+
+    result, model, _ = await run(tmp_path, [calls(("f1", "Finish")), DONE], extra_tools=(finish,))
+    assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done" and model.count == 2
+    assert model.bodies[1]["messages"][-1]["content"][0]["is_error"] is True

@@ -1136,3 +1136,43 @@ async def test_the_thinking_the_sdk_asks_for_is_sent(cli: str, tmp_path: Path, o
 
     run = await scenario(cli, tmp_path, [text("ok")], body)
     assert [r.get("thinking") for r in run.server.requests] == [sent]
+
+
+async def test_a_background_subagent_is_told_as_task_messages(cli: str, tmp_path: Path) -> None:
+    """An Agent call runs in the background (Claude Code 2.1.332's default): the SDK sees
+    TaskStartedMessage, TaskUpdatedMessage (completed) and TaskNotificationMessage for it, with the
+    same fields, naming the call."""
+    agent = _tool("toolu_agent", "Agent", description="Read a", prompt="Read a.txt", subagent_type="general-purpose")
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Agent"], permission_mode="bypassPermissions"), "delegate")
+
+    run = await scenario(cli, tmp_path, [turn(agent), text("MAIN_WAIT"), text("SUB"), text("MAIN_DONE")], body)
+    tasks = [m for m in run.messages if type(m).__name__.startswith("Task")]
+    assert [type(m).__name__ for m in tasks] == ["TaskStartedMessage", "TaskUpdatedMessage",
+                                                  "TaskNotificationMessage"]
+    started, updated, notified = tasks
+    assert len({m.task_id for m in tasks}) == 1
+    assert (started.tool_use_id, started.description, started.task_type) == ("toolu_agent", "Read a", "local_agent")
+    assert (updated.status, updated.patch["status"]) == ("completed", "completed")
+    assert (notified.status, notified.tool_use_id) == ("completed", "toolu_agent")
+    assert isinstance(notified.output_file, str) and isinstance(notified.summary, str)
+
+
+async def test_effort_leaves_the_request_and_the_hook_inputs_as_they_are(cli: str, tmp_path: Path) -> None:
+    """``effort="low"`` with claude-sonnet-4-5: Claude Code 2.1.332 puts it neither in the request nor in
+    the hook inputs; neither does agentfsm."""
+    seen: list[dict[str, Any]] = []
+
+    async def record(hook_input: Any, tool_use_id: Any, ctx: Any) -> Any:
+        seen.append(dict(hook_input))
+        return {}
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(allowed_tools=["Read"], effort="low", hooks={
+            e: [sdk.HookMatcher(hooks=[record])] for e in ("UserPromptSubmit", "PreToolUse", "Stop")}), "go")
+
+    run = await scenario(cli, tmp_path, [turn(read("toolu_r", "a.txt")), text("ok")], body)
+    assert [h["hook_event_name"] for h in seen] == ["UserPromptSubmit", "PreToolUse", "Stop"]
+    assert not any("effort" in h for h in seen)
+    assert not any("effort" in r or r.get("output_config") for r in run.server.requests)

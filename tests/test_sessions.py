@@ -237,7 +237,9 @@ def test_a_compact_boundary_restores_the_summary_view(agentfsm_workspace: Path, 
         rc, _, err = cli(server, agentfsm_workspace, home, "--resume", sid, "-p", "CURRENT")
         bodies = server.requests
     assert rc == 0, err
-    assert wire_texts(bodies[0]) == [("user", "SUMMARY_OF_EARLIER_WORK"), ("user", "CURRENT")]
+    # the summary and the prompt join into one user message on the wire, and a joined text ends with a
+    # newline as in Claude Code 2.1.332 (tests/fidelity/conform/, fixture conform-11d939ce08)
+    assert wire_texts(bodies[0]) == [("user", "SUMMARY_OF_EARLIER_WORK\n"), ("user", "CURRENT")]
     assert "OLD_PROMPT" not in json.dumps(bodies[0]) and "toolu_old" not in json.dumps(bodies[0])
 
 

@@ -530,3 +530,46 @@ def test_records_from_worker_threads_keep_the_file_in_seq_order(tmp_path: Path) 
     writer.close()
     seqs = [r["seq"] for r in read_records(tmp_path / "s.jsonl")]
     assert seqs == list(range(7 * 300))
+
+
+async def test_a_resumed_session_reports_the_tasks_its_last_process_left_running(tmp_path: Path) -> None:
+    """The session file says a task was running when its process ended (here: the file is closed and the
+    command killed behind the registry's back, as a crash would leave them). Resuming records it
+    killed, tells the client, and the first request of the next run carries its notification."""
+    from agentfsm.resume import open_session
+    from agentfsm.state import Limits
+
+    script = [bash("toolu_bg", command="sleep 30", description="long job", run_in_background=True),
+              text("WAITING")]
+    opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
+                   setting_sources=(), tools=("Bash",), sandbox=False, limits=Limits(max_turns=2))
+    first = Session(opts, client=ScriptedModel(lambda r, n: script[n] if n < 2 else text("X")))
+    await first.run("GO")
+    (task_id,) = first.tasks.running
+    process = first.tasks._live[task_id].process
+    assert process is not None
+    first.trace.close()  # the process "ends": its file stays as it was
+    os.killpg(process.pid, signal.SIGKILL)
+    requests: list[ModelRequest] = []
+
+    def answer(request: ModelRequest, n: int) -> Any:
+        requests.append(request)
+        return text("RESUMED")
+
+    seen: list[dict[str, Any]] = []
+    again = open_session(Options(permission_mode="bypassPermissions", cwd=tmp_path,
+                                 sessions_dir=tmp_path / "sessions", setting_sources=(), tools=("Bash",),
+                                 sandbox=False, resume=first.session_id),
+                         client=ScriptedModel(answer), emit=seen.append)
+    rec = again.tasks.get(task_id)
+    assert rec is not None and rec.status == KILLED and again.tasks.running == ()
+    result = await again.run("NEXT")
+    await again.aclose()
+    await first.aclose()
+    assert result.result == "RESUMED" and len(requests) == 1
+    sent = json.dumps(requests[0].messages)
+    assert f"<task-id>{task_id}</task-id>" in sent and "was cut off" in sent and "<status>killed</status>" in sent
+    note = [m for m in seen if m.get("subtype") == "task_notification"]
+    assert [(m["task_id"], m["status"]) for m in note] == [(task_id, "killed")]
+    tasks = [r for r in read_records(again.trace_path) if r.get("type") == "task"]
+    assert [r["status"] for r in tasks] == ["running", "killed"]
