@@ -24,11 +24,11 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
-from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, ModelRequest  # noqa: E402
-from agentfsm.options import Options  # noqa: E402
-from agentfsm.request import system_blocks  # noqa: E402
-from agentfsm.result import RunResult  # noqa: E402
-from agentfsm.session import Session  # noqa: E402
+from agentfsm.llm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, ModelRequest  # noqa: E402
+from agentfsm.machine.options import Options  # noqa: E402
+from agentfsm.runtime.request import system_blocks  # noqa: E402
+from agentfsm.runtime.result import RunResult  # noqa: E402
+from agentfsm.sessions.session import Session  # noqa: E402
 from agentfsm.testing.scenario import Scenario, StreamedResponse, TextBlock, ToolUseBlock  # noqa: E402
 from agentfsm.testing.scripted import ScriptedModel  # noqa: E402
 from agentfsm.tools.base import Tool, ToolContext, tool  # noqa: E402

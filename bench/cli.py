@@ -57,7 +57,8 @@ EXPECTED = "TOOL_EXECUTION_OK"
 FLAGS = ("--output-format", "stream-json", "--verbose", "--model", MODEL, "--tools", "Read",
          "--permission-mode", "bypassPermissions")
 # modules the -p path must never import (issue 8): diagram rendering and the test libraries
-FORBIDDEN = ("agentfsm.diagram", "pygraphviz", "graphviz", "hypothesis", "pytest", "agentfsm.audit", "agentfsm.demo")
+FORBIDDEN = ("agentfsm.diagram", "pygraphviz", "graphviz", "hypothesis", "pytest", "agentfsm.auditing.audit",
+             "agentfsm.commandline.demo")
 CLAUDE_QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agentfsm.conform import main as conform_main
+from agentfsm.commandline.conform import main as conform_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import MODEL, engine_options, machine, median, workspace
 
-from agentfsm.model import ModelClient
-from agentfsm.session import Session
+from agentfsm.llm.model import ModelClient
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import Scenario, StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import Tool, ToolContext, tool
@@ -106,8 +106,8 @@ async def run_all(args: argparse.Namespace) -> list[dict[str, float]]:
     out = []
     server = None
     if args.sse:
+        from agentfsm.llm.transport import AnthropicTransport
         from agentfsm.testing.server import ScriptedServer
-        from agentfsm.transport import AnthropicTransport
 
         # per-session counting: each repeat is a new session (its own metadata.user_id)
         server = ScriptedServer(script(args.gap), per_session=True)

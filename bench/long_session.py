@@ -24,12 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import echo_tool, engine_options, machine, ratio, workspace
 
-from agentfsm import prompts
-from agentfsm.compact import chars_of
-from agentfsm.model import ModelRequest
-from agentfsm.resume import load_history
-from agentfsm.session import Session
-from agentfsm.state import Limits
+from agentfsm.llm.model import ModelRequest
+from agentfsm.machine import prompts
+from agentfsm.machine.state import Limits
+from agentfsm.runtime.compact import chars_of
+from agentfsm.sessions.resume import load_history
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.scripted import ScriptedModel
 

@@ -4,14 +4,14 @@ A conversation of two model turns is fired as events (assemble, open, a tool cal
 is two moves, collect and the automatic next_turn — then assemble, open, an answer, the Stop-hook
 verdict): nine moves. Five ways, in alternating rounds, median reported:
 
-* ``machine``: :class:`agentfsm.graph.LoopMachine` as the runner uses it — every event triggered on
+* ``machine``: :class:`agentfsm.machine.graph.LoopMachine` as the runner uses it — every event triggered on
   the module-level machine, a ``transitions.Machine`` with the lean classes of issue 34
   (``Event.trigger`` on the loop's model: its conditions — the guards — in declared order, the
   route's effect as the ``before`` callback, the state set by the machine; no per-step logging);
 * ``transitions' own classes``: the same routes on a ``transitions.Machine`` built from transitions'
   stock Event/Transition/State (what issue 31 ran: every move through their per-step logging and
   callback resolution), triggered as LoopMachine triggers its own — the same-run baseline of issue
-  34's lean machine (:class:`agentfsm.graph.LeanMachine`);
+  34's lean machine (:class:`agentfsm.machine.graph.LeanMachine`);
 * ``machine lists walked``: what LoopMachine did before issue 31 — ``MACHINE``'s transition lists
   (the same conditions and callbacks) walked by hand, bypassing ``transitions``' event processing;
   kept here as the same-run baseline of that change;
@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, median, ratio
 
-from agentfsm import graph
-from agentfsm.events import (
+from agentfsm.machine import graph
+from agentfsm.machine.events import (
     Assembled,
     ModelResponse,
     StopHookVerdict,
@@ -50,7 +50,7 @@ from agentfsm.events import (
     StreamOpened,
     ToolsDrained,
 )
-from agentfsm.state import Limits, LoopState, Message
+from agentfsm.machine.state import Limits, LoopState, Message
 
 LIMITS = Limits()
 USE = ({"type": "tool_use", "id": "t1", "name": "Echo", "input": {"text": "x"}},)

@@ -109,7 +109,7 @@ def load_config(path: Path = CONFIG) -> Config:
 def register_operators(config: Config) -> None:
     """Put the ``agentfsm`` operators beside cosmic-ray's core ones (its registry is a plain dict of
     providers; a provider maps operator names to classes)."""
-    from agentfsm import state
+    from agentfsm.machine import state
 
     enums = {alias: [m.name for m in getattr(state, enum)] for alias, enum in config.operators["enums"].items()}
     plugins.OPERATOR_PROVIDERS["agentfsm"] = mutation_operators.provider(

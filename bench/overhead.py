@@ -162,25 +162,25 @@ def main(argv: list[str] | None = None) -> int:
 
 # (label, file suffix, function name): the engine's parts, as the driver and runner call them
 PARTS: tuple[tuple[str, str, str], ...] = (
-    ("session set-up (Session(): settings, gate, registry, writer)", "fsm/session.py", "__init__"),
-    ("session start and teardown (SessionStart, aclose)", "fsm/session.py", "_session_start"),
-    ("", "fsm/session.py", "aclose"),
-    ("driver set-up (Driver(): tool table, accounting)", "fsm/driver.py", "__init__"),
-    ("machine moves (transitions, guards, effects, new LoopState)", "fsm/graph.py", "fire"),
-    ("step observers and what a move does (trace, logs, emit)", "fsm/runner.py", "perform"),
-    ("", "fsm/trace.py", "on_step"),
-    ("", "fsm/driver.py", "on_step"),
-    ("assemble (context estimate, auto-compact check)", "fsm/driver.py", "assemble"),
-    ("call model (request, preflight, accounting; the first event)", "fsm/driver.py", "call_model"),
-    ("consume stream (assembler, executor intake)", "fsm/driver.py", "consume_stream"),
-    ("  of which executor intake (safety check, input parse)", "fsm/executor.py", "add_tool"),
+    ("session set-up (Session(): settings, gate, registry, writer)", "fsm/sessions/session.py", "__init__"),
+    ("session start and teardown (SessionStart, aclose)", "fsm/sessions/session.py", "_session_start"),
+    ("", "fsm/sessions/session.py", "aclose"),
+    ("driver set-up (Driver(): tool table, accounting)", "fsm/runtime/driver.py", "__init__"),
+    ("machine moves (transitions, guards, effects, new LoopState)", "fsm/machine/graph.py", "fire"),
+    ("step observers and what a move does (trace, logs, emit)", "fsm/runtime/runner.py", "perform"),
+    ("", "fsm/runtime/trace.py", "on_step"),
+    ("", "fsm/runtime/driver.py", "on_step"),
+    ("assemble (context estimate, auto-compact check)", "fsm/runtime/driver.py", "assemble"),
+    ("call model (request, preflight, accounting; the first event)", "fsm/runtime/driver.py", "call_model"),
+    ("consume stream (assembler, executor intake)", "fsm/runtime/driver.py", "consume_stream"),
+    ("  of which executor intake (safety check, input parse)", "fsm/runtime/executor.py", "add_tool"),
     ("the scripted model itself, inside the two above (the 30-line loop pays it too)",
      "fsm/testing/scripted.py", "_once"),
-    ("dispatch tools (wait for results, the batch)", "fsm/driver.py", "dispatch_tools"),
-    ("tool pipeline (15 steps; in the call's own task)", "fsm/pipeline.py", "run_tool_call"),
+    ("dispatch tools (wait for results, the batch)", "fsm/runtime/driver.py", "dispatch_tools"),
+    ("tool pipeline (15 steps; in the call's own task)", "fsm/runtime/pipeline.py", "run_tool_call"),
     ("  of which the permission decision", "hooks/gate.py", "permission"),
-    ("stop hooks (none configured)", "fsm/driver.py", "stop_hooks"),
-    ("the stop signal wrapping each wait (the waits' work included)", "fsm/signals.py", "until_stopped"),
+    ("stop hooks (none configured)", "fsm/runtime/driver.py", "stop_hooks"),
+    ("the stop signal wrapping each wait (the waits' work included)", "fsm/runtime/signals.py", "until_stopped"),
 )
 
 
@@ -195,8 +195,8 @@ class _Opaque:
 
 
 def pipeline(args: argparse.Namespace) -> int:
-    from agentfsm.compose import build_policy, build_registry
-    from agentfsm.pipeline import ToolTable, run_tool_call
+    from agentfsm.runtime.pipeline import ToolTable, run_tool_call
+    from agentfsm.sessions.compose import build_policy, build_registry
 
     cwd = workspace()
     echo = echo_tool()
@@ -232,7 +232,7 @@ def pipeline(args: argparse.Namespace) -> int:
             await loop.create_task(run_tool_call(block, lookup=table, gate=gate, ctx_factory=make_ctx))
 
     async def executors() -> None:
-        from agentfsm.executor import StreamingToolExecutor
+        from agentfsm.runtime.executor import StreamingToolExecutor
 
         for _ in range(n):
             StreamingToolExecutor(table, gate=gate)

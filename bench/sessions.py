@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, machine, workspace
 
-from agentfsm.options import Options
-from agentfsm.session import Session
+from agentfsm.llm.transport import AnthropicTransport
+from agentfsm.machine.options import Options
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import load_embedded_scenario, populate_workspace
 from agentfsm.testing.server import ScriptedServer
-from agentfsm.transport import AnthropicTransport
 
 MIB = 1024 * 1024
 

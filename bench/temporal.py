@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
 from agentfsm import query
-from agentfsm.options import Options
+from agentfsm.machine.options import Options
 from agentfsm.testing.scenario import load_embedded_scenario, populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
 

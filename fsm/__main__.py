@@ -1,7 +1,7 @@
-"""``python -m agentfsm``: the command line (:mod:`agentfsm.cli`)."""
+"""``python -m agentfsm``: the command line (:mod:`agentfsm.commandline.cli`)."""
 
 import sys
 
-from agentfsm.cli import entry
+from agentfsm.commandline.cli import entry
 
 sys.exit(entry())

@@ -3,7 +3,7 @@
 One-shot::
 
     import agentfsm
-    from agentfsm.options import Options
+    from agentfsm.machine.options import Options
 
     async for msg in agentfsm.query("What is in README.md?", options=Options(tools=("Read",))):
         if msg["type"] == "result":
@@ -22,14 +22,14 @@ Multi-turn::
 Messages are the dicts the CLI prints with ``--output-format stream-json``: ``system`` (``init``,
 ``command_lifecycle``, ``task_notification``, ``compact_boundary``…), ``assistant`` (one content block
 each, as soon as it is complete), ``user`` (each tool result as soon as it is ready) and ``result``.
-:class:`agentfsm.options.Options` configures everything (model, tools, limits, permission mode, hooks,
+:class:`agentfsm.machine.options.Options` configures everything (model, tools, limits, permission mode, hooks,
 ``can_use_tool``, ``cwd``, ``resume``/``continue_session``/``fork_session``, ``agents``…).
-``client`` is the model transport (an :class:`agentfsm.transport.AnthropicTransport`, a
+``client`` is the model transport (an :class:`agentfsm.llm.transport.AnthropicTransport`, a
 :class:`agentfsm.testing.ScriptedModel`…); pass one to share it between sessions — it is then yours to
 close. Without one, each session opens (and closes) its own ``AnthropicTransport``.
 
 Input sent while a run goes on is queued and absorbed by that run after its current tool batch;
-nothing is lost (see :mod:`agentfsm.queue`). Sessions share no mutable state: run as many as you like
+nothing is lost (see :mod:`agentfsm.runtime.queue`). Sessions share no mutable state: run as many as you like
 concurrently on one event loop.
 """
 
@@ -40,11 +40,11 @@ import contextlib
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from agentfsm import log as fsm_log
-from agentfsm.model import ModelClient
-from agentfsm.options import Options
-from agentfsm.result import RunResult
-from agentfsm.session import Prompt, Session
+from agentfsm.common import log as fsm_log
+from agentfsm.llm.model import ModelClient
+from agentfsm.machine.options import Options
+from agentfsm.runtime.result import RunResult
+from agentfsm.sessions.session import Prompt, Session
 
 _DONE = object()
 # how long leaving a query early or closing a client waits for the interrupted run to end
@@ -158,7 +158,7 @@ async def query(prompt: Prompt | AsyncIterable[Mapping[str, Any]], *, options: O
 
     Leaving the loop early interrupts the run and closes the session.
     """
-    from agentfsm.resume import open_session
+    from agentfsm.sessions.resume import open_session
 
     out: asyncio.Queue[Any] = asyncio.Queue()
     session = open_session(options or Options(), client=client, emit=out.put_nowait,
@@ -226,7 +226,7 @@ class AgentClient:
         return self.session.session_id
 
     async def connect(self) -> AgentClient:
-        from agentfsm.resume import open_session
+        from agentfsm.sessions.resume import open_session
 
         if self._session is None:
             self._session = open_session(self.options, client=self._client, emit=self._messages.put_nowait,

@@ -5,9 +5,10 @@
 - :mod:`agentfsm.hooks.config`: settings files and ``--settings``, merged with Claude Code's precedence;
 - :mod:`agentfsm.hooks.runner`: runs the matching hooks of one event (Python callables and commands);
 - :mod:`agentfsm.hooks.permissions`: rules (``Bash(npm run test:*)``, ``Edit(src/**)``), modes, ``can_use_tool``;
-- :mod:`agentfsm.hooks.gate`: :class:`HookGate`, the :class:`agentfsm.ports.ToolGate` the engine uses.
+- :mod:`agentfsm.hooks.gate`: :class:`HookGate`, the :class:`agentfsm.runtime.ports.ToolGate` the engine uses.
 """
 
+from agentfsm.common.modes import PERMISSION_MODES
 from agentfsm.hooks.config import PermissionSettings, Settings, SettingsError, load_settings, parse_settings
 from agentfsm.hooks.gate import (
     EventOutcome,
@@ -52,7 +53,6 @@ from agentfsm.hooks.runner import (
     HookRunner,
     HookRunResult,
 )
-from agentfsm.modes import PERMISSION_MODES
 
 __all__ = [
     "HOOK_EVENTS",

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from agentfsm import log as fsm_log
+from agentfsm.common import log as fsm_log
 from agentfsm.hooks import settings_schema
 from agentfsm.hooks.inputs import FOREIGN_EVENTS, HOOK_EVENTS
 from agentfsm.hooks.permissions import PermissionRule, RuleBehavior, dedup_rules, normalize_mode

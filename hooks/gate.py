@@ -1,4 +1,4 @@
-"""``HookGate``: the real :class:`agentfsm.ports.ToolGate` and :class:`agentfsm.ports.SessionHooks` —
+"""``HookGate``: the real :class:`agentfsm.runtime.ports.ToolGate` and :class:`agentfsm.runtime.ports.SessionHooks` —
 hooks plus permission rules and modes.
 
 The tool pipeline calls :meth:`HookGate.pre_tool_use`, :meth:`HookGate.permission` and
@@ -18,7 +18,8 @@ from typing import Any
 
 import attrs
 
-from agentfsm import log as fsm_log
+from agentfsm.common import log as fsm_log
+from agentfsm.common.weak import weak_method
 from agentfsm.hooks.config import Settings, load_settings
 from agentfsm.hooks.inputs import (
     HOOK_EVENTS,
@@ -40,7 +41,7 @@ from agentfsm.hooks.inputs import (
 from agentfsm.hooks.permissions import CanUseTool, PermissionPolicy, normalize_mode
 from agentfsm.hooks.runner import HookMatcher, HookRunner, HookRunResult
 from agentfsm.hooks.sandbox import SessionSandbox
-from agentfsm.ports import (
+from agentfsm.runtime.ports import (
     EventOutcome,
     PermissionOutcome,
     PostToolBatchOutcome,
@@ -50,7 +51,6 @@ from agentfsm.ports import (
     StopOutcome,
 )
 from agentfsm.tools.base import FileAccess, Tool
-from agentfsm.weak import weak_method
 
 log = fsm_log.get_logger("agentfsm.permissions")
 
@@ -101,7 +101,7 @@ class HookGate:
         # held weakly (the sandbox holds the policy): gone, it auto-allows nothing (fails closed)
         self.policy.sandbox_auto_allow = weak_method(self.sandbox.auto_allows, gone=False)
         # the session's running background tasks, for the Stop hook's ``background_tasks`` (the session
-        # sets it: agentfsm.tasks.TaskRegistry.background_tasks); None lists none
+        # sets it: agentfsm.runtime.tasks.TaskRegistry.background_tasks); None lists none
         self.background_tasks: Callable[[], Sequence[Mapping[str, Any]]] | None = None
         if python_hooks:
             _validate_python_hooks(python_hooks)
@@ -334,7 +334,7 @@ def _event_outcome(res: HookRunResult) -> EventOutcome:
 
 def build_gate(options: Any, *, session_id: str = "", transcript_path: str = "",
                registry: Any = None) -> HookGate:
-    """The gate of a session configured by an :class:`agentfsm.options.Options`: settings from
+    """The gate of a session configured by an :class:`agentfsm.machine.options.Options`: settings from
     ``options.setting_sources`` plus ``--settings``, the CLI rule lists and mode, Python hooks and
     ``can_use_tool``. Raises :class:`agentfsm.hooks.config.SettingsError` for a bad settings source.
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentfsm import log as fsm_log
+from agentfsm.common import log as fsm_log
 from agentfsm.tools.base import Tool
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def _problem(update: Any) -> str | None:
             except ValueError as exc:
                 return f"{kind}: rule {r!r}: {exc}"
     if kind == "setMode":
-        from agentfsm.modes import PERMISSION_MODES
+        from agentfsm.common.modes import PERMISSION_MODES
 
         if update.get("mode") not in PERMISSION_MODES:
             return f"setMode: unknown mode {update.get('mode')!r}"

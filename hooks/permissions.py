@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from agentfsm import log as fsm_log
+from agentfsm.common import log as fsm_log
+from agentfsm.common.modes import normalize_mode
 from agentfsm.hooks.bash_approval import approval_text, edits_inside
 from agentfsm.hooks.bash_policy import (
     Match,
@@ -40,7 +41,6 @@ from agentfsm.hooks.bash_policy import (
     wildcard,
 )
 from agentfsm.hooks.file_access import PathChecker, PolicyFileAccess, path_rule_matches
-from agentfsm.modes import normalize_mode
 from agentfsm.tools.base import Access, Tool
 from agentfsm.tools.pathmatch import has_magic
 from agentfsm.tools.shell import analyse

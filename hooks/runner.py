@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import attrs
 
-from agentfsm import log as fsm_log
+from agentfsm.common import log as fsm_log
 from agentfsm.hooks.inputs import (
     BLOCKING_EVENTS,
     DECISION_BLOCK_EVENTS,

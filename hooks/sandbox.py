@@ -33,7 +33,7 @@ from typing import Any
 
 import attrs
 
-from agentfsm import log as fsm_log
+from agentfsm.common import log as fsm_log
 from agentfsm.hooks.bash_policy import parts_allowed
 from agentfsm.hooks.config import SandboxPath, SandboxSettings
 from agentfsm.hooks.file_access import path_rule_matches, rule_base, rule_root

@@ -83,10 +83,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _leave_structlog_as_found() -> Iterator[None]:
-    """Sessions configure structlog process-wide (``agentfsm.log``: ``off`` for library use, a JSON file for
+    """Sessions configure structlog process-wide (``agentfsm.common.log``: ``off`` for library use, a JSON file for
     the CLI). After every test, close any log file a run opened and put back what the process had,
     so a later test that captures logs sees structlog as it was."""
-    from agentfsm import log
+    from agentfsm.common import log
 
     was_configured, saved = structlog.is_configured(), structlog.get_config()
     yield

@@ -15,7 +15,7 @@ import pytest
 
 import agentfsm
 from agentfsm.api import InputError, parse_input
-from agentfsm.options import Options
+from agentfsm.machine.options import Options
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolContext, tool
 
@@ -175,7 +175,8 @@ def test_parse_input() -> None:
 
 
 def test_import_fsm_stays_cheap() -> None:
-    code = ("import sys, fsm; heavy = [m for m in ('agentfsm.api', 'agentfsm.session', 'anthropic', 'agentfsm.driver') "
+    code = ("import sys, fsm; heavy = [m for m in ('agentfsm.api', 'agentfsm.sessions.session', 'anthropic', "
+            "'agentfsm.runtime.driver') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -184,7 +185,7 @@ def test_import_fsm_stays_cheap() -> None:
 
 @pytest.mark.parametrize("budget", [0, -5, True, 2.5, "100"])
 def test_a_task_budget_must_be_a_positive_token_count(budget: Any) -> None:
-    from agentfsm.options import Options
+    from agentfsm.machine.options import Options
 
     with pytest.raises(ValueError, match="task_budget must be a positive number of tokens"):
         Options(task_budget=budget)

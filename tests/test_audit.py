@@ -1,7 +1,8 @@
 """The trace auditor against genuine traces and hand-tampered copies of them.
 
-Traces are written by :class:`agentfsm.trace.TraceWriter` while :class:`Sim` walks the real
-:class:`agentfsm.graph.LoopMachine` (so :func:`agentfsm.graph.decide` picks every edge, exactly as in the
+Traces are written by :class:`agentfsm.runtime.trace.TraceWriter` while :class:`Sim` walks the real
+:class:`agentfsm.machine.graph.LoopMachine` (so :func:`agentfsm.machine.graph.decide` picks every edge, exactly as in
+the
 driver) and records each request through the driver's own wire normalisation.
 """
 
@@ -17,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm import claude_code, graph
-from agentfsm.audit import (
+from agentfsm.auditing import claude_code
+from agentfsm.auditing.audit import (
     CODES,
     RAISED_BY,
     WARNING_CODES,
@@ -38,7 +39,8 @@ from agentfsm.audit import (
     recognise,
     summary_line,
 )
-from agentfsm.events import (
+from agentfsm.machine import graph
+from agentfsm.machine.events import (
     Aborted,
     Assembled,
     CallFailed,
@@ -52,9 +54,9 @@ from agentfsm.events import (
     StreamOpened,
     ToolsDrained,
 )
-from agentfsm.graph import LoopMachine, may_reactive_compact
-from agentfsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
-from agentfsm.trace import TraceWriter, transition_snapshots
+from agentfsm.machine.graph import LoopMachine, may_reactive_compact
+from agentfsm.machine.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.runtime.trace import TraceWriter, transition_snapshots
 
 Trace = tuple[Path, list[dict[str, Any]]]  # a session file and its records
 SESSION = "0b9c1d7e-0000-4000-8000-000000000001"
@@ -1037,7 +1039,7 @@ def test_without_a_result_record_the_report_ends_with_the_last_move_into_stop(tm
 
 
 def test_a_snapshot_without_a_phase_or_compaction_counts_restores_to_the_start() -> None:
-    from agentfsm.audit import _restore
+    from agentfsm.auditing.audit import _restore
 
     restored = _restore(LoopState(messages=()), "nowhere", {})
     assert restored.phase is Phase.ASSEMBLE
@@ -1066,8 +1068,8 @@ def test_require_full_needs_every_edge_and_every_reason(monkeypatch: pytest.Monk
                                                         edges_full: bool, reasons_full: bool) -> None:
     from collections import Counter
 
-    from agentfsm import audit as audit_module
-    from agentfsm.coverage import Coverage, declared_moves
+    from agentfsm.auditing import audit as audit_module
+    from agentfsm.auditing.coverage import Coverage, declared_moves
 
     moves = declared_moves()
     taken = Counter(moves if edges_full else moves[1:])

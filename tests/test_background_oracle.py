@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from agentfsm.model import ModelRequest
-from agentfsm.options import Options
-from agentfsm.session import Session
+from agentfsm.llm.model import ModelRequest
+from agentfsm.machine.options import Options
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 
 HERE = Path(__file__).resolve().parent / "fixtures" / "background"

@@ -43,7 +43,7 @@ def test_one_top_level_name(installed: Path) -> None:
     assert tops == {"agentfsm"}
     assert (installed / "agentfsm" / "tools" / "read.py").exists()
     assert (installed / "agentfsm" / "hooks" / "gate.py").exists()
-    assert (installed / "agentfsm" / "claude_code" / "transcript.py").exists()
+    assert (installed / "agentfsm" / "auditing" / "claude_code" / "transcript.py").exists()
     assert (installed / "agentfsm" / "hooks" / "examples" / "block_dangerous_bash.py").exists()
 
 
@@ -58,7 +58,7 @@ def test_a_broken_arrow_is_caught(installed: Path, tmp_path: Path) -> None:
     """The check can fail: the engine importing the hooks breaks two contracts."""
     copy = tmp_path / "copy"
     shutil.copytree(installed, copy)
-    driver = copy / "agentfsm" / "driver.py"
+    driver = copy / "agentfsm" / "runtime" / "driver.py"
     driver.write_text(driver.read_text() + "\nimport agentfsm.hooks  # noqa\n")
     done = lint(copy)
     assert done.returncode != 0

@@ -1,5 +1,5 @@
 """A tool input is a JSON object within bounds of depth and size; anything else is malformed input,
-never an exception of another kind (agentfsm.bounded_json, and the assembler that uses it)."""
+never an exception of another kind (agentfsm.common.bounded_json, and the assembler that uses it)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.assembler import ResponseAssembler
-from agentfsm.bounded_json import InputRejected, JsonBounds, nesting_depth, parse_object, rejection
-from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageStart
+from agentfsm.common.bounded_json import InputRejected, JsonBounds, nesting_depth, parse_object, rejection
+from agentfsm.llm.model import BlockDelta, BlockStart, BlockStop, MessageStart
+from agentfsm.runtime.assembler import ResponseAssembler
 
 # strings full of the characters that confuse a scan: brackets, quotes and backslashes are data there
 tricky = st.text(alphabet='[]{}"\\ax,:\n\u00e9', max_size=8)

@@ -15,7 +15,7 @@ import anthropic
 import attrs
 import pytest
 
-from agentfsm.model import ModelRequest
+from agentfsm.llm.model import ModelRequest
 from agentfsm.testing import (
     Scenario,
     ScriptedServer,

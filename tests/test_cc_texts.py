@@ -10,9 +10,9 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.events import ModelResponse
-from agentfsm.result import build_result
-from agentfsm.state import LoopState, Message, TerminalReason
+from agentfsm.machine.events import ModelResponse
+from agentfsm.machine.state import LoopState, Message, TerminalReason
+from agentfsm.runtime.result import build_result
 from agentfsm.tools.schema import ajv_issues, compile_validator
 from agentfsm.tools.structured_output import StructuredOutputTool
 

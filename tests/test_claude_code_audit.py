@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm import claude_code
-from agentfsm.audit import MoveAt, NotATrace, Report, audit_report, main, recognise
-from agentfsm.graph import EDGES_BY_TRIGGER
-from agentfsm.state import LoopState
+from agentfsm.auditing import claude_code
+from agentfsm.auditing.audit import MoveAt, NotATrace, Report, audit_report, main, recognise
+from agentfsm.machine.graph import EDGES_BY_TRIGGER
+from agentfsm.machine.state import LoopState
 
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
 SCENARIOS = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").is_file())
@@ -596,9 +596,9 @@ def test_unknown_record_types_are_reported_once_per_type_with_a_count(tmp_path: 
 
 
 def test_the_record_table_in_the_docs_is_the_auditors() -> None:
-    """docs/claude_code_records.md lists every record type of fsm/claude_code/records.py with its role,
+    """docs/claude_code_records.md lists every record type of fsm/auditing/claude_code/records.py with its role,
     and no other."""
-    from agentfsm.claude_code import records as tables
+    from agentfsm.auditing.claude_code import records as tables
 
     doc = (Path(__file__).parent.parent / "docs" / "claude_code_records.md").read_text(encoding="utf-8")
     sections = doc.split("\n### ")[1:]
@@ -614,7 +614,7 @@ def test_the_record_table_in_the_docs_is_the_auditors() -> None:
 
 def test_every_record_type_of_the_recorded_runs_is_known() -> None:
     """No record of any recorded Claude Code run is unknown to the tables."""
-    from agentfsm.claude_code import records as tables
+    from agentfsm.auditing.claude_code import records as tables
 
     for path in FIXTURES.rglob("*.jsonl"):
         stream = path.name.startswith("stream")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentfsm.audit import audit_report
+from agentfsm.auditing.audit import audit_report
 from agentfsm.testing import ScriptedServer
 from agentfsm.testing.scenario import load_scenario
 

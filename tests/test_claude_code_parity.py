@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agentfsm.prompts import EMPTY_RESPONSE_NUDGE
+from agentfsm.machine.prompts import EMPTY_RESPONSE_NUDGE
 from agentfsm.testing.server import ScriptedServer
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from agentfsm.claude_transcript import ClaudeTranscript, project_name, transcript_path
+from agentfsm.sessions.claude_transcript import ClaudeTranscript, project_name, transcript_path
 
 sessions = pytest.importorskip("claude_agent_sdk._internal.sessions")
 

@@ -17,8 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_recovery import run_session  # the recovery tests' session runner, audit included
 
-from agentfsm import prompts
-from agentfsm.compact import (
+from agentfsm.llm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, ModelRequest
+from agentfsm.machine import prompts
+from agentfsm.machine.state import Limits, Message, TerminalReason
+from agentfsm.runtime.compact import (
     CHARS_PER_TOKEN,
     chars_of,
     compact,
@@ -26,9 +28,7 @@ from agentfsm.compact import (
     split_for_compaction,
     summary_request,
 )
-from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, ModelRequest
-from agentfsm.request import normalize
-from agentfsm.state import Limits, Message, TerminalReason
+from agentfsm.runtime.request import normalize
 from agentfsm.testing.scripted import ScriptedModel
 
 SYSTEM = ({"type": "text", "text": "sys"},)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from agentfsm import conform
+from agentfsm.commandline import conform
 from agentfsm.testing.oracle import AGENTFSM, conform_differences, run_client
 
 FIXTURES = Path(__file__).parent / "fidelity" / "conform"
@@ -33,7 +33,7 @@ CLAUDE = os.environ.get("AGENTFSM_CLAUDE")
 
 PLANTED = '''\
 import sys
-from agentfsm import graph
+from agentfsm.machine import graph
 
 _resets = graph.resets
 
@@ -47,7 +47,7 @@ def planted(trigger, state):
 
 
 graph.resets = planted
-from agentfsm.cli import main
+from agentfsm.commandline.cli import main
 
 sys.exit(main())
 '''
@@ -133,7 +133,7 @@ def test_shrinking_stops_at_its_budget_of_runs() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_conform_against_the_same_agentfsm_finds_nothing(tmp_path: Path) -> None:
-    oracle = _oracle(tmp_path, "import sys\nfrom agentfsm.cli import main\n\nsys.exit(main())\n")
+    oracle = _oracle(tmp_path, "import sys\nfrom agentfsm.commandline.cli import main\n\nsys.exit(main())\n")
     code, text, summary = _conform("--claude", oracle, "--examples", "3", "--only", "max_tokens,invalid",
                                    "--max-responses", "3")
     assert code == 0, text

@@ -1,13 +1,13 @@
 """A counter's cap is declared once: the counter names its limit (``counter(..., cap=NAME)``), the limit
-is a :class:`~agentfsm.state.Limits` field declared with ``_cap(default, validator)``, and
-:func:`agentfsm.state.cap_problems` (run at import) finds every way the two can disagree."""
+is a :class:`~agentfsm.machine.state.Limits` field declared with ``_cap(default, validator)``, and
+:func:`agentfsm.machine.state.cap_problems` (run at import) finds every way the two can disagree."""
 
 from __future__ import annotations
 
 import attrs
 import pytest
 
-from agentfsm.state import (
+from agentfsm.machine.state import (
     COUNTER_CAPS,
     COUNTERS,
     Counter,

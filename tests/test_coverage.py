@@ -1,7 +1,7 @@
 """Coverage of the declared graph: the union of the property suite's traces and a few deterministic
 runs of rare paths exercises every declared edge (trigger × source) and every terminal reason
 (docs/behaviour.md §2: "every terminal reason must be reachable, and a test must reach each one"), as
-``agentfsm.audit.coverage`` counts them. Every trace of the union also passes the auditor.
+``agentfsm.auditing.audit.coverage`` counts them. Every trace of the union also passes the auditor.
 
 The deterministic runs use the real driver through ``agentfsm.testing.stateful.LoopHarness``; what no
 scenario record can express (a prompt-too-long error mid-stream, a protocol violation, an empty
@@ -23,14 +23,14 @@ import attrs
 import pytest
 import test_properties as suite
 
-from agentfsm import prompts
-from agentfsm.audit import Coverage, Move, audit_file, coverage, declared_moves, trace_files
-from agentfsm.events import ModelError
-from agentfsm.graph import EDGES_BY_TRIGGER
+from agentfsm.auditing.audit import Coverage, Move, audit_file, coverage, declared_moves, trace_files
 from agentfsm.hooks import HookBlockingError, HookMatcher
-from agentfsm.model import BlockStop, ModelCallError, ModelRequest, StreamEvent
-from agentfsm.options import Options
-from agentfsm.state import Limits, Message, TerminalReason
+from agentfsm.llm.model import BlockStop, ModelCallError, ModelRequest, StreamEvent
+from agentfsm.machine import prompts
+from agentfsm.machine.events import ModelError
+from agentfsm.machine.graph import EDGES_BY_TRIGGER
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, Message, TerminalReason
 from agentfsm.testing import (
     HttpErrorResponse,
     Response,
@@ -60,7 +60,7 @@ UNREACHABLE_REASONS: Mapping[str, str] = {}
 @attrs.frozen
 class HostOptions(Options):
     """Options carrying the host's ``should_stop_before_next_call``, which the driver reads from its
-    options (``agentfsm.driver``) but ``agentfsm.options.Options`` does not declare."""
+    options (``agentfsm.runtime.driver``) but ``agentfsm.machine.options.Options`` does not declare."""
 
     should_stop_before_next_call: Callable[[Any], Any] | None = None
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentfsm.audit import audit_file
+from agentfsm.auditing.audit import audit_file
 
 
 def _demo(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:

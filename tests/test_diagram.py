@@ -1,4 +1,4 @@
-"""Diagrams are derived from agentfsm.graph: complete, readable at README width, stable, checked; and every
+"""Diagrams are derived from agentfsm.machine.graph: complete, readable at README width, stable, checked; and every
 run can be drawn (over the overview, or as a sequence diagram)."""
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from agentfsm.diagram.views import (
     running_phases,
     terminal_rows,
 )
-from agentfsm.events import Aborted, to_record
-from agentfsm.graph import EDGES, ROUTES, RUNNING, STATES
-from agentfsm.state import COUNTERS, Limits, TerminalReason
+from agentfsm.machine.events import Aborted, to_record
+from agentfsm.machine.graph import EDGES, ROUTES, RUNNING, STATES
+from agentfsm.machine.state import COUNTERS, Limits, TerminalReason
 
 RENDERER = pytest.mark.skipif(diagram.renderer() is None, reason="neither Graphviz dot nor pygraphviz installed")
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
@@ -316,7 +316,8 @@ def test_main_check_names_stale_files_and_the_command(tmp_path: Path, capsys: py
 
 
 def test_committed_diagrams_are_current() -> None:
-    """CI's staleness gate (docs/behaviour.md §8): regenerate with `agentfsm diagram` after changing fsm/graph.py."""
+    """CI's staleness gate (docs/behaviour.md §8): regenerate with `agentfsm diagram` after changing
+    fsm/machine/graph.py."""
     root = diagram.repo_root()
     if root is None:
         pytest.skip("not running from a checkout")

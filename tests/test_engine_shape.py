@@ -1,7 +1,7 @@
 """The engine's shape (issue 34): a finished session is freed by reference counting alone (no
 reference cycles among its per-session objects, so the cyclic gc has nothing of it to walk), the
 objects a turn leaves behind do not grow with the length of the conversation, and the lean machine
-(:class:`agentfsm.graph.LeanMachine`) takes the same steps as transitions' stock classes."""
+(:class:`agentfsm.machine.graph.LeanMachine`) takes the same steps as transitions' stock classes."""
 
 from __future__ import annotations
 
@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from transitions import Machine
 
-from agentfsm import graph
-from agentfsm.events import Assembled, ModelResponse, StopHookVerdict, StreamEnded, StreamOpened, ToolsDrained
-from agentfsm.options import Options
-from agentfsm.session import Session
-from agentfsm.state import Limits, LoopState, Message, Phase
+from agentfsm.common.weak import weak_method
+from agentfsm.machine import graph
+from agentfsm.machine.events import Assembled, ModelResponse, StopHookVerdict, StreamEnded, StreamOpened, ToolsDrained
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, LoopState, Message, Phase
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import Scenario, StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import Tool, ToolContext, tool
-from agentfsm.weak import weak_method
 
 ECHO_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentfsm.common.modes import PERMISSION_MODES
 from agentfsm.hooks.permissions import PermissionPolicy
-from agentfsm.modes import PERMISSION_MODES
 from agentfsm.tools import BashTool
 
 CORPUS: list[dict[str, Any]] = json.loads(

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from agentfsm.executor import StreamingToolExecutor
-from agentfsm.pipeline import REJECT_MESSAGE, CallResult, ToolTable
-from agentfsm.ports import AllowAllGate
+from agentfsm.runtime.executor import StreamingToolExecutor
+from agentfsm.runtime.pipeline import REJECT_MESSAGE, CallResult, ToolTable
+from agentfsm.runtime.ports import AllowAllGate
 from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolOutput
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "additionalProperties": False}
@@ -496,7 +496,7 @@ async def test_abort_reason_text_for_other_reasons(lab: Lab) -> None:
 
 
 def test_the_default_cap_is_the_documented_limit() -> None:
-    from agentfsm.state import Limits
+    from agentfsm.machine.state import Limits
 
     assert StreamingToolExecutor([], gate=AllowAllGate()).max_concurrency == Limits().max_tool_concurrency
 
@@ -597,7 +597,7 @@ async def test_tasks_are_named_after_their_call_and_a_cancelled_one_is_paired(la
 
 async def test_a_pipeline_that_raises_still_answers_its_call(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     """Belt and braces: the pipeline never raises, but if it did, the call gets an error result."""
-    import agentfsm.executor as executor_module
+    import agentfsm.runtime.executor as executor_module
 
     async def broken(block: Any, **_kw: Any) -> CallResult:
         raise RuntimeError("pipeline broke")

@@ -22,9 +22,9 @@ import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, StreamingToolExecutor, deliverable, may_start
-from agentfsm.pipeline import CallResult
-from agentfsm.ports import AllowAllGate
+from agentfsm.runtime.executor import DELIVERED, DONE, QUEUED, RUNNING, StreamingToolExecutor, deliverable, may_start
+from agentfsm.runtime.pipeline import CallResult
+from agentfsm.runtime.ports import AllowAllGate
 from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext, ToolError, ToolOutput
 
 KINDS = ("safe", "unsafe", "raising_check", "unknown", "invalid_input", "invalid_json")

@@ -18,10 +18,10 @@ from typing import Any
 import attrs
 import pytest
 
-from agentfsm import graph, prompts
-from agentfsm.audit import audit_file
+from agentfsm.auditing.audit import audit_file
 from agentfsm.diagram import render_dot, render_mermaid
-from agentfsm.events import (
+from agentfsm.machine import graph, prompts
+from agentfsm.machine.events import (
     Assembled,
     CallFailed,
     ModelError,
@@ -30,10 +30,10 @@ from agentfsm.events import (
     StreamEnded,
     StreamOpened,
 )
-from agentfsm.runner import perform
-from agentfsm.state import Limits, LoopState, Message, Phase
+from agentfsm.machine.state import Limits, LoopState, Message, Phase
+from agentfsm.runtime.runner import perform
+from agentfsm.runtime.trace import TraceWriter, graph_digest, read_records
 from agentfsm.testing.stateful import _StepChecker
-from agentfsm.trace import TraceWriter, graph_digest, read_records
 
 A, C, S = Phase.ASSEMBLE, Phase.CALL_MODEL, Phase.STREAM
 IMAGE = ModelError("image", "messages.1: image exceeds 5 MB maximum", 400)

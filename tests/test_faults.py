@@ -18,19 +18,19 @@ from typing import Any
 import attrs
 import pytest
 
-from agentfsm.audit import audit_file
-from agentfsm.events import ModelError
-from agentfsm.model import ModelCallError, ModelRequest
-from agentfsm.options import Options
-from agentfsm.result import RunResult
-from agentfsm.session import Session
-from agentfsm.state import Limits, Message, TerminalReason
+from agentfsm.auditing.audit import audit_file
+from agentfsm.llm.model import ModelCallError, ModelRequest
+from agentfsm.llm.transport import AnthropicTransport
+from agentfsm.machine.events import ModelError
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, Message, TerminalReason
+from agentfsm.runtime.result import RunResult
+from agentfsm.sessions.session import Session
 from agentfsm.testing.canonical import canonical_requests
 from agentfsm.testing.scenario import load_scenario, parse_response
 from agentfsm.testing.scripted import ScriptedModel, stream_error
 from agentfsm.testing.server import ScriptedServer
 from agentfsm.tools.base import Tool, ToolContext, ToolOutput
-from agentfsm.transport import AnthropicTransport
 
 pytestmark = pytest.mark.server
 T = TerminalReason

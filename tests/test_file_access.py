@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agentfsm.compose import build_registry
 from agentfsm.hooks import build_gate
-from agentfsm.options import Options
-from agentfsm.pipeline import CallResult, run_tool_call
+from agentfsm.machine.options import Options
+from agentfsm.runtime.pipeline import CallResult, run_tool_call
+from agentfsm.sessions.compose import build_registry
 from agentfsm.tools.base import ToolContext
 from agentfsm.tools.read import record_read
 

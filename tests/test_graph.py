@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentfsm import graph, prompts
-from agentfsm.events import (
+from agentfsm.machine import graph, prompts
+from agentfsm.machine.events import (
     Aborted,
     Assembled,
     CallFailed,
@@ -22,8 +22,8 @@ from agentfsm.events import (
     StreamOpened,
     ToolsDrained,
 )
-from agentfsm.graph import EDGES, LoopMachine, Step, UndeclaredMove, decide
-from agentfsm.state import COUNTER_CAPS, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.machine.graph import EDGES, LoopMachine, Step, UndeclaredMove, decide
+from agentfsm.machine.state import COUNTER_CAPS, Limits, LoopState, Message, Phase, TerminalReason
 
 LIM = Limits()
 TEXT = ({"type": "text", "text": "done"},)
@@ -530,7 +530,7 @@ def test_failure_records_of_an_earlier_release_still_read() -> None:
     """Session files written before failure events carried raw facts recorded the pairing itself
     (``partial``, ``partial_results``): they read as the blocks shown and the results as finished, so
     the auditor's replay pairs them the same way."""
-    from agentfsm.events import from_record, to_record
+    from agentfsm.machine.events import from_record, to_record
 
     old = {"type": "Aborted", "partial": {"role": "assistant", "kind": "assistant", "uuid": "u1",
                                           "content": [{"type": "text", "text": "…"},

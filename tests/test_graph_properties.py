@@ -2,9 +2,9 @@
 
 :func:`expected` below says, for any state, event and limits, which edge the loop takes and what the
 next state record is — written from the behaviour contract, rule by rule, independently of
-``fsm/graph.py``'s guards and effects. The properties draw states whose counters sit on both sides of
+``fsm/machine/graph.py``'s guards and effects. The properties draw states whose counters sit on both sides of
 their caps, events of every kind (including the ones a phase must refuse) and small limits, and
-compare every move of :func:`agentfsm.graph.advance` with it field by field: the edge, every counter
+compare every move of :func:`agentfsm.machine.graph.advance` with it field by field: the edge, every counter
 and flag of the snapshot, the terminal reason and its detail, compaction and query tracking, the tool
 context, the conversation, the notices. So each guard is checked at its boundary from both sides,
 each counter's reset and each edge's terminal reasons on every draw — and a rule added later without
@@ -23,9 +23,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentfsm import audit, graph, prompts
-from agentfsm.audit import RAISED_BY
-from agentfsm.events import (
+from agentfsm.auditing import audit
+from agentfsm.auditing.audit import RAISED_BY
+from agentfsm.machine import graph, prompts
+from agentfsm.machine.events import (
     EVENT_TYPES,
     Aborted,
     Assembled,
@@ -41,8 +42,8 @@ from agentfsm.events import (
     TaskNotified,
     ToolsDrained,
 )
-from agentfsm.graph import UndeclaredMove
-from agentfsm.state import (
+from agentfsm.machine.graph import UndeclaredMove
+from agentfsm.machine.state import (
     CompactTracking,
     Limits,
     LoopState,

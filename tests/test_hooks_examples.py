@@ -16,7 +16,7 @@ from agentfsm.hooks.examples import EXAMPLES, example_command, example_path
 from agentfsm.hooks.gate import HookGate
 from agentfsm.hooks.inputs import PostToolUseFailureInput, PostToolUseInput, PreToolUseInput, StopInput
 from agentfsm.hooks.runner import CommandHook, HookMatcher, HookRunner
-from agentfsm.ports import PreToolOutcome
+from agentfsm.runtime.ports import PreToolOutcome
 from agentfsm.tools.base import Tool
 
 

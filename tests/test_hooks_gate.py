@@ -17,8 +17,8 @@ from agentfsm.hooks.gate import HookGate
 from agentfsm.hooks.inputs import HookOutput, PreToolUseInput, StopInput, ToolCallRecord
 from agentfsm.hooks.permissions import PermissionAllow, PermissionPolicy, ToolPermissionContext
 from agentfsm.hooks.runner import HookMatcher
-from agentfsm.options import Options
-from agentfsm.ports import PreToolOutcome, ToolGate
+from agentfsm.machine.options import Options
+from agentfsm.runtime.ports import PreToolOutcome, ToolGate
 from agentfsm.tools.base import Tool
 from agentfsm.tools.registry import ToolRegistry
 

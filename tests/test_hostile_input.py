@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from agentfsm.audit import check_request
-from agentfsm.resume import load_view
+from agentfsm.auditing.audit import check_request
+from agentfsm.runtime.trace import FileProblem
+from agentfsm.sessions.resume import load_view
 from agentfsm.testing.server import ScriptedServer
-from agentfsm.trace import FileProblem
 
 pytestmark = pytest.mark.server
 

@@ -2,7 +2,7 @@
 
 The auditor replays a trace through the declared routes, so a route whose effect forgets a reset is a
 bug it shares: it computes the same wrong counter and finds nothing. The kit also states each
-counter's resets, rises and cap from the counter's own field declaration (``agentfsm.state.COUNTERS``)
+counter's resets, rises and cap from the counter's own field declaration (``agentfsm.machine.state.COUNTERS``)
 and checks every move against it (``agentfsm.testing.stateful.counter_violations``). Planted here:
 ``max_output_tokens_recovery_count`` not reset on ``next_turn``, as a change of the graph's effect (the
 field still declares the reset). The kit's ordinary property test catches it within hypothesis's
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from agentfsm import graph
-from agentfsm.audit import audit
-from agentfsm.state import COUNTERS_BY_KEY, LoopState
+from agentfsm.auditing.audit import audit
+from agentfsm.machine import graph
+from agentfsm.machine.state import COUNTERS_BY_KEY, LoopState
 from agentfsm.testing import text_response, tool_response
 from agentfsm.testing.scenario import StreamedResponse, TextBlock
 from agentfsm.testing.stateful import assert_invariants, counter_violations, invariant_violations, run_loop

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
-from agentfsm.audit import audit_file
+from agentfsm.auditing.audit import audit_file
 from agentfsm.hooks import HookMatcher
-from agentfsm.model import ModelRequest
-from agentfsm.options import Options
-from agentfsm.state import Limits, Message
+from agentfsm.llm.model import ModelRequest
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, Message
 from agentfsm.testing import HttpErrorResponse, StreamedResponse, TextBlock, text_response, tool_response
 from agentfsm.testing.stateful import (
     AgentLoopStateMachine,

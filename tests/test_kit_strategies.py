@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.model import classify_error
-from agentfsm.state import Limits
+from agentfsm.llm.model import classify_error
+from agentfsm.machine.state import Limits
 from agentfsm.testing import (
     HttpErrorResponse,
     RawToolJsonBlock,
@@ -79,7 +79,7 @@ SCHEMAS: dict[str, Mapping[str, Any]] = {
 
 
 def _valid(schema: Mapping[str, Any], value: Any) -> bool:
-    # the format checker the tool pipeline validates with (agentfsm.pipeline)
+    # the format checker the tool pipeline validates with (agentfsm.runtime.pipeline)
     cls = jsonschema.Draft202012Validator
     return bool(cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(value))
 

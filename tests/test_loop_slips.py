@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 from test_recovery import run_session  # the recovery tests' session runner, audit included
 
-from agentfsm.audit import audit_file
-from agentfsm.checks import CODES, check_request
+from agentfsm.auditing.audit import audit_file
+from agentfsm.auditing.checks import CODES, check_request
 from agentfsm.hooks.permissions import PermissionDeny
-from agentfsm.options import Options
-from agentfsm.pipeline import REJECT_MESSAGE, WORKER_LOST, synthetic_result, synthetic_text
-from agentfsm.resume import load_history
-from agentfsm.session import Session
-from agentfsm.state import Limits, TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, TerminalReason
+from agentfsm.runtime.pipeline import REJECT_MESSAGE, WORKER_LOST, synthetic_result, synthetic_text
+from agentfsm.sessions.resume import load_history
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolContext, tool

@@ -190,7 +190,7 @@ def test_a_bad_limit_says_what_it_takes_in_words(tmp_path):
 
 # --- MCP is an extra ------------------------------------------------------------------------------------
 
-WITHOUT_MCP = ("import sys; sys.modules['mcp'] = None; from agentfsm.cli import main; "
+WITHOUT_MCP = ("import sys; sys.modules['mcp'] = None; from agentfsm.commandline.cli import main; "
                "sys.exit(main(sys.argv[1:]))")
 
 
@@ -230,7 +230,7 @@ def test_loggers_follow_a_reconfiguration_through_structlogs_public_api():
     import structlog
     from structlog.testing import capture_logs
 
-    from agentfsm import log
+    from agentfsm.common import log
 
     logger = log.get_logger("agentfsm.test")
     saved = structlog.get_config()

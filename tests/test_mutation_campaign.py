@@ -41,8 +41,10 @@ def test_every_listed_path_exists() -> None:
 
 def test_the_modules_issue_35_named_are_in_the_campaign() -> None:
     modules = {m["path"] for m in CONFIG["modules"].values()}
-    named = {"fsm/compact.py", "fsm/phases.py", "fsm/driver.py", "fsm/checks.py", "fsm/request.py", "fsm/resume.py",
-             "fsm/session.py", "fsm/trace.py", "fsm/model.py", "fsm/transport.py", "fsm/pipeline.py"}
+    named = {"fsm/runtime/compact.py", "fsm/runtime/phases.py", "fsm/runtime/driver.py", "fsm/auditing/checks.py",
+             "fsm/runtime/request.py", "fsm/sessions/resume.py",
+             "fsm/sessions/session.py", "fsm/runtime/trace.py", "fsm/llm/model.py", "fsm/llm/transport.py",
+             "fsm/runtime/pipeline.py"}
     assert named <= modules
     # the tools' own input handling: every tool module but the package and the command environment
     tools = {p for p in _sources() if p.startswith("tools/")}

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from agentfsm.hooks import HookMatcher, HookOutput
-from agentfsm.options import Options
-from agentfsm.state import Limits
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits
 from agentfsm.testing.stateful import LoopHarness, RequestContext, assert_invariants, run_loop
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}

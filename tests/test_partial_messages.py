@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentfsm.api import query
-from agentfsm.options import Options
+from agentfsm.machine.options import Options
 from agentfsm.testing import ScriptedModel
 from agentfsm.testing.strategies import malformed_responses, text_responses, tool_call_responses, unique_tool_ids
 from agentfsm.tools.base import tool

@@ -22,11 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.compose import build_registry
+from agentfsm.common.modes import PERMISSION_MODES
 from agentfsm.hooks import build_gate
-from agentfsm.modes import PERMISSION_MODES
-from agentfsm.options import Options
-from agentfsm.pipeline import run_tool_call
+from agentfsm.machine.options import Options
+from agentfsm.runtime.pipeline import run_tool_call
+from agentfsm.sessions.compose import build_registry
 from agentfsm.tools.base import ToolContext
 from agentfsm.tools.pathmatch import path_rule_matcher
 from agentfsm.tools.read import record_read

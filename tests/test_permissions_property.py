@@ -14,6 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentfsm.common.modes import PERMISSION_MODES
 from agentfsm.hooks.gate import HookGate
 from agentfsm.hooks.permissions import (
     PermissionAllow,
@@ -22,8 +23,7 @@ from agentfsm.hooks.permissions import (
     PermissionRule,
     ToolPermissionContext,
 )
-from agentfsm.modes import PERMISSION_MODES
-from agentfsm.ports import PreToolOutcome
+from agentfsm.runtime.ports import PreToolOutcome
 from agentfsm.tools.base import Tool
 
 CWD = Path("/nonexistent-agentfsm/proj")

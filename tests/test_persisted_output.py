@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentfsm.options import Options
-from agentfsm.session import Session
+from agentfsm.machine.options import Options
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 
 BIG = "seq 1 20000"

@@ -12,10 +12,10 @@ from typing import Any
 from test_recovery import SCHEMA, structured
 
 from agentfsm.hooks.runner import HookMatcher, HookOutput
-from agentfsm.options import Options
-from agentfsm.resume import load_history
-from agentfsm.session import Session
-from agentfsm.state import TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import TerminalReason
+from agentfsm.sessions.resume import load_history
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolContext, ToolOutput, tool
 

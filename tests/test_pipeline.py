@@ -1,4 +1,4 @@
-"""The 15-step pipeline of one tool call (agentfsm.pipeline): every failure path and its exact text."""
+"""The 15-step pipeline of one tool call (agentfsm.runtime.pipeline): every failure path and its exact text."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import structlog
 
-from agentfsm.pipeline import REJECT_MESSAGE, CallResult, ToolTable, run_tool_call
-from agentfsm.ports import AllowAllGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
+from agentfsm.runtime.pipeline import REJECT_MESSAGE, CallResult, ToolTable, run_tool_call
+from agentfsm.runtime.ports import AllowAllGate, PermissionOutcome, PostToolOutcome, PreToolOutcome
 from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, tool
 from agentfsm.tools.schema import coerce_input, schema_issues
 

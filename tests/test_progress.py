@@ -1,4 +1,4 @@
-"""Progress of long audits (agentfsm.progress): on a terminal's stderr only, never on stdout, and
+"""Progress of long audits (agentfsm.common.progress): on a terminal's stderr only, never on stdout, and
 Ctrl-C stops an audit of a directory at once with exit status 130 and a message."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from test_audit import write_scenario
 
-from agentfsm import progress
-from agentfsm.progress import INTERRUPTED, steps
+from agentfsm.common import progress
+from agentfsm.common.progress import INTERRUPTED, steps
 
 rich_console = pytest.importorskip("rich.console")
 

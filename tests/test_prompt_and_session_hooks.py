@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentfsm.audit import audit_file
+from agentfsm.auditing.audit import audit_file
 from agentfsm.hooks import HookMatcher, HookOutput
-from agentfsm.options import Options
-from agentfsm.resume import load_history
-from agentfsm.session import Session
-from agentfsm.state import TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import TerminalReason
+from agentfsm.sessions.resume import load_history
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 
 ANSWER = {"blocks": [{"type": "text", "text": "ANSWER"}], "stop_reason": "end_turn"}

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, run_state_machine_as_test
 
 from agentfsm.hooks import HookBlockingError, HookMatcher
-from agentfsm.options import Options
-from agentfsm.state import Limits, TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, TerminalReason
 from agentfsm.testing import RawToolJsonBlock, Response, StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.stateful import AgentLoopStateMachine, LoopRun, assert_invariants, run_loop
 from agentfsm.testing.strategies import (

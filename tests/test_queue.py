@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from agentfsm.options import Options
-from agentfsm.queue import InputQueue
-from agentfsm.session import Session
-from agentfsm.state import Limits
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits
+from agentfsm.runtime.queue import InputQueue
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolContext, tool
-from agentfsm.trace import read_records
 
 
 def lifecycle(messages: list[dict[str, Any]], uid: str | None = None) -> list[str]:

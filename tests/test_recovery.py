@@ -21,17 +21,18 @@ from typing import Any
 import attrs
 import pytest
 
-from agentfsm import log, prompts
-from agentfsm.audit import audit_file
-from agentfsm.cli import main as agentfsm_main
-from agentfsm.options import Options
-from agentfsm.session import Session
-from agentfsm.state import Limits, TerminalReason
+from agentfsm.auditing.audit import audit_file
+from agentfsm.commandline.cli import main as agentfsm_main
+from agentfsm.common import log
+from agentfsm.machine import prompts
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, TerminalReason
+from agentfsm.runtime.trace import read_records, transition_snapshots
+from agentfsm.sessions.session import Session
 from agentfsm.testing.canonical import canonical_requests
 from agentfsm.testing.scenario import load_scenario, populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.server import ScriptedServer
-from agentfsm.trace import read_records, transition_snapshots
 
 REFERENCE_ARGS = ["--output-format", "stream-json", "--verbose", "--model", "claude-sonnet-4-5",
                   "--tools", "Read", "--permission-mode", "bypassPermissions"]
@@ -380,7 +381,7 @@ def _records(path: Path | None, kind: str) -> list[dict[str, Any]]:
 
 async def test_summary_requests_count_towards_usage_and_cost(tmp_path: Path) -> None:
     """A compaction is a request like any other: its usage is in the result, and so its cost."""
-    from agentfsm.cost import cost_usd
+    from agentfsm.runtime.cost import cost_usd
     from agentfsm.testing.scripted import estimate_input_tokens
 
     responses = [read("r1"), read("r2"), PTL, text("SUMMARY"), text("done")]

@@ -22,16 +22,17 @@ import attrs
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from agentfsm import graph
-from agentfsm.audit import audit_file
-from agentfsm.events import ModelError
+from agentfsm.auditing.audit import audit_file
 from agentfsm.hooks import HookMatcher
 from agentfsm.hooks.inputs import HookOutput
-from agentfsm.model import ModelCallError, ModelRequest, StreamEvent
-from agentfsm.options import Options
-from agentfsm.request import normalize
-from agentfsm.session import Session
-from agentfsm.state import COUNTER_CAPS, TERMINAL_INFO, Limits, TerminalReason
+from agentfsm.llm.model import ModelCallError, ModelRequest, StreamEvent
+from agentfsm.machine import graph
+from agentfsm.machine.events import ModelError
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import COUNTER_CAPS, TERMINAL_INFO, Limits, TerminalReason
+from agentfsm.runtime.request import normalize
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import Response, SseError, StreamedResponse, TextBlock, ToolUseBlock, exhausted_response
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.strategies import (
@@ -42,7 +43,6 @@ from agentfsm.testing.strategies import (
     unique_tool_ids,
 )
 from agentfsm.tools.base import Tool, ToolContext, ToolOutput
-from agentfsm.trace import read_records
 
 
 class Echo(Tool):
@@ -164,7 +164,7 @@ async def drive(tmp: Path, behaviour: list[Response], limits: Limits, *, retries
 
 def shown_follows_the_moves(out: list[dict[str, Any]], records: list[dict[str, Any]]) -> None:
     """What the client saw of every response that broke off (or was stopped) is what the move the
-    machine took declares (agentfsm.graph.Does): withdrawn — a tombstone names each call it showed,
+    machine took declares (agentfsm.machine.graph.Does): withdrawn — a tombstone names each call it showed,
     none of them is answered "stream_failed" and none reaches the history; paired — no tombstone,
     and the result the client was shown for each call is the one the history holds."""
     tombstoned = {i for m in out if m.get("subtype") == "tombstone" for i in m["tool_use_ids"]}

@@ -112,17 +112,18 @@ def test_persisted_names_are_never_rewritten() -> None:
     keep = 'log = get_logger("agentfsm.compact"); await self._activity("agentfsm.compact", x)'
     assert relayout.rewrite_text(keep, persisted) == keep
     # the module itself, named with something of it or as a module path where no name is persisted
-    assert relayout.rewrite_text(":func:`agentfsm.compact.compact`", persisted) == \
+    assert relayout.rewrite_text(":func:`agentfsm.runtime.compact.compact`", persisted) == \
         ":func:`agentfsm.runtime.compact.compact`"
-    assert relayout.rewrite_text("'agentfsm.session' in sys.modules", persisted) == \
+    assert relayout.rewrite_text("'agentfsm.sessions.session' in sys.modules", persisted) == \
         "'agentfsm.sessions.session' in sys.modules"
-    assert relayout.rewrite_text('agentfsm = "agentfsm.cli:entry"', persisted) == \
+    assert relayout.rewrite_text('agentfsm = "agentfsm.commandline.cli:entry"', persisted) == \
         'agentfsm = "agentfsm.commandline.cli:entry"'
 
 
 def test_paths_and_dotted_names_are_rewritten_once() -> None:
-    text = ("see fsm/graph.py, [it](../fsm/claude_code/walker.py), fsm/claude_code_audit.py, fsm/diagram/ "
-            "and agentfsm.claude_code.transcript; agentfsm/graph.py and fsm/graph are not module paths")
+    text = ("see fsm/machine/graph.py, [it](../fsm/auditing/claude_code/walker.py), fsm/auditing/claude_code_audit.py, "
+            "fsm/diagram/ "
+            "and agentfsm.auditing.claude_code.transcript; agentfsm/graph.py and fsm/graph are not module paths")
     once = relayout.rewrite_text(text)
     assert once == ("see fsm/machine/graph.py, [it](../fsm/auditing/claude_code/walker.py), "
                     "fsm/auditing/claude_code_audit.py, fsm/diagram/ and agentfsm.auditing.claude_code.transcript; "
@@ -138,9 +139,9 @@ def test_paths_and_dotted_names_are_rewritten_once() -> None:
 def test_python_rewrites_imports_uses_and_strings() -> None:
     source = (
         "from agentfsm import api, graph, log as fsm_log\n"
-        "import agentfsm.driver as d\n"
-        "from agentfsm.claude_code.walker import walk\n"
-        "x = agentfsm.state.Limits()\n"
+        "import agentfsm.runtime.driver as d\n"
+        "from agentfsm.auditing.claude_code.walker import walk\n"
+        "x = agentfsm.machine.state.Limits()\n"
         "y = agentfsm.Limits\n"
         "LOG = get_logger('agentfsm.memory')\n")
     import libcst as cst
@@ -270,9 +271,9 @@ def test_the_moved_package_imports_and_keeps_every_contract(moved: tuple[Path, P
              f"for m in {modules!r}: importlib.import_module(m)\n"
              "with warnings.catch_warnings(record=True) as seen:\n"
              "    warnings.simplefilter('always')\n"
-             "    import agentfsm.driver as old\n"
-             "    from agentfsm import state\n"
-             "    import agentfsm.claude_code.walker as walker\n"
+             "    import agentfsm.runtime.driver as old\n"
+             "    from agentfsm.machine import state\n"
+             "    import agentfsm.auditing.claude_code.walker as walker\n"
              "import agentfsm.runtime.driver as new, agentfsm.machine.state as s, "
              "agentfsm.auditing.claude_code.walker as w\n"
              "assert old is new and state is s and walker is w\n"
@@ -281,10 +282,10 @@ def test_the_moved_package_imports_and_keeps_every_contract(moved: tuple[Path, P
     done = _run([sys.executable, "-c", probe], tree, env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sorted([
-        "agentfsm.claude_code moved to agentfsm.auditing.claude_code: import it from there",
-        "agentfsm.claude_code.walker moved to agentfsm.auditing.claude_code.walker: import it from there",
-        "agentfsm.driver moved to agentfsm.runtime.driver: import it from there",
-        "agentfsm.state moved to agentfsm.machine.state: import it from there"]))
+        "agentfsm.auditing.claude_code moved to agentfsm.auditing.claude_code: import it from there",
+        "agentfsm.auditing.claude_code.walker moved to agentfsm.auditing.claude_code.walker: import it from there",
+        "agentfsm.runtime.driver moved to agentfsm.runtime.driver: import it from there",
+        "agentfsm.machine.state moved to agentfsm.machine.state: import it from there"]))
     shutil.copy(tree / "pyproject.toml", site / "pyproject.toml")
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or "lint-imports"
     contracts = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]

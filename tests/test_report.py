@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from test_audit import rewrite, write_scenario
 
-from agentfsm import cli, report
-from agentfsm.audit import audit_report
-from agentfsm.audit import main as audit_main
+from agentfsm import report
+from agentfsm.auditing.audit import audit_report
+from agentfsm.auditing.audit import main as audit_main
+from agentfsm.commandline import cli
 from agentfsm.diagram import renderer
 from agentfsm.report.runs import build
 from agentfsm.report.timeline import COMPACTION, REQUEST, TOOL, timeline

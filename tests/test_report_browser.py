@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentfsm import report
-from agentfsm.audit import audit_report
+from agentfsm.auditing.audit import audit_report
 from agentfsm.diagram import renderer
 
 RICH = Path(__file__).parent / "fixtures" / "report" / "rich_session"

@@ -1,5 +1,5 @@
-"""The wire view of a history (``agentfsm.request``) and the request checks the auditors share
-(``agentfsm.checks``), each against an independent statement of its rule over generated inputs, plus
+"""The wire view of a history (``agentfsm.runtime.request``) and the request checks the auditors share
+(``agentfsm.auditing.checks``), each against an independent statement of its rule over generated inputs, plus
 the cases at each boundary: the first message, the last, a tool id seen once, twice, across messages,
 a result in the wrong message, a line of a session file that is torn, undecodable or no record."""
 
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.checks import (
+from agentfsm.auditing.checks import (
     CODES,
     ERROR,
     INFO,
@@ -31,8 +31,8 @@ from agentfsm.checks import (
     read_numbered,
     severity_of,
 )
-from agentfsm.request import BASE_SYSTEM_PROMPT, normalize, system_blocks
-from agentfsm.state import Message
+from agentfsm.machine.state import Message
+from agentfsm.runtime.request import BASE_SYSTEM_PROMPT, normalize, system_blocks
 
 # --- normalize ---------------------------------------------------------------------------------------
 

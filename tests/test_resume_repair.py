@@ -1,7 +1,7 @@
 """Resume and the session file, by the guarantee they give: whatever a session file holds — repeated
 tool ids, calls left without results, results that answer nothing, a torn line — the history a resumed
 run starts from is a conversation the API accepts, and every request any run sends passes the pairing
-checks the auditor applies (``agentfsm.checks.check_request``).
+checks the auditor applies (``agentfsm.auditing.checks.check_request``).
 
 The repair is checked over generated damaged histories; repeated tool ids end to end, in one response,
 across the runs of one session and across a resume; and the session options' contradictions."""
@@ -17,11 +17,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.audit import audit_file
-from agentfsm.checks import check_pairs, check_request
-from agentfsm.options import Options
-from agentfsm.request import normalize
-from agentfsm.resume import (
+from agentfsm.auditing.audit import audit_file
+from agentfsm.auditing.checks import check_pairs, check_request
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Message, TerminalReason
+from agentfsm.runtime.request import normalize
+from agentfsm.runtime.trace import TraceWriter
+from agentfsm.sessions.resume import (
     DANGLING_RESULT,
     latest_session,
     load_history,
@@ -32,10 +34,8 @@ from agentfsm.resume import (
     unique_tool_ids,
     valid_block,
 )
-from agentfsm.state import Message, TerminalReason
 from agentfsm.testing.scenario import populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
-from agentfsm.trace import TraceWriter
 
 
 def use(i: str) -> dict[str, Any]:

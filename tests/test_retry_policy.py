@@ -1,4 +1,4 @@
-"""The model retry policy every transport shares (``agentfsm.model``): how an HTTP/API error is
+"""The model retry policy every transport shares (``agentfsm.llm.model``): how an HTTP/API error is
 classified, how long a retry waits, and which failures are sent again and how often — each boundary on
 both sides (the statuses around 408, 429 and 500, the retry-after bound, the backoff cap, the retry
 count), and the retry loop against a statement of its rule over generated failure sequences."""
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.events import ModelError
-from agentfsm.model import (
+from agentfsm.llm.model import (
     MessageStart,
     MessageStop,
     ModelCallError,
@@ -22,6 +21,7 @@ from agentfsm.model import (
     classify_error,
     with_retries,
 )
+from agentfsm.machine.events import ModelError
 
 PTL = "prompt is too long: 212345 tokens > 200000 maximum"
 

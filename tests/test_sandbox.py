@@ -26,12 +26,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import agentfsm
-from agentfsm.audit import audit_file
-from agentfsm.checks import severity_of
+from agentfsm.auditing.audit import audit_file
+from agentfsm.auditing.checks import severity_of
 from agentfsm.hooks.config import SandboxSettings, SettingsError, parse_settings
 from agentfsm.hooks.permissions import PermissionPolicy
 from agentfsm.hooks.sandbox import SessionSandbox, Unresolved, resolve_layout
-from agentfsm.options import Options
+from agentfsm.machine.options import Options
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import NoFileRules, ToolContext
 from agentfsm.tools.bash import BashTool

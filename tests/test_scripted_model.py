@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentfsm.model import (
+from agentfsm.llm.model import (
     BlockDelta,
     BlockStart,
     BlockStop,

@@ -104,7 +104,7 @@ def _run(
 def test_plugin_import_is_light(tmp_path: Path) -> None:
     probe = (
         "import sys, agentfsm.testing.plugin; "
-        "heavy = ('hypothesis', 'anthropic', 'jsonschema', 'agentfsm.model', 'agentfsm.testing.scenario'); "
+        "heavy = ('hypothesis', 'anthropic', 'jsonschema', 'agentfsm.llm.model', 'agentfsm.testing.scenario'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     done = _run(["-c", probe], tmp_path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentfsm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, MessageStop
+from agentfsm.llm.model import BlockDelta, BlockStart, BlockStop, MessageDelta, MessageStart, MessageStop
 from agentfsm.testing import (
     EXHAUSTED_TEXT,
     HttpErrorResponse,

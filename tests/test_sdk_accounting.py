@@ -1,10 +1,10 @@
-"""The SDK-facing view of agentfsm's stream-json messages (agentfsm.control.SdkAccounting)."""
+"""The SDK-facing view of agentfsm's stream-json messages (agentfsm.commandline.control.SdkAccounting)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from agentfsm.control import SdkAccounting
+from agentfsm.commandline.control import SdkAccounting
 
 
 def user(*blocks: dict[str, Any], parent: str | None = None) -> dict[str, Any]:

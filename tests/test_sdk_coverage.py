@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("claude_agent_sdk")
 
-from agentfsm import sdk_coverage as cov
+from agentfsm.commandline import sdk_coverage as cov
 
 DOC = Path(__file__).parents[1] / "docs" / "sdk.md"
 
@@ -53,4 +53,4 @@ def test_a_malformed_value_is_a_clear_error() -> None:
 def test_docs_sdk_md_is_the_rendering_of_the_table() -> None:
     doc = DOC.read_text(encoding="utf-8")
     rendered = cov.render(cov.sdk_entries(), cov.load_table(), cov.sdk_version())
-    assert cov.splice(doc, rendered) == doc, "docs/sdk.md is stale: run python -m agentfsm.sdk_coverage"
+    assert cov.splice(doc, rendered) == doc, "docs/sdk.md is stale: run python -m agentfsm.commandline.sdk_coverage"

@@ -343,7 +343,7 @@ async def test_can_use_tool_deny_with_interrupt_ends_the_turn(cli: str, tmp_path
 
 
 def test_agentfsm_speaks_the_claude_code_version_the_sdk_wants() -> None:
-    from agentfsm.phases import CLAUDE_CODE_VERSION
+    from agentfsm.runtime.phases import CLAUDE_CODE_VERSION
 
     assert tuple(int(x) for x in CLAUDE_CODE_VERSION.split(".")) >= (2, 1, 248)
 
@@ -1077,7 +1077,7 @@ async def test_the_sdks_session_helpers_find_the_session(cli: str, tmp_path: Pat
         ("user", ["tool_result:toolu_r"]), ("assistant", ["text:It says ALPHA."]),
         ("user", ["text:and again"]), ("assistant", ["text:Still ALPHA."])]
     if cli == AGENTFSM:  # agentfsm audit reads the transcript as the Claude Code transcript it is laid out as
-        from agentfsm.audit import audit_report
+        from agentfsm.auditing.audit import audit_report
 
         [path] = (config / "projects").rglob("*.jsonl")
         report = audit_report(path)

@@ -18,7 +18,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from agentfsm.model import ModelRequest
+from agentfsm.llm.model import ModelRequest
 from agentfsm.testing import (
     EXHAUSTED_TEXT,
     ScriptedServer,

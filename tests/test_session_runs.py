@@ -17,13 +17,13 @@ from test_subagents import Recorder, agent_call
 
 from agentfsm.hooks.permissions import PermissionDeny
 from agentfsm.hooks.runner import HookMatcher
-from agentfsm.options import Options
-from agentfsm.resume import load_history, open_session
-from agentfsm.session import Session
-from agentfsm.state import TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import TerminalReason
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.resume import load_history, open_session
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolContext, tool
-from agentfsm.trace import read_records
 
 USAGE = {"input_tokens": 1000, "output_tokens": 100}
 DELAY = 0.05  # every response takes this long: each driver run has API time of its own

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from agentfsm.audit import check_request
-from agentfsm.options import Options
-from agentfsm.resume import DANGLING_RESULT, heal_tail, latest_session, load_history, open_session, repair
-from agentfsm.state import Limits, Message
+from agentfsm.auditing.audit import check_request
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, Message
+from agentfsm.runtime.trace import TraceWriter, read_records
+from agentfsm.sessions.resume import DANGLING_RESULT, heal_tail, latest_session, load_history, open_session, repair
 from agentfsm.testing.server import ScriptedServer
-from agentfsm.trace import TraceWriter, read_records
 
 pytestmark = pytest.mark.server
 

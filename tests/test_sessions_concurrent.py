@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 import agentfsm
-from agentfsm.options import Options
+from agentfsm.llm.transport import AnthropicTransport
+from agentfsm.machine.options import Options
+from agentfsm.runtime.trace import read_records
 from agentfsm.testing.server import ScriptedServer
-from agentfsm.trace import read_records
-from agentfsm.transport import AnthropicTransport
 
 pytestmark = pytest.mark.server
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from agentfsm.common.modes import MODE_ALIASES, PERMISSION_MODES
 from agentfsm.hooks import config, settings_schema
 from agentfsm.hooks.config import SettingsError, load_settings, parse_settings
 from agentfsm.hooks.inputs import HOOK_EVENTS
-from agentfsm.modes import MODE_ALIASES, PERMISSION_MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "settings.md"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.state import (
+from agentfsm.machine.state import (
     COUNTER_CAPS,
     COUNTERS,
     SNAPSHOT_KEYS,

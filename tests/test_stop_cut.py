@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from agentfsm.options import Options
-from agentfsm.session import Session
-from agentfsm.state import TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import TerminalReason
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 
 SLOW = {"blocks": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}],

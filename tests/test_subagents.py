@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 from agentfsm.hooks.runner import HookMatcher
-from agentfsm.model import ModelRequest
-from agentfsm.options import AgentDefinition, Options
-from agentfsm.prompts import task_notification
-from agentfsm.session import Session
-from agentfsm.state import Limits
+from agentfsm.llm.model import ModelRequest
+from agentfsm.machine.options import AgentDefinition, Options
+from agentfsm.machine.prompts import task_notification
+from agentfsm.machine.state import Limits
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.server import ScriptedServer
 from agentfsm.tools import AgentTool
-from agentfsm.trace import read_records
 
 
 def agent_call(prompt: str, *, background: bool = False, kind: str = "general-purpose",

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from agentfsm.model import ModelRequest
-from agentfsm.options import Options
-from agentfsm.queue import TASK_NOTIFICATION, InputQueue
-from agentfsm.session import Session
-from agentfsm.tasks import COMPLETED, FAILED, KILLED, TaskRecord, TaskRegistry, cut_off
+from agentfsm.llm.model import ModelRequest
+from agentfsm.machine.options import Options
+from agentfsm.runtime.queue import TASK_NOTIFICATION, InputQueue
+from agentfsm.runtime.tasks import COMPLETED, FAILED, KILLED, TaskRecord, TaskRegistry, cut_off
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import TASKS, ToolContext
 from agentfsm.tools.bash import BashTool, moved_to_background
 from agentfsm.tools.task_stop import TaskStopTool
-from agentfsm.trace import read_records
 
 
 def registry(tmp_path: Path, seen: list[dict[str, Any]] | None = None,
@@ -375,7 +375,7 @@ async def test_the_notification_is_a_declared_move_and_the_run_audits_clean(tmp_
     """The notification that arrives after the run ended takes the graph's task_notification edge (stop →
     assemble) in the same driver run; the session file records it and the auditor replays it without a
     finding."""
-    from agentfsm.audit import audit_file
+    from agentfsm.auditing.audit import audit_file
 
     script = [bash("toolu_bg", command="sleep 0.3; echo BG", run_in_background=True), text("WAITING"),
               text("GOT_IT")]
@@ -399,7 +399,7 @@ async def test_the_notification_is_a_declared_move_and_the_run_audits_clean(tmp_
 async def test_no_notification_pass_past_max_turns(tmp_path: Path) -> None:
     """At max_turns the run does not wait for its background work: the notification would need a turn
     the limit does not leave."""
-    from agentfsm.state import Limits
+    from agentfsm.machine.state import Limits
 
     script = [bash("toolu_bg", command="sleep 30", run_in_background=True), text("WAITING"), text("NOT_ASKED")]
     opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
@@ -512,7 +512,7 @@ def test_records_from_worker_threads_keep_the_file_in_seq_order(tmp_path: Path) 
     one before it in the file."""
     import threading
 
-    from agentfsm.trace import TraceWriter
+    from agentfsm.runtime.trace import TraceWriter
 
     writer = TraceWriter(tmp_path / "s.jsonl")
 
@@ -536,8 +536,8 @@ async def test_a_resumed_session_reports_the_tasks_its_last_process_left_running
     """The session file says a task was running when its process ended (here: the file is closed and the
     command killed behind the registry's back, as a crash would leave them). Resuming records it
     killed, tells the client, and the first request of the next run carries its notification."""
-    from agentfsm.resume import open_session
-    from agentfsm.state import Limits
+    from agentfsm.machine.state import Limits
+    from agentfsm.sessions.resume import open_session
 
     script = [bash("toolu_bg", command="sleep 30", description="long job", run_in_background=True),
               text("WAITING")]

@@ -24,15 +24,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentfsm.model import ModelRequest
-from agentfsm.options import Options
-from agentfsm.queue import InputQueue
-from agentfsm.session import Session
-from agentfsm.tasks import COMPLETED, FAILED, KILLED, TaskRegistry
+from agentfsm.llm.model import ModelRequest
+from agentfsm.machine.options import Options
+from agentfsm.runtime.queue import InputQueue
+from agentfsm.runtime.tasks import COMPLETED, FAILED, KILLED, TaskRegistry
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import TASKS, ToolContext
 from agentfsm.tools.bash import BashTool
-from agentfsm.trace import read_records
 
 SLOW = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -132,7 +132,7 @@ def test_every_notification_reaches_the_model_once(tmp_path_factory: Any, delays
 
 
 async def _session(tmp: Path, delays: list[int], answer_delay: int) -> None:
-    from agentfsm.audit import audit_file
+    from agentfsm.auditing.audit import audit_file
 
     requests: list[ModelRequest] = []
     calls = [{"type": "tool_use", "id": f"toolu_{i}", "name": "Bash",

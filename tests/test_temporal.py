@@ -25,10 +25,11 @@ import pytest
 pytest.importorskip("temporalio", reason="the Temporal extra is not installed: pip install 'agentfsm[temporal]'")
 
 from agentfsm import query
-from agentfsm.audit import audit_file
-from agentfsm.options import Options
-from agentfsm.pipeline import WORKER_LOST, synthetic_text
-from agentfsm.state import Limits
+from agentfsm.auditing.audit import audit_file
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits
+from agentfsm.runtime.pipeline import WORKER_LOST, synthetic_text
+from agentfsm.runtime.trace import read_records, transition_snapshots
 from agentfsm.temporal.client import follow, run_session, session_input, start
 from agentfsm.temporal.devserver import DevServer, NoTemporalBinary, start_dev_server
 from agentfsm.temporal.records import Timing
@@ -36,7 +37,6 @@ from agentfsm.temporal.worker import build_worker, connect
 from agentfsm.testing.scenario import load_scenario
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.sandbox import availability
-from agentfsm.trace import read_records, transition_snapshots
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -302,7 +302,7 @@ async def test_an_error_result_and_the_cli(server: DevServer, worker: None, queu
                           timeout=120))
     assert local.returncode == remote.returncode == 1, remote.stderr
     assert comparable(json.loads(remote.stdout)) == comparable(json.loads(local.stdout))
-    probe = ("import sys, agentfsm.cli as c; c.main(['-p', 'x', '--scripted', 'read_probe']); "
+    probe = ("import sys, agentfsm.commandline.cli as c; c.main(['-p', 'x', '--scripted', 'read_probe']); "
              "assert 'temporalio' not in sys.modules, 'the plain -p path imported temporalio'")
     done = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", probe], cwd=ws, env=env,
                                    capture_output=True, text=True, timeout=120)

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 
 pytest.importorskip("temporalio", reason="the Temporal extra is not installed: pip install 'agentfsm[temporal]'")
 
-from agentfsm.events import from_record
-from agentfsm.pipeline import CallResult
+from agentfsm.machine.events import from_record
+from agentfsm.runtime.pipeline import CallResult
+from agentfsm.runtime.trace import read_records
 from agentfsm.temporal.activities import _MessageIndex
 from agentfsm.temporal.convert import DATA_CONVERTER
 from agentfsm.temporal.records import (
@@ -28,7 +29,6 @@ from agentfsm.temporal.records import (
 from agentfsm.testing.stateful import run_loop
 from agentfsm.testing.strategies import model_behaviours
 from agentfsm.tools.base import tool
-from agentfsm.trace import read_records
 
 
 @tool("Echo", "Echoes its text.", {"type": "object", "required": ["text"], "additionalProperties": False,
@@ -73,8 +73,8 @@ def test_a_tool_outcome_keeps_its_order_and_fields() -> None:
 
 def test_the_recorded_digest_is_what_the_index_reads_back(tmp_path: Path) -> None:
     """A message the workflow recorded is found by its digest in the file; a changed one is not."""
-    from agentfsm.state import Message
-    from agentfsm.trace import TraceWriter
+    from agentfsm.machine.state import Message
+    from agentfsm.runtime.trace import TraceWriter
 
     path = tmp_path / "s.jsonl"
     writer = TraceWriter(path)
@@ -126,7 +126,7 @@ def test_payloads_leave_defaults_out_but_carry_what_the_workflow_decides_by_whol
     in-flight session on replay); a payload written with every field (as before) still decodes."""
     import cattrs
 
-    from agentfsm.state import Limits
+    from agentfsm.machine.state import Limits
     from agentfsm.temporal.records import ModelCallInput, SessionInput, SessionSpec, Timing
 
     converter = DATA_CONVERTER.payload_converter

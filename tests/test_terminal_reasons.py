@@ -1,9 +1,9 @@
 """Every terminal reason of docs/behaviour.md §2, reached through the real driver.
 
-Each case drives :class:`agentfsm.driver.Driver` with the in-process scripted model and a real trigger —
+Each case drives :class:`agentfsm.runtime.driver.Driver` with the in-process scripted model and a real trigger —
 scripted responses, limits, Python hooks, a ``can_use_tool`` callback, a tool that ends the turn, a
 cancellation, a host callback — then checks the result's subtype and ``is_error`` against
-:data:`agentfsm.state.TERMINAL_INFO` and audits the session file the run wrote (it must be clean).
+:data:`agentfsm.machine.state.TERMINAL_INFO` and audits the session file the run wrote (it must be clean).
 """
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ from typing import Any
 import attrs
 import pytest
 
-from agentfsm.audit import audit_file
-from agentfsm.compose import build_registry
-from agentfsm.driver import Driver
+from agentfsm.auditing.audit import audit_file
 from agentfsm.hooks import HookMatcher, build_gate
 from agentfsm.hooks.inputs import HookOutput
-from agentfsm.options import Options
-from agentfsm.ports import NoHooks
-from agentfsm.request import system_blocks
-from agentfsm.result import RunResult
-from agentfsm.resume import load_history
-from agentfsm.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import TERMINAL_INFO, Limits, LoopState, Message, Phase, TerminalReason
+from agentfsm.runtime.driver import Driver
+from agentfsm.runtime.ports import NoHooks
+from agentfsm.runtime.request import system_blocks
+from agentfsm.runtime.result import RunResult
+from agentfsm.runtime.trace import TraceWriter
+from agentfsm.sessions.compose import build_registry
+from agentfsm.sessions.resume import load_history
 from agentfsm.testing.scenario import populate_workspace
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolOutput, tool
-from agentfsm.trace import TraceWriter
 
 T = TerminalReason
 

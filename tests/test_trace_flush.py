@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from agentfsm.hooks import HookMatcher
-from agentfsm.options import Options
-from agentfsm.session import Session
+from agentfsm.machine.options import Options
+from agentfsm.runtime.trace import TraceWriter, read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
-from agentfsm.trace import TraceWriter, read_records
 
 
 def _types(path: Path) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentfsm.request import WireCache, normalize
-from agentfsm.state import Message
+from agentfsm.machine.state import Message
+from agentfsm.runtime.request import WireCache, normalize
 
 BLOCKS = st.sampled_from([
     {"type": "text", "text": "hi"},

@@ -3,7 +3,7 @@ controller, session file and query depth (Claude Code's Agent tool, formerly Tas
 
 The tool itself only validates and formats; the host runs the subagent. It finds the runner in
 ``ctx.services["run_subagent"]``: an ``async (SubagentRequest) -> SubagentOutcome`` callable that
-:class:`agentfsm.session.Session` provides to every tool of its loop. Two modes:
+:class:`agentfsm.sessions.session.Session` provides to every tool of its loop. Two modes:
 
 - background (the default, as in Claude Code 2.1.332): the call returns at once with a result naming
   the agent id; the session's task registry owns the run (:mod:`agentfsm.tasks`: TaskStop stops it)

@@ -1,7 +1,7 @@
 """The Tool protocol (docs/behaviour.md §4) and the records a tool call produces.
 
 A tool is a subclass of :class:`Tool` (or a coroutine wrapped with :func:`tool`). The executor
-(``agentfsm.executor``) runs every call through the 15-step pipeline (``agentfsm.pipeline``); a tool only
+(``agentfsm.executor``) runs every call through the 15-step pipeline (``agentfsm.runtime.pipeline``); a tool only
 describes itself and does its work in :meth:`Tool.call`.
 """
 
@@ -132,7 +132,7 @@ class TaskStopped:
 
 class TaskHost(Protocol):
     """What a tool may ask of the session's background tasks (``ctx.services[TASKS]``; the session's
-    is :class:`agentfsm.tasks.TaskRegistry`)."""
+    is :class:`agentfsm.runtime.tasks.TaskRegistry`)."""
 
     def adopt_command(self, process: asyncio.subprocess.Process, output_path: Path, *, command: str,
                       description: str, tool_use_id: str, timeout_ms: float,

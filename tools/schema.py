@@ -3,7 +3,7 @@ acceptance path for plainly valid input, input coercion (Claude Code's lenient p
 booleans sent as strings), and the issue lines a schema violation is worded with.
 
 Validation uses ``jsonschema`` (Draft 2020-12, formats checked); nothing here decides what the model
-is told — :mod:`agentfsm.pipeline` wraps these issues into its error texts. It lives with the tools because the
+is told — :mod:`agentfsm.runtime.pipeline` wraps these issues into its error texts. It lives with the tools because the
 tool protocol is where schemas are declared; the engine and the kit use it from here.
 """
 

@@ -242,7 +242,7 @@ def _wrap_guard(guard: str) -> list[str]:
 
 def _event_doc(event: str) -> str:
     """The first sentence of an event's docstring: what the panel's event means."""
-    from agentfsm import events
+    from agentfsm.machine import events
 
     doc = " ".join((getattr(events, event, None).__doc__ or "").split())
     first = doc.split(". ", 1)[0].split(" ``", 1)[0].rstrip(".")
@@ -302,7 +302,7 @@ def render_recovery() -> str:
     nothing is drawn twice; destinations are named in the rows, so no arrow crosses another. The panels
     stack in one column, narrow enough to read at page width."""
     panels = recovery_panels()
-    out = ["// agentfsm recovery view: every route out of call_model and stream (agentfsm.graph.ROUTES), "
+    out = ["// agentfsm recovery view: every route out of call_model and stream (agentfsm.machine.graph.ROUTES), "
            "one panel per event",
            "digraph recovery {",
            f'  graph [fontname={FONT}, pad=0.2, nodesep=0.2, ranksep=0.18, labelloc=t, fontsize={lay.FONT_TITLE:g}, '
@@ -340,7 +340,7 @@ def render_terminal() -> str:
     table = (f'<<table border="0" cellborder="1" cellspacing="0" cellpadding="5" color="{GREY}">'
              + head + "".join(body) + "</table>>")
     return "\n".join([
-        "// agentfsm terminal view: which edge into stop carries which terminal reason (agentfsm.graph.EDGES)",
+        "// agentfsm terminal view: which edge into stop carries which terminal reason (agentfsm.machine.graph.EDGES)",
         "digraph terminal {",
         f'  graph [fontname={FONT}, pad=0.2, labelloc=t, fontsize=15, label="agentfsm — edges into stop and their '
         'terminal reasons"];',

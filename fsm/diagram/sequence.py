@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from agentfsm.diagram.views import STOP, RunPath, Taken
-from agentfsm.graph import EDGES_BY_TRIGGER
+from agentfsm.machine.graph import EDGES_BY_TRIGGER
 
 PARTICIPANTS = (("U", "User"), ("L", "Loop"), ("M", "Model"), ("T", "Tools"), ("H", "Hooks"))
 _UNSAFE = re.compile(r'[;#\n\r<>{}"]')

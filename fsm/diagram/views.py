@@ -1,12 +1,12 @@
-"""What each diagram shows, derived from the declaration (:mod:`agentfsm.graph`) and nothing else — and the
+"""What each diagram shows, derived from the declaration (:mod:`agentfsm.machine.graph`) and nothing else — and the
 path one run took, read from an agentfsm trace or from the audit of a Claude Code run.
 
 * the **overview**: the phases, with the working ones inside a composite *running* state; one arrow per
   (source, destination, kind) carrying every trigger of that move, and one ``abort`` arrow from
   *running* for the edge every running phase declares;
 * the **recovery** view: every route out of ``call_model`` and ``stream``, as ``Event [guard] → edge``
-  (:attr:`agentfsm.graph.Route.label`), in the order the machine tries them, each with the counters its
-  edge raises and their caps, read from the counters' own declarations (:data:`agentfsm.state.COUNTERS`);
+  (:attr:`agentfsm.machine.graph.Route.label`), in the order the machine tries them, each with the counters its
+  edge raises and their caps, read from the counters' own declarations (:data:`agentfsm.machine.state.COUNTERS`);
 * the **terminal** view: which edge into ``stop`` carries which terminal reason.
 """
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import attrs
 
-from agentfsm.checks import Report
-from agentfsm.graph import EDGES, EDGES_BY_TRIGGER, ROUTES, RUNNING, STATES
-from agentfsm.state import COUNTERS, TERMINAL_INFO, Limits, Phase
+from agentfsm.auditing.checks import Report
+from agentfsm.machine.graph import EDGES, EDGES_BY_TRIGGER, ROUTES, RUNNING, STATES
+from agentfsm.machine.state import COUNTERS, TERMINAL_INFO, Limits, Phase
 
 # one colour per edge kind, the same in every view and format
 KIND_COLOURS: Mapping[str, str] = {

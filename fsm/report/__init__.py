@@ -24,11 +24,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from agentfsm.audit import NotATrace, trace_files
+from agentfsm.auditing.audit import NotATrace, trace_files
+from agentfsm.common.progress import interrupted, steps
 from agentfsm.diagram import dot as dot_views
 from agentfsm.diagram.rendering import DiagramError, render, renderer
 from agentfsm.diagram.views import KIND_COLOURS, LEGEND
-from agentfsm.progress import interrupted, steps
 from agentfsm.report.runs import Run, build, dumps, jsonable
 from agentfsm.report.timeline import CHILD, COMPACTION, HOOK, LINES, MS, REQUEST, TOOL, Span, Timeline
 

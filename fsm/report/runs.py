@@ -2,10 +2,10 @@
 move, the timeline, the lines of the file, and the child runs (subagents) it started.
 
 Everything the report says about the loop comes from the auditor's public result
-(:func:`agentfsm.audit.audit_report`): its moves, terminal reason, counters and findings. The state
+(:func:`agentfsm.auditing.audit.audit_report`): its moves, terminal reason, counters and findings. The state
 after each move is read from the trace where the trace records it (an agentfsm session file's
 transition snapshots); for a Claude Code input, whose records hold no state, the auditor's moves are
-followed through :func:`agentfsm.graph.follow` from a fresh state — each move along the edge the audit
+followed through :func:`agentfsm.machine.graph.follow` from a fresh state — each move along the edge the audit
 says was taken, with the route's own effect — so the counters shown are those of the path taken.
 """
 
@@ -18,15 +18,15 @@ from typing import Any
 
 import attrs
 
-from agentfsm import claude_code
-from agentfsm.audit import AGENTFSM, SOURCES, audit_report, read_numbered, recognise
-from agentfsm.checks import Finding, Report
+from agentfsm.auditing import claude_code
+from agentfsm.auditing.audit import AGENTFSM, SOURCES, audit_report, read_numbered, recognise
+from agentfsm.auditing.checks import Finding, Report
 from agentfsm.diagram.views import RunPath, path_from_records, path_from_report
-from agentfsm.events import EventRecordError, from_record
-from agentfsm.graph import EDGES_BY_TRIGGER, follow
+from agentfsm.machine.events import EventRecordError, from_record
+from agentfsm.machine.graph import EDGES_BY_TRIGGER, follow
+from agentfsm.machine.state import LoopState, Phase
 from agentfsm.report.timeline import Timeline, timeline
-from agentfsm.state import LoopState, Phase
-from agentfsm.trace import transition_snapshots
+from agentfsm.runtime.trace import transition_snapshots
 
 LINE_TEXT = 400  # characters of each record line the page keeps
 MAX_LINES = 4000  # past this, only the lines something points at
@@ -183,7 +183,7 @@ def _children_of_transcript(path: Path, records: Sequence[tuple[int, Mapping[str
 
 
 def build(path: Path, name: str, key: str = "run1", depth: int = 0) -> Run:
-    """The report's view of one input (raises :class:`agentfsm.audit.NotATrace`)."""
+    """The report's view of one input (raises :class:`agentfsm.auditing.audit.NotATrace`)."""
     source = recognise(path)
     report = audit_report(path)
     records, _ = read_numbered(path)

@@ -336,6 +336,6 @@ def _lanes(spans: Sequence[Span]) -> list[Span]:
 
 def timeline(records: Sequence[tuple[int, Mapping[str, Any]]], child_of: Mapping[str, str] | None = None
              ) -> Timeline:
-    """The spans of ``records`` (numbered as :func:`agentfsm.checks.read_numbered` gives them).
+    """The spans of ``records`` (numbered as :func:`agentfsm.auditing.checks.read_numbered` gives them).
     ``child_of``: tool_use id → key of the child run it started."""
     return _Builder(records).run(child_of or {})

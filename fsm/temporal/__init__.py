@@ -1,11 +1,11 @@
 """Durable, distributed sessions on Temporal: the declared machine runs in a workflow, I/O in activities.
 
 One session run is one workflow execution (:mod:`agentfsm.temporal.workflow`). The workflow holds the
-:class:`agentfsm.state.LoopState` and fires the declared machine (:func:`agentfsm.graph.advance`) on
+:class:`agentfsm.machine.state.LoopState` and fires the declared machine (:func:`agentfsm.machine.graph.advance`) on
 every event, exactly as the local driver does; everything with side effects — model calls (streamed,
 with heartbeats), tool calls, hooks, compaction, the session file — is an activity
 (:mod:`agentfsm.temporal.activities`) doing the same phase work as the driver
-(:mod:`agentfsm.phases`, :func:`agentfsm.pipeline.run_tool_call`). The workflow history is the
+(:mod:`agentfsm.runtime.phases`, :func:`agentfsm.runtime.pipeline.run_tool_call`). The workflow history is the
 session's durable record; the session file is still written, by the workflow, and audits like a
 local one.
 

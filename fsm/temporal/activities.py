@@ -1,8 +1,9 @@
 """The activities: everything a session does that touches the world, run on any worker.
 
 Each activity performs one piece of phase work the same way the local driver does (the shared code is
-:mod:`agentfsm.phases`, :func:`agentfsm.pipeline.run_tool_call`, :func:`agentfsm.compact.compact`, the
-session's gate and hooks from :mod:`agentfsm.compose`), and returns what it observed as a record. The
+:mod:`agentfsm.runtime.phases`, :func:`agentfsm.runtime.pipeline.run_tool_call`,
+:func:`agentfsm.runtime.compact.compact`, the
+session's gate and hooks from :mod:`agentfsm.sessions.compose`), and returns what it observed as a record. The
 workflow decides; activities never do.
 
 Failures, by activity (docs/behaviour.md §11):
@@ -12,7 +13,7 @@ Failures, by activity (docs/behaviour.md §11):
   Classified model errors are results, never exceptions: the graph decides about retries.
 * ``run_tool`` — a call whose worker died is **not** run again unless the tool says it is read-only:
   the next attempt kills what is left of the lost attempt's process group (same host), and answers
-  with an ``is_error`` result saying the call was interrupted (:data:`agentfsm.pipeline.WORKER_LOST`)
+  with an ``is_error`` result saying the call was interrupted (:data:`agentfsm.runtime.pipeline.WORKER_LOST`)
   — unless the lost attempt had already finished and left its outcome file, which is then returned.
   Side effects happen at most once; every tool_use still gets exactly one tool_result.
 * ``append_trace`` (a local activity) — appends session-file lines idempotently by record number.
@@ -44,17 +45,19 @@ import attrs
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from agentfsm import log, phases
-from agentfsm.assembler import ResponseAssembler
-from agentfsm.compact import compact, split_for_compaction
-from agentfsm.events import ModelError, SetupFailed, StopHookVerdict
-from agentfsm.executor import call_traits
-from agentfsm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
-from agentfsm.options import Options
-from agentfsm.pipeline import WORKER_LOST, CallResult, ToolTable, run_tool_call, synthetic_result
-from agentfsm.request import system_blocks
-from agentfsm.resume import heal_tail, load_history
-from agentfsm.state import Message, TerminalReason
+from agentfsm.common import log
+from agentfsm.llm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
+from agentfsm.machine.events import ModelError, SetupFailed, StopHookVerdict
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Message, TerminalReason
+from agentfsm.runtime import phases
+from agentfsm.runtime.assembler import ResponseAssembler
+from agentfsm.runtime.compact import compact, split_for_compaction
+from agentfsm.runtime.executor import call_traits
+from agentfsm.runtime.pipeline import WORKER_LOST, CallResult, ToolTable, run_tool_call, synthetic_result
+from agentfsm.runtime.request import system_blocks
+from agentfsm.runtime.trace import read_records
+from agentfsm.sessions.resume import heal_tail, load_history
 from agentfsm.temporal import NON_RETRYABLE
 from agentfsm.temporal.convert import CONVERTER
 from agentfsm.temporal.records import (
@@ -79,7 +82,6 @@ from agentfsm.temporal.records import (
 from agentfsm.tools.base import ToolContext
 from agentfsm.tools.bash import PROCESS_GUARD
 from agentfsm.tools.sandbox import SANDBOX
-from agentfsm.trace import read_records
 
 HOST = socket.gethostname()
 try:
@@ -285,7 +287,7 @@ class _PinnedScript:
         self.scenario, self.n = scenario, n
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        from agentfsm.model import classify_error
+        from agentfsm.llm.model import classify_error
         from agentfsm.testing.scenario import HttpErrorResponse, response_events
         from agentfsm.testing.scripted import estimate_input_tokens, stream_error
 
@@ -355,7 +357,7 @@ class Activities:
         hit = self._contexts.hit(key)
         if hit is not None:
             return hit  # type: ignore[no-any-return]
-        from agentfsm.compose import build_policy, build_registry
+        from agentfsm.sessions.compose import build_policy, build_registry
 
         options = spec.options()
         try:
@@ -390,7 +392,7 @@ class Activities:
                                                load_scenario(json.loads(spec.scripted), ws=spec.cwd))
             return _PinnedScript(scenario, request_no)
         if self._client is None:
-            from agentfsm.transport import AnthropicTransport, MissingCredentials
+            from agentfsm.llm.transport import AnthropicTransport, MissingCredentials
 
             try:
                 self._client = AnthropicTransport(max_retries=spec.limits.api_max_retries)
@@ -402,7 +404,7 @@ class Activities:
         """Why this worker cannot answer ``spec``'s requests (None when it can)."""
         if spec.scripted is not None or self._client is not None:
             return None
-        from agentfsm.transport import AnthropicTransport, MissingCredentials
+        from agentfsm.llm.transport import AnthropicTransport, MissingCredentials
 
         try:
             self._client = AnthropicTransport(max_retries=spec.limits.api_max_retries)
@@ -446,7 +448,7 @@ class Activities:
     @activity.defn(name="agentfsm.open_run")
     async def open_run(self, inp: OpenRunInput) -> RunSetup:
         """Set a run up: system prompt, tools, the init message, the restored history, SessionStart
-        and UserPromptSubmit hooks (the first run of a session, as :class:`agentfsm.session.Session`
+        and UserPromptSubmit hooks (the first run of a session, as :class:`agentfsm.sessions.session.Session`
         does)."""
         spec = inp.spec
         ctx = self.context(spec)
@@ -484,7 +486,7 @@ class Activities:
             source_kind = "resume" if inp.resumed else ("fork" if spec.parent_session_id else "startup")
             extra = tuple(getattr(await start(source_kind), "additional_context", ()) or ())
             if extra:
-                from agentfsm.prompts import reminder_blocks
+                from agentfsm.machine.prompts import reminder_blocks
 
                 prompt = [*prompt, *reminder_blocks(extra)]
         first, text = phases.first_message(prompt)

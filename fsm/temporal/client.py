@@ -26,10 +26,10 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from agentfsm.options import Options
+from agentfsm.machine.options import Options
+from agentfsm.runtime.trace import sessions_dir
 from agentfsm.temporal import DEFAULT_TASK_QUEUE, WORKFLOW_NAME, workflow_id
 from agentfsm.temporal.records import OutputPage, SessionInput, SessionSpec, Timing
-from agentfsm.trace import sessions_dir
 
 Emit = Callable[[Mapping[str, Any]], None]
 POLL_S = 0.05

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from agentfsm.options import Options
+from agentfsm.machine.options import Options
 from agentfsm.temporal import DEFAULT_TASK_QUEUE, ENV_ADDRESS
 from agentfsm.temporal.client import (
     WORKER_WAIT_S,
@@ -118,8 +118,8 @@ def batch_main(argv: Sequence[str]) -> int:
 
 
 def _options(args: argparse.Namespace) -> Options:
-    from agentfsm.options import DEFAULT_MODEL
-    from agentfsm.state import Limits
+    from agentfsm.machine.options import DEFAULT_MODEL
+    from agentfsm.machine.state import Limits
 
     limits = Limits(max_turns=args.max_turns) if args.max_turns is not None else Limits()
     return Options(model=args.model or os.environ.get("ANTHROPIC_MODEL") or DEFAULT_MODEL,

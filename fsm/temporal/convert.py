@@ -27,7 +27,7 @@ from temporalio.converter import (
     JSONTypeConverter,
 )
 
-from agentfsm.state import Limits
+from agentfsm.machine.state import Limits
 from agentfsm.temporal.records import Carried, SessionInput, SessionSpec, Timing
 
 # Defaults are left out of a payload (decoding fills them back in; a payload with every field still

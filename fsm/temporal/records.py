@@ -17,16 +17,16 @@ from typing import Any
 
 import attrs
 
-from agentfsm.events import Compaction, ModelError, ModelResponse, SetupFailed
-from agentfsm.options import Options
-from agentfsm.pipeline import CallResult
-from agentfsm.state import Limits, LoopState, Message
+from agentfsm.machine.events import Compaction, ModelError, ModelResponse, SetupFailed
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits, LoopState, Message
+from agentfsm.runtime.pipeline import CallResult
 
 
 @attrs.frozen
 class SessionSpec:
     """What a worker needs to rebuild one session's tools, gate and hooks: the serialisable part of
-    :class:`agentfsm.options.Options`, the session file, and which model answers (``scripted``: a
+    :class:`agentfsm.machine.options.Options`, the session file, and which model answers (``scripted``: a
     scenario's JSON text, answered by the scripted model; else the Anthropic API from the worker's
     environment)."""
 
@@ -93,7 +93,7 @@ class Timing:
 
 @attrs.frozen
 class AccountSnapshot:
-    """A run's account (:class:`agentfsm.result.RunAccount`) carried across continue-as-new."""
+    """A run's account (:class:`agentfsm.runtime.result.RunAccount`) carried across continue-as-new."""
 
     usage: Mapping[str, Any] = attrs.field(factory=dict)
     cost_usd: float = 0.0

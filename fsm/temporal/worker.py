@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from agentfsm import state
+from agentfsm.machine import state
 from agentfsm.temporal import DEFAULT_TASK_QUEUE, ENV_ADDRESS
 from agentfsm.temporal.activities import Activities
 from agentfsm.temporal.convert import DATA_CONVERTER
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.concurrency < 1:
         sys.stderr.write("agentfsm worker: --concurrency must be at least 1\n")
         return 2
-    from agentfsm import log
+    from agentfsm.common import log
 
     log.configure("console" if args.debug else "json", level="debug" if args.debug else "warning")
 

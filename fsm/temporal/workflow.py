@@ -1,23 +1,23 @@
 """The session workflow: the loop's runtime on Temporal, each phase's I/O an activity.
 
-The loop is :class:`agentfsm.runner.LoopRunner`, the same one the local driver (:mod:`agentfsm.driver`)
+The loop is :class:`agentfsm.runtime.runner.LoopRunner`, the same one the local driver (:mod:`agentfsm.runtime.driver`)
 runs; this workflow supplies how each phase is performed here (an activity,
 :mod:`agentfsm.temporal.activities`), the same event records with the same raw facts, and how the
-consequences a move declares (:class:`agentfsm.graph.Does`) are carried out. It has no loop of its
-own and decides nothing: it asks the same pure questions (:mod:`agentfsm.graph`,
-:mod:`agentfsm.phases`). It is deterministic, as Temporal
-requires: ids come from :func:`temporalio.workflow.uuid4` (:func:`agentfsm.state.set_id_source`),
+consequences a move declares (:class:`agentfsm.machine.graph.Does`) are carried out. It has no loop of its
+own and decides nothing: it asks the same pure questions (:mod:`agentfsm.machine.graph`,
+:mod:`agentfsm.runtime.phases`). It is deterministic, as Temporal
+requires: ids come from :func:`temporalio.workflow.uuid4` (:func:`agentfsm.machine.state.set_id_source`),
 time from :func:`temporalio.workflow.now`.
 
 What it keeps besides the state: the run's account, the stream-json messages a client follows (the
 ``output`` query; activities signal each finished assistant block as it streams), and the session
 file's records, written through a local activity before each remote one and at the end. Tools run
 after the response ended, one activity per call, under the executor's scheduling rules
-(:func:`agentfsm.executor.may_start`, :func:`agentfsm.executor.deliverable`).
+(:func:`agentfsm.runtime.executor.may_start`, :func:`agentfsm.runtime.executor.deliverable`).
 
 Signals: ``interrupt`` (the user's Ctrl-C: a streaming response is cut, ``cancel`` tools are
 cancelled, ``block`` tools finish) and ``abort`` (everything stops at once) — the driver's
-:meth:`~agentfsm.driver.Driver.interrupt` and :meth:`~agentfsm.driver.Driver.abort`.
+:meth:`~agentfsm.runtime.driver.Driver.interrupt` and :meth:`~agentfsm.runtime.driver.Driver.abort`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ with workflow.unsafe.imports_passed_through():
 
     import attrs
 
-    from agentfsm import graph, phases
-    from agentfsm.events import (
+    from agentfsm.machine import graph
+    from agentfsm.machine.events import (
         Aborted,
         Assembled,
         CallFailed,
@@ -48,11 +48,13 @@ with workflow.unsafe.imports_passed_through():
         StreamOpened,
         TaskNotified,
     )
-    from agentfsm.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
-    from agentfsm.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
-    from agentfsm.result import RunAccount, build_result
-    from agentfsm.runner import LoopRunner, StepObserver
-    from agentfsm.state import Limits, LoopState, Message, Phase, TerminalReason, ToolUseContext
+    from agentfsm.machine.state import Limits, LoopState, Message, Phase, TerminalReason, ToolUseContext
+    from agentfsm.runtime import phases
+    from agentfsm.runtime.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
+    from agentfsm.runtime.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
+    from agentfsm.runtime.result import RunAccount, build_result
+    from agentfsm.runtime.runner import LoopRunner, StepObserver
+    from agentfsm.runtime.trace import TraceWriter
     from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME
     from agentfsm.temporal.records import (
         AccountSnapshot,
@@ -75,7 +77,6 @@ with workflow.unsafe.imports_passed_through():
         TraceBatch,
         message_digest,
     )
-    from agentfsm.trace import TraceWriter
 
 # a query answers at most this much at once (a client that fell behind asks again)
 _PAGE_MESSAGES = 500
@@ -463,7 +464,7 @@ class SessionWorkflow:
     async def _failed(self, state: LoopState, error: ModelError, shown: tuple[Mapping[str, Any], ...] = ()
                       ) -> CallFailed:
         """The failure's event; a reactive compaction first when the route it would take with one
-        compacts (:func:`agentfsm.graph.compaction_wanted`)."""
+        compacts (:func:`agentfsm.machine.graph.compaction_wanted`)."""
         event = CallFailed(error, fallback_available=phases.has_fallback(self._spec.models, state), shown=shown)
         if graph.compaction_wanted(state, event, self._spec.limits):
             try:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentfsm.model import ModelRequest
+from agentfsm.llm.model import ModelRequest
 
 REMINDER_PREFIX = "<system-reminder>"
 TEXT_LIMIT = 40

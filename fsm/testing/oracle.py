@@ -12,7 +12,7 @@ it (``out/``), with a scratch HOME, against its own :class:`~agentfsm.testing.se
 run comes back reduced — with the run's paths written ``$WS``, ``$OUT``, ``$HOME`` — to every request's
 messages, the tools offered, the result line's fields, the exit status, the files left in ``ws/`` and
 ``out/``, and the path and counters the auditor rebuilds from the client's own record (Claude Code's
-transcript, agentfsm's trace) with :func:`agentfsm.audit.audit_report`.
+transcript, agentfsm's trace) with :func:`agentfsm.auditing.audit.audit_report`.
 
 :func:`differences` is the differential test's comparison (tool results, history shape, result fields,
 tools, number of requests, files); :func:`conform_differences` adds what ``agentfsm conform`` compares
@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentfsm.audit import NotATrace, audit_report
+from agentfsm.auditing.audit import NotATrace, audit_report
 from agentfsm.testing.server import ScriptedServer
 
 MODEL = "claude-sonnet-4-5"

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import jsonschema
 
-from agentfsm.model import (
+from agentfsm.llm.model import (
     BlockDelta,
     BlockStart,
     BlockStop,

@@ -1,4 +1,4 @@
-"""The scripted model in-process: a :class:`agentfsm.model.ModelClient` that answers from a scenario.
+"""The scripted model in-process: a :class:`agentfsm.llm.model.ModelClient` that answers from a scenario.
 
 It yields exactly the records the SDK transport would assemble from :class:`ScriptedServer`'s SSE
 (both come from :func:`agentfsm.testing.scenario.response_events`), so a loop test on the in-process
@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
-from agentfsm.events import ModelError
-from agentfsm.model import ModelCallError, ModelRequest, RetryNotice, StreamEvent, classify_error, with_retries
+from agentfsm.llm.model import ModelCallError, ModelRequest, RetryNotice, StreamEvent, classify_error, with_retries
+from agentfsm.machine.events import ModelError
 from agentfsm.testing.scenario import (
     HttpErrorResponse,
     Response,
@@ -89,7 +89,7 @@ def estimate_input_tokens(body: Mapping[str, Any]) -> int:
 
 
 def stream_error(resp: StreamedResponse) -> ModelError:
-    """What the SDK transport makes of a cut stream (kept in step with :mod:`agentfsm.transport`): an SSE
+    """What the SDK transport makes of a cut stream (kept in step with :mod:`agentfsm.llm.transport`): an SSE
     ``overloaded_error`` is an overload (as a 529), an SSE ``api_error`` or a dropped connection is a
     retryable ``connection`` error, any other SSE error is classified like an API error."""
     if resp.fault is not None:
@@ -106,7 +106,7 @@ def stream_error(resp: StreamedResponse) -> ModelError:
 
 
 class ScriptedModel:
-    """A :class:`agentfsm.model.ModelClient` answering the Nth ``stream`` call with the scenario's R[N].
+    """A :class:`agentfsm.llm.model.ModelClient` answering the Nth ``stream`` call with the scenario's R[N].
 
     ``source``: a :class:`Scenario`, a list of responses (records or their JSON dicts), or a callable
     ``(request, n) -> response`` for property tests. ``ws`` replaces ``$WS`` in a scenario or list.
@@ -187,7 +187,7 @@ class ScriptedModel:
         )
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent | RetryNotice]:
-        # the transports' retry rule (agentfsm.model.with_retries); a scripted wait is the answer's
+        # the transports' retry rule (agentfsm.llm.model.with_retries); a scripted wait is the answer's
         # retry_after_s (none: at once), so a scenario runs as fast as it was written
         return with_retries(lambda: self._once(request), self.max_retries,
                             delay_s=lambda _n, exc: exc.retry_after_s or 0.0, sleep=self._sleep)

@@ -27,7 +27,7 @@ from typing import IO, Any
 import attrs
 import h11
 
-from agentfsm.model import ModelRequest
+from agentfsm.llm.model import ModelRequest
 from agentfsm.testing.scenario import (
     HttpErrorResponse,
     Scenario,

@@ -2,7 +2,8 @@
 
 Three layers, each usable on its own:
 
-* :class:`LoopHarness` — one :class:`~agentfsm.session.Session` (the real :class:`~agentfsm.driver.Driver`)
+* :class:`LoopHarness` — one :class:`~agentfsm.sessions.session.Session` (the real
+:class:`~agentfsm.runtime.driver.Driver`)
   talking to an in-process :class:`~agentfsm.testing.ScriptedModel` that answers from a queue of
   responses. The model is reactive: at every request it reads the session's trace (flushed record
   by record) to learn where the loop is, so the checks run *during* the run, step by step, not only
@@ -14,22 +15,23 @@ Three layers, each usable on its own:
   responses, type user input mid-run and run prompts (sometimes interrupted) on one session; users
   subclass it with their own ``tools``, ``hooks``, ``limits`` and invariants.
 
-The invariants (docs/behaviour.md §3), each checked twice — by :func:`agentfsm.audit.audit` on the run's trace, and
+The invariants (docs/behaviour.md §3), each checked twice — by :func:`agentfsm.auditing.audit.audit` on the run's
+trace, and
 directly on what the scripted model received and what the trace recorded:
 
 1. every ``tool_use`` sent to the model has exactly one ``tool_result`` with its id in the next
    (user) message, and no ``tool_result`` lacks its call;
 2. messages alternate user/assistant from a user message (and a turn's request ends with one);
 3. no request is sent after the loop reached ``stop`` (unless a Stop hook re-entered);
-4. no counter exceeds its cap (:data:`agentfsm.state.COUNTER_CAPS`), nor the turn ``max_turns``; and,
-   stated from each counter's own field declaration (:data:`agentfsm.state.COUNTERS`) rather than
+4. no counter exceeds its cap (:data:`agentfsm.machine.state.COUNTER_CAPS`), nor the turn ``max_turns``; and,
+   stated from each counter's own field declaration (:data:`agentfsm.machine.state.COUNTERS`) rather than
    replayed through the route table — so a route whose effect forgets a reset is caught even though
    the auditor, replaying that same table, agrees with it (:func:`counter_violations`): a counter
    rises only on an edge that declares it, by one; after an edge that declares its reset it is back
    at its initial value; and it never falls back on an edge that neither raises nor resets it;
-5. every state change is a declared edge of :data:`agentfsm.graph.EDGES`, continuing where the last
+5. every state change is a declared edge of :data:`agentfsm.machine.graph.EDGES`, continuing where the last
    one ended;
-6. the result's ``subtype``/``is_error`` are those :data:`agentfsm.state.TERMINAL_INFO` gives its
+6. the result's ``subtype``/``is_error`` are those :data:`agentfsm.machine.state.TERMINAL_INFO` gives its
    terminal reason, which is the reason of the last move into ``stop``.
 """
 
@@ -49,15 +51,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from hypothesis.strategies import SearchStrategy
 
-from agentfsm import prompts
-from agentfsm.audit import audit
-from agentfsm.graph import EDGES_BY_TRIGGER
-from agentfsm.model import ModelClient, ModelRequest
-from agentfsm.options import Options
-from agentfsm.request import normalize
-from agentfsm.result import RunResult
-from agentfsm.session import Session
-from agentfsm.state import COUNTER_CAPS, COUNTERS, RAISED_BY, TERMINAL_INFO, Limits, LoopState, Message, Phase
+from agentfsm.auditing.audit import audit
+from agentfsm.llm.model import ModelClient, ModelRequest
+from agentfsm.machine import prompts
+from agentfsm.machine.graph import EDGES_BY_TRIGGER
+from agentfsm.machine.options import Options
+from agentfsm.machine.state import COUNTER_CAPS, COUNTERS, RAISED_BY, TERMINAL_INFO, Limits, LoopState, Message, Phase
+from agentfsm.runtime.request import normalize
+from agentfsm.runtime.result import RunResult
+from agentfsm.runtime.trace import RunStarts, SnapshotReader, read_records
+from agentfsm.sessions.session import Session
 from agentfsm.testing.scenario import (
     Response,
     Scenario,
@@ -70,7 +73,6 @@ from agentfsm.testing.scenario import (
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.strategies import model_responses, unique_tool_ids
 from agentfsm.tools.base import Tool
-from agentfsm.trace import RunStarts, SnapshotReader, read_records
 
 __all__ = [
     "DEFAULT_SUMMARY",
@@ -237,7 +239,7 @@ class RequestContext:
     kind: str
 
 
-# --- direct checks (independent of agentfsm.audit, so the two cross-check each other) ---------------
+# --- direct checks (independent of agentfsm.auditing.audit, so the two cross-check each other) ---------------
 
 
 def _blocks(message: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -303,7 +305,7 @@ def _is_compaction(request: ModelRequest) -> bool:
 
 def counter_violations(trigger: str, before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """What move ``trigger`` did to the counters (``before``/``after``: :meth:`LoopState.counters`)
-    against each counter's own declaration (:class:`agentfsm.state.Counter`: ``raised_by``,
+    against each counter's own declaration (:class:`agentfsm.machine.state.Counter`: ``raised_by``,
     ``reset_by``, ``default``), independently of the route table that moved them: after an edge that
     resets it, a counter is at its initial value (or one up, where the same edge may raise it); a rise
     is by one, on a declared edge; a counter falls back only on an edge that resets or raises it (a
@@ -449,7 +451,7 @@ class LoopHarness:
     ``compaction_answer`` (None: they take the next scripted response, as a plain ScriptedModel
     would). ``on_request(ctx)`` runs at every request, before it is answered — to abort, type user
     input, or record something. ``wrap_model`` wraps the scripted model in your own
-    :class:`~agentfsm.model.ModelClient` — to inject transport faults no scenario record expresses.
+    :class:`~agentfsm.llm.model.ModelClient` — to inject transport faults no scenario record expresses.
     ``history`` seeds the conversation (as a forked or resumed session would start).
     """
 

@@ -31,8 +31,8 @@ import jsonschema
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from agentfsm.model import PROMPT_TOO_LONG_MARKERS
-from agentfsm.state import Limits
+from agentfsm.llm.model import PROMPT_TOO_LONG_MARKERS
+from agentfsm.machine.state import Limits
 from agentfsm.testing.scenario import (
     HttpErrorResponse,
     RawToolJsonBlock,
@@ -544,7 +544,7 @@ def thinking_only_responses() -> SearchStrategy[StreamedResponse]:
 
 
 # status -> (error type, messages); none of the messages is a prompt-too-long marker, one of the
-# 400s is an image error (classified as such by agentfsm.model.classify_error)
+# 400s is an image error (classified as such by agentfsm.llm.model.classify_error)
 _API_ERRORS: Mapping[int, tuple[str, tuple[str, ...]]] = {
     400: (
         "invalid_request_error",

@@ -1,0 +1,1 @@
+"""The auditor: agentfsm traces and Claude Code's own files, replayed against the declared graph."""

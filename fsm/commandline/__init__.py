@@ -1,0 +1,1 @@
+"""The command line (``agentfsm ...``), the SDK's control protocol and the demo."""

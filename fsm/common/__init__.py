@@ -1,0 +1,1 @@
+"""What every layer may use: logging, permission modes, text and JSON helpers, progress."""

@@ -1,0 +1,1 @@
+"""The model transport: requests to the Messages API, streaming, retries and fallbacks."""

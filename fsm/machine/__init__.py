@@ -1,0 +1,1 @@
+"""The machine: the declared graph, its events, texts, options and state. Pure: no I/O."""

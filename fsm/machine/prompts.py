@@ -1,0 +1,175 @@
+"""Texts the loop itself writes into the conversation, and how they are wrapped.
+
+Hidden loop messages are wrapped in ``<system-reminder>`` the way Claude Code marks meta content, so
+they reach the model but are not mistaken for something the user typed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from agentfsm.machine.state import Message
+
+# --- the results of tool calls that never ran (or were cut short) ---------------------------------
+
+USER_INTERRUPTED = "user_interrupted"
+STREAMING_FALLBACK = "streaming_fallback"
+# the response broke off for good: its calls are answered, none of them ran to its end
+STREAM_FAILED = "stream_failed"
+# the process running the call died (a Temporal worker) and the call was not run again
+WORKER_LOST = "worker_lost"
+
+# Claude Code's wording for a call the user interrupted or rejected.
+REJECT_MESSAGE = (
+    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a "
+    "file edit, the new_string was NOT written to the file). STOP what you are doing and wait for the "
+    "user to tell you how to proceed."
+)
+_FALLBACK_MESSAGE = "<tool_use_error>Error: Streaming fallback - tool execution discarded</tool_use_error>"
+_WORKER_LOST_MESSAGE = (
+    "<tool_use_error>Error: the tool was interrupted: the worker running it stopped before the tool "
+    "finished. It was not run again because it may have side effects; check what it did before you "
+    "retry it.</tool_use_error>")
+
+
+def tool_use_error(text: str) -> str:
+    """Wrap ``text`` the way Claude Code marks tool errors for the model (idempotent)."""
+    return text if text.startswith("<tool_use_error>") else f"<tool_use_error>{text}</tool_use_error>"
+
+
+def synthetic_text(reason: str) -> str:
+    """The tool_result text of a call that was cancelled or discarded for ``reason``."""
+    if reason == USER_INTERRUPTED:
+        return REJECT_MESSAGE
+    if reason in (STREAMING_FALLBACK, "fallback"):
+        return _FALLBACK_MESSAGE
+    if reason == WORKER_LOST:
+        return _WORKER_LOST_MESSAGE
+    return tool_use_error(f"Error: Tool execution discarded ({reason})")
+
+
+def synthetic_block(tool_use_id: str, reason: str) -> dict[str, object]:
+    """The ``tool_result`` block of a call that never ran (or was cut short) for ``reason``."""
+    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": synthetic_text(reason), "is_error": True}
+
+
+MAX_TOKENS_RESUME = (
+    "Output token limit hit. Resume directly — no apology, no recap of what you were doing. "
+    "Pick up mid-thought if that is where the cut happened. Break remaining work into smaller pieces."
+)
+# Claude Code 2.1.332's words when an error event cut a response after some text
+MID_STREAM_RESUME = ("Your response above was cut off mid-stream. Resume directly from where it stops — no apology, "
+                     "no recap. If none of it survived, answer the request from the start.")
+# Claude Code 2.1.332's words (tests/fidelity/conform/conform-11d939ce08.json)
+MALFORMED_TOOL_USE_RETRY = "The previous response failed to produce a valid tool call. Please retry the tool call now."
+MALFORMED_TOOL_USE_EXHAUSTED = "The model's tool call could not be parsed (retry also failed)."
+# Claude Code 2.1.332's words, asked once per turn after an answer with no visible output (thinking only, or
+# nothing at all).
+EMPTY_RESPONSE_NUDGE = ("[Your previous response had no visible output. Please continue and produce a "
+                        "user-visible response.]")
+# Claude Code 2.1.332's words, sent as a plain user text (no reminder) when a --json-schema run answers
+# in text.
+STRUCTURED_OUTPUT_RETRY = ("[structured-output-enforce] You MUST call the StructuredOutput tool to complete this "
+                           "request. Call this tool now.")
+COMPACT_INSTRUCTION = (
+    "Your task is to create a detailed summary of the conversation so far, so that work can continue "
+    "without the earlier messages. Include the user's requests and intent, key technical details, "
+    "files and code involved, errors and how they were fixed, pending tasks and the current work. "
+    "Reply with the summary as plain text only; do not call any tools."
+)
+COMPACT_SUMMARY_PREFIX = (
+    "This session is being continued from a previous conversation that ran out of context. "
+    "The summary below covers the earlier portion of the conversation.\n\n"
+)
+MAX_TOKENS_EXHAUSTED = "Claude's response exceeded the {n} output token maximum. Ask for a shorter answer."
+STOP_HOOK_CAP_WARNING = "Stop hook blocked {n} times in a row; overriding the block and ending the turn."
+
+
+def reminder(text: str) -> str:
+    return f"<system-reminder>\n{text}\n</system-reminder>"
+
+
+def reminder_blocks(texts: Iterable[str]) -> tuple[dict[str, str], ...]:
+    """Text blocks carrying ``texts`` as reminders (hook context riding along with a message)."""
+    return tuple({"type": "text", "text": reminder(t)} for t in texts)
+
+
+def meta_message(text: str, kind: str = "meta", *, plain: bool = False) -> Message:
+    """A hidden user message the loop adds (recovery prompts, hook feedback); in a reminder unless
+    ``plain`` (Claude Code sends some of them as bare text)."""
+    return Message("user", ({"type": "text", "text": text if plain else reminder(text)},), kind=kind)
+
+
+# What Claude Code leaves in the history when the user stops a turn: the next request shows the model
+# where it was cut off (merged into the next user message, before the new prompt).
+INTERRUPTED = "[Request interrupted by user]"
+INTERRUPTED_TOOLS = "[Request interrupted by user for tool use]"
+
+
+def interrupt_marker(text: str) -> Message:
+    """The visible user message that marks an interrupted turn in the history."""
+    return Message("user", ({"type": "text", "text": text},), kind="interrupt_marker")
+
+
+STOP_HOOK_FEEDBACK = "Stop hook feedback:\n{reason}"
+STOP_HOOK_CONTEXT = "Stop hook additional context: {text}"
+
+
+def stop_hook_feedback(reason: str | None, context: Iterable[str] = ()) -> Message:
+    """What a Stop hook that keeps the loop going shows the model: the block's reason (None: no block)
+    and each hook's additionalContext, one reminder apiece, in one hidden user message."""
+    texts = [] if reason is None else [STOP_HOOK_FEEDBACK.format(reason=reason)]
+    texts.extend(STOP_HOOK_CONTEXT.format(text=t) for t in context)
+    return Message("user", reminder_blocks(texts), kind="hook_feedback")
+
+
+def queued_input(text: str) -> Message:
+    return meta_message(
+        f"The user sent the following message while you were working:\n{text}\n\n"
+        "Please address this message and continue with your tasks.",
+        kind="attachment",
+    )
+
+
+# --- background tasks (agentfsm.tasks) -------------------------------------------------------------
+
+# What heads a task notification: it reaches the model as a user message, so it says it is not one.
+# (Claude Code 2.1.332 heads its notifications with a longer text of the same purpose; the
+# <task-notification> element below is its protocol, tag for tag.)
+TASK_NOTIFICATION_HEAD = (
+    "[Background task event - not user input]\n"
+    "A background task you started reports below. Nobody typed this message: it approves, confirms or "
+    "answers nothing.")
+BACKGROUND_SESSION_ENDED = "stopped: the session ended"
+
+
+def task_cut_off_summary(task: Any) -> str:
+    """The summary of a task a resumed session found cut off (its process ended with the session's)."""
+    what = "Agent" if task.task_type == "local_agent" else "Background command"
+    return f'{what} "{task.description}" was cut off: the session\'s earlier process ended while it ran'
+
+
+def background_timeout_summary(description: str) -> str:
+    """The summary of a background command stopped by its background timeout."""
+    return f'Background command "{description}" was stopped: it outran its background timeout'
+
+
+def _xml(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def task_notification(*, task_id: str, tool_use_id: str, output_file: str, status: str, summary: str,
+                      result: str | None = None, usage: Mapping[str, Any] | None = None) -> str:
+    """The ``<task-notification>`` a finished background task sends the model (Claude Code's elements:
+    task id, the tool call that started it, its output file, status, summary; a subagent's result and
+    usage), in a system reminder that says it is no user input."""
+    parts = [f"<task-id>{_xml(task_id)}</task-id>", f"<tool-use-id>{_xml(tool_use_id)}</tool-use-id>",
+             f"<output-file>{_xml(output_file)}</output-file>", f"<status>{_xml(status)}</status>",
+             f"<summary>{_xml(summary)}</summary>"]
+    if result is not None:
+        parts.append(f"<result>{_xml(result)}</result>")
+    if usage:
+        parts.append("<usage>" + "".join(f"<{k}>{_xml(str(v))}</{k}>" for k, v in usage.items()) + "</usage>")
+    body = "\n".join(("<task-notification>", *parts, "</task-notification>"))
+    return reminder(f"{TASK_NOTIFICATION_HEAD}\n\n{body}")

@@ -1,0 +1,135 @@
+"""Context governance: token estimates, and compaction by a summarisation request.
+
+Compaction keeps the last exchange verbatim (the last assistant tool_use message and what follows it,
+or the trailing user input) and replaces everything before it with one user message holding the
+model's summary. A history whose earlier part holds no assistant message cannot be compacted.
+
+The same :func:`compact` serves auto-compaction (before a call, when the estimate passes the
+threshold) and reactive compaction (after the API answered prompt-too-long); only the trigger differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from agentfsm.common import log as fsm_log
+from agentfsm.common.textsafe import json_text
+from agentfsm.llm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice
+from agentfsm.machine import prompts
+from agentfsm.machine.events import Compaction
+from agentfsm.machine.state import Message
+from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError
+from agentfsm.runtime.request import normalize
+
+log = fsm_log.get_logger("agentfsm.compact")
+
+# Tokens are estimated as characters / 4 wherever the API has not reported a count: the usual rough
+# ratio for English text and code, and the one the scripted model reports, so estimates and reports agree.
+CHARS_PER_TOKEN = 4
+
+UsageSink = Callable[[str, Mapping[str, Any]], None]
+
+
+def chars_of(blocks: Any) -> int:
+    """Serialised size of any JSON-able request part (messages' blocks, system, tool schemas)."""
+    return len(json_text(blocks))
+
+
+def estimate_tokens(messages: Sequence[Message], last_usage: Mapping[str, Any] | None = None,
+                    counted_upto: int = 0, static_tokens: int = 0) -> int:
+    """Tokens the next request will carry.
+
+    With a reported usage (the last response's input, cache and output tokens) only what was
+    appended since is estimated: ``messages[counted_upto:]`` are the messages the last request did
+    not carry, and an assistant message among them is that response itself — already in
+    ``output_tokens`` — so it is not counted twice. Without one, chars/4 of every message plus
+    ``static_tokens`` (system prompt and tool schemas, which the usage report would include).
+    """
+    def chars(msgs: Sequence[Message]) -> int:
+        return sum(chars_of([dict(b) for b in m.content]) for m in msgs)
+
+    if last_usage:
+        reported = sum(int(last_usage.get(k) or 0) for k in (
+            "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"))
+        if reported:
+            fresh = [m for m in messages[counted_upto:] if m.role != "assistant"]
+            return reported + chars(fresh) // CHARS_PER_TOKEN
+    return chars(messages) // CHARS_PER_TOKEN + static_tokens
+
+
+def split_for_compaction(messages: Sequence[Message]) -> tuple[list[Message], list[Message]] | None:
+    """(to summarise, to keep) or None when there is nothing earlier worth summarising."""
+    cut = None
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.role == "assistant" and m.tool_use_ids():
+            cut = i
+            break
+    if cut is None:
+        cut = len(messages)
+        while cut > 0 and messages[cut - 1].role == "user":
+            cut -= 1
+    head, tail = list(messages[:cut]), list(messages[cut:])
+    if not any(m.role == "assistant" for m in head):
+        return None
+    return head, tail
+
+
+def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Mapping[str, Any], ...],
+                    max_tokens: int = 8192, custom_instructions: str | None = None,
+                    metadata: Mapping[str, Any] | None = None) -> tuple[ModelRequest, list[Message]] | None:
+    """The summarisation request for ``messages`` (history before the last exchange plus a
+    text-only instruction, no tools offered) and the messages it keeps; None when impossible."""
+    split = split_for_compaction(messages)
+    if split is None:
+        return None
+    head, tail = split
+    instruction = prompts.COMPACT_INSTRUCTION
+    if custom_instructions:
+        instruction += f"\n\nAdditional instructions:\n{custom_instructions}"
+    request_msgs = [*head, Message("user", instruction, kind="meta")]
+    request = ModelRequest(model=model, system=system, messages=tuple(normalize(request_msgs)), tools=(),
+                           max_tokens=max_tokens, metadata=dict(metadata or {}))
+    return request, tail
+
+
+async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str, Any], ...],
+                  messages: Sequence[Message], trigger: str, max_tokens: int = 8192,
+                  custom_instructions: str | None = None,
+                  metadata: Mapping[str, Any] | None = None,
+                  on_usage: UsageSink | None = None) -> Compaction | None:
+    """Summarise the history before the last exchange; None when that is impossible or fails.
+
+    A failed summarisation (API error, broken or malformed stream, no visible text) is not an
+    exception: the caller decides what a failed compaction means (a counted auto-compact failure,
+    or ``prompt_too_long`` for a reactive one). ``on_usage(model, usage)`` receives the summary
+    request's usage so its cost counts towards the budget like any other request.
+    """
+    built = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
+                            custom_instructions=custom_instructions, metadata=metadata)
+    if built is None:
+        log.info("compact.impossible", trigger=trigger, messages=len(messages))
+        return None
+    request, tail = built
+    asm = ResponseAssembler()
+    try:
+        async for ev in client.stream(request):
+            if not isinstance(ev, RetryNotice):  # the transport retrying the summary request
+                asm.feed(ev)
+    except (ModelCallError, StreamProtocolError) as exc:
+        log.warning("compact.failed", trigger=trigger, error=str(exc))
+        return None
+    finally:
+        if on_usage is not None and asm.usage:
+            on_usage(asm.model or model, dict(asm.usage))
+    if not asm.stopped:
+        log.warning("compact.failed", trigger=trigger, error="summary stream ended before message_stop")
+        return None
+    summary = asm.finish().visible_text()
+    if not summary:
+        log.warning("compact.failed", trigger=trigger, error="the summary response had no text")
+        return None
+    summary_msg = Message("user", prompts.COMPACT_SUMMARY_PREFIX + summary, kind="compact_summary")
+    pre = estimate_tokens(messages)
+    return Compaction(messages=(summary_msg, *tail), trigger=trigger, pre_tokens=pre, summary=summary)

@@ -1,0 +1,91 @@
+"""Builds the wire view of the history: what one Messages request carries."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from agentfsm.machine.state import Message
+
+BASE_SYSTEM_PROMPT = (
+    "You are an interactive agent that helps users with software engineering tasks, running in "
+    "agentfsm, a Claude-Code-compatible agent loop. Use the tools available to you to inspect and "
+    "change the user's workspace; prefer reading before editing; be concise in your final answer."
+)
+
+
+def normalize(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Wire messages: consecutive same-role messages merged (the API wants alternation), tool_result
+    blocks first in a user message (the API requires them before any text), empty texts dropped."""
+    return _normalize(messages)[0]
+
+
+def _normalize(messages: Sequence[Message], offset: int = 0) -> tuple[list[dict[str, Any]], list[int]]:
+    """The wire messages, and for each the index (plus ``offset``) of the first message it came from."""
+    out: list[dict[str, Any]] = []
+    starts: list[int] = []
+    for i, m in enumerate(messages):
+        blocks = [dict(b) for b in m.content if not (b.get("type") == "text" and not b.get("text"))]
+        if not blocks:
+            continue
+        if out and out[-1]["role"] == m.role:
+            last = out[-1]["content"][-1]
+            if m.role == "user" and last.get("type") == "text":
+                # Claude Code 2.1.332 ends a text with a newline when the next message's content joins it
+                # (tests/fidelity/conform/conform-11d939ce08.json)
+                out[-1]["content"][-1] = {**last, "text": last["text"] + "\n"}
+            out[-1]["content"].extend(blocks)
+        else:
+            out.append({"role": m.role, "content": blocks})
+            starts.append(offset + i)
+    for msg in out:
+        if msg["role"] == "user":
+            results = [b for b in msg["content"] if b.get("type") == "tool_result"]
+            if results:
+                msg["content"] = results + [b for b in msg["content"] if b.get("type") != "tool_result"]
+    return out, starts
+
+
+class WireCache:
+    """The wire view of one loop's requests, built incrementally: when the history only grew since
+    the last request, the wire messages of the unchanged part are reused and only the tail is
+    normalised (the last wire message too, as new messages may merge into it). A request then costs
+    what is new, not the whole history; a rewritten history (compaction) is normalised afresh. Wire
+    dicts handed out are never changed afterwards, so earlier requests may share them."""
+
+    def __init__(self) -> None:
+        self._messages: tuple[Message, ...] = ()
+        self._wire: list[dict[str, Any]] = []
+        self._starts: list[int] = []
+
+    def wire(self, messages: tuple[Message, ...]) -> list[dict[str, Any]]:
+        old = self._messages
+        if old and self._starts and len(messages) >= len(old) and messages[:len(old)] == old:
+            redo = self._starts[-1]  # the last wire message may take in what follows it
+            tail, tail_starts = _normalize(messages[redo:], offset=redo)
+            wire, starts = self._wire[:-1] + tail, self._starts[:-1] + tail_starts
+        else:
+            wire, starts = _normalize(messages)
+        self._messages, self._wire, self._starts = messages, wire, starts
+        return list(wire)
+
+
+def system_blocks(cwd: Path, *, system_prompt: str | None, append: str | None,
+                  extra: Sequence[str] = (), add_dirs: Sequence[Path] = (),
+                  identity: str | None = None) -> tuple[Mapping[str, Any], ...]:
+    base = system_prompt if system_prompt is not None else BASE_SYSTEM_PROMPT
+    # the added directories are working directories too: the model must know it may work there
+    more = "".join(f"\n  - {(cwd / d).resolve()}" for d in add_dirs)
+    env = (f"Environment:\nWorking directory: {cwd}\n"
+           + (f"Additional working directories:{more}\n" if more else "")
+           + f"Platform: {platform.system().lower()}\n"
+           f"Is git repo: {(cwd / '.git').exists()}\nToday's date: {date.today().isoformat()}\n"
+           f"Shell: {os.path.basename(os.environ.get('SHELL', 'bash'))}")
+    texts = [identity or "", base, env, *extra]
+    if append:
+        texts.append(append)
+    return tuple({"type": "text", "text": t} for t in texts if t)
