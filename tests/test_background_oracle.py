@@ -44,6 +44,8 @@ REPLAYED = ("bash_background_read", "bash_timeout_background", "task_stop", "not
 
 _BUDGET = re.compile(r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>")
 _NOTE = re.compile(r"<task-notification>.*?</task-notification>", re.S)
+# what a run measures differs from run to run: a subagent's wall-clock time in its notification's usage
+_MEASURED = re.compile(r"<duration_ms>\d+</duration_ms>")
 # a command's id, Claude Code's agent id, ours (the subagent's session id)
 _ID = r"b[a-z0-9]{8}|a[0-9a-f]{16}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # a command's id, Claude Code's agent id, ours (the subagent's session id)
@@ -53,7 +55,8 @@ _OUTPUT = re.compile(rf"(?:/[^\s<>\"']+)?/(?:tasks|TASKS|subagents)/({_ID})\.(?:
 
 
 class Normaliser:
-    """Task ids numbered in order of appearance (TASK1, …), output files as ``<tasks>/TASKn.output``."""
+    """Task ids numbered in order of appearance (TASK1, …), output files as ``<tasks>/TASKn.output``,
+    measured durations as ``N``."""
 
     def __init__(self) -> None:
         self.ids: dict[str, str] = {}
@@ -64,6 +67,7 @@ class Normaliser:
 
         # an output file first (its folders name the session: not a task), then the ids
         text = _OUTPUT.sub(lambda m: f"<tasks>/{task(m)}.output", text)
+        text = _MEASURED.sub("<duration_ms>N</duration_ms>", text)
         return _TASK_ID.sub(task, text)
 
 
