@@ -431,6 +431,24 @@ def test_layout_masks_literal_parts_globs_and_absent_paths(ws: Path) -> None:
     assert dict(layout.absent) == {f"{real}/.env": False, f"{real}/gone": True}
 
 
+def test_a_masked_directory_does_not_reach_its_siblings_that_share_its_name_as_a_prefix(ws: Path) -> None:
+    """Denying ``secrets/`` says nothing of ``secrets-old/`` or ``secrets.txt`` next to it: a sibling
+    denied by a rule of its own is masked in its own right (not taken for part of ``secrets/``), and a
+    file a write rule protects beside it stays protected."""
+    (ws / "secrets-old").mkdir()
+    (ws / "secrets-old" / "key.txt").write_text("old\n")
+    (ws / "secrets.txt").write_text("list\n")
+    (ws / "secrets-notes").mkdir()
+    (ws / "secrets-notes" / "todo").write_text("x\n")
+    layout = resolve_layout(ws, read_rules=[("./secrets/**", None), ("./secrets-old/**", None),
+                                            ("./secrets.txt", None)],
+                            write_rules=[("./secrets-notes/todo", None)], writable=[ws])
+    real = os.path.realpath(ws)
+    assert set(layout.hidden_dirs) == {f"{real}/secrets", f"{real}/secrets-old"}
+    assert layout.hidden_files == (f"{real}/secrets.txt",)
+    assert layout.read_only == (f"{real}/secrets-notes/todo",)
+
+
 def test_layout_resolution_has_a_budget_and_fails_closed(ws: Path) -> None:
     for i in range(50):
         (ws / "pub" / f"f{i}").write_text("x")
