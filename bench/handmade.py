@@ -210,7 +210,7 @@ def run_one(m: Mutant, worker: Any, tests: Sequence[str], pytest_args: Sequence[
 
 
 def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path,
-        deselect: Sequence[str] = ()) -> list[Outcome]:
+        deselect: Sequence[str] = (), test_timeout: float = 60.0) -> list[Outcome]:
     sys.path.insert(0, str(REPO / "bench"))
     import mutation  # the campaign's scratch copies and forked worker (needs the `mutation` extra)
 
@@ -229,8 +229,8 @@ def run(chosen: Sequence[Mutant], *, jobs: int, timeout: float, work: Path,
                 while queue and free:
                     m, w = queue.pop(0), free.pop()
                     tests = mutation.test_files(config, m.module, w.tree)
-                    running[pool.submit(run_one, m, w, tests, config.pytest_args, timeout, mutation._pyc,
-                                       deselect)] = w
+                    args = [*config.pytest_args, "--timeout", f"{test_timeout:g}"]
+                    running[pool.submit(run_one, m, w, tests, args, timeout, mutation._pyc, deselect)] = w
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     free.append(running.pop(fut))
@@ -304,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--id", action="append", default=[], help="only this mutant (repeatable)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per mutant (default %(default)s)")
+    p.add_argument("--test-timeout", type=float, default=60.0,
+                   help="seconds per test (pytest-timeout; default %(default)s): a mutant that hangs one test "
+                        "fails that test then, instead of after the suite's 120 s")
     p.add_argument("--threshold", type=float, default=95.0)
     p.add_argument("--survivors", action="store_true", help="only the last run's survivors (and untested ones)")
     p.add_argument("--report", action="store_true", help="the last results; test nothing")
@@ -334,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             chosen_run = list(chosen)
         print(f"hand-made mutants: {len(chosen_run)} to test, {args.jobs} job(s)", flush=True)
-        run(chosen_run, jobs=args.jobs, timeout=args.timeout, work=args.work, deselect=args.deselect)
+        run(chosen_run, jobs=args.jobs, timeout=args.timeout, work=args.work, deselect=args.deselect,
+            test_timeout=args.test_timeout)
     return 0 if report(chosen, args.threshold) else 1
 
 

@@ -408,6 +408,21 @@ async def test_interruptible_only_when_every_running_call_cancels(lab: Lab) -> N
     assert not ex.interruptible
 
 
+async def test_an_interrupt_behaviour_that_is_neither_cancel_nor_block_counts_as_block(lab: Lab) -> None:
+    """A tool that answers ``interrupt_behavior()`` with something else ("Cancel", "kill", None) is
+    let finish on an interrupt and keeps the turn from being interruptible, as a ``block`` tool."""
+    odd = [Probe(lab, f"Odd{i}", interrupt=value) for i, value in enumerate(("Cancel", "kill", None))]  # type: ignore[arg-type]
+    ex = make(lab, *odd)
+    for i in range(len(odd)):
+        ex.add_tool(use(f"o{i}", f"Odd{i}"))
+        await lab.wait_started(f"o{i}")
+    assert not ex.interruptible
+    assert ex.interrupt() == [] and lab.cancelled == []
+    lab.release("o0", "o1", "o2")
+    results = await asyncio.wait_for(ex.remaining(), 2)
+    assert [r.interrupted or r.is_error for r in results] == [False, False, False]
+
+
 async def test_interrupt_cancels_cancel_calls_and_lets_block_calls_finish(lab: Lab) -> None:
     ex = make(lab, Probe(lab, "C", interrupt="cancel"))
     ex.add_tool(use("c", "C"))
@@ -514,6 +529,35 @@ async def test_a_call_with_invalid_input_is_unsafe_even_for_a_safe_tool(lab: Lab
     lab.release("s")
     results = await asyncio.wait_for(ex.remaining(), 2)
     assert [r.is_error for r in results] == [False, True, False] and "q" in lab.started
+
+
+async def test_the_concurrency_verdict_cannot_change_what_the_tool_runs_with(lab: Lab) -> None:
+    """A tool whose ``is_concurrency_safe`` scribbles on the input it is shown (normalising a field,
+    dropping one it does not need for the verdict) still runs with, and reports, the model's input."""
+
+    class Scribbler(Tool):
+        name = "Scribbler"
+        input_schema = SCHEMA
+
+        def __init__(self) -> None:
+            self.ran_with: list[dict[str, Any]] = []
+
+        def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+            if isinstance(input, dict):
+                input["n"] = -1
+                input.pop("n")
+            return True
+
+        async def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            self.ran_with.append(dict(input))
+            return ToolOutput(f"n={input.get('n')}")
+
+    scribbler = Scribbler()
+    ex = make(lab, scribbler)
+    ex.add_tool(use("a", "Scribbler", {"n": 7}))
+    [r] = await asyncio.wait_for(ex.remaining(), 2)
+    assert scribbler.ran_with == [{"n": 7}]
+    assert r.block["content"] == "n=7" and r.tool_input == {"n": 7} and not r.is_error
 
 
 class CountingTable(ToolTable):

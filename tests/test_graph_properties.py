@@ -496,7 +496,8 @@ def state_st(draw: st.DrawFn, phase: Phase, lim: Limits) -> LoopState:
 compaction_st = st.builds(Compaction, messages=st.just((Message("user", "summary", kind="compact_summary"),
                                                         Message("user", "q-last"))),
                           trigger=st.sampled_from(["auto", "reactive"]))
-KINDS = ["prompt_too_long", "image", "api", "model", "overloaded", "connection", "stream_dropped", "stream_garbled"]
+KINDS = ["prompt_too_long", "image", "api", "model", "overloaded", "connection", "stream_api_error", "stream_dropped",
+         "stream_garbled"]
 errors = st.builds(ModelError, kind=st.sampled_from(KINDS),
                    message=st.sampled_from(["boom", "prompt is too long"]),
                    status=st.sampled_from([None, 400, 413, 529]), retryable=st.booleans())

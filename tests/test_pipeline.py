@@ -440,6 +440,25 @@ async def test_permission_deny_records_denial_and_never_calls() -> None:
     assert read.calls == [] and "post" not in gate.kinds()
 
 
+async def test_a_denial_lists_the_values_the_model_gave_and_defaults_only_for_the_rest() -> None:
+    """The run's permission_denials show what the model asked for: a field it gave keeps its value,
+    even where the schema has a default; only the fields it left out are filled from the defaults."""
+    schema = {"type": "object", "properties": {
+        "file_path": {"type": "string"},
+        "replace_all": {"type": "boolean", "default": False},
+        "mode": {"type": "string", "default": "append"}},
+        "required": ["file_path"], "additionalProperties": False}
+
+    @tool("Edit", "e", schema)
+    async def edit(input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        raise AssertionError("a denied call must not run")
+
+    gate = Recorder(perm=PermissionOutcome("deny", "no"))
+    r = await run(use("Edit", {"file_path": "/a.txt", "replace_all": True}), edit, gate=gate)
+    assert r.permission_denial == {"tool_name": "Edit", "tool_use_id": "toolu_1",
+                                   "tool_input": {"file_path": "/a.txt", "replace_all": True, "mode": "append"}}
+
+
 async def test_unanswered_ask_is_a_denial_with_default_text() -> None:
     r = await run(use(), gate=Recorder(perm=PermissionOutcome("ask")))
     assert content(r) == "Permission to use Read has been denied." and r.permission_denial is not None
@@ -569,6 +588,28 @@ async def test_ends_turn_and_context_layers_are_reported() -> None:
 
     r = await run(use("Finish", {}), finish)
     assert r.ends_turn and r.context_layers == {"mode": "done"}
+
+
+async def test_a_turn_ending_tool_ends_the_turn_only_when_its_call_succeeds() -> None:
+    """A failed call of a turn-ending tool (an error result, a ToolError, a crash) does not end the
+    turn: the model gets the error and another turn to put it right."""
+
+    @tool("Finish", "f", {"type": "object"}, ends_turn=True)
+    async def finish(input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        how = input.get("how")
+        if how == "error":
+            return ToolOutput("the result does not match the schema", is_error=True)
+        if how == "raise":
+            raise ToolError("not accepted")
+        if how == "crash":
+            raise RuntimeError("broken")
+        return ToolOutput("done")
+
+    for how in ("error", "raise", "crash"):
+        r = await run(use("Finish", {"how": how}), finish)
+        assert r.is_error and not r.ends_turn, how
+    ok = await run(use("Finish", {"how": "fine"}), finish)
+    assert not ok.is_error and ok.ends_turn
 
 
 # --- step 11: mapping ------------------------------------------------------------------------

@@ -187,7 +187,7 @@ async def test_sse_errors_classified() -> None:
     assert text_of(events) == "a"
     assert (err.error.kind, err.error.retryable) == ("overloaded", True)
     _, err = await collect_error(model)
-    assert (err.error.kind, err.error.retryable) == ("connection", True)
+    assert (err.error.kind, err.error.retryable) == ("stream_api_error", True)
     _, err = await collect_error(model)
     assert err.error.kind == "api"
 

@@ -87,7 +87,7 @@ class AnthropicTransport:
             # mid-stream the SDK raises APIError for an SSE `error` event (an APIStatusError carrying
             # the 200 of the stream's response) and for a dropped connection
             error = _stream_error(a, exc)
-            if not started and error.kind == "connection":
+            if not started and error.kind in ("connection", "stream_api_error"):
                 error = ModelError("stream_dropped", error.message, None, True)
             raise ModelCallError(error) from exc
         except ModelCallError:
@@ -151,9 +151,10 @@ def _status_error(exc: Any) -> ModelError:
 def _stream_error(a: Any, exc: Any) -> ModelError:
     """A failure after the stream started, classified as :func:`agentfsm.testing.scripted.stream_error`
     does for the in-process model: an SSE ``overloaded_error`` is an overload (as a 529), an SSE
-    ``api_error`` (the server failed part-way) or a dropped connection is a retryable connection
-    error — the whole response is requested again — and any other SSE error type is classified like
-    the API error it names."""
+    ``api_error`` (the server failed part-way) a retryable ``stream_api_error``, a dropped connection a
+    retryable connection error — the whole response is requested again, unless a complete text was
+    already shown (:func:`agentfsm.machine.graph.cut_after_text`) — and any other SSE error type is
+    classified like the API error it names."""
     if isinstance(exc, a.APIConnectionError):
         return ModelError("connection", f"Stream interrupted: {exc}", None, True)
     body = getattr(exc, "body", None)
@@ -162,7 +163,9 @@ def _stream_error(a: Any, exc: Any) -> ModelError:
     message = (err.get("message") if isinstance(err, dict) else None) or str(exc)
     if etype == "overloaded_error":
         return ModelError("overloaded", message, 529, True)
-    if etype in ("", "api_error"):
+    if etype == "api_error":
+        return ModelError("stream_api_error", message, None, True)
+    if etype == "":
         return ModelError("connection", message or "stream interrupted", None, True)
     return classify_error(None, etype, message)
 

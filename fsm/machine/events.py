@@ -22,7 +22,9 @@ class ModelError:
     """A failed model call, classified once so the graph never parses error strings.
 
     kind: ``prompt_too_long`` | ``image`` | ``api`` (a structured API error) | ``model`` (malformed
-    stream, invariant broken) | ``overloaded`` | ``connection`` | ``stream_dropped`` (the connection
+    stream, invariant broken) | ``overloaded`` | ``connection`` | ``stream_api_error`` (the API sent an
+    ``api_error`` event part-way through a stream: retried like a dropped connection, except that a
+    complete text already shown is resumed from) | ``stream_dropped`` (the connection
     closed before the first event) | ``stream_garbled`` (what came was not a stream: invalid event
     JSON, an HTML page, bytes that are not SSE, before any content block).
     """

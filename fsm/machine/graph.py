@@ -348,12 +348,12 @@ def _retry_edge(state: LoopState, e: CallFailed, limits: Limits) -> str | None:
 
 @_named("cut_after_text")
 def cut_after_text(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
-    """The API sent an ``overloaded_error`` event in the middle of a response that had already shown a
-    complete text block, and no tool call: Claude Code 2.1.332 keeps the text and asks the model to
-    resume from it (docs/conform.md). A dropped or garbled stream, or one that showed only thinking, is
+    """The API sent an ``overloaded_error`` or ``api_error`` event in the middle of a response that had
+    already shown a complete text block, and no tool call: Claude Code 2.1.332 keeps the text and asks the
+    model to resume from it (docs/conform.md). A dropped or garbled stream, or one that showed only thinking, is
     requested again as a whole."""
     shown = e.shown
-    return (s.phase is S and e.error.kind == "overloaded" and bool(shown)
+    return (s.phase is S and e.error.kind in ("overloaded", "stream_api_error") and bool(shown)
             and any(b.get("type") == "text" and str(b.get("text", "")).strip() for b in shown)
             and not any(b.get("type") == "tool_use" for b in shown))
 

@@ -150,6 +150,12 @@ def task_cut_off_summary(task: Any) -> str:
     return f'{what} "{task.description}" was cut off: the session\'s earlier process ended while it ran'
 
 
+def task_lost_summary(task: Any) -> str:
+    """The summary of a task whose Temporal worker was lost while it ran (the command died with it)."""
+    what = "Agent" if task.task_type == "local_agent" else "Background command"
+    return f'{what} "{task.description}" was cut off: the worker running it was lost'
+
+
 def background_timeout_summary(description: str) -> str:
     """The summary of a background command stopped by its background timeout."""
     return f'Background command "{description}" was stopped: it outran its background timeout'

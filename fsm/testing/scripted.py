@@ -90,8 +90,8 @@ def estimate_input_tokens(body: Mapping[str, Any]) -> int:
 
 def stream_error(resp: StreamedResponse) -> ModelError:
     """What the SDK transport makes of a cut stream (kept in step with :mod:`agentfsm.llm.transport`): an SSE
-    ``overloaded_error`` is an overload (as a 529), an SSE ``api_error`` or a dropped connection is a
-    retryable ``connection`` error, any other SSE error is classified like an API error."""
+    ``overloaded_error`` is an overload (as a 529), an SSE ``api_error`` a retryable ``stream_api_error``,
+    a dropped connection a retryable ``connection`` error, any other SSE error is classified like an API error."""
     if resp.fault is not None:
         if resp.fault == "drop":
             return ModelError("stream_dropped", "Stream interrupted: the connection closed before the first event",
@@ -100,7 +100,7 @@ def stream_error(resp: StreamedResponse) -> ModelError:
     if resp.sse_error is not None:
         etype, message = resp.sse_error.type, resp.sse_error.message
         if etype == "api_error":
-            return ModelError("connection", message, None, True)
+            return ModelError("stream_api_error", message, None, True)
         return classify_error(529 if etype == "overloaded_error" else None, etype, message)
     return ModelError("connection", "stream ended before message_stop (connection closed)", None, True)
 
