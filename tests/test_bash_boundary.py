@@ -212,3 +212,14 @@ def test_a_read_only_command_reaching_outside_never_runs_unasked(ws: Path, progr
         # (find takes its start directories before any other word that starts with a dash)
         assert before in reach.values or (reach.operands == "script" and not script) or (
             reach.operands == "find" and before not in ("-H", "-L", "-P")), command
+
+
+def test_a_sibling_whose_name_starts_with_the_workspaces_is_outside(ws: Path) -> None:
+    """``/x/ws-evil`` is not inside ``/x/ws``: reading or listing it asks with Claude Code's text, while
+    the workspace's own files run."""
+    evil = ws.parent / f"{ws.name}-evil"
+    evil.mkdir()
+    (evil / "k.txt").write_text("K\n")
+    assert text(f"cat {evil}/k.txt", ws) == ("ask", blocked("cat", f"{evil}/k.txt", "concatenate files from", ws))
+    assert text(f"ls ../{ws.name}-evil", ws) == ("ask", blocked("ls", str(evil), "list files in", ws))
+    assert text("cat in.txt", ws)[0] == "allow"
