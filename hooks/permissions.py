@@ -272,11 +272,12 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
     if not base.is_absolute():
         base = cwd / base
     if "Glob" in names and isinstance(tool_input.get("pattern"), str):
-        # Glob(pattern="/etc/**") or "../../x/*" reaches past its path: judge the fixed prefix.
+        # Glob(pattern="/etc/**") reaches past its path: judge the fixed prefix (a relative one up to
+        # a `..`, which the search never climbs: tools/glob.py's split_literal_prefix)
         pattern = tool_input["pattern"]
         fixed: list[str] = []
         for seg in pattern.split("/"):
-            if has_magic(seg):
+            if has_magic(seg) or (seg == ".." and not pattern.startswith("/")):
                 break
             fixed.append(seg)
         prefix = "/".join(fixed)
@@ -312,10 +313,22 @@ def _file_subject(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> tuple
     return os.path.normpath(str(path)), ("write" if names & EDIT_TOOLS else "read"), False
 
 
-def requested(access: Access, path: str) -> str:
-    """Claude Code's text for a file call nobody approved."""
+def requested(access: Access, path: str, real: str | None = None) -> str:
+    """Claude Code's text for a file call nobody approved; ``real``: where ``path``, inside the
+    working directories as written, resolves outside them through a symlink."""
     verb = "write to" if access == "write" else "read from"
-    return f"Claude requested permissions to {verb} {path}, but you haven't granted it yet."
+    text = f"Claude requested permissions to {verb} {path}, but you haven't granted it yet."
+    if real is not None:
+        text += (f" {path} resolves through a symlink to {real}, which is outside the allowed working "
+                 "directories.")
+    return text
+
+
+def _through_link(paths: Sequence[str], dirs: Sequence[Path]) -> str | None:
+    """The resolved path when a path written inside ``dirs`` resolves outside them, else None."""
+    if len(paths) > 1 and _inside(paths[:1], dirs) and not _inside(paths[1:2], dirs):
+        return paths[1]
+    return None
 
 
 def dont_ask_text(tool_name: str) -> str:
@@ -700,7 +713,13 @@ class PermissionPolicy:
                     return bash_boundary.UNCLASSIFIED
             return None
         outside = self.outside_read(tool, tool_input)
-        return None if outside is None else requested("read", outside)
+        if outside is None:
+            return None
+        try:
+            real = _through_link(_subject_paths(tool, tool_input, self.cwd), self.working_dirs)
+        except ValueError:
+            real = None
+        return requested("read", outside, real)
 
     def _edit_inside_workspace(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
         if not _tool_names(tool) & EDIT_TOOLS:
@@ -758,7 +777,8 @@ class PermissionPolicy:
         names = _tool_names(tool)
         paths = _subject_paths(tool, tool_input, self.cwd) if names & EDIT_TOOLS else []
         if paths:
-            return PermissionDecision("ask", requested("write", paths[0]), None, "mode", bare=True)
+            return PermissionDecision("ask", requested("write", paths[0], _through_link(paths, self.working_dirs)),
+                                      None, "mode", bare=True)
         if "Bash" in names and isinstance(tool_input.get("command"), str):
             analysis = analyse(tool_input["command"], str(self.cwd))
             specs = [r.specifier for r in self.allow if r.specifier is not None and r.names_tool(tool)]

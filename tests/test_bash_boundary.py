@@ -214,6 +214,59 @@ def test_a_read_only_command_reaching_outside_never_runs_unasked(ws: Path, progr
             reach.operands == "find" and before not in ("-H", "-L", "-P")), command
 
 
+# --- the file tools at the boundary -------------------------------------------------------------
+
+
+def test_a_file_tool_through_a_symlink_says_where_it_resolves(ws: Path) -> None:
+    from agentfsm.tools import GlobTool, GrepTool, ReadTool, WriteTool
+
+    out = (ws.parent / "out").resolve()
+    policy = PermissionPolicy.build(ws)
+    read = policy.evaluate(ReadTool(), {"file_path": f"{ws}/link/o.txt"})
+    assert (read.behavior, read.reason) == ("ask", (
+        f"Claude requested permissions to read from {ws}/link/o.txt, but you haven't granted it yet. "
+        f"{ws}/link/o.txt resolves through a symlink to {out}/o.txt, which is outside the allowed working "
+        "directories."))
+    write = policy.evaluate(WriteTool(), {"file_path": f"{ws}/link/w.txt", "content": "x"})
+    assert write.reason.endswith(f"{ws}/link/w.txt resolves through a symlink to {out}/w.txt, which is outside "
+                                 "the allowed working directories.")
+    for tool in (GlobTool(), GrepTool()):
+        d = policy.evaluate(tool, {"pattern": "*", "path": f"{ws}/link"})
+        assert d.reason.endswith(f"{ws}/link resolves through a symlink to {out}, which is outside the allowed "
+                                 "working directories."), tool.name
+    # written outside: no sentence about links
+    plain = policy.evaluate(ReadTool(), {"file_path": f"{out}/o.txt"})
+    assert plain.reason == f"Claude requested permissions to read from {out}/o.txt, but you haven't granted it yet."
+
+
+def test_a_relative_glob_pattern_never_climbs_out_of_its_directory(ws: Path) -> None:
+    from agentfsm.tools import GlobTool
+    from agentfsm.tools.glob import find_files, split_literal_prefix
+
+    assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": "../out/*.txt"}).behavior == "allow"
+    assert find_files(str(ws), "../out/*.txt") == []
+    assert find_files(str(ws), "sub/../../out/*.txt") == []
+    assert split_literal_prefix("/r", "a/b/*.py") == ("/r/a/b", "*.py")
+    assert split_literal_prefix("/r", "../x/*.py") == ("/r", "../x/*.py")
+    # an absolute pattern is still judged by where it points
+    assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": f"{ws.parent}/out/*.txt"}).behavior == "ask"
+
+
+@pytest.mark.parametrize(("given", "listed"), [("../out/o.txt", "$OUT/o.txt"), ("$WS/../out/o.txt", "$OUT/o.txt"),
+                                               ("$WS/link/o.txt", "$WS/link/o.txt"), ("in.txt", "$WS/in.txt")])
+def test_a_denial_lists_a_file_tools_path_absolute_and_folded(ws: Path, given: str, listed: str) -> None:
+    from agentfsm.tools import EditTool, GrepTool, ReadTool, WriteTool
+
+    def sub(p: str) -> str:
+        return p.replace("$WS", str(ws)).replace("$OUT", str(ws.parent / "out"))
+
+    for tool in (ReadTool(), WriteTool(), EditTool()):
+        assert tool.denial_input({"file_path": sub(given)}, ws)["file_path"] == sub(listed)
+    assert EditTool().denial_input({"file_path": "a"}, ws)["replace_all"] is False
+    # Grep is listed as given: no defaults filled in (Claude Code's Grep lists none)
+    assert GrepTool().denial_input({"pattern": "O", "path": "../out"}, ws) == {"pattern": "O", "path": "../out"}
+
+
 def test_a_sibling_whose_name_starts_with_the_workspaces_is_outside(ws: Path) -> None:
     """``/x/ws-evil`` is not inside ``/x/ws``: reading or listing it asks with Claude Code's text, while
     the workspace's own files run."""
