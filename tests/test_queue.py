@@ -11,7 +11,7 @@ import pytest
 
 from agentfsm.machine.options import Options
 from agentfsm.machine.state import Limits
-from agentfsm.runtime.queue import InputQueue
+from agentfsm.runtime.queue import TASK_NOTIFICATION, InputQueue
 from agentfsm.runtime.trace import read_records
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
@@ -125,6 +125,18 @@ async def test_wait_for_items() -> None:
     assert not waiting.done()
     q.submit("now")
     assert await asyncio.wait_for(waiting, 1)
+
+
+async def test_notifications_after_a_run_are_taken_only_without_user_input_beside_them() -> None:
+    q = InputQueue()
+    assert await q.notifications_after_run(lambda: False) == ()  # nothing runs, nothing queued
+    waiting = asyncio.ensure_future(q.notifications_after_run(lambda: True))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # background work may still report: waited for
+    q.submit("<task-notification>done</task-notification>", kind=TASK_NOTIFICATION)
+    assert [i.kind for i in await asyncio.wait_for(waiting, 1)] == [TASK_NOTIFICATION]
+    q.submit("and a question")  # user input beside it: the session's next run takes both
+    assert await q.notifications_after_run(lambda: True) == ()
 
 
 # --- absorption in a session -------------------------------------------------------------------

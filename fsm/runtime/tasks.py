@@ -372,6 +372,33 @@ class TaskRegistry:
             if self.tasks[task_id].running:
                 self._finish(task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
 
+    async def cut_off_all(self) -> None:
+        """The process ends on the user's interrupt (Ctrl-C in ``-p``), as Claude Code 2.1.332's does
+        (tests/fixtures/background/ctrl_c): every running task is stopped — a command's process group
+        and a subagent with whatever it runs — before the run's result; the client is told of each
+        command (``stopped``, its description), not of a subagent; no notification is queued, and the
+        session file keeps no end for them, so a resumed session reports them cut off
+        (:meth:`restore`). Idempotent; :meth:`stop_all` after it finds nothing running."""
+        self._closed = True
+        for task_id in self.running:
+            rec = self.tasks[task_id]
+            # ended in memory first: whoever reports the task's end meanwhile (its watcher, the
+            # subagent's run) finds it ended and says nothing
+            self.tasks[task_id] = attrs.evolve(rec, status=KILLED, ended_ms=_now_ms(),
+                                               summary=prompts.BACKGROUND_SESSION_ENDED)
+            live = self._live.pop(task_id, None)
+            if live is not None:
+                await self._halt(live)
+            self.log.info("task.cut_off", task_id=task_id, task_type=rec.task_type)
+            if rec.task_type != LOCAL_BASH:
+                continue
+            self._emit({"type": "system", "subtype": "task_notification", "task_id": task_id,
+                        "tool_use_id": rec.tool_use_id, "status": "stopped", "output_file": rec.output_file,
+                        "summary": rec.description})
+            self._emit({"type": "system", "subtype": "task_updated", "task_id": task_id,
+                        "patch": {"status": KILLED, "end_time": self.tasks[task_id].ended_ms}})
+            self._emit({"type": "system", "subtype": "background_tasks_changed", "tasks": self.background_tasks()})
+
     # --- resume ----------------------------------------------------------------------------------
 
     def restore(self, records: Mapping[str, TaskRecord]) -> tuple[TaskRecord, ...]:
@@ -389,15 +416,21 @@ class TaskRegistry:
         return self._cut_off
 
     def announce_cut_off(self) -> None:
-        """Tell the client and the model of the tasks a resumed session found cut off (once)."""
+        """Tell the client and the model of the tasks a resumed session found cut off (once), as
+        Claude Code 2.1.332 does (tests/fixtures/background/ctrl_c, ``resume_stream.jsonl``): status
+        ``stopped``, subagents first; a subagent's notification names its output file, a command's
+        the tool call that started it, and each carries a note on what may be left of it."""
         cut, self._cut_off = self._cut_off, ()
-        for rec in cut:
+        for rec in sorted(cut, key=lambda r: r.task_type == LOCAL_BASH):
+            agent = rec.task_type != LOCAL_BASH
             self._emit({"type": "system", "subtype": "task_notification", "task_id": rec.task_id,
-                        "tool_use_id": rec.tool_use_id, "status": KILLED, "output_file": rec.output_file,
+                        "tool_use_id": rec.tool_use_id, "status": "stopped", "output_file": rec.output_file,
                         "summary": rec.summary})
-            self.queue.submit(prompts.task_notification(task_id=rec.task_id, tool_use_id=rec.tool_use_id,
-                                                        output_file=rec.output_file, status=KILLED,
-                                                        summary=rec.summary), kind=TASK_NOTIFICATION)
+            self.queue.submit(prompts.task_notification(
+                task_id=rec.task_id, tool_use_id=None if agent else rec.tool_use_id,
+                output_file=rec.output_file if agent else None, status="stopped", summary=rec.summary,
+                note=prompts.TASK_CUT_OFF_NOTE_AGENT if agent else prompts.TASK_CUT_OFF_NOTE_COMMAND),
+                kind=TASK_NOTIFICATION)
 
     # --- output ----------------------------------------------------------------------------------
 
