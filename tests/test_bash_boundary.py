@@ -293,3 +293,14 @@ def test_a_denial_lists_a_file_tools_path_absolute_and_folded(ws: Path, given: s
     assert EditTool().denial_input({"file_path": "a"}, ws)["replace_all"] is False
     # Grep is listed as given: no defaults filled in (Claude Code's Grep lists none)
     assert GrepTool().denial_input({"pattern": "O", "path": "../out"}, ws) == {"pattern": "O", "path": "../out"}
+
+
+def test_a_sibling_whose_name_starts_with_the_workspaces_is_outside(ws: Path) -> None:
+    """``/x/ws-evil`` is not inside ``/x/ws``: reading or listing it asks with Claude Code's text, while
+    the workspace's own files run."""
+    evil = ws.parent / f"{ws.name}-evil"
+    evil.mkdir()
+    (evil / "k.txt").write_text("K\n")
+    assert text(f"cat {evil}/k.txt", ws) == ("ask", blocked("cat", f"{evil}/k.txt", "concatenate files from", ws))
+    assert text(f"ls ../{ws.name}-evil", ws) == ("ask", blocked("ls", str(evil), "list files in", ws))
+    assert text("cat in.txt", ws)[0] == "allow"
