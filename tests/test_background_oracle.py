@@ -222,3 +222,95 @@ def test_the_fixtures_are_what_the_reference_client_does_now(case: str, tmp_path
     prompt = RECORD.CASES[case](tmp_path)["prompt"]
     fresh = [json.loads(line) for line in (tmp_path / case / "requests.jsonl").read_text().splitlines() if line]
     assert features(fresh, prompt) == features(cc_bodies(case), prompt)
+
+
+# --- Ctrl-C with background work running, and the resumed session ------------------------------------------
+
+
+def _alive(pattern: str) -> list[int]:
+    return [int(line.split()[0]) for line in RECORD._alive(pattern)]
+
+
+async def test_ctrl_c_cuts_off_background_work_as_claude_code_does_and_a_resume_reports_it(tmp_path: Path) -> None:
+    """The ``ctrl_c`` recording: SIGINT while ``-p`` waits for a background command and a background
+    subagent (running a command of its own). Claude Code stops both — nothing is left running — tells
+    the client of the command (``stopped``, then ``killed``), not of the agent, and only then prints the
+    finished pass's result. Resumed, the session reports both as cut off (``stopped``), in the request
+    that carries the new prompt. Ours: ``Session.abort(exiting=True)``, what the CLI's SIGINT does."""
+    import asyncio
+
+    from agentfsm.sessions.resume import open_session
+
+    case = "ctrl_c"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    spec = RECORD.CASES[case](ws)
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: ModelRequest, _n: int) -> Any:
+        bodies.append(request.body())
+        first = RECORD.first_text(request)
+        conv = "main" if spec["prompt"] in first else "sub" if "SUBTASK" in first else "side"
+        return RECORD.text("ok") if conv == "side" else spec["route"](request, conv)
+
+    seen: list[dict[str, Any]] = []
+    options = Options(permission_mode="bypassPermissions", cwd=ws, sessions_dir=tmp_path / "sessions",
+                      setting_sources=(), tools=tuple(spec["tools"].split(",")), sandbox=False)
+    session = Session(options, client=ScriptedModel(answer), emit=seen.append)
+
+    async def interrupt_when_due() -> None:
+        while not spec["interrupt"](bodies):
+            await asyncio.sleep(0.05)
+        for _ in range(100):  # the subagent's command has started
+            if _alive(spec["sleeps"][1]):
+                break
+            await asyncio.sleep(0.05)
+        running = {p: _alive(p) for p in spec["sleeps"]}
+        assert all(running.values()), running
+        session.abort(exiting=True)
+
+    waiter = asyncio.ensure_future(interrupt_when_due())
+    try:
+        result = await asyncio.wait_for(session.run(spec["prompt"]), 60)
+    finally:
+        waiter.cancel()
+        await session.aclose()
+    # nothing of the run is left running (Claude Code's: after.txt)
+    recorded = json.loads((HERE / case / "after.txt").read_text())
+    assert recorded["after_exit"] == {p: 0 for p in spec["sleeps"]}
+    await asyncio.sleep(0.5)
+    assert {p: _alive(p) for p in spec["sleeps"]} == {p: [] for p in spec["sleeps"]}
+    # the client's task messages, and the finished pass's result after them
+    theirs = _stream(case)
+    assert _task_messages(seen) == _task_messages(theirs)
+    assert [m["type"] for m in seen][-1] == "result" == theirs[-1]["type"]
+    assert (result.result, result.terminal_reason.value) == (theirs[-1]["result"], theirs[-1]["terminal_reason"])
+
+    # resumed with a new prompt: the request carrying it reports both tasks cut off
+    resumed: list[dict[str, Any]] = []
+    again = open_session(Options(permission_mode="bypassPermissions", cwd=ws, sessions_dir=tmp_path / "sessions",
+                                 setting_sources=(), tools=tuple(spec["tools"].split(",")), sandbox=False,
+                                 resume=session.session_id),
+                         client=ScriptedModel(answer), emit=resumed.append)
+    before = len(bodies)
+    try:
+        await asyncio.wait_for(again.run(spec["resume"]), 60)
+    finally:
+        await again.aclose()
+
+    def reported(bodies_: Sequence[Mapping[str, Any]]) -> list[Any]:
+        # the last request's notifications (each client's own note left out) and its prompt
+        last = features(bodies_, spec["prompt"])[-1]
+        return [[f[0], re.sub(r"<note>.*?</note>\n", "<note/>\n", f[1], flags=re.S)] if f[0] == "notification"
+                else f for f in last]
+
+    want = reported(cc_bodies(case))
+    assert len(bodies) > before and reported(bodies) == want
+    assert len(want) == 2 and all("<note/>" in f[1] and "<status>stopped</status>" in f[1] for f in want)
+    cc_told = [(m["subtype"], m["status"]) for m in _stream_file(case, "resume_stream.jsonl")
+               if m.get("subtype") == "task_notification"]
+    assert [(m["subtype"], m["status"]) for m in resumed if m.get("subtype") == "task_notification"] == cc_told
+
+
+def _stream_file(case: str, name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (HERE / case / name).read_text().splitlines() if line]

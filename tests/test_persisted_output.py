@@ -65,3 +65,14 @@ async def test_a_deny_rule_over_the_sessions_directory_keeps_the_output_out(tmp_
     text = results(model.bodies[1])[0]["content"]
     assert text.endswith("lines truncated] ...") and "<persisted-output>" not in text
     assert not list(sessions.rglob("tool-results"))
+
+
+async def test_a_read_deny_rule_over_the_sessions_directory_keeps_the_output_out_too(tmp_path: Path) -> None:
+    """Saving the output where the model may not read it would only point it at a denied file: the
+    output is cut instead, as under a write deny rule."""
+    sessions = tmp_path / "sessions"
+    settings = json.dumps({"permissions": {"deny": [f"Read(/{sessions}/**)"]}})
+    model, _ = await run(tmp_path, [bash("toolu_01", BIG), {"blocks": [{"type": "text", "text": "x"}]}], settings)
+    text = results(model.bodies[1])[0]["content"]
+    assert text.endswith("lines truncated] ...") and "<persisted-output>" not in text
+    assert not list(sessions.rglob("tool-results"))

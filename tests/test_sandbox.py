@@ -449,6 +449,56 @@ def test_a_masked_directory_does_not_reach_its_siblings_that_share_its_name_as_a
     assert layout.read_only == (f"{real}/secrets-notes/todo",)
 
 
+def test_the_trace_summary_counts_only_what_it_leaves_out() -> None:
+    """A policy's trace record lists up to SUMMARY_PATHS paths of each kind; the count of all of them
+    appears only when some were left out."""
+    from agentfsm.tools.sandbox import SUMMARY_PATHS, Layout
+
+    def paths(n: int) -> tuple[str, ...]:
+        return tuple(f"/ws/p{i:03}" for i in range(n))
+
+    whole = Layout(read_only=paths(SUMMARY_PATHS), hidden_files=paths(SUMMARY_PATHS),
+                   absent=tuple((p, False) for p in paths(SUMMARY_PATHS))).summary()
+    assert len(whole["read_only"]) == len(whole["hidden"]) == len(whole["absent"]) == SUMMARY_PATHS
+    assert not {"read_only_count", "hidden_count", "absent_count"} & set(whole)
+    cut = Layout(read_only=paths(SUMMARY_PATHS + 1), hidden_dirs=paths(SUMMARY_PATHS + 1),
+                 absent=tuple((p, True) for p in paths(SUMMARY_PATHS + 1))).summary()
+    assert len(cut["read_only"]) == SUMMARY_PATHS
+    assert (cut["read_only_count"], cut["hidden_count"], cut["absent_count"]) == (SUMMARY_PATHS + 1,) * 3
+
+
+def test_the_network_bridge_leaves_the_command_no_way_around_the_proxy(tmp_path: Path) -> None:
+    """Proxy variables inherited from outside (NO_PROXY=*, an ALL_PROXY elsewhere) would let the
+    command skip the allow-list proxy: the bridge drops them and points both HTTP(S)_PROXY at itself."""
+    import subprocess
+    import sys
+
+    from agentfsm.tools.sandbox import BRIDGE
+
+    env = {**os.environ, "NO_PROXY": "*", "no_proxy": "*", "ALL_PROXY": "socks5://10.0.0.1:1080",
+           "all_proxy": "socks5://10.0.0.1:1080", "HTTP_PROXY": "http://10.0.0.1:3128"}
+    script = 'echo "${NO_PROXY-unset}|${no_proxy-unset}|${ALL_PROXY-unset}|${all_proxy-unset}|$HTTP_PROXY|$https_proxy"'
+    done = subprocess.run([sys.executable, "-I", "-S", str(BRIDGE), str(tmp_path / "no.sock"), "--", "sh", "-c",
+                           script], env=env, capture_output=True, text=True, timeout=30)
+    seen = done.stdout.strip().split("|")
+    assert seen[:4] == ["unset"] * 4, done.stdout
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", seen[4]) and seen[5] == seen[4]
+
+
+@pytest.mark.parametrize(("script", "status"), [("exit 3", 3), ("kill -TERM $$", 143), ("kill -KILL $$", 137)])
+def test_the_network_bridge_exits_with_its_commands_status(tmp_path: Path, script: str, status: int) -> None:
+    """The bridge stands between the shell and the command in a network-isolated sandbox: the status
+    the Bash tool reports is the command's, a death by signal N as 128 + N (the shell's convention)."""
+    import subprocess
+    import sys
+
+    from agentfsm.tools.sandbox import BRIDGE
+
+    done = subprocess.run([sys.executable, "-I", "-S", str(BRIDGE), str(tmp_path / "no.sock"), "--",
+                           "sh", "-c", script], timeout=30)
+    assert done.returncode == status
+
+
 def test_layout_resolution_has_a_budget_and_fails_closed(ws: Path) -> None:
     for i in range(50):
         (ws / "pub" / f"f{i}").write_text("x")

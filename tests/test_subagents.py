@@ -213,6 +213,20 @@ async def test_custom_agent_types_tools_and_prompt(tmp_path: Path) -> None:
     assert unknown["is_error"] is True and "Agent type 'nope' not found" in json.dumps(unknown)
 
 
+async def test_an_agent_with_nothing_to_do_is_refused_and_never_started(tmp_path: Path) -> None:
+    """A prompt that is empty or only blanks starts no subagent: the model is told the prompt is empty."""
+    rec = Recorder([agent_call("   \n\t"), agent_call("", tid="t2"), agent_call(" do it ", tid="t3"), text("END")],
+                   [text("DONE")])
+    session = Session(options(tmp_path), client=ScriptedModel(rec, per_session=True))
+    result = await session.run("go")
+    await session.aclose()
+    assert result.result == "END"
+    for turn in (1, 2):
+        [answer] = rec.parent_requests[turn].messages[-1]["content"]
+        assert answer["is_error"] is True and "The agent prompt is empty" in json.dumps(answer)
+    assert len(rec.child_requests) == 1  # only the third call, which has something to do, ran
+
+
 async def test_aborting_the_parent_aborts_a_foreground_subagent(tmp_path: Path) -> None:
     started = asyncio.Event()
 

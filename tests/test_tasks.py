@@ -535,7 +535,8 @@ def test_records_from_worker_threads_keep_the_file_in_seq_order(tmp_path: Path) 
 async def test_a_resumed_session_reports_the_tasks_its_last_process_left_running(tmp_path: Path) -> None:
     """The session file says a task was running when its process ended (here: the file is closed and the
     command killed behind the registry's back, as a crash would leave them). Resuming records it
-    killed, tells the client, and the first request of the next run carries its notification."""
+    killed, tells the client (``stopped``, as Claude Code says), and the first request of the next run
+    carries its notification."""
     from agentfsm.machine.state import Limits
     from agentfsm.sessions.resume import open_session
 
@@ -568,8 +569,10 @@ async def test_a_resumed_session_reports_the_tasks_its_last_process_left_running
     await first.aclose()
     assert result.result == "RESUMED" and len(requests) == 1
     sent = json.dumps(requests[0].messages)
-    assert f"<task-id>{task_id}</task-id>" in sent and "was cut off" in sent and "<status>killed</status>" in sent
+    # Claude Code 2.1.332's words and status for it (tests/fixtures/background/ctrl_c/resume_stream.jsonl)
+    assert f"<task-id>{task_id}</task-id>" in sent and "<status>stopped</status>" in sent
+    assert "Background shell command didn't finish before the previous session ended" in sent
     note = [m for m in seen if m.get("subtype") == "task_notification"]
-    assert [(m["task_id"], m["status"]) for m in note] == [(task_id, "killed")]
+    assert [(m["task_id"], m["status"]) for m in note] == [(task_id, "stopped")]
     tasks = [r for r in read_records(again.trace_path) if r.get("type") == "task"]
     assert [r["status"] for r in tasks] == ["running", "killed"]

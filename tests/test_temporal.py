@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -556,6 +557,125 @@ def test_a_read_only_call_lost_with_its_worker_is_run_again(server: DevServer, w
     assert result["result"] == "read it"
     [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
     assert results["content"] == [{"type": "tool_result", "tool_use_id": "toolu_ro", "content": "hello fixture"}]
+    assert_audits_clean(path)
+
+
+# --- background commands (issue 30) ---------------------------------------------------------------------
+
+_TASK_IDS = re.compile(r"\bb[a-z0-9]{8}\b")
+
+
+def _background(command: str, tid: str = "toolu_bg", **extra: Any) -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Bash",
+                        "input": {"command": command, "run_in_background": True, **extra}}],
+            "stop_reason": "tool_use"}
+
+
+def _unvarying(value: Any) -> str:
+    """A transcript with what differs between two runs of one scenario taken out: task ids, the
+    output files' folders (they are named by the session), durations."""
+    text = _TASK_IDS.sub("TASK", json.dumps(value))
+    return re.sub(r"/[^\s\"<]*/tasks/", "/TASKS/", text)
+
+
+def _tasks_of(path: Path) -> dict[str, dict[str, Any]]:
+    return {r["task_id"]: r for r in read_records(path) if r["type"] == "task"}
+
+
+async def test_a_background_command_notifies_the_model_as_locally(server: DevServer, worker: None, queue: str,
+                                                                   ws: Path, home: Path) -> None:
+    """A command run in the background: the call answers at once, the run ends, the command's end is
+    queued as a task notification that starts the next pass (the declared task_notification route),
+    and the session file says what a local run's says; the output file holds the command's output."""
+    scenario = scenario_text([_background("echo one; sleep 1; echo two", description="count to two"),
+                              _text("started it"), _text("it finished")])
+    local, local_file = await local_run(ws, home, scenario, tools=("Bash", "Read"))
+    shown: list[Mapping[str, Any]] = []
+    inp = session_input(options(ws, home, tools=("Bash", "Read")), "go", scripted=scenario)
+    result = await run_session(await connect(server.address), inp, shown.append, task_queue=queue)
+    assert result["subtype"] == "success" and result["result"] == "it finished"
+    path = Path(inp.spec.trace_path or "")
+    assert _unvarying(transcript(path)) == _unvarying(transcript(local_file))
+    notes = [c for _r, kind, c in transcript(path) if kind == "task_notification"]
+    assert len(notes) == 1 and "<status>completed</status>" in notes[0][0]["text"]
+    [task] = _tasks_of(path).values()
+    assert task["status"] == "completed" and task["exit_code"] == 0 and task["notified"]
+    assert Path(task["output_file"]).read_text() == "one\ntwo\n\n[exited with code 0]\n"
+    subtypes = [m.get("subtype") for m in shown if m["type"] == "system"]
+    assert [s for s in subtypes if s and s.startswith("task_")] == ["task_started", "task_updated",
+                                                                     "task_notification"]
+    theirs = [m.get("subtype") for m in local if m["type"] == "system" and str(m.get("subtype")).startswith("task_")]
+    assert theirs == ["task_started", "task_updated", "task_notification"]
+    assert_audits_clean(path)
+
+
+async def test_a_notification_goes_with_the_next_request_while_the_run_goes_on(
+        server: DevServer, worker: None, queue: str, ws: Path, home: Path) -> None:
+    """A task that ends while the run still works is taken in at the next request, as queued input.
+    (The command that runs meanwhile writes: a read-only one would run as a local activity, inside the
+    workflow task, which sees the task's end only in its next workflow task.)"""
+    scenario = scenario_text([_background("true"), {"blocks": [{"type": "tool_use", "id": "toolu_fg", "name": "Bash",
+                                                                "input": {"command": "sleep 3; touch $WS/fg"}}],
+                                                    "stop_reason": "tool_use"}, _text("all done")])
+    inp = session_input(options(ws, home, tools=("Bash",)), "go", scripted=scenario)
+    result = await run_session(await connect(server.address), inp, lambda m: None, task_queue=queue)
+    assert result["result"] == "all done" and result["num_turns"] == 3
+    kinds = [kind for _r, kind, _c in transcript(Path(inp.spec.trace_path or ""))]
+    assert kinds == ["prompt", "assistant", "tool_results", "assistant", "tool_results", "task_notification",
+                     "assistant"]
+    assert_audits_clean(Path(inp.spec.trace_path or ""))
+
+
+async def test_the_end_of_a_run_stops_its_background_commands(server: DevServer, worker: None, queue: str,
+                                                               ws: Path, home: Path) -> None:
+    """A run that cannot take notifications (max turns) stops what still runs: killed, not notified."""
+    scenario = scenario_text([_background("sleep 30; echo late > $WS/late"), _text("never")])
+    inp = session_input(options(ws, home, tools=("Bash",), limits=Limits(max_turns=1)), "go", scripted=scenario)
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(await connect(server.address), inp, shown.append, task_queue=queue)
+    assert result["terminal_reason"] == "max_turns"
+    [task] = _tasks_of(Path(inp.spec.trace_path or "")).values()
+    assert task["status"] == "killed" and not task["notified"]
+    assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["killed"]
+    await asyncio.sleep(0.5)
+    assert not (ws / "late").exists()
+
+
+def test_a_worker_killed_while_a_background_command_runs(server: DevServer, workers: Workers, ws: Path,
+                                                         home: Path) -> None:
+    """The worker running a background command dies: the command dies with it (what is left of its
+    process group is killed by a worker on the same host), and the model is told the task was cut
+    off, as a tool call cut off by a lost worker is answered ``interrupted``; the run goes on."""
+    # the subshell outlives its shell (only the shell dies with the worker): the reap must kill it
+    command = "echo $PPID > $WS/started; (sleep 6; echo x > $WS/side) & wait"
+    scenario = scenario_text([_background(command, description="slow work"), _text("waiting"), _text("noted")])
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home, sandbox=False, tools=("Bash",)), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        shown: list[Mapping[str, Any]] = []
+        following = asyncio.ensure_future(follow(client, handle, shown.append))
+        # the call has answered (the task is the workflow's) and the command runs
+        while not any(m.get("subtype") == "task_started" for m in shown) or not (ws / "started").exists() \
+                or not (ws / "started").read_text().strip():
+            await asyncio.sleep(0.05)
+        begun[0] = time.monotonic()
+        os.kill(int((ws / "started").read_text()), signal.SIGKILL)
+        return await following, Path(inp.spec.trace_path or "")
+
+    begun = [0.0]
+    result, path = asyncio.run(go())
+    assert result["subtype"] == "success" and result["result"] == "noted"
+    [task] = _tasks_of(path).values()
+    assert task["status"] == "killed" and task["notified"]
+    assert task["summary"] == 'Background command "slow work" was cut off: the worker running it was lost'
+    [note] = [c for _r, kind, c in transcript(path) if kind == "task_notification"]
+    assert "<status>killed</status>" in note[0]["text"] and "was cut off" in note[0]["text"]
+    time.sleep(max(0.0, begun[0] + 6.5 - time.monotonic()))
+    assert not (ws / "side").exists(), "the lost worker's command ran on"
     assert_audits_clean(path)
 
 

@@ -119,6 +119,20 @@ async def test_long_output_is_saved_to_a_file_with_a_preview(tmp_path: Path) -> 
     assert full.startswith(shown + "\n") and len(shown) <= PREVIEW_CHARS and shown.endswith(str(shown.count("\n") + 1))
 
 
+async def test_a_long_output_of_one_line_is_previewed_by_its_first_characters(tmp_path: Path) -> None:
+    """With no line end in its first 2 KB (minified JSON, a base64 blob) the preview is those 2 KB, not
+    nothing and not an error: only a preview that has a line end is cut back to it."""
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules(), tool_use_id="toolu_01",
+                      services={TOOL_RESULTS_DIR: tmp_path / "r"})
+    out = await bash(ctx, f"head -c {MAX_OUTPUT_CHARS + 5000} /dev/zero | tr '\\0' x")
+    assert not out.is_error
+    _, saved, shown = _persisted(out.data)
+    assert shown == "x" * PREVIEW_CHARS and saved.read_text() == "x" * (MAX_OUTPUT_CHARS + 5000)
+    lines = await bash(ctx, f"head -c {MAX_OUTPUT_CHARS} /dev/zero | tr '\\0' x; echo; seq 1 3")
+    _, _, shown = _persisted(lines.data)
+    assert shown == "x" * PREVIEW_CHARS  # its first line alone is longer than the preview
+
+
 async def test_output_at_the_cap_stays_inline(ctx: ToolContext) -> None:
     assert (await bash(ctx, f"yes x | head -c {MAX_OUTPUT_CHARS}")).data.count("x") == MAX_OUTPUT_CHARS // 2
     assert (await bash(ctx, f"yes x | head -c {MAX_OUTPUT_CHARS + 1}")).data.startswith("<persisted-output>")

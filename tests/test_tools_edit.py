@@ -264,3 +264,21 @@ async def test_edit_and_write_refuse_special_files_without_blocking(ctx: ToolCon
 
     write = await asyncio.wait_for(WriteTool().validate_input({"file_path": str(fifo), "content": "x"}, ctx), 5)
     assert not write.ok and "not a regular file" in write.message
+
+
+async def test_a_file_of_exactly_the_size_cap_is_edited_and_one_byte_more_is_refused(
+        ctx: ToolContext, tmp_path: Path) -> None:
+    from agentfsm.tools.edit import MAX_EDIT_BYTES
+    from agentfsm.tools.read import record_read
+
+    at_cap, over = tmp_path / "at_cap.txt", tmp_path / "over.txt"
+    for path, size in ((at_cap, MAX_EDIT_BYTES), (over, MAX_EDIT_BYTES + 1)):
+        with path.open("wb") as fh:
+            fh.write(b"HELLO\n")
+            fh.truncate(size)  # the rest reads as NUL bytes (sparse: no 64 MB written)
+        record_read(ctx, path)
+    assert "File is too large to edit" in await edit_error(ctx, over, "HELLO", "HI")
+    await edit(ctx, at_cap, "HELLO", "HI")
+    with at_cap.open("rb") as fh:
+        assert fh.read(3) == b"HI\n"
+    assert at_cap.stat().st_size == MAX_EDIT_BYTES - 3

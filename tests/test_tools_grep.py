@@ -97,6 +97,20 @@ async def test_files_pagination(tree: Path, backend: str) -> None:
         "No entries at this offset. [Showing results with pagination = offset: 9]")
 
 
+async def test_a_limit_is_reported_only_when_it_left_something_out(tree: Path, backend: str) -> None:
+    """Exactly ``head_limit`` results are all the results: no "limit" note; one fewer allowed, and it is."""
+    assert await grep(tree, backend, pattern="alpha", head_limit=4) == (
+        "Found 4 files\na.txt\nsrc/m.py\nsrc/n.js\n.hidden.md")
+    assert await grep(tree, backend, pattern="alpha", head_limit=3) == (
+        "Found 3 files limit: 3\na.txt\nsrc/m.py\nsrc/n.js")
+    assert await grep(tree, backend, pattern="alpha", head_limit=3, offset=1) == (
+        "Found 3 files offset: 1\nsrc/m.py\nsrc/n.js\n.hidden.md")
+    every = await grep(tree, backend, pattern="alpha", output_mode="content", head_limit=5)
+    assert "pagination" not in every and every.count("\n") == 4
+    assert (await grep(tree, backend, pattern="alpha", output_mode="content", head_limit=4)).endswith(
+        "\n\n[Showing results with pagination = limit: 4]")
+
+
 async def test_default_head_limit_is_250(tmp_path: Path, backend: str) -> None:
     for i in range(260):
         touch(tmp_path / f"f{i:03}.txt", "hit\n", 1000 + i)
@@ -147,6 +161,17 @@ async def test_multiline(tree: Path, backend: str) -> None:
         "a.txt:2:beta\na.txt:3:gamma")
     assert await grep(tree, backend, pattern=r"a\nb|ta\nga", output_mode="content", multiline=True,
                       **{"-o": True}) == "a.txt:1:a\na.txt:2:b\na.txt:2:ta\na.txt:3:ga"
+
+
+async def test_lines_right_after_a_multiline_match_are_not_a_new_group(tree: Path, backend: str) -> None:
+    """A match spanning lines 2-3 is followed by line 4 without a ``--``; a later match that is not
+    adjacent still gets one."""
+    assert await grep(tree, backend, pattern="beta\ngamma", output_mode="content", multiline=True,
+                      **{"-C": 1}) == "a.txt-1-alpha\na.txt:2:beta\na.txt:3:gamma\na.txt-4-delta"
+    assert await grep(tree, backend, pattern="beta\ngamma|^alpha beta", output_mode="content", multiline=True,
+                      path="a.txt", **{"-A": 1}) == "2:beta\n3:gamma\n4-delta\n5:alpha beta"
+    assert await grep(tree, backend, pattern="^alpha\nbeta|^alpha beta", output_mode="content", multiline=True,
+                      path="a.txt", **{"-A": 1}) == "1:alpha\n2:beta\n3-gamma\n--\n5:alpha beta"
 
 
 async def test_only_matching(tree: Path, backend: str) -> None:

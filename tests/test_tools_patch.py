@@ -58,3 +58,13 @@ def test_hunks_keep_three_lines_of_context_as_claude_code() -> None:
 def test_a_lost_final_newline_is_shown() -> None:
     assert structured_patch("a\nb\n", "a\nb") == [
         {"oldStart": 1, "oldLines": 2, "newStart": 1, "newLines": 2, "lines": [" a", "-b", "+b", NO_NEWLINE]}]
+
+
+def test_a_hunk_with_no_old_lines_starts_at_line_zero_as_unified_diff_says() -> None:
+    """Writing into an empty file: ``@@ -0,0 +1,2 @@`` (diff -u's header), not ``-1,0``; emptying a
+    file is the mirror image, ``@@ -1,2 +0,0 @@``."""
+    assert structured_patch("", "a\nb\n") == [
+        {"oldStart": 0, "oldLines": 0, "newStart": 1, "newLines": 2, "lines": ["+a", "+b"]}]
+    assert structured_patch("a\nb\n", "") == [
+        {"oldStart": 1, "oldLines": 2, "newStart": 0, "newLines": 0, "lines": ["-a", "-b"]}]
+    assert structured_patch("a\n", "a\nb\n")[0]["oldStart"] == 1  # with context, the context's first line

@@ -65,6 +65,13 @@ async def test_long_lines_are_cut_with_a_note(ctx: ToolContext, tmp_path: Path) 
     assert second == "2\tshort"
 
 
+async def test_a_line_of_exactly_the_cap_is_shown_whole(ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "edge.txt").write_text("y" * MAX_LINE_CHARS + "\n" + "z" * (MAX_LINE_CHARS + 1) + "\n")
+    first, second = (await read(ctx, tmp_path / "edge.txt")).split("\n")[:2]
+    assert first == f"1\t{'y' * MAX_LINE_CHARS}"
+    assert second == f"2\t{'z' * MAX_LINE_CHARS}... [line truncated: {MAX_LINE_CHARS + 1} characters]"
+
+
 async def test_empty_file_gives_the_warning_reminder(ctx: ToolContext, tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("")
     assert await read(ctx, tmp_path / "empty.txt") == (

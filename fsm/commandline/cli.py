@@ -641,7 +641,9 @@ def _stop_on_signals(session: Any) -> None:
         interrupts[0] += 1
         if interrupts[0] == 1:
             _say("interrupted: stopping the model and any running tool; press Ctrl-C again to exit at once")
-            session.abort()
+            # the process exits after this run: its background tasks are cut off first (Claude Code's -p
+            # does the same: tests/fixtures/background/ctrl_c)
+            session.abort(exiting=True)
             return
         _say("exiting now; the session file holds the run up to the interrupt")
         with contextlib.suppress(Exception):
@@ -650,7 +652,7 @@ def _stop_on_signals(session: Any) -> None:
 
     def on_sigterm() -> None:
         _say("terminated: stopping the run")
-        session.abort()
+        session.abort(exiting=True)
 
     for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm)):
         try:

@@ -4,7 +4,8 @@ Hypothesis draws *cases*: the run's set-up (permission mode, allow/deny rules, h
 answers, ``--max-turns``, ``--max-budget-usd``, structured output) and the model's behaviour (the testing
 kit's strategies — text, tool calls with realistic inputs on the case's workspace, invalid and cut-off tool
 JSON, ``max_tokens`` cuts, thinking-only and empty responses, HTTP and mid-stream errors, prompt too long,
-refusals). Each case is served by the scripted server to both clients, each in a fresh workspace and HOME
+refusals, background work: Bash in the background or past its timeout, TaskStop). Each case is served
+by the scripted server to both clients, each in a fresh workspace and HOME
 (:func:`agentfsm.testing.oracle.run_client`), and compared by
 :func:`agentfsm.testing.oracle.conform_differences`: tool results, the history and every request's shape,
 the result line, the exit status, the files left, and the path and counters the auditor rebuilds from each
@@ -46,7 +47,14 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 
 from agentfsm.testing import strategies as kit
-from agentfsm.testing.oracle import AGENTFSM, CLAUDE_CODE, conform_differences, is_preamble, run_client
+from agentfsm.testing.oracle import (
+    AGENTFSM,
+    CLAUDE_CODE,
+    DEFAULT_TOOLS,
+    conform_differences,
+    is_preamble,
+    run_client,
+)
 from agentfsm.testing.scenario import (
     RawToolJsonBlock,
     Response,
@@ -63,7 +71,7 @@ FILES: Mapping[str, str] = {"a.txt": "ALPHA\nbeta\n", "b.txt": "BETA\n", "sub/c.
                             "$OUT/o.txt": "O\n"}
 
 RESPONSE_FAMILIES = ("text", "tools", "parallel", "invalid", "max_tokens", "thinking", "malformed", "errors",
-                     "ptl", "stream", "refusal")
+                     "ptl", "stream", "refusal", "background")
 SETUP_FAMILIES = ("permissions", "hooks", "limits", "schema")
 FAMILIES = RESPONSE_FAMILIES + SETUP_FAMILIES
 
@@ -137,6 +145,8 @@ def _responses(family: str) -> st.SearchStrategy[Response]:
         return kit.prompt_too_long_errors()
     if family == "stream":
         return kit.stream_breaks()
+    if family == "background":
+        return kit.background_work_responses()
     if family == "refusal":
         return st.builds(lambda w: StreamedResponse(blocks=(TextBlock(w),) if w else (), stop_reason="refusal"),
                          st.one_of(st.none(), _WORD))
@@ -260,6 +270,8 @@ def cases(families: Sequence[str] = FAMILIES, *, max_responses: int = 5) -> st.S
         lambda setup, steps: {
             "prompt": "go", "files": dict(FILES), "args": list(setup.args),
             "responses": [r.to_dict() for r in _renumbered([r for s in steps for r in s][:max_responses])],
+            # background work is stopped with TaskStop, which the default tool list leaves out
+            **({"tools": f"{DEFAULT_TOOLS},TaskStop"} if "background" in kinds else {}),
             **({"accepts": list(setup.accepts)} if setup.accepts else {})},
         _setup(fams),
         st.lists(step, min_size=1, max_size=max_responses),

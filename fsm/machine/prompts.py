@@ -169,9 +169,27 @@ BACKGROUND_SESSION_ENDED = "stopped: the session ended"
 
 
 def task_cut_off_summary(task: Any) -> str:
-    """The summary of a task a resumed session found cut off (its process ended with the session's)."""
+    """The summary of a task a resumed session found cut off (its process ended with the session's):
+    Claude Code 2.1.332's words (tests/fixtures/background/ctrl_c/resume_stream.jsonl)."""
+    if task.task_type == "local_agent":
+        return f'Background agent "{task.description}" didn\'t finish before the previous session ended'
+    return "Background shell command didn't finish before the previous session ended"
+
+
+# The note of a cut-off task's notification: what may be left of it (Claude Code adds one of the same
+# purpose; the words are ours).
+TASK_CUT_OFF_NOTE_AGENT = (
+    "The session file has no end for this agent: it was running when the previous process exited, or was "
+    "stopped without a record. Its work may be partial; look at what it changed before relying on it.")
+TASK_CUT_OFF_NOTE_COMMAND = (
+    "The session file has no end for this command: it was running when the previous process exited, or was "
+    "stopped without a record. Its output file may hold partial output; read it before assuming it finished.")
+
+
+def task_lost_summary(task: Any) -> str:
+    """The summary of a task whose Temporal worker was lost while it ran (the command died with it)."""
     what = "Agent" if task.task_type == "local_agent" else "Background command"
-    return f'{what} "{task.description}" was cut off: the session\'s earlier process ended while it ran'
+    return f'{what} "{task.description}" was cut off: the worker running it was lost'
 
 
 def background_timeout_summary(description: str) -> str:
@@ -183,14 +201,21 @@ def _xml(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def task_notification(*, task_id: str, tool_use_id: str, output_file: str, status: str, summary: str,
-                      result: str | None = None, usage: Mapping[str, Any] | None = None) -> str:
+def task_notification(*, task_id: str, tool_use_id: str | None, output_file: str | None, status: str,
+                      summary: str, result: str | None = None, usage: Mapping[str, Any] | None = None,
+                      note: str | None = None) -> str:
     """The ``<task-notification>`` a finished background task sends the model (Claude Code's elements:
     task id, the tool call that started it, its output file, status, summary; a subagent's result and
-    usage), in a system reminder that says it is no user input."""
-    parts = [f"<task-id>{_xml(task_id)}</task-id>", f"<tool-use-id>{_xml(tool_use_id)}</tool-use-id>",
-             f"<output-file>{_xml(output_file)}</output-file>", f"<status>{_xml(status)}</status>",
-             f"<summary>{_xml(summary)}</summary>"]
+    usage; a cut-off task's note — an element left out when None), in a system reminder that says it
+    is no user input."""
+    parts = [f"<task-id>{_xml(task_id)}</task-id>"]
+    if tool_use_id is not None:
+        parts.append(f"<tool-use-id>{_xml(tool_use_id)}</tool-use-id>")
+    if output_file is not None:
+        parts.append(f"<output-file>{_xml(output_file)}</output-file>")
+    parts += [f"<status>{_xml(status)}</status>", f"<summary>{_xml(summary)}</summary>"]
+    if note is not None:
+        parts.append(f"<note>{_xml(note)}</note>")
     if result is not None:
         parts.append(f"<result>{_xml(result)}</result>")
     if usage:

@@ -30,7 +30,7 @@ import signal
 import string
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,45 @@ def command_summary(description: str, status: str, exit_code: int | None) -> str
     return f'Background command "{description}" was stopped'
 
 
+def new_task_id(task_type: str, taken: Container[str] = ()) -> str:
+    """A fresh task id not in ``taken``: ``b`` and 8 characters for a command, ``a`` and 16 hex digits
+    for an agent (the shapes of Claude Code's)."""
+    while True:
+        if task_type == LOCAL_BASH:
+            tid = "b" + "".join(secrets.choice(_ID_CHARS) for _ in range(8))
+        else:
+            tid = "a" + secrets.token_hex(8)
+        if tid not in taken:
+            return tid
+
+
+def running_list(records: Iterable[TaskRecord]) -> list[dict[str, Any]]:
+    """The running tasks as the Stop hook's ``background_tasks`` and ``background_tasks_changed``
+    list them."""
+    return [{"task_id": t.task_id, "task_type": t.task_type, "description": t.description}
+            for t in records if t.running]
+
+
+def started_messages(rec: TaskRecord, running: list[dict[str, Any]],
+                     extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """What the client is told when a task starts (stream-json ``system`` messages, Claude Code's
+    fields; without ``session_id``)."""
+    return [{"type": "system", "subtype": "background_tasks_changed", "tasks": running},
+            {"type": "system", "subtype": "task_started", "task_id": rec.task_id, "tool_use_id": rec.tool_use_id,
+             "description": rec.description, "is_backgrounded": True, "task_type": rec.task_type, **(extra or {})}]
+
+
+def finished_messages(rec: TaskRecord, running: list[dict[str, Any]], *, status: str,
+                      summary: str) -> list[dict[str, Any]]:
+    """What the client is told when a task ended: its new status, the status and summary it is shown
+    (``stopped`` and the description for a task the model stopped), and the tasks still running."""
+    return [{"type": "system", "subtype": "task_updated", "task_id": rec.task_id,
+             "patch": {"status": rec.status, "end_time": rec.ended_ms}},
+            {"type": "system", "subtype": "task_notification", "task_id": rec.task_id,
+             "tool_use_id": rec.tool_use_id, "status": status, "output_file": rec.output_file, "summary": summary},
+            {"type": "system", "subtype": "background_tasks_changed", "tasks": running}]
+
+
 @attrs.define
 class _Live:
     """What runs for a task: a command's process, or a subagent's asyncio task."""
@@ -167,21 +206,14 @@ class TaskRegistry:
     def background_tasks(self) -> list[dict[str, Any]]:
         """The running tasks as the Stop hook's ``background_tasks`` and ``background_tasks_changed``
         list them."""
-        return [{"task_id": t.task_id, "task_type": t.task_type, "description": t.description}
-                for t in self.tasks.values() if t.running]
+        return running_list(self.tasks.values())
 
     # --- starting --------------------------------------------------------------------------------
 
     def new_id(self, task_type: str) -> str:
         """A fresh task id: ``b`` and 8 characters for a command, ``a`` and 16 hex digits for an agent
         (the shapes of Claude Code's)."""
-        while True:
-            if task_type == LOCAL_BASH:
-                tid = "b" + "".join(secrets.choice(_ID_CHARS) for _ in range(8))
-            else:
-                tid = "a" + secrets.token_hex(8)
-            if tid not in self.tasks:
-                return tid
+        return new_task_id(task_type, self.tasks)
 
     def output_path(self, task_id: str) -> Path:
         return self.tasks_dir / f"{task_id}.output"
@@ -224,10 +256,8 @@ class TaskRegistry:
         self.tasks[rec.task_id] = rec
         self._write(rec)
         self.log.info("task.start", task_id=rec.task_id, task_type=rec.task_type, tool_use_id=rec.tool_use_id)
-        self._emit({"type": "system", "subtype": "background_tasks_changed", "tasks": self.background_tasks()})
-        self._emit({"type": "system", "subtype": "task_started", "task_id": rec.task_id,
-                    "tool_use_id": rec.tool_use_id, "description": rec.description, "is_backgrounded": True,
-                    "task_type": rec.task_type, **(extra or {})})
+        for msg in started_messages(rec, self.background_tasks(), extra):
+            self._emit(msg)
         return rec
 
     # --- watching --------------------------------------------------------------------------------
@@ -288,15 +318,11 @@ class TaskRegistry:
         self._live.pop(task_id, None)
         self._write(rec)
         self.log.info("task.end", task_id=task_id, status=status, exit_code=exit_code, notified=rec.notified)
-        self._emit({"type": "system", "subtype": "task_updated", "task_id": task_id,
-                    "patch": {"status": status, "end_time": rec.ended_ms}})
         # what the client is told: the status (``stopped`` for a task the model stopped) and a summary
         # (the task's description when stopped; a subagent's own report)
         shown = rec.description if client_status is not None else client_summary or summary
-        self._emit({"type": "system", "subtype": "task_notification", "task_id": task_id,
-                    "tool_use_id": rec.tool_use_id, "status": client_status or status, "output_file": rec.output_file,
-                    "summary": shown})
-        self._emit({"type": "system", "subtype": "background_tasks_changed", "tasks": self.background_tasks()})
+        for msg in finished_messages(rec, self.background_tasks(), status=client_status or status, summary=shown):
+            self._emit(msg)
         if rec.notified:
             text = prompts.task_notification(task_id=task_id, tool_use_id=rec.tool_use_id,
                                              output_file=rec.output_file, status=status, summary=summary,
@@ -346,6 +372,33 @@ class TaskRegistry:
             if self.tasks[task_id].running:
                 self._finish(task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
 
+    async def cut_off_all(self) -> None:
+        """The process ends on the user's interrupt (Ctrl-C in ``-p``), as Claude Code 2.1.332's does
+        (tests/fixtures/background/ctrl_c): every running task is stopped — a command's process group
+        and a subagent with whatever it runs — before the run's result; the client is told of each
+        command (``stopped``, its description), not of a subagent; no notification is queued, and the
+        session file keeps no end for them, so a resumed session reports them cut off
+        (:meth:`restore`). Idempotent; :meth:`stop_all` after it finds nothing running."""
+        self._closed = True
+        for task_id in self.running:
+            rec = self.tasks[task_id]
+            # ended in memory first: whoever reports the task's end meanwhile (its watcher, the
+            # subagent's run) finds it ended and says nothing
+            self.tasks[task_id] = attrs.evolve(rec, status=KILLED, ended_ms=_now_ms(),
+                                               summary=prompts.BACKGROUND_SESSION_ENDED)
+            live = self._live.pop(task_id, None)
+            if live is not None:
+                await self._halt(live)
+            self.log.info("task.cut_off", task_id=task_id, task_type=rec.task_type)
+            if rec.task_type != LOCAL_BASH:
+                continue
+            self._emit({"type": "system", "subtype": "task_notification", "task_id": task_id,
+                        "tool_use_id": rec.tool_use_id, "status": "stopped", "output_file": rec.output_file,
+                        "summary": rec.description})
+            self._emit({"type": "system", "subtype": "task_updated", "task_id": task_id,
+                        "patch": {"status": KILLED, "end_time": self.tasks[task_id].ended_ms}})
+            self._emit({"type": "system", "subtype": "background_tasks_changed", "tasks": self.background_tasks()})
+
     # --- resume ----------------------------------------------------------------------------------
 
     def restore(self, records: Mapping[str, TaskRecord]) -> tuple[TaskRecord, ...]:
@@ -363,15 +416,21 @@ class TaskRegistry:
         return self._cut_off
 
     def announce_cut_off(self) -> None:
-        """Tell the client and the model of the tasks a resumed session found cut off (once)."""
+        """Tell the client and the model of the tasks a resumed session found cut off (once), as
+        Claude Code 2.1.332 does (tests/fixtures/background/ctrl_c, ``resume_stream.jsonl``): status
+        ``stopped``, subagents first; a subagent's notification names its output file, a command's
+        the tool call that started it, and each carries a note on what may be left of it."""
         cut, self._cut_off = self._cut_off, ()
-        for rec in cut:
+        for rec in sorted(cut, key=lambda r: r.task_type == LOCAL_BASH):
+            agent = rec.task_type != LOCAL_BASH
             self._emit({"type": "system", "subtype": "task_notification", "task_id": rec.task_id,
-                        "tool_use_id": rec.tool_use_id, "status": KILLED, "output_file": rec.output_file,
+                        "tool_use_id": rec.tool_use_id, "status": "stopped", "output_file": rec.output_file,
                         "summary": rec.summary})
-            self.queue.submit(prompts.task_notification(task_id=rec.task_id, tool_use_id=rec.tool_use_id,
-                                                        output_file=rec.output_file, status=KILLED,
-                                                        summary=rec.summary), kind=TASK_NOTIFICATION)
+            self.queue.submit(prompts.task_notification(
+                task_id=rec.task_id, tool_use_id=None if agent else rec.tool_use_id,
+                output_file=rec.output_file if agent else None, status="stopped", summary=rec.summary,
+                note=prompts.TASK_CUT_OFF_NOTE_AGENT if agent else prompts.TASK_CUT_OFF_NOTE_COMMAND),
+                kind=TASK_NOTIFICATION)
 
     # --- output ----------------------------------------------------------------------------------
 

@@ -130,6 +130,7 @@ class Session:
         self._header_written = False
         self._running = False
         self._interrupted = False
+        self._exiting = False  # abort(exiting=True): the process ends after this run
         self._closed = False
         # Read/Edit freshness state lives as long as the conversation, not one driver run
         self._read_files: dict[str, float] = {}
@@ -201,9 +202,10 @@ class Session:
                 raise ValueError("nothing to run: no prompt given and nothing queued")
             first_run = not self._header_written
             self._write_header()
-            self._emit(self.init_message())
             # a resumed session's tasks cut off by its earlier process's end: the client and model learn it
+            # (the client first, as Claude Code tells it)
             self.tasks.announce_cut_off()
+            self._emit(self.init_message())
             if first_run:
                 current = await self._session_start(current)
             started = time.monotonic()
@@ -212,6 +214,9 @@ class Session:
             while current is not None:
                 results.append(await self._run_once(current))
                 current = await self._follow_up(results[-1])
+            if self._exiting:
+                await self.tasks.cut_off_all()
+                await self.subagents.stop_all()
             result = _merge(results, duration_ms=int((time.monotonic() - started) * 1000),
                             extra_cost=self.subagents.cost_usd - cost_before)
             self._emit(result.to_dict())
@@ -335,9 +340,12 @@ class Session:
             self.driver.interrupt()
         self.queue.poke()
 
-    def abort(self) -> None:
-        """Hard stop: like :meth:`interrupt`, but every running tool is cancelled at once."""
+    def abort(self, *, exiting: bool = False) -> None:
+        """Hard stop: like :meth:`interrupt`, but every running tool is cancelled at once.
+        ``exiting``: the process ends after this run (Ctrl-C in ``-p``): its background tasks are cut
+        off before the run's result, as Claude Code's are (:meth:`TaskRegistry.cut_off_all`)."""
         self._interrupted = True
+        self._exiting = self._exiting or exiting
         if self.driver is not None:
             self.driver.abort()
         self.queue.poke()

@@ -56,6 +56,16 @@ from agentfsm.runtime.compact import compact, split_for_compaction
 from agentfsm.runtime.executor import call_traits
 from agentfsm.runtime.pipeline import WORKER_LOST, CallResult, ToolTable, run_tool_call, synthetic_result
 from agentfsm.runtime.request import system_blocks
+from agentfsm.runtime.tasks import (
+    COMPLETED,
+    FAILED,
+    KILLED,
+    LOCAL_BASH,
+    _exit_code,
+    _kill_group,
+    new_task_id,
+    tasks_dir,
+)
 from agentfsm.runtime.trace import read_records
 from agentfsm.sessions.resume import heal_tail, load_history
 from agentfsm.temporal import NON_RETRYABLE
@@ -73,13 +83,15 @@ from agentfsm.temporal.records import (
     RunSetup,
     SessionSpec,
     StopInput,
+    TaskEnd,
+    TaskStart,
     ToolCallInput,
     ToolCallOutcome,
     ToolTraits,
     TraceBatch,
     message_digest,
 )
-from agentfsm.tools.base import ToolContext
+from agentfsm.tools.base import TASKS, TaskStarted, TaskStopped, ToolContext
 from agentfsm.tools.bash import PROCESS_GUARD
 from agentfsm.tools.sandbox import SANDBOX
 
@@ -198,6 +210,87 @@ def _previous_details() -> dict[str, Any]:
     details = activity.info().heartbeat_details
     first = details[0] if details else None
     return dict(first) if isinstance(first, Mapping) else {}
+
+
+# --- background commands on this worker ---------------------------------------------------------------
+
+
+@attrs.define
+class _Background:
+    """A background command running on this worker: its process, and its end once known (a watcher of
+    this worker's own ends it after its background timeout, whether or not a ``watch_task`` activity
+    ever comes for it: nothing a session started runs on unbounded)."""
+
+    process: asyncio.subprocess.Process
+    output: Path
+    ended: asyncio.Future[TaskEnd]
+    watcher: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+
+class _WorkerTasks:
+    """The Bash tool's task host (:class:`agentfsm.tools.base.TaskHost`) inside one ``run_tool``
+    activity: a command it adopts runs on in this worker process, and the call's outcome names it
+    (:class:`TaskStart`) so the workflow starts its ``watch_task`` activity on this worker's own queue.
+    The workflow owns the task record and the notification."""
+
+    def __init__(self, acts: Activities, session_id: str) -> None:
+        self.acts, self.session_id = acts, session_id
+        self.started: list[TaskStart] = []
+
+    def adopt_command(self, process: asyncio.subprocess.Process, output_path: Path, *, command: str,
+                      description: str, tool_use_id: str, timeout_ms: float,
+                      on_exit: Callable[[], None] | None = None) -> TaskStarted:
+        if self.acts.task_queue is None:
+            raise RuntimeError("this worker keeps no background tasks (it has no queue of its own)")
+        task_id = new_task_id(LOCAL_BASH, self.acts.background)
+        folder = tasks_dir(self.session_id)
+        target = folder / f"{task_id}.output"
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.replace(output_path, target)
+        except OSError:
+            target = output_path  # another file system: the output stays where it is being written
+        loop = asyncio.get_running_loop()
+        bg = _Background(process, target, loop.create_future())
+        self.acts.background[task_id] = bg
+        bg.watcher = loop.create_task(_watch_background(bg, timeout_ms, on_exit), name=f"task:{task_id}")
+        self.started.append(TaskStart(task_id, tool_use_id, description or command, str(target), command,
+                                      timeout_ms, self.acts.task_queue, HOST, BOOT_ID, process.pid))
+        return TaskStarted(task_id, str(target))
+
+    async def stop(self, task_id: str) -> TaskStopped | None:
+        return None  # TaskStop is not offered on workers: the workflow stops its tasks
+
+
+async def _watch_background(bg: _Background, timeout_ms: float, on_exit: Callable[[], None] | None) -> None:
+    """Wait for the command; stop it after its background timeout; record how it ended (and append its
+    exit to its output file, as Claude Code 2.1.332 does)."""
+    process = bg.process
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(process.wait(), timeout_ms / 1000)
+        except TimeoutError:
+            timed_out = True
+            await _kill_group(process)
+    except asyncio.CancelledError:
+        await asyncio.shield(_kill_group(process))
+        raise
+    finally:
+        if on_exit is not None:
+            with contextlib.suppress(Exception):
+                on_exit()
+    code = _exit_code(process.returncode)
+    if timed_out or bg.stopping:
+        end = TaskEnd(KILLED, code, timed_out=timed_out)
+    else:
+        with contextlib.suppress(OSError):
+            with bg.output.open("a", encoding="utf-8") as fh:
+                fh.write(f"\n[exited with code {code}]\n")
+        end = TaskEnd(COMPLETED if code == 0 else FAILED, code)
+    if not bg.ended.done():
+        bg.ended.set_result(end)
 
 
 # --- a session's context on this worker ------------------------------------------------------------
@@ -345,10 +438,18 @@ class Activities:
         self._scenarios = _Lru(64)
         self._last_seq = _Lru(1024)
         self.log = log.get_logger("agentfsm.temporal")
+        # this worker's own task queue (set by agentfsm.temporal.worker.build_worker): the background
+        # commands its tool calls start run here, and so must the activities that watch them
+        self.task_queue: str | None = None
+        self.background: dict[str, _Background] = {}
 
     def all(self) -> list[Callable[..., Awaitable[Any]]]:
         return [self.open_run, self.call_model, self.run_tool, self.compact, self.stop_hooks,
-                self.post_batch, self.close_run]
+                self.post_batch, self.close_run, self.reap_task]
+
+    def own(self) -> list[Callable[..., Awaitable[Any]]]:
+        """The activities that run on this worker's own queue only."""
+        return [self.watch_task]
 
     # --- helpers -----------------------------------------------------------------------------------
 
@@ -367,8 +468,9 @@ class Activities:
             raise ApplicationError(f"the session's settings cannot be used: {exc}", type=NON_RETRYABLE,
                                    non_retryable=True) from exc
         if registry.get("Agent") is not None or registry.get("TaskStop") is not None:
-            # a subagent would be a loop of its own inside one tool call, and a worker keeps no
-            # background tasks (agentfsm.tasks) to stop: neither is offered on workers yet
+            # a subagent would be a loop of its own inside one tool call, and TaskStop would stop a
+            # task of another worker's (background commands run and are watched where they started,
+            # and the workflow stops them when the run ends): neither is offered on workers yet
             registry = registry.without(["Agent", "TaskStop"])
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         made = _Context(options, registry, ToolTable.of(registry), gate, error)
@@ -654,7 +756,8 @@ class Activities:
         spec, block = inp.spec, inp.block
         tool_use_id = str(block.get("id", ""))
         read_files = dict(inp.read_files)
-        services: dict[str, Any] = {PROCESS_GUARD: guard}
+        host = _WorkerTasks(self, spec.session_id)
+        services: dict[str, Any] = {PROCESS_GUARD: guard, TASKS: host}
         # the model's commands run in the session's kernel sandbox here too
         sandbox = getattr(ctx.gate, "sandbox", None)
         if sandbox is not None:
@@ -676,7 +779,39 @@ class Activities:
             ctx.sandbox_records.pop(tool_use_id, None)
         changed = {k: v for k, v in read_files.items() if inp.read_files.get(k) != v}
         return ToolCallOutcome(_portable(result), changed, attempt=activity.info().attempt,
-                               sandbox=tuple(_json(r) for r in kept))
+                               sandbox=tuple(_json(r) for r in kept), tasks=tuple(host.started))
+
+    # --- background tasks --------------------------------------------------------------------------
+
+    @activity.defn(name="agentfsm.watch_task")
+    async def watch_task(self, start: TaskStart) -> TaskEnd:
+        """Wait, heartbeating, for a background command this worker runs to end (on this worker's own
+        queue). Cancelled (the model or the session's end stops it): the command's group is killed and
+        the end reported ``killed``. A task this worker does not run (it started before this worker
+        did: its worker was lost) fails at once, as a lost worker's watch fails by its heartbeat."""
+        bg = self.background.get(start.task_id)
+        if bg is None:
+            raise ApplicationError(f"background task {start.task_id} does not run on this worker",
+                                   type=NON_RETRYABLE, non_retryable=True)
+        try:
+            async with _heartbeats(lambda: {"task_id": start.task_id}):
+                return await asyncio.shield(bg.ended)
+        except asyncio.CancelledError:
+            bg.stopping = True
+            await asyncio.shield(_kill_group(bg.process))
+            if bg.watcher is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.shield(bg.watcher)
+            raise
+        finally:
+            if bg.ended.done() or bg.stopping:
+                self.background.pop(start.task_id, None)
+
+    @activity.defn(name="agentfsm.reap_task")
+    async def reap_task(self, start: TaskStart) -> list[int]:
+        """What is left of a background command whose worker was lost: its process group is killed when
+        this worker runs on the same host (the command itself died with its worker); the groups killed."""
+        return _kill_stale({"host": start.host, "boot_id": start.boot_id, "pgids": [start.pgid] if start.pgid else []})
 
     # --- hooks -------------------------------------------------------------------------------------
 

@@ -265,6 +265,38 @@ class ToolCallOutcome:
     attempt: int = 1
     # how each command of the call ran: the session sandbox's `sandbox` records, for the session file
     sandbox: tuple[Mapping[str, Any], ...] = ()
+    # the background tasks the call started (a command run in the background, or moved there by its
+    # timeout): each runs on in the worker that started it, watched by a `watch_task` activity
+    tasks: tuple[TaskStart, ...] = ()
+
+
+@attrs.frozen
+class TaskStart:
+    """A background command a tool call started on a worker: what the session's task record says of
+    it, and where it runs (``task_queue``: the worker's own queue, where its ``watch_task`` activity
+    must run; ``host``, ``boot_id`` and ``pgid``: so a worker on the same host can kill what is left of
+    it when the worker that ran it is lost)."""
+
+    task_id: str
+    tool_use_id: str
+    description: str
+    output_file: str
+    command: str
+    timeout_ms: float
+    task_queue: str
+    host: str = ""
+    boot_id: str = ""
+    pgid: int = 0
+
+
+@attrs.frozen
+class TaskEnd:
+    """How a background command ended (``status``: ``completed``, ``failed``, or ``killed`` when its
+    background timeout or a stop ended it; ``timed_out``: its timeout did)."""
+
+    status: str
+    exit_code: int | None = None
+    timed_out: bool = False
 
 
 @attrs.frozen

@@ -45,22 +45,60 @@ def _workflow_ids() -> uuid.UUID:
     return workflow.uuid4() if workflow.in_workflow() else uuid.uuid4()
 
 
+class SessionWorker:
+    """A worker of a task queue, and its own queue (``<queue>.own.<id>``): the background commands its
+    tool calls start run in this process, so the activities that watch them (``agentfsm.watch_task``)
+    are scheduled there. Used like temporalio's :class:`~temporalio.worker.Worker`: ``async with`` or
+    :meth:`run`."""
+
+    def __init__(self, shared: Worker, own: Worker) -> None:
+        self.shared, self.own = shared, own
+
+    async def __aenter__(self) -> SessionWorker:
+        await self.own.__aenter__()
+        try:
+            await self.shared.__aenter__()
+        except BaseException:
+            await self.own.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self.shared.__aexit__(*exc)
+        finally:
+            await self.own.__aexit__(*exc)
+
+    async def run(self) -> None:
+        await asyncio.gather(self.shared.run(), self.own.run())
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(self.shared.shutdown(), self.own.shutdown())
+
+
 def build_worker(client: Client, *, task_queue: str = DEFAULT_TASK_QUEUE, concurrency: int = 100,
-                 identity: str | None = None, activities: Activities | None = None, sandbox: bool = True) -> Worker:
+                 identity: str | None = None, activities: Activities | None = None,
+                 sandbox: bool = True) -> SessionWorker:
     """A worker running :class:`SessionWorkflow` and the session activities. ``sandbox`` False runs the
     workflow without Temporal's sandbox: faster per session; the workflow code is deterministic by
     construction, the sandbox only catches a mistake (a time or random call) early."""
     state.set_id_source(_workflow_ids)
     acts = activities or Activities()
+    acts.task_queue = f"{task_queue}.own.{uuid.uuid4().hex}"
+    name = identity or f"agentfsm-{os.getpid()}"
     runner = (SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
               if sandbox else UnsandboxedWorkflowRunner())
-    return Worker(
-        client, task_queue=task_queue, workflows=[SessionWorkflow], activities=[*acts.all(), acts.append_trace],
-        workflow_runner=runner,
-        max_concurrent_activities=concurrency, identity=identity or f"agentfsm-{os.getpid()}",
-        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT, graceful_shutdown_timeout=timedelta(seconds=5),
+    common: dict[str, Any] = dict(
+        identity=name, graceful_shutdown_timeout=timedelta(seconds=5),
         # heartbeats carry cancellation back: an interrupt reaches a running tool within a second
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE, default_heartbeat_throttle_interval=HEARTBEAT_THROTTLE)
+    shared = Worker(
+        client, task_queue=task_queue, workflows=[SessionWorkflow], activities=[*acts.all(), acts.append_trace],
+        workflow_runner=runner, max_concurrent_activities=concurrency,
+        sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT, **common)
+    # watching a background command is a wait: many at once cost little
+    own = Worker(client, task_queue=acts.task_queue, activities=acts.own(), max_concurrent_activities=1000, **common)
+    return SessionWorker(shared, own)
 
 
 async def connect(address: str) -> Client:

@@ -36,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
 
     import attrs
 
-    from agentfsm.machine import graph
+    from agentfsm.machine import graph, prompts
     from agentfsm.machine.events import (
         Aborted,
         Assembled,
@@ -54,6 +54,15 @@ with workflow.unsafe.imports_passed_through():
     from agentfsm.runtime.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
     from agentfsm.runtime.result import RunAccount, build_result
     from agentfsm.runtime.runner import LoopRunner, StepObserver
+    from agentfsm.runtime.tasks import (
+        KILLED,
+        LOCAL_BASH,
+        TaskRecord,
+        command_summary,
+        finished_messages,
+        running_list,
+        started_messages,
+    )
     from agentfsm.runtime.trace import TraceWriter
     from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME
     from agentfsm.temporal.records import (
@@ -71,6 +80,8 @@ with workflow.unsafe.imports_passed_through():
         RunSetup,
         SessionInput,
         StopInput,
+        TaskEnd,
+        TaskStart,
         ToolCallInput,
         ToolCallOutcome,
         ToolTraits,
@@ -146,6 +157,13 @@ class SessionWorkflow:
         self._request_no = -1
         self._request_messages = 0
         self._fewer_tasks = False
+        # background commands (issue 30): each task's record, the watches of those still running, the
+        # ones being stopped, and the notifications not yet taken into the conversation
+        self._tasks: dict[str, TaskRecord] = {}
+        self._watches: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+        self._stopping_tasks: set[str] = set()
+        self._notes: list[Message] = []
+        self._sending: tuple[Message, ...] = ()
 
     # --- what clients and activities talk to ---------------------------------------------------------
 
@@ -211,6 +229,7 @@ class SessionWorkflow:
         first = await self._open(inp) if inp.carried is None else self._restore(inp.carried)
         self._runner = LoopRunner(self, self._state, self._spec.session_id)
         self._state = await self._runner.run(first)
+        await self._stop_tasks()
         result = self._result()
         await self._flush(final=True)
         if self._hooked("SessionEnd"):
@@ -292,7 +311,11 @@ class SessionWorkflow:
         self._emit(phases.warning_message(self._spec.session_id, notice))
 
     def take_input(self) -> None:
-        return None  # a workflow's requests carry no queued input
+        """The notifications the move took into the conversation leave the queue."""
+        taken, self._sending = self._sending, ()
+        if taken:
+            gone = {m.uuid for m in taken}
+            self._notes = [m for m in self._notes if m.uuid not in gone]
 
     def compacted(self, event: Event) -> None:
         self._account.anchor(None, 0)
@@ -407,14 +430,17 @@ class SessionWorkflow:
     async def call_model(self, state: LoopState) -> Event:
         spec, limits = self._spec, self._spec.limits
         self._outcome = None
+        # the notifications of background tasks that ended while the run went on go with the request
+        sent = tuple(self._notes)
+        outgoing = (*state.messages, *sent) if sent else state.messages
         refused = graph.preflight_refusal(background=None, cost_usd=self._account.cost_usd,
-                                          tokens=self._estimate(state.messages), limits=limits)
+                                          tokens=self._estimate(outgoing), limits=limits)
         if refused is not None:
             return refused
         model = phases.model_for(spec.models, state)
         assert self._trace is not None
-        self._trace.request(model, state.query_tracking.depth, state.messages)
-        self._request_messages = len(state.messages)
+        self._trace.request(model, state.query_tracking.depth, state.messages, sent)
+        self._request_messages = len(outgoing)
         lines: tuple[tuple[int, str], ...] = ()
         if self._fewer_tasks and self._spec.trace_path:
             lines = tuple(self._pending)  # the activity writes them before it reads the messages back
@@ -427,7 +453,7 @@ class SessionWorkflow:
             o: ModelCallOutcome = await self._activity(
                 "agentfsm.call_model",
                 ModelCallInput(spec, info.workflow_id, info.run_id, n, model, self._setup.system,
-                               self._refs(state.messages), self._inp.live, lines),
+                               self._refs(outgoing), self._inp.live, lines),
                 ModelCallOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
                 attempts=timing.model_attempts, stop="soft")
             del self._pending[:len(lines)]  # written (the outcome is the activity's, after it wrote them)
@@ -446,7 +472,8 @@ class SessionWorkflow:
         if o.error is not None and not o.opened:
             return await self._failed(state, o.error)
         self._outcome = o
-        return StreamOpened(model)
+        self._sending = sent
+        return StreamOpened(model, sent_input=sent)
 
     async def consume_stream(self, state: LoopState) -> Event:
         """The stream ran inside the model activity: report how it ended."""
@@ -586,6 +613,8 @@ class SessionWorkflow:
             for rec in out.sandbox:
                 # how the call's commands ran, as a local session records them (agentfsm audit)
                 self._trace.write(rec)
+            for start in out.tasks:
+                self._task_started(start)
             result = out.result
             if c.cancel_reason is not None and result.cancel_reason is not None:
                 result = synthetic_result(c.tool_use_id, result.tool_name, c.cancel_reason, result.tool_input)
@@ -654,9 +683,88 @@ class SessionWorkflow:
     # --- stop ----------------------------------------------------------------------------------------
 
     async def task_notifications(self, state: LoopState) -> TaskNotified | None:
-        """A worker keeps no background tasks (Bash's run_in_background runs unsupervised there, and
-        TaskStop and Agent are not offered): nothing reports after the run ended."""
-        return None
+        """Wait, after the run ended, while background tasks it started still run; the notifications
+        queued by then start the next pass (they leave the queue with the move: its ``take_input``).
+        None when nothing runs or the run is being stopped."""
+        await workflow.wait_condition(lambda: bool(self._notes) or not self._watches or self.stopping())
+        if self.stopping() or not self._notes:
+            return None
+        self._sending = tuple(self._notes)
+        return TaskNotified(self._sending)
+
+    # --- background tasks ----------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(workflow.now().timestamp() * 1000)
+
+    def _task_started(self, start: TaskStart) -> None:
+        """A tool call started a background command on its worker: record it, tell the client, and watch
+        it with an activity on that worker's own queue (heartbeats: a lost worker is noticed)."""
+        rec = TaskRecord(start.task_id, LOCAL_BASH, start.tool_use_id, start.description, start.output_file,
+                         command=start.command, started_ms=self._now_ms())
+        self._tasks[rec.task_id] = rec
+        assert self._trace is not None
+        self._trace.write(rec.to_record())
+        for msg in started_messages(rec, running_list(self._tasks.values())):
+            self._emit({**msg, "session_id": self._spec.session_id})
+        heartbeat = self._inp.timing.tool_heartbeat_s
+        handle = workflow.start_activity(
+            "agentfsm.watch_task", start, result_type=TaskEnd, task_queue=start.task_queue,
+            start_to_close_timeout=timedelta(milliseconds=start.timeout_ms) + timedelta(minutes=1),
+            # the worker that runs the command is the only one that may watch it: when it is gone, no
+            # one takes the watch, and the task is reported cut off (as a lost tool call is)
+            schedule_to_start_timeout=timedelta(seconds=max(5.0, heartbeat * 3)),
+            heartbeat_timeout=timedelta(seconds=heartbeat), retry_policy=RetryPolicy(maximum_attempts=1),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+        self._watches[rec.task_id] = (handle, asyncio.create_task(self._watch(start, handle)))
+
+    async def _watch(self, start: TaskStart, handle: Any) -> None:
+        """How the task ended, as the local session's registry reports it (agentfsm.runtime.tasks)."""
+        rec = self._tasks[start.task_id]
+        try:
+            end: TaskEnd = await handle
+        except (asyncio.CancelledError, ActivityError) as exc:
+            if start.task_id in self._stopping_tasks:  # stopped: the run ended (no one is left to tell)
+                self._task_finished(start.task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
+                return
+            # the worker running it was lost, and the command with it: what is left of its process
+            # group is killed (same host), and the model is told the task was cut off
+            workflow.logger.warning("background task %s lost with its worker: %s", start.task_id, exc)
+            try:
+                await self._activity("agentfsm.reap_task", start, list[int], timeout=timedelta(seconds=30),
+                                     attempts=2)
+            except ActivityError:
+                pass
+            self._task_finished(start.task_id, KILLED, None, prompts.task_lost_summary(rec), notify=True)
+            return
+        summary = (prompts.background_timeout_summary(rec.description) if end.timed_out
+                   else command_summary(rec.description, end.status, end.exit_code))
+        self._task_finished(start.task_id, end.status, end.exit_code, summary, notify=True)
+
+    def _task_finished(self, task_id: str, status: str, exit_code: int | None, summary: str, *,
+                       notify: bool) -> None:
+        rec = attrs.evolve(self._tasks[task_id], status=status, exit_code=exit_code, ended_ms=self._now_ms(),
+                           summary=summary, notified=notify)
+        self._tasks[task_id] = rec
+        self._watches.pop(task_id, None)
+        assert self._trace is not None
+        self._trace.write(rec.to_record())
+        for msg in finished_messages(rec, running_list(self._tasks.values()), status=status, summary=summary):
+            self._emit({**msg, "session_id": self._spec.session_id})
+        if notify:
+            text = prompts.task_notification(task_id=task_id, tool_use_id=rec.tool_use_id,
+                                             output_file=rec.output_file, status=status, summary=summary)
+            self._notes.append(Message("user", ({"type": "text", "text": text},), kind="task_notification"))
+
+    async def _stop_tasks(self) -> None:
+        """The run ended: every background task still running is stopped (its watch is cancelled, which
+        kills its command) and recorded ``killed``; nothing a run started outlives it."""
+        watches = list(self._watches.items())
+        for task_id, (handle, _) in watches:
+            self._stopping_tasks.add(task_id)
+            handle.cancel()
+        if watches:
+            await workflow.wait_condition(lambda: all(w.done() for _, (_, w) in watches))
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
@@ -687,6 +795,8 @@ class SessionWorkflow:
 
     def _continue_as_new_due(self) -> bool:
         info = workflow.info()
+        if self._watches or self._notes:  # a task's watch cannot be carried into a new run
+            return False
         after = self._inp.continue_as_new_after
         return bool(after and info.get_current_history_length() >= after) or info.is_continue_as_new_suggested()
 

@@ -191,7 +191,7 @@ def run_client(case: Mapping[str, Any], client: str, rd: Path, *, claude: str | 
             except ValueError:
                 continue
     result = next((e for e in reversed(events) if e.get("type") == "result"), None)
-    return normalise({
+    return task_ids_numbered(normalise({
         "history": requests[-1].get("messages", []) if requests else [],
         "bodies": [r.get("messages", []) for r in requests],
         "tools": sorted(t.get("name") for t in (requests[0].get("tools", []) if requests else [])),
@@ -199,7 +199,29 @@ def run_client(case: Mapping[str, Any], client: str, rd: Path, *, claude: str | 
         "n_requests": len(requests), "exit": code,
         "ws": snapshot(ws), "out": snapshot(out), "stderr": stderr[-1500:],
         **_audited(home, client),
-    }, paths)
+    }, paths))
+
+
+# a background task's id as each client announces it, and its output file (Claude Code's under
+# /tmp/claude-<uid>/<project>/<session>/tasks, agentfsm's under <tmp>/agentfsm/<session>/tasks)
+_TASK_ID_SITES = re.compile(r"with ID: ([A-Za-z0-9_-]+)|<task-id>([A-Za-z0-9_-]+)</task-id>|"
+                            r"/tasks/([A-Za-z0-9_-]+)\.output")
+_TASKS_DIR = re.compile(r"/[^\s\"'<>]*?/tasks/(TASK\d+)\.output")
+
+
+def task_ids_numbered(run: Any) -> Any:
+    """The run with its background tasks' ids (chosen at random by each client) written ``TASK1``,
+    ``TASK2``… in order of appearance, and their output files ``$TASKS/TASKn.output``."""
+    text = json.dumps(run)
+    ids: dict[str, str] = {}
+    for m in _TASK_ID_SITES.finditer(text):
+        found = next(g for g in m.groups() if g)
+        ids.setdefault(found, f"TASK{len(ids) + 1}")
+    if not ids:
+        return run
+    for old, new in sorted(ids.items(), key=lambda kv: -len(kv[0])):
+        text = re.sub(rf"\b{re.escape(old)}\b", new, text)
+    return json.loads(_TASKS_DIR.sub(lambda m: f"$TASKS/{m.group(1)}.output", text))
 
 
 # --- comparing ---------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ loopback :class:`~agentfsm.testing.ScriptedServer`) as is, and printed by hypoth
 * one response: :func:`text_responses`, :func:`tool_call_responses` (valid or invalid calls),
   :func:`malformed_responses`, :func:`max_tokens_responses`, :func:`thinking_only_responses`,
   :func:`api_errors`, :func:`prompt_too_long_errors`, :func:`stream_breaks`, and
-  :func:`model_responses` mixing them all;
+  :func:`model_responses` mixing them all; :func:`background_work_responses` (issue 30: a Bash command
+  run in the background or moved there by its timeout, a task stopped by the model) for runs whose
+  tools include Bash and TaskStop;
 * a whole conversation: :func:`model_behaviours` — a list of responses, one per model request, with
   tool_use ids unique across the list (:func:`unique_tool_ids`);
 * tool inputs: :func:`inputs_from_schema` for the JSON Schema subset tools use, :func:`tool_inputs`
@@ -48,6 +50,7 @@ from agentfsm.tools.schema import coerce_input
 
 __all__ = [
     "api_errors",
+    "background_work_responses",
     "inputs_from_schema",
     "loop_limits",
     "malformed_responses",
@@ -505,6 +508,37 @@ def tool_call_responses(
         call = _valid_call(tool_list) if valid else _invalid_call(tool_list)
     calls = st.lists(call, min_size=1, max_size=max_calls).map(_call_blocks)
     return _with_preamble(calls).map(lambda blocks: StreamedResponse(blocks=blocks, stop_reason="tool_use"))
+
+
+def background_work_responses(*, seconds: float = 1.0,
+                              tool_use_id: str = "toolu_bg") -> SearchStrategy[StreamedResponse]:
+    """A tool turn that starts or stops background work (issue 30), as Claude Code 2.1.332's model may:
+
+    * Bash with ``run_in_background``: a command that succeeds or fails after ``2 × seconds`` (its
+      notification comes after the turn ended: ``-p`` waits for it and runs the notification pass),
+      or at once (its notification joins a later request of the run);
+    * a foreground Bash command that outruns its ``timeout`` (``seconds``; the command takes 4× that):
+      it moves to the background instead of being killed;
+    * TaskStop (or its alias KillShell) of a task id that names no task (an error result: the ids are
+      the client's own, which a script cannot know beforehand).
+
+    Commands only print and sleep, so a run that draws them leaves nothing behind when it ends.
+    """
+    # long enough that the instant scripted turns after them are over first (when they end is then
+    # the same for every client: after the turn, while ``-p`` waits), except the one that ends at once
+    background = st.builds(
+        lambda cmd, desc: ToolUseBlock(tool_use_id, "Bash", {"command": cmd, "description": desc,
+                                                             "run_in_background": True}),
+        st.sampled_from([f"sleep {2 * seconds:g}; echo BG_DONE", "echo BG_AT_ONCE",
+                         f"sleep {2 * seconds:g}; echo BG_FAILED >&2; exit 3"]),
+        st.sampled_from(["background work", "slow check"]))
+    timed_out = st.just(ToolUseBlock(tool_use_id, "Bash", {
+        "command": f"echo SLOW_START; sleep {4 * seconds:g}; echo SLOW_END", "description": "slow",
+        "timeout": max(1, int(seconds * 1000))}))
+    stop = st.sampled_from([("TaskStop", "task_id"), ("KillShell", "shell_id")]).map(
+        lambda t: ToolUseBlock(tool_use_id, t[0], {t[1]: "no_such_task"}))
+    return st.one_of(background, timed_out, stop).map(
+        lambda b: StreamedResponse(blocks=(b,), stop_reason="tool_use"))
 
 
 def malformed_responses() -> SearchStrategy[StreamedResponse]:
