@@ -886,6 +886,12 @@ def _agrees(state: LoopState, event: CallFailed | Aborted, lim: Limits) -> str:
         assert does.shown is graph.Shown.WITHDRAW and does.close_calls is not None
         assert graph.shown_results(step, event) == ()
         assert all(b not in m.content for m in step.state.messages for b in event.shown)
+    elif step.trigger == "max_output_tokens_recovery":
+        # an error event after a complete text and no call (overloaded_error, api_error): the text is kept as
+        # shown and the model asked to resume from it (Claude Code 2.1.332); there is no call to pair
+        assert isinstance(event, CallFailed) and event.error.kind in ("overloaded", "stream_api_error")
+        assert does.shown is graph.Shown.KEEP and not shown_ids and graph.shown_results(step, event) == ()
+        assert step.state.messages[-2].content == event.shown
     else:
         assert does.shown is graph.Shown.PAIR and does.close_calls is not None
         results = graph.shown_results(step, event)
