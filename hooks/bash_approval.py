@@ -51,21 +51,28 @@ def edits_inside(analysis: Analysis, dirs: Sequence[Path]) -> bool:
     return bool(writes) and all(p.path is not None and _inside(p.path, dirs) for p in writes)
 
 
-def approval_text(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[str] = ()) -> str:
+def approval_text(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[str] = (), *,
+                  redirections_only: bool = False) -> str:
     """Why the command needs approval, in Claude Code's words: the first file it would write (inside
-    or outside the working directories) other than by a program an allow rule already approves
-    (``allowed``), else that it cannot be classified."""
+    or outside the working directories), or a file a file editor (``cp``, ``mv``…) reads from outside
+    them, other than by a program an allow rule already approves (``allowed``), else that it cannot
+    be classified. ``redirections_only``: only an output redirection is named. Paths are shown as
+    Claude Code shows them: ``..`` folded, symlinks resolved."""
     if not _followed(analysis):
         return UNCLASSIFIED
     shown = ", ".join(f"'{d}'" for d in dirs)
     for use in analysis.paths:
-        if use.access != "write" or use.path is None:
+        redirection = use.why.startswith("redirection")
+        if use.path is None or (redirections_only and not redirection):
             continue
-        if not use.why.startswith("redirection") and use.why.split()[0] in allowed:
+        program = use.why.split()[0]
+        if use.access != "write" and (redirection or program not in FILE_EDITORS or _inside(use.path, dirs)):
             continue
-        what = (f"Output redirection to '{use.path}'" if use.why.startswith("redirection")
-                else f"{use.why.split()[0]} in '{use.path}'")
-        if _inside(use.path, dirs):
+        if not redirection and program in allowed:
+            continue
+        path = os.path.realpath(use.path)
+        what = f"Output redirection to '{path}'" if redirection else f"{program} in '{path}'"
+        if use.access == "write" and _inside(use.path, dirs):
             return (f"{what} needs approval. The path is inside the working directories for this session "
                     f"({shown}), and Claude Code asks before a shell command creates, changes or removes "
                     "files there.")

@@ -30,7 +30,8 @@ import attrs
 
 from agentfsm.common import log as fsm_log
 from agentfsm.common.modes import normalize_mode
-from agentfsm.hooks.bash_approval import approval_text, edits_inside
+from agentfsm.hooks import bash_boundary
+from agentfsm.hooks.bash_approval import UNCLASSIFIED, approval_text, edits_inside
 from agentfsm.hooks.bash_policy import (
     Match,
     denied_text,
@@ -271,11 +272,12 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
     if not base.is_absolute():
         base = cwd / base
     if "Glob" in names and isinstance(tool_input.get("pattern"), str):
-        # Glob(pattern="/etc/**") or "../../x/*" reaches past its path: judge the fixed prefix.
+        # Glob(pattern="/etc/**") reaches past its path: judge the fixed prefix (a relative one up to
+        # a `..`, which the search never climbs: tools/glob.py's split_literal_prefix)
         pattern = tool_input["pattern"]
         fixed: list[str] = []
         for seg in pattern.split("/"):
-            if has_magic(seg):
+            if has_magic(seg) or (seg == ".." and not pattern.startswith("/")):
                 break
             fixed.append(seg)
         prefix = "/".join(fixed)
@@ -311,10 +313,22 @@ def _file_subject(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> tuple
     return os.path.normpath(str(path)), ("write" if names & EDIT_TOOLS else "read"), False
 
 
-def requested(access: Access, path: str) -> str:
-    """Claude Code's text for a file call nobody approved."""
+def requested(access: Access, path: str, real: str | None = None) -> str:
+    """Claude Code's text for a file call nobody approved; ``real``: where ``path``, inside the
+    working directories as written, resolves outside them through a symlink."""
     verb = "write to" if access == "write" else "read from"
-    return f"Claude requested permissions to {verb} {path}, but you haven't granted it yet."
+    text = f"Claude requested permissions to {verb} {path}, but you haven't granted it yet."
+    if real is not None:
+        text += (f" {path} resolves through a symlink to {real}, which is outside the allowed working "
+                 "directories.")
+    return text
+
+
+def _through_link(paths: Sequence[str], dirs: Sequence[Path]) -> str | None:
+    """The resolved path when a path written inside ``dirs`` resolves outside them, else None."""
+    if len(paths) > 1 and _inside(paths[:1], dirs) and not _inside(paths[1:2], dirs):
+        return paths[1]
+    return None
 
 
 def dont_ask_text(tool_name: str) -> str:
@@ -647,6 +661,9 @@ class PermissionPolicy:
         here (a command that reads such paths is not read-only to begin with)."""
         names = _tool_names(tool)
         if "Bash" in names:
+            found = self.bash_outside(tool, tool_input)
+            if found is not None:
+                return found.path or "?"
             command = tool_input.get("command")
             if not isinstance(command, str) or "\r" in command:
                 return None
@@ -669,6 +686,40 @@ class PermissionPolicy:
                         if isinstance(tool_input.get(k), str) and tool_input[k]), "")
             paths = [os.path.normpath(os.path.join(self.cwd, os.path.expanduser(raw)))] if raw else []
         return paths[0] if paths and not _inside(paths, self.working_dirs) else None
+
+    def bash_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> bash_boundary.Outside | None:
+        """Where a shell command reads, lists or changes into a place outside the working directories
+        (:mod:`agentfsm.hooks.bash_boundary`), or None. A command line that holds a carriage return is
+        outside (what its words are is unsure)."""
+        command = tool_input.get("command")
+        if "Bash" not in _tool_names(tool) or not isinstance(command, str):
+            return None
+        if "\r" in command:
+            return bash_boundary.Outside(None, None, None)
+        return bash_boundary.outside(analyse(command, str(self.cwd)), self.cwd, self.working_dirs)
+
+    def _read_only_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
+        """Claude Code's text for a read-only call that reaches outside the working directories, or
+        None: a shell command by its boundary text, a file tool by the path it reads."""
+        if "Bash" in _tool_names(tool):
+            found = self.bash_outside(tool, tool_input)
+            if found is not None:
+                return found.text(self.working_dirs)
+            # a read the table does not place (a program run in a directory: `git -C ../x log`)
+            command = tool_input.get("command")
+            for use in analyse(str(command), str(self.cwd)).reads():
+                placed = use.why.split()[0] in bash_boundary.REACH and not use.why.endswith("runs in this directory")
+                if not placed and (use.path is None or not bash_boundary.inside(use.path, self.working_dirs)):
+                    return bash_boundary.UNCLASSIFIED
+            return None
+        outside = self.outside_read(tool, tool_input)
+        if outside is None:
+            return None
+        try:
+            real = _through_link(_subject_paths(tool, tool_input, self.cwd), self.working_dirs)
+        except ValueError:
+            real = None
+        return requested("read", outside, real)
 
     def _edit_inside_workspace(self, tool: Tool, tool_input: Mapping[str, Any]) -> bool:
         if not _tool_names(tool) & EDIT_TOOLS:
@@ -726,14 +777,21 @@ class PermissionPolicy:
         names = _tool_names(tool)
         paths = _subject_paths(tool, tool_input, self.cwd) if names & EDIT_TOOLS else []
         if paths:
-            return PermissionDecision("ask", requested("write", paths[0]), None, "mode", bare=True)
+            return PermissionDecision("ask", requested("write", paths[0], _through_link(paths, self.working_dirs)),
+                                      None, "mode", bare=True)
         if "Bash" in names and isinstance(tool_input.get("command"), str):
             analysis = analyse(tool_input["command"], str(self.cwd))
             specs = [r.specifier for r in self.allow if r.specifier is not None and r.names_tool(tool)]
             # the parts an allow rule approves are not what needs approval: name another
             allowed = {c.program for c in analysis.commands if c.program and c.text
                        and any(spec_matches(sp, c.text) for sp in specs)}
-            text = approval_text(analysis, self.working_dirs, allowed)
+            # Claude Code names an output redirection first, then a place outside the working
+            # directories the command reads, lists or changes into, then what it writes
+            text = approval_text(analysis, self.working_dirs, allowed, redirections_only=True)
+            if text == UNCLASSIFIED:
+                found = bash_boundary.outside(analysis, self.cwd, self.working_dirs)
+                text = (found.text(self.working_dirs) if found is not None
+                        else approval_text(analysis, self.working_dirs, allowed))
             return PermissionDecision("ask", text, None, "mode", bare=True)
         return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
                                   None, "mode")
@@ -742,7 +800,12 @@ class PermissionPolicy:
         command = tool_input.get("command")
         if "Bash" not in _tool_names(tool) or not isinstance(command, str) or "\r" in command:
             return False
-        return edits_inside(analyse(command, str(self.cwd)), self.working_dirs)
+        analysis = analyse(command, str(self.cwd))
+        # what it reads must be inside too: `cp ../out/key here` copies a file from outside in
+        return (edits_inside(analysis, self.working_dirs)
+                and bash_boundary.outside(analysis, self.cwd, self.working_dirs) is None
+                and all(u.path is not None and bash_boundary.inside(u.path, self.working_dirs)
+                        for u in analysis.paths if u.access == "read"))
 
     def _evaluate_open(self, tool: Tool, tool_input: Mapping[str, Any], read_only: bool,
                        hook_decision: str | None, hook_reason: str) -> PermissionDecision:
@@ -765,10 +828,10 @@ class PermissionPolicy:
         if read_only:
             # a read outside the working directories asks, in every mode but bypass, whether a file
             # tool or a read-only shell command makes it (Claude Code)
-            outside = self.outside_read(tool, tool_input)
+            outside = self._read_only_outside(tool, tool_input)
             if outside is None:
                 return PermissionDecision("allow", "", None, "mode")
-            return PermissionDecision("ask", requested("read", outside), None, "mode", bare=True)
+            return PermissionDecision("ask", outside, None, "mode", bare=True)
         if self.mode == "acceptEdits" and self._bash_edits_inside(tool, tool_input):
             # a shell command whose only effect is on files inside the working directories
             return PermissionDecision("allow", "", None, "mode")

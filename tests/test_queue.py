@@ -11,7 +11,7 @@ import pytest
 
 from agentfsm.machine.options import Options
 from agentfsm.machine.state import Limits
-from agentfsm.runtime.queue import InputQueue
+from agentfsm.runtime.queue import TASK_NOTIFICATION, InputQueue
 from agentfsm.runtime.trace import read_records
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
@@ -125,6 +125,18 @@ async def test_wait_for_items() -> None:
     assert not waiting.done()
     q.submit("now")
     assert await asyncio.wait_for(waiting, 1)
+
+
+async def test_notifications_after_a_run_are_taken_only_without_user_input_beside_them() -> None:
+    q = InputQueue()
+    assert await q.notifications_after_run(lambda: False) == ()  # nothing runs, nothing queued
+    waiting = asyncio.ensure_future(q.notifications_after_run(lambda: True))
+    await asyncio.sleep(0)
+    assert not waiting.done()  # background work may still report: waited for
+    q.submit("<task-notification>done</task-notification>", kind=TASK_NOTIFICATION)
+    assert [i.kind for i in await asyncio.wait_for(waiting, 1)] == [TASK_NOTIFICATION]
+    q.submit("and a question")  # user input beside it: the session's next run takes both
+    assert await q.notifications_after_run(lambda: True) == ()
 
 
 # --- absorption in a session -------------------------------------------------------------------
@@ -362,3 +374,25 @@ def test_cli_stream_json_input_errors(tmp_path: Path) -> None:
     # nothing asked, nothing answered: Claude Code exits 0 without a line of output
     empty = run("\n")
     assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+
+
+async def test_input_absorbed_into_a_request_counts_toward_its_blocking_limit(tmp_path: Path) -> None:
+    """Input queued during a tool is part of the next request, so it is part of the estimate that
+    decides whether the request may be sent at all: a paste that pushes the request past the blocking
+    limit ends the run as "prompt too long" instead of being sent."""
+    limits = Limits(context_window=20_000, blocking_buffer=3_000, auto_compact=False)
+    for paste, sent in (("SHORT_PASTE", 2), ("BIG_PASTE " * 12_000, 1)):
+        gate = Gate()
+        model = ScriptedModel([SLOW_CALL, {"blocks": [{"type": "text", "text": "DONE"}]}])
+        session = Session(options(tmp_path / str(sent), gate.tool, limits=limits), client=model)
+        run = asyncio.ensure_future(session.run("start"))
+        await asyncio.wait_for(gate.started.wait(), 5)
+        session.submit(paste)
+        gate.release.set()
+        result = await asyncio.wait_for(run, 10)
+        await session.aclose()
+        assert len(model.bodies) == sent, paste[:20]
+        if sent == 1:
+            assert result.is_error and "Prompt is too long" in str(result.result), result
+        else:
+            assert result.result == "DONE"

@@ -92,6 +92,11 @@ class Command:
     # a command as written in the top-level command line (not run through a wrapper, not shell code
     # re-parsed from an argument): what allow rules must each cover
     part: bool = True
+    # the argv's words (quoting, globs and braces kept) and the directories, relative to where the
+    # command line runs, a `cd` before it may have moved to (None: not known): what
+    # :func:`operand_paths` needs to place an operand a table names (agentfsm.hooks.bash_boundary)
+    argv_words: tuple[Word, ...] = attrs.field(default=(), eq=False, repr=False)
+    bases: tuple[str, ...] | None = attrs.field(default=(".",), eq=False, repr=False)
 
     @property
     def program(self) -> str | None:
@@ -419,30 +424,16 @@ class _Walker:
     def path(self, value: Word | None, access: Access, why: str, recursive: bool = False,
              creates: bool = False) -> None:
         """Record a file operand (None, or a word that is not static: an unknown path)."""
-        if value is None or value.text is None or value.pattern is None:
-            self.uses.append((None, access, why, recursive, False, creates))
-            return
-        for alt in value.alternatives():
-            is_glob = has_unescaped(alt, GLOB_CHARS)
-            if alt.startswith("~"):
-                expanded = self._tilde(alt)
-                if expanded is None:
-                    self.uses.append((None, access, why, recursive, False, creates))
-                    continue
-                alt = expanded
-            text = alt if is_glob else unescape(alt)
-            if not is_glob and _SPECIAL_FILES.match(text):
-                continue
-            if not is_glob and text.startswith("/") and _ENVIRON.match(_normpath(text)):
+        for text, is_glob in word_paths(value, self.home):
+            if text is not None and not is_glob and text.startswith("/") and _ENVIRON.match(_normpath(text)):
                 self.env("accesses /proc/*/environ, which may expose secrets")
             self.uses.append((text, access, why, recursive, is_glob, creates))
 
     def _tilde(self, text: str) -> str | None:
-        head, sep, rest = text.partition("/")
-        if head != "~":
-            return None  # ~user: whose home that is is not the analysis' business
-        home = self.home.replace("\\", "\\\\")
-        return f"{home}/{rest}" if sep else home
+        return _tilde(text, self.home)
+
+    def _bases(self) -> tuple[str, ...] | None:
+        return None if self.bases_unknown else tuple(self.bases)
 
     def _declaration(self, n: Node, src: bytes, depth: int) -> None:
         words: list[Word] = []
@@ -511,7 +502,7 @@ class _Walker:
         part = depth == 0 and not via
         head = argv[0]
         if head is None:
-            self.commands.append(Command(argv, via, text, part))
+            self.commands.append(Command(argv, via, text, part, tuple(words), self._bases()))
             self.bad("the command name is not static (a variable, substitution or expansion)")
             return
         if words[0].glob or words[0].braces:
@@ -519,7 +510,7 @@ class _Walker:
         program = programs.base_name(head)
         if program in RESERVED:
             self.bad(f"the reserved word {program!r} where a command name belongs")
-        self.commands.append(Command(argv, via, text, part))
+        self.commands.append(Command(argv, via, text, part, tuple(words), self._bases()))
         if program in programs.ENVIRONMENT_PRINTERS and programs.prints_environment(program, argv[1:]):
             self.env(f"{program} prints the environment")
         if program in programs.NAME_EVALUATORS:
@@ -587,6 +578,55 @@ class _Walker:
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
+
+def _tilde(text: str, home: str) -> str | None:
+    head, sep, rest = text.partition("/")
+    if head != "~":
+        return None  # ~user: whose home that is is not the analysis' business
+    home = home.replace("\\", "\\\\")
+    return f"{home}/{rest}" if sep else home
+
+
+def word_paths(value: Word | None, home: str, *, special: bool = False) -> list[tuple[str | None, bool]]:
+    """The paths a file operand names, as (text — None when not known —, is a glob pattern): one per
+    brace alternative, ``~`` expanded, the special files (``/dev/null``…) left out unless ``special``."""
+    if value is None or value.text is None or value.pattern is None:
+        return [(None, False)]
+    out: list[tuple[str | None, bool]] = []
+    for alt in value.alternatives():
+        is_glob = has_unescaped(alt, GLOB_CHARS)
+        if alt.startswith("~"):
+            expanded = _tilde(alt, home)
+            if expanded is None:
+                out.append((None, False))
+                continue
+            alt = expanded
+        text = alt if is_glob else unescape(alt)
+        if not special and not is_glob and _SPECIAL_FILES.match(text):
+            continue
+        out.append((text, is_glob))
+    return out
+
+
+def operand_paths(command: Command, index: int, cwd: str, home: str | None = None) -> list[tuple[str | None, bool]]:
+    """The absolute paths (as the kernel receives them, ``..`` kept; None when not known) that word
+    ``index`` of ``command``'s argv names when the command line runs in ``cwd``, each with whether it
+    is a glob pattern: relative to every directory a ``cd`` before it may have moved to."""
+    if index >= len(command.argv_words):
+        return [(None, False)]
+    out: list[tuple[str | None, bool]] = []
+    home = home if home is not None else os.path.expanduser("~")
+    for text, is_glob in word_paths(command.argv_words[index], home, special=True):
+        if text is None or (not text.startswith("/") and command.bases is None):
+            out.append((None, False))
+        elif text.startswith("/"):
+            out.append((kernel_path(text), is_glob))
+        else:
+            for base in command.bases or ():
+                where = kernel_path(os.path.join(os.path.normpath(cwd), base))
+                out.append((kernel_path(os.path.join(escape(where) if is_glob else where, text)), is_glob))
+    return out
 
 _CONTINUATION_IN_WORD = re.compile(r"(?<![\s\\])\\\n")
 

@@ -16,7 +16,7 @@ after ``message_stop``) raises :class:`StreamProtocolError`; the loop ends ``mod
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agentfsm.common.bounded_json import DEFAULT_BOUNDS, InputRejected, JsonBounds, parse_object
@@ -30,10 +30,38 @@ from agentfsm.llm.model import (
     StreamEvent,
 )
 from agentfsm.machine.events import ModelResponse
+from agentfsm.machine.state import Message, appended
 
 
 class StreamProtocolError(Exception):
     """The event sequence broke the Messages streaming protocol (a ``model_error``)."""
+
+
+def tool_use_ids(messages: Sequence[Message]) -> set[str]:
+    """The ids of the ``tool_use`` blocks the assistant messages of ``messages`` hold."""
+    return {b["id"] for m in messages if m.role == "assistant" for b in m.content
+            if b.get("type") == "tool_use" and isinstance(b.get("id"), str)}
+
+
+class TakenIds:
+    """The tool_use ids a conversation holds, kept as it grows (the ``taken_ids`` of each response's
+    assembler). A history that only grew adds its new messages' ids (collecting them all again cost a
+    long conversation about 1 ms a turn at 600 turns, issue 34's ``bench/overhead.py --growth``); one
+    that was replaced (a compaction, a repair) is read afresh."""
+
+    def __init__(self) -> None:
+        self._of: tuple[Message, ...] = ()
+        self._ids: frozenset[str] = frozenset()
+
+    def of(self, messages: tuple[Message, ...]) -> frozenset[str]:
+        known = self._of
+        if appended(known, messages):
+            if len(messages) > len(known):
+                self._ids = self._ids | tool_use_ids(messages[len(known):])
+        else:
+            self._ids = frozenset(tool_use_ids(messages))
+        self._of = messages
+        return self._ids
 
 
 class ResponseAssembler:

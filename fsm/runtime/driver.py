@@ -53,14 +53,14 @@ from agentfsm.machine.events import (
     TaskNotified,
 )
 from agentfsm.machine.options import Options
-from agentfsm.machine.state import LoopState, Message, Phase, TerminalReason, ToolUseContext, appended
+from agentfsm.machine.state import LoopState, Message, Phase, TerminalReason, ToolUseContext
 from agentfsm.runtime import phases
-from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError
+from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError, TakenIds
 from agentfsm.runtime.compact import compact
 from agentfsm.runtime.executor import StreamingToolExecutor
 from agentfsm.runtime.pipeline import INTERRUPT_RUN, CallResult, ToolTable
 from agentfsm.runtime.ports import LoopHooks, ToolGate, ToolLookup
-from agentfsm.runtime.queue import TASK_NOTIFICATION, InputQueue, QueueItem
+from agentfsm.runtime.queue import InputQueue, QueueItem
 from agentfsm.runtime.request import WireCache
 from agentfsm.runtime.result import RunAccount, RunResult, build_result, shows_api_error
 from agentfsm.runtime.runner import LoopRunner, StepObserver
@@ -98,11 +98,6 @@ async def _unstreamed(client: Any, request: ModelRequest) -> AsyncIterator[Strea
     """The events of one request made without streaming (``client.create``), in stream form."""
     for event in await client.create(request):
         yield event
-
-
-def _tool_use_ids(messages: Sequence[Message]) -> set[str]:
-    return {b["id"] for m in messages if m.role == "assistant" for b in m.content
-            if b.get("type") == "tool_use" and isinstance(b.get("id"), str)}
 
 
 def _finished(executor: StreamingToolExecutor | None) -> tuple[Mapping[str, Any], ...]:
@@ -159,11 +154,7 @@ class Driver:
         self._first: StreamEvent | None = None
         self._executor: StreamingToolExecutor | None = None
         self._asm: ResponseAssembler | None = None
-        # the tool_use ids of the history as of the last response, and that history: a history that
-        # only grew adds its new messages' ids (collecting them all again cost a long conversation
-        # about 1 ms a turn at 600 turns, issue 34's overhead.py --growth)
-        self._ids_of: tuple[Message, ...] = ()
-        self._ids: frozenset[str] = frozenset()
+        self._taken_ids = TakenIds()  # the tool_use ids of the history, as of the last response
         self._emitted_results: set[str] = set()
         self._t_request = 0.0
         self._ttft_ms = 0.0
@@ -428,20 +419,10 @@ class Driver:
 
     # --- stream --------------------------------------------------------------------------------
 
-    def _taken_ids(self, messages: tuple[Message, ...]) -> frozenset[str]:
-        known = self._ids_of
-        if appended(known, messages):
-            if len(messages) > len(known):
-                self._ids = self._ids | _tool_use_ids(messages[len(known):])
-        else:  # a compaction (or a repair) replaced the history
-            self._ids = frozenset(_tool_use_ids(messages))
-        self._ids_of = messages
-        return self._ids
-
     async def consume_stream(self, state: LoopState) -> Event:
         # a tool_use id already in the conversation (or twice in this response) is renamed before the
         # block reaches the executor or the session file: the API refuses duplicate ids
-        asm = self._asm = ResponseAssembler(taken_ids=self._taken_ids(state.messages))
+        asm = self._asm = ResponseAssembler(taken_ids=self._taken_ids.of(state.messages))
         executor = self._executor = self.new_executor()
         self._emitted_results = set()
         it, first = self._stream, self._first
@@ -475,12 +456,7 @@ class Driver:
         started finish first (their real results pair their calls); a hard abort cancels them."""
         await self._close_stream()
         executor = self._executor
-        if executor is not None and not self.signals.stopping(hard=True) and executor.has_pending():
-            executor.interrupt()
-            try:
-                await self.signals.until_stopped(executor.remaining(), hard=True)
-            except Stopped:
-                pass
+        if executor is not None and await self.signals.finish_block_tools(executor):
             self._emit_ready(executor)
         return self.abort_event(state)
 
@@ -525,7 +501,7 @@ class Driver:
         executor, asm = self._executor, self._asm
         assert executor is not None and asm is not None
         try:
-            results, interrupted = await _drain(executor, self.signals)
+            results, interrupted = await self.signals.drain(executor)
             self.show_calls(results)
         except Stopped:  # hard abort while tools ran
             return self.abort_event(state)
@@ -586,9 +562,8 @@ class Driver:
         queued by then start the next pass (their items leave the queue with the move: its
         ``take_input``). None when nothing runs, the run is being stopped, or user input is queued
         (the session's next run takes that, with any notification beside it)."""
-        await self.queue.wait_for_items(lambda: self.background() and not self.stopping())
-        pending = self.queue.pending
-        if self.stopping() or not pending or any(item.kind != TASK_NOTIFICATION for item in pending):
+        pending = await self.queue.notifications_after_run(lambda: self.background() and not self.stopping())
+        if self.stopping() or not pending:
             return None
         self._pending_input = pending
         self.log.info("loop.task_notifications", count=len(pending))
@@ -641,27 +616,3 @@ async def _resume_deferred(d: Driver, history: tuple[Message, ...], first: Messa
         d.trace.message(m)
     return messages, failure
 
-
-async def _drain(executor: StreamingToolExecutor, signals: RunSignals) -> tuple[list[CallResult], bool]:
-    """Every result of the batch (each is shown as soon as it may be, by the executor's on_ready); and
-    whether the user interrupted meanwhile (then ``cancel`` tools were cancelled, ``block`` tools
-    finished). A hard abort raises :class:`agentfsm.runtime.signals.Stopped`."""
-    if signals.stopping(hard=True):
-        raise Stopped
-    interrupted = signals.stopping()
-    if interrupted:
-        executor.interrupt()
-    # executor.remaining() only waits on the batch (cancelling the wait cancels no call) and can be
-    # awaited again: a stop cuts the waiting, the calls go on or are cancelled by the executor
-    try:
-        results = await signals.until_stopped(executor.remaining(), hard=interrupted)
-    except Stopped:
-        if signals.stopping(hard=True):
-            raise
-        # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
-        interrupted = True
-        executor.interrupt()
-        results = await signals.until_stopped(executor.remaining(), hard=True)
-    # an interrupt raised by the batch's last call itself (a permission callback's deny with
-    # interrupt) still interrupts the batch
-    return results, interrupted or signals.stopping()

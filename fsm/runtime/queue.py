@@ -187,3 +187,11 @@ class InputQueue:
             self._wake.clear()
             await self._wake.wait()
         return True
+
+    async def notifications_after_run(self, reporting: Callable[[], bool]) -> tuple[QueueItem, ...]:
+        """After a run ended, wait while ``reporting()`` (background work the session started may
+        still report); the task notifications queued by then start the next pass. Nothing when user
+        input is queued (the session's next run takes that, with any notification beside it)."""
+        await self.wait_for_items(reporting)
+        pending = self.pending
+        return () if any(item.kind != TASK_NOTIFICATION for item in pending) else pending

@@ -3,20 +3,38 @@
 Two signals: the user's interrupt (a streaming response is cut, ``cancel`` tools stop, ``block``
 tools finish) and the hard abort (everything stops at once; tools may set it too, through
 ``ToolContext.abort``). :meth:`RunSignals.until_stopped` awaits a piece of work unless a stop comes
-first, then cancels it, lets it unwind and raises :class:`Stopped`.
+first, then cancels it, lets it unwind and raises :class:`Stopped`. How a response's tool calls (a
+:class:`Batch`) are awaited under the two signals is here too: :meth:`RunSignals.drain` and
+:meth:`RunSignals.finish_block_tools`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R", covariant=True)
 
 
 class Stopped(Exception):
     """The awaited work was given up because the run is being stopped."""
+
+
+class Batch(Protocol[R]):
+    """A response's tool calls as the stop signals reach them
+    (:class:`agentfsm.runtime.executor.StreamingToolExecutor`)."""
+
+    def interrupt(self) -> object:
+        """The user's interrupt: ``cancel`` tools are cancelled, ``block`` tools go on."""
+
+    def has_pending(self) -> bool:
+        """Some call has not finished."""
+
+    def remaining(self) -> Awaitable[R]:
+        """Every result, once all calls finished; awaiting it again is harmless, and cancelling the
+        wait cancels no call."""
 
 
 class RunSignals:
@@ -119,6 +137,43 @@ class RunSignals:
         if cut or (stop_wins and stop.done()):
             raise Stopped  # the stop came first, or with the work's end and wins
         return result
+
+    async def drain(self, batch: Batch[T]) -> tuple[T, bool]:
+        """Every result of the batch (each is shown as soon as it may be, by the executor's on_ready);
+        and whether the user interrupted meanwhile (then ``cancel`` tools were cancelled, ``block``
+        tools finished). A hard abort raises :class:`Stopped`."""
+        if self.stopping(hard=True):
+            raise Stopped
+        interrupted = self.stopping()
+        if interrupted:
+            batch.interrupt()
+        # batch.remaining() only waits on the batch (cancelling the wait cancels no call) and can be
+        # awaited again: a stop cuts the waiting, the calls go on or are cancelled by the executor
+        try:
+            results = await self.until_stopped(batch.remaining(), hard=interrupted)
+        except Stopped:
+            if self.stopping(hard=True):
+                raise
+            # the user's interrupt: cancel tools stop, block tools go on; wait for them unless aborted
+            interrupted = True
+            batch.interrupt()
+            results = await self.until_stopped(batch.remaining(), hard=True)
+        # an interrupt raised by the batch's last call itself (a permission callback's deny with
+        # interrupt) still interrupts the batch
+        return results, interrupted or self.stopping()
+
+    async def finish_block_tools(self, batch: Batch[Any]) -> bool:
+        """A response was cut by a stop while its calls ran. On the user's interrupt, the ``block``
+        tools it started finish first (their real results pair their calls; ``cancel`` tools are
+        cancelled); a hard abort, during or before, cuts them. Whether it waited for any."""
+        if not self.stopping(hard=True) and batch.has_pending():
+            batch.interrupt()
+            try:
+                await self.until_stopped(batch.remaining(), hard=True)
+            except Stopped:
+                pass
+            return True
+        return False
 
     @staticmethod
     async def _until_stopped_in_task(work: Awaitable[T], stop: asyncio.Future[None], stop_wins: bool) -> T:

@@ -56,7 +56,8 @@ PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_t
 
 def file_bytes(spec: Any) -> bytes | None:
     """A case's file: its text, or ``{"lines": n}``, ``{"size": n}``, ``{"hex": ...}``, ``{"base64": ...}``,
-    ``{"png": [w, h]}``; ``{"dir": true}`` (None) is a directory."""
+    ``{"png": [w, h]}``; ``{"dir": true}`` (None) is a directory. (``{"symlink": target}`` is made by
+    :func:`run_client`, not here.)"""
     if isinstance(spec, str):
         return spec.encode()
     if spec.get("dir"):
@@ -154,6 +155,11 @@ def run_client(case: Mapping[str, Any], client: str, rd: Path, *, claude: str | 
     for rel, spec in case.get("files", {}).items():
         target = Path(subst(rel, paths))
         target = target if target.is_absolute() else ws / rel
+        if isinstance(spec, Mapping) and "symlink" in spec:
+            # a link in the workspace to somewhere else: the boundary cases go out through one
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(subst(spec["symlink"], paths))
+            continue
         data = file_bytes(spec)
         if data is None:
             target.mkdir(parents=True, exist_ok=True)
