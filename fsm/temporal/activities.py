@@ -663,6 +663,8 @@ class Activities:
             failed = SetupFailed(TerminalReason.TURN_SETUP_FAILED, no_model)
         else:
             first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
+            if not erased:
+                first = phases.with_budget(first, spec.limits.max_budget_usd, 0.0)
         if failed is None and phases.deferred_calls(history):
             failed = phases.deferred_unavailable(phases.deferred_calls(history), ctx.registry)
         runner = getattr(ctx.gate, "runner", None)

@@ -532,7 +532,8 @@ class SessionWorkflow:
         assert o is not None
         if o.response is not None:
             phases.account_response(self._account, o.response, self._spec.model, self._request_messages)
-            return phases.stream_ended(o.response, json_schema=self._spec.json_schema is not None)
+            return phases.stream_ended(o.response, json_schema=self._spec.json_schema is not None,
+                                       cost_usd=self._account.cost_usd)
         assert o.error is not None
         if o.usage:  # the input was processed (and billed) even though the answer is lost
             self._account.spend(o.model or phases.model_for(self._spec.models, state), o.usage)
