@@ -172,7 +172,11 @@ def probe_scenario(turns: int) -> str:
     return json.dumps(base | {"prompt": "AGENT_LOOP_INITIAL_MARKER", "responses": [*responses, answer]})
 
 
-def scale(address: str, server_pid: int, ws: Path, root: Path, parallel: int, trace: bool, sandbox: bool) -> None:
+SCALE_STEPS = ((1, 1), (10, 1), (100, 1), (1000, 1), (1, 10), (1, 100), (1, 1000))
+
+
+def scale(address: str, server_pid: int, ws: Path, root: Path, parallel: int, trace: bool, sandbox: bool,
+          steps: tuple[tuple[int, int], ...] = SCALE_STEPS) -> None:
     """How Temporal's cost grows: 1 to 1,000 read-probe sessions, and one session of 10 to 1,000 turns,
     on one worker process (each step's CPU from /proc, as the rows above)."""
     from agentfsm.temporal.client import BatchItem, run_batch, spawn_workers, stop_workers
@@ -189,19 +193,22 @@ def scale(address: str, server_pid: int, ws: Path, root: Path, parallel: int, tr
         items = [BatchItem(f"s{i}", "AGENT_LOOP_INITIAL_MARKER", scenario) for i in range(n)]
         wrk0, srv0, cli0, t0 = cpu_of(procs[0].pid), cpu_of(server_pid), own_cpu(), time.monotonic()
         results = await run_batch(client, items, opts, task_queue=queue, parallel=parallel)
-        m: dict[str, Any] = {"wall": time.monotonic() - t0, "cpu": cpu_of(procs[0].pid) - wrk0 + cpu_of(server_pid)
-                             - srv0 + own_cpu() - cli0, "ok": sum(r.get("subtype") == "success" for r in results)}
+        wrk, srv, cli = cpu_of(procs[0].pid) - wrk0, cpu_of(server_pid) - srv0, own_cpu() - cli0
+        m: dict[str, Any] = {"wall": time.monotonic() - t0, "cpu": wrk + srv + cli, "wrk": wrk, "srv": srv,
+                             "ok": sum(r.get("subtype") == "success" for r in results)}
         m.update(await history_shape(client, [r["session_id"] for r in results[:20] if r.get("session_id")]))
         return m
 
     try:
         print("\nhow it grows, one worker process (CPU = server + worker + client):")
         print(f"  {'sessions':>8}{'turns':>7}{'wall s':>8}{'sessions/s':>12}{'CPU ms/session':>16}{'CPU ms/turn':>13}"
-              f"{'events/session':>16}{'ok':>6}")
-        for n, turns in ((1, 1), (10, 1), (100, 1), (1000, 1), (1, 10), (1, 100), (1, 1000)):
+              f"{'srv/wrk ms/turn':>17}{'events/session':>16}{'history KB':>12}{'ok':>6}")
+        for n, turns in steps:
             r = asyncio.run(step(n, turns))
+            per_turn = f"{r['srv'] / n / turns * 1000:.1f}/{r['wrk'] / n / turns * 1000:.1f}"
             print(f"  {n:>8}{turns:>7}{r['wall']:>8.1f}{n / r['wall']:>12.1f}{r['cpu'] / n * 1000:>16.1f}"
-                  f"{r['cpu'] / n / turns * 1000:>13.1f}{r['events']:>16.0f}{r['ok']:>6}", flush=True)
+                  f"{r['cpu'] / n / turns * 1000:>13.1f}{per_turn:>17}{r['events']:>16.0f}"
+                  f"{r['history_bytes'] / 1024:>12.0f}{r['ok']:>6}", flush=True)
     finally:
         stop_workers(procs)
 
@@ -215,6 +222,9 @@ def main() -> None:
     p.add_argument("--no-sandbox", action="store_true", help="workers run workflows outside Temporal's sandbox")
     p.add_argument("--scale", action="store_true",
                    help="instead of the rows: how the cost grows from 1 to 1,000 sessions and 10 to 1,000 turns")
+    p.add_argument("--steps", default="",
+                   help="with --scale: the steps to run, as SESSIONSxTURNS,... (default: "
+                        + ",".join(f"{n}x{t}" for n, t in SCALE_STEPS) + ")")
     p.add_argument("--profile", action="store_true",
                    help="one worker under a sampling profiler (bench/temporal_sampler.py): where its CPU goes")
     args = p.parse_args()
@@ -228,7 +238,9 @@ def main() -> None:
           f"session files {'on' if trace else 'off'}, workflow sandbox {'off' if args.no_sandbox else 'on'}")
     if args.scale:
         with start_dev_server() as server:
-            scale(server.address, server.process.pid, ws, root, args.parallel, trace, not args.no_sandbox)
+            steps = tuple((int(a), int(b)) for a, b in (x.split("x") for x in args.steps.split(",") if x))
+            scale(server.address, server.process.pid, ws, root, args.parallel, trace, not args.no_sandbox,
+                  steps or SCALE_STEPS)
         shutil.rmtree(root, ignore_errors=True)
         return
     base = asyncio.run(in_process(args.n, ws, root / "local", args.parallel, trace))

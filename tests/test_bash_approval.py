@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -75,3 +76,30 @@ def test_an_edit_inside_never_names_a_path_outside_or_one_it_cannot_see(words: l
         assert not analysis.opaque and all(p.path is not None for p in analysis.paths)
         assert all(p.path.startswith(str(ws) + "/") or p.path == str(ws) for p in analysis.paths
                    if p.access == "write")
+
+
+@pytest.mark.parametrize("command", [
+    "timeout -vs KILL 5 rm x", "timeout -s KILL 5 rm x", "timeout --signal=KILL 5 rm x", "nice -n 5 rm x",
+    "stdbuf -oL rm x", "stdbuf -eo L rm x", "ionice -c2 -n7 rm x", "env -i A=1 rm x",
+    "env BASH_FUNC_rm%%='() { :; }' rm x", "env 'A-B=1' rm x", "env BASH_FUNC_ls%%='() { rm x; }' ls",
+    "BASH_FUNC_ls%%='() { rm x; }' ls",
+])
+def test_a_deny_rule_holds_through_wrappers_whatever_their_options(tmp_path: Path, command: str) -> None:
+    """A wrapper's options — a cluster ending in one that takes a value (``-vs KILL``), a value
+    attached (``-oL``) or apart — never hide the command it runs from a ``Bash(rm:*)`` deny rule, and
+    an exported function (``BASH_FUNC_name%%``) that could run anything is not let through either."""
+    policy = PermissionPolicy.build(tmp_path, mode="bypassPermissions", deny=["Bash(rm:*)"])
+    assert policy.evaluate(BashTool(), {"command": command}).behavior != "allow", command
+
+
+def test_find_deletes_wherever_its_delete_action_stands(tmp_path: Path) -> None:
+    """``-delete`` followed by other actions (``-delete -print``) still deletes: an Edit deny rule over
+    the directory holds, and acceptEdits asks before it deletes outside the workspace."""
+    bash = BashTool()
+    deny = PermissionPolicy.build(tmp_path, mode="bypassPermissions", deny=["Edit(./d/**)"])
+    for command in ("find d -delete", "find d -name x -delete -print", "find d -delete -print -quit"):
+        assert deny.evaluate(bash, {"command": command}).behavior == "deny", command
+    assert deny.evaluate(bash, {"command": "find d -name x -print"}).behavior == "allow"
+    out = tmp_path.parent / "elsewhere"
+    accept = PermissionPolicy.build(tmp_path, mode="acceptEdits")
+    assert accept.evaluate(bash, {"command": f"find {out} -name x -delete -print"}).behavior == "ask"

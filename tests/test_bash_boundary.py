@@ -94,8 +94,36 @@ CASES = [
     ("fold ../out/o.txt", "fold", "$OUT/o.txt", "wrap lines of files from"),
     ("pr ../out/o.txt", "pr", "$OUT/o.txt", "paginate files from"),
     ("git diff --no-index in.txt ../out/o.txt", "git", "$OUT/o.txt", "access files with git from"),
-    ("cat in.txt | grep O ../out/o.txt", "grep", "$OUT/o.txt", "search for patterns in files from"),
 ]
+
+
+@pytest.mark.parametrize(("command", "part"), [("cat in.txt | grep O ../out/o.txt", "grep O ../out/o.txt"),
+                                               ("cat ../out/o.txt | wc -l", "cat ../out/o.txt"),
+                                               ("echo x | tee ../out/x.txt", "tee ../out/x.txt"),
+                                               ("cat in.txt | cat - ../out/o.txt", "cat - ../out/o.txt")])
+def test_a_part_of_a_pipeline_is_named_as_a_part(ws: Path, command: str, part: str) -> None:
+    assert text(command, ws) == ("ask", "This Bash command contains multiple operations. The following part "
+                                        f"requires approval: {part}")
+    assert text("ls | grep ../out", ws)[0] == "allow"  # a pattern, not a path
+
+
+def test_a_bash_allow_rule_does_not_open_the_boundary(ws: Path) -> None:
+    out = (ws.parent / "out").resolve()
+    policy = PermissionPolicy.build(ws, allow=["Bash(ls:*)", "Bash(cat:*)", "Bash(cd:*)"])
+    for command, program in (("ls ../out", "ls"), ("cat ../out/o.txt", "cat"), ("cd ../out", "cd")):
+        d = policy.evaluate(BashTool(), {"command": command})
+        assert d.behavior == "ask" and d.reason.startswith(f"{program} in '{out}"), command
+    assert policy.evaluate(BashTool(), {"command": "cat in.txt"}).behavior == "allow"
+    # a Read allow rule over the place does; bypassPermissions runs everything
+    reads = PermissionPolicy.build(ws, allow=[f"Read(/{out}/**)", "Read(//etc/hostname)"])
+    assert reads.evaluate(BashTool(), {"command": "cat ../out/o.txt /etc/hostname"}).behavior == "allow"
+    assert reads.evaluate(BashTool(), {"command": "cat /etc/passwd"}).behavior == "ask"
+    assert PermissionPolicy.build(ws, mode="bypassPermissions").evaluate(
+        BashTool(), {"command": "ls ../out"}).behavior == "allow"
+
+
+def test_plan_mode_names_the_boundary_too(ws: Path) -> None:
+    assert text("sed -n 1p ../out/o.txt", ws, "plan")[1].startswith(f"sed in '{ws.parent}/out/o.txt' was blocked.")
 
 
 @pytest.mark.parametrize(("command", "program", "path", "verb"), CASES)
@@ -212,3 +240,67 @@ def test_a_read_only_command_reaching_outside_never_runs_unasked(ws: Path, progr
         # (find takes its start directories before any other word that starts with a dash)
         assert before in reach.values or (reach.operands == "script" and not script) or (
             reach.operands == "find" and before not in ("-H", "-L", "-P")), command
+
+
+# --- the file tools at the boundary -------------------------------------------------------------
+
+
+def test_a_file_tool_through_a_symlink_says_where_it_resolves(ws: Path) -> None:
+    from agentfsm.tools import GlobTool, GrepTool, ReadTool, WriteTool
+
+    out = (ws.parent / "out").resolve()
+    policy = PermissionPolicy.build(ws)
+    read = policy.evaluate(ReadTool(), {"file_path": f"{ws}/link/o.txt"})
+    assert (read.behavior, read.reason) == ("ask", (
+        f"Claude requested permissions to read from {ws}/link/o.txt, but you haven't granted it yet. "
+        f"{ws}/link/o.txt resolves through a symlink to {out}/o.txt, which is outside the allowed working "
+        "directories."))
+    write = policy.evaluate(WriteTool(), {"file_path": f"{ws}/link/w.txt", "content": "x"})
+    assert write.reason.endswith(f"{ws}/link/w.txt resolves through a symlink to {out}/w.txt, which is outside "
+                                 "the allowed working directories.")
+    for tool in (GlobTool(), GrepTool()):
+        d = policy.evaluate(tool, {"pattern": "*", "path": f"{ws}/link"})
+        assert d.reason.endswith(f"{ws}/link resolves through a symlink to {out}, which is outside the allowed "
+                                 "working directories."), tool.name
+    # written outside: no sentence about links
+    plain = policy.evaluate(ReadTool(), {"file_path": f"{out}/o.txt"})
+    assert plain.reason == f"Claude requested permissions to read from {out}/o.txt, but you haven't granted it yet."
+
+
+def test_a_relative_glob_pattern_never_climbs_out_of_its_directory(ws: Path) -> None:
+    from agentfsm.tools import GlobTool
+    from agentfsm.tools.glob import find_files, split_literal_prefix
+
+    assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": "../out/*.txt"}).behavior == "allow"
+    assert find_files(str(ws), "../out/*.txt") == []
+    assert find_files(str(ws), "sub/../../out/*.txt") == []
+    assert split_literal_prefix("/r", "a/b/*.py") == ("/r/a/b", "*.py")
+    assert split_literal_prefix("/r", "../x/*.py") == ("/r", "../x/*.py")
+    # an absolute pattern is still judged by where it points
+    assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": f"{ws.parent}/out/*.txt"}).behavior == "ask"
+
+
+@pytest.mark.parametrize(("given", "listed"), [("../out/o.txt", "$OUT/o.txt"), ("$WS/../out/o.txt", "$OUT/o.txt"),
+                                               ("$WS/link/o.txt", "$WS/link/o.txt"), ("in.txt", "$WS/in.txt")])
+def test_a_denial_lists_a_file_tools_path_absolute_and_folded(ws: Path, given: str, listed: str) -> None:
+    from agentfsm.tools import EditTool, GrepTool, ReadTool, WriteTool
+
+    def sub(p: str) -> str:
+        return p.replace("$WS", str(ws)).replace("$OUT", str(ws.parent / "out"))
+
+    for tool in (ReadTool(), WriteTool(), EditTool()):
+        assert tool.denial_input({"file_path": sub(given)}, ws)["file_path"] == sub(listed)
+    assert EditTool().denial_input({"file_path": "a"}, ws)["replace_all"] is False
+    # Grep is listed as given: no defaults filled in (Claude Code's Grep lists none)
+    assert GrepTool().denial_input({"pattern": "O", "path": "../out"}, ws) == {"pattern": "O", "path": "../out"}
+
+
+def test_a_sibling_whose_name_starts_with_the_workspaces_is_outside(ws: Path) -> None:
+    """``/x/ws-evil`` is not inside ``/x/ws``: reading or listing it asks with Claude Code's text, while
+    the workspace's own files run."""
+    evil = ws.parent / f"{ws.name}-evil"
+    evil.mkdir()
+    (evil / "k.txt").write_text("K\n")
+    assert text(f"cat {evil}/k.txt", ws) == ("ask", blocked("cat", f"{evil}/k.txt", "concatenate files from", ws))
+    assert text(f"ls ../{ws.name}-evil", ws) == ("ask", blocked("ls", str(evil), "list files in", ws))
+    assert text("cat in.txt", ws)[0] == "allow"

@@ -224,3 +224,22 @@ _plain_words = st.text(alphabet=st.characters(min_codepoint=0x21, exclude_charac
 def test_non_ascii_words_are_read_as_typed(words: list[str]) -> None:
     found = analyse("printf " + " ".join(words), "/tmp", "/root")
     assert [c.argv for c in found.commands] == [("printf", *words)]
+
+
+def test_shell_code_is_followed_down_to_the_depth_cap_and_reported_past_it() -> None:
+    """``sh -c`` inside ``sh -c``...: the innermost command's files are found through MAX_SHELL_DEPTH
+    levels; one level more is reported as not followed (and so never counted as safe)."""
+    import shlex
+
+    from agentfsm.tools.shell import MAX_SHELL_DEPTH
+
+    def nest(levels: int) -> str:
+        command = "rm victim"
+        for _ in range(levels):
+            command = "sh -c " + shlex.quote(command)
+        return command
+
+    deepest = analyse(nest(MAX_SHELL_DEPTH), CWD, HOME)
+    assert not deepest.opaque and ("/ws/victim", "write") in uses(nest(MAX_SHELL_DEPTH))
+    assert "rm" in programs(nest(MAX_SHELL_DEPTH))
+    assert analyse(nest(MAX_SHELL_DEPTH + 1), CWD, HOME).opaque == ("shell code nested too deeply",)

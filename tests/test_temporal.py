@@ -31,6 +31,7 @@ from agentfsm.machine.options import Options
 from agentfsm.machine.state import Limits
 from agentfsm.runtime.pipeline import WORKER_LOST, synthetic_text
 from agentfsm.runtime.trace import read_records, transition_snapshots
+from agentfsm.temporal.activities import Activities
 from agentfsm.temporal.client import follow, run_session, session_input, start
 from agentfsm.temporal.devserver import DevServer, NoTemporalBinary, start_dev_server
 from agentfsm.temporal.records import Timing
@@ -276,11 +277,11 @@ async def test_the_workflow_replays_deterministically(server: DevServer, worker:
     history = await handle.fetch_history()
     # the read probe's shape (issue 34): the two model calls are the only remote activities; the Read
     # (read-only) is a local activity and the session-file lines travel with the model calls, so the
-    # markers are the version, the set-up, the Read and the last flush
+    # markers are the two versions (FEWER_TASKS, LEAN_REQUESTS), the set-up, the Read and the last flush
     scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")]
     assert scheduled == ["agentfsm.call_model", "agentfsm.call_model"]
-    assert sum(e.HasField("marker_recorded_event_attributes") for e in history.events) == 4
+    assert sum(e.HasField("marker_recorded_event_attributes") for e in history.events) == 5
     runner = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
     replayer = Replayer(workflows=[SessionWorkflow], data_converter=DATA_CONVERTER, workflow_runner=runner)
     await replayer.replay_workflow(history)
@@ -419,6 +420,70 @@ async def test_a_long_session_continues_as_new(server: DevServer, worker: None, 
     path = Path(inp.spec.trace_path or "")
     assert transcript(path) == transcript(local_file)
     assert_audits_clean(path)
+
+
+def _model_call_inputs(history: Any) -> list[dict[str, Any]]:
+    """The inputs of the history's model-call activities, as sent (JSON)."""
+    out = []
+    for ev in history.events:
+        attrs_ = ev.activity_task_scheduled_event_attributes
+        if (ev.HasField("activity_task_scheduled_event_attributes")
+                and attrs_.activity_type.name == "agentfsm.call_model"):
+            out.append(json.loads(attrs_.input.payloads[0].data))
+    return out
+
+
+class _Forgetful(Activities):
+    """A worker that keeps nothing of a session between model calls (as when every call of a session
+    lands on another worker), and whose spec files are gone."""
+
+    def _request_messages(self, spec: Any, inp: Any) -> Any:
+        self._chains.clear()
+        return super()._request_messages(spec, inp)
+
+    def _spec(self, inp: Any) -> Any:
+        self._specs.clear()
+        if inp.spec_file:
+            Path(inp.spec_file).unlink(missing_ok=True)
+        return super()._spec(inp)
+
+
+@pytest.mark.parametrize("forgetful", [False, True], ids=["one worker", "a worker that forgets"])
+async def test_a_long_session_sends_each_request_only_what_changed(server: DevServer, queue: str, ws: Path,
+                                                                    home: Path, forgetful: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: past a few turns a model call names its spec by digest and its earlier messages by the
+    previous request (the worker keeps both), so a turn's payload does not grow with the session; a
+    worker that does not hold them says so and the call is sent whole. Either way, the local run's
+    transcript."""
+    monkeypatch.setenv("HOME", str(home))
+    reads = [_read(f"toolu_{i}") for i in range(12)]
+    scenario = scenario_text([*reads, _text("read twelve times")])
+    _local, local_file = await local_run(ws, home, scenario)
+    client = await connect(server.address)
+    inp = session_input(options(ws, home), "go", scripted=scenario)
+    async with build_worker(client, task_queue=queue, activities=_Forgetful() if forgetful else None):
+        result = await run_session(client, inp, lambda m: None, task_queue=queue)
+        history = await client.get_workflow_handle(f"agentfsm-session-{inp.spec.session_id}").fetch_history()
+    assert result["result"] == "read twelve times"
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    assert_audits_clean(path)
+    calls = _model_call_inputs(history)
+    lean = [c for c in calls if c.get("prefix")]
+    failed = [ev for ev in history.events if ev.HasField("activity_task_failed_event_attributes")]
+    if not forgetful:
+        assert len(calls) == 13 and not failed
+        assert all(c.get("spec") is None and c["spec_digest"] for c in calls)
+        # request k holds 2k + 1 messages; once the previous one held 16 or more, only the two new ones
+        # (the response and its tool result)
+        assert len(lean) == sum(1 for k in range(1, 13) if 2 * (k - 1) + 1 >= 16) == 4
+        assert all(len(c["messages"]) == 2 for c in lean)
+    else:
+        # each call named by prefix or spec failed once and was sent whole
+        assert len(failed) == len(calls) - 13 > 0
+        assert all("the session spec is not at" in ev.activity_task_failed_event_attributes.failure.message
+                   or "earlier messages" in ev.activity_task_failed_event_attributes.failure.message for ev in failed)
 
 
 # --- a worker dies -------------------------------------------------------------------------------------------

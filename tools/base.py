@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -45,6 +46,16 @@ class ValidationResult:
 
 # Claude Code's texts: a path a rule denies as given, and one reached through a link or searched.
 FILE_DENIED = "File is in a directory that is denied by your permission settings."
+
+
+def normalised_path_input(input: Mapping[str, Any], cwd: Path, key: str = "file_path") -> dict[str, Any]:
+    """``input`` with its path made absolute and ``..`` folded (symlinks kept), as Claude Code's file
+    tools echo it (``../out/o.txt`` → ``/…/out/o.txt``)."""
+    out = dict(input)
+    value = out.get(key)
+    if isinstance(value, str) and value and "\x00" not in value:
+        out[key] = os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
+    return out
 
 
 def read_denied(path: str) -> str:
@@ -249,6 +260,16 @@ class Tool:
         if output.is_error:
             block["is_error"] = True
         return block
+
+    def denial_input(self, input: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+        """The input as the run's ``permission_denials`` list it: as given, with the schema's defaults
+        and :attr:`input_defaults` filled in for what the model left out (Claude Code's parsed input)."""
+        out = {**self.input_defaults, **input}
+        props = self.input_schema.get("properties", {})
+        for key, spec in props.items() if isinstance(props, Mapping) else ():
+            if isinstance(spec, Mapping) and "default" in spec and key not in out:
+                out[key] = spec["default"]
+        return out
 
     def invalid_input_text(self, input: Any) -> str | None:
         """The whole error text for input that fails the schema, when the tool words it itself;

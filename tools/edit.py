@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, normalised_path_input
 from agentfsm.tools.patch import structured_patch
 from agentfsm.tools.read import (
     FILE_STATE_CURRENT,
@@ -196,6 +196,10 @@ class EditTool(Tool):
         "additionalProperties": False,
     }
 
+
+    def denial_input(self, input: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+        # Claude Code lists the path absolute and normalised (symlinks kept)
+        return normalised_path_input(super().denial_input(input, cwd), cwd)
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
         # the permission settings first: a denied file gets no word about its state. Edit reads the
         # file too (its result quotes the edited lines), so a file it may not read is denied as well.

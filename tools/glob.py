@@ -26,11 +26,13 @@ VCS_DIRS = (".git", ".svn", ".hg", ".bzr", ".jj", ".sl")
 
 
 def split_literal_prefix(root: str, pattern: str) -> tuple[str, str]:
-    """Move leading segments without wildcards into the directory the walk starts from."""
+    """Move leading segments without wildcards into the directory the walk starts from. A ``..``
+    stays in the pattern, where it matches nothing: a relative pattern never climbs out of the
+    directory it searches (``../out/*.txt`` finds no files, as in Claude Code)."""
     if pattern.startswith("/"):
         root, pattern = "/", pattern.lstrip("/")
     segs = pattern.split("/")
-    while len(segs) > 1 and not has_magic(segs[0]):
+    while len(segs) > 1 and not has_magic(segs[0]) and segs[0] != "..":
         root = os.path.join(root, segs.pop(0))
     return os.path.normpath(root), "/".join(segs)
 

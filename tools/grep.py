@@ -461,6 +461,10 @@ class GrepTool(ReadOnlyTool):
         "additionalProperties": False,
     }
 
+
+    def denial_input(self, input: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+        # Claude Code lists a Grep as given: its schema's defaults are the tool's, not the input's
+        return dict(input)
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         path = input.get("path")
         return path if isinstance(path, str) else None

@@ -14,7 +14,15 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from agentfsm.tools.base import Access, ReadOnlyTool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.base import (
+    Access,
+    ReadOnlyTool,
+    ToolContext,
+    ToolError,
+    ToolOutput,
+    ValidationResult,
+    normalised_path_input,
+)
 
 DEFAULT_LIMIT = 2000
 MAX_LINE_CHARS = 2000
@@ -279,6 +287,10 @@ class ReadTool(ReadOnlyTool):
         path = absolute(ctx, input["file_path"])
         return await asyncio.to_thread(validate_access, ctx, path, "read") or ValidationResult.valid()
 
+
+    def denial_input(self, input: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+        # Claude Code lists the path absolute and normalised (symlinks kept)
+        return normalised_path_input(super().denial_input(input, cwd), cwd)
     def __init__(self, max_bytes: int | None = None) -> None:
         self.max_bytes = max_bytes
 

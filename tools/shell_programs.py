@@ -112,6 +112,9 @@ def skip_options(args: Sequence[Word], with_value: frozenset[str] = frozenset())
 
 
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# env takes any word with a `=` in it as an assignment, whatever its name (`env 'BASH_FUNC_rm%%=() { :; }'
+# rm x` runs rm, with an exported function set): a name the shell would refuse is still no program
+_ENV_ASSIGNMENT = re.compile(r"^[^=]+=")
 # Variables whose value the shell, or a program it starts, runs as a command or loads as code.
 CODE_VARIABLES = frozenset({
     "BASH_ENV", "ENV", "PS4", "PS0", "PROMPT_COMMAND", "SHELLOPTS", "BASHOPTS", "BASH_LOADABLES_PATH",
@@ -330,13 +333,13 @@ def _env(args: Sequence[Word]) -> Inner | None:
         if a.startswith("-") and a != "-":
             i += 1
             continue
-        if _ASSIGNMENT.match(a):
+        if _ENV_ASSIGNMENT.match(a):
             if code_variable(a.split("=", 1)[0]):
                 return _opaque(f"env sets {a.split('=', 1)[0]}, which may make a program run code")
             i += 1
             continue
         break
-    while i < len(args) and texts[i] is not None and _ASSIGNMENT.match(texts[i] or ""):
+    while i < len(args) and texts[i] is not None and _ENV_ASSIGNMENT.match(texts[i] or ""):
         i += 1
     return _argv(args, i, chdir=chdir)
 
@@ -351,7 +354,7 @@ def prints_environment(program: str, args: Sequence[str | None]) -> bool:
                 return True
             if a in ("-u", "--unset", "-C", "--chdir"):
                 continue
-            if a.startswith("-") or _ASSIGNMENT.match(a):
+            if a.startswith("-") or _ENV_ASSIGNMENT.match(a):
                 continue
             return False  # env runs a command
         return True

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult
+from agentfsm.tools.base import Tool, ToolContext, ToolError, ToolOutput, ValidationResult, normalised_path_input
 from agentfsm.tools.patch import structured_patch
 from agentfsm.tools.read import (
     FILE_STATE_CURRENT,
@@ -40,6 +40,10 @@ class WriteTool(Tool):
         "additionalProperties": False,
     }
 
+
+    def denial_input(self, input: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+        # Claude Code lists the path absolute and normalised (symlinks kept)
+        return normalised_path_input(super().denial_input(input, cwd), cwd)
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
         path = absolute(ctx, input["file_path"])
         # the permission settings first: a denied file gets no word about its state

@@ -195,6 +195,8 @@ class Driver:
         else:
             self._before_hooks("UserPromptSubmit")
             first, setup_failure, erased = phases.prompt_verdict(first, await self.hooks.user_prompt_submit(text))
+            if not erased:
+                first = phases.with_budget(first, self.limits.max_budget_usd, self.account.cost_usd)
         # the prompt record marks where this run starts in the file (before anything the run
         # writes); an erased one is recorded as such, and resume leaves it out of the history
         self.trace.message(phases.recorded_prompt(first, erased))
@@ -430,7 +432,8 @@ class Driver:
                       tool_uses=len(response.tool_uses()))
         if asm.renamed_ids:
             self.log.warning("model.duplicate_tool_use_ids", renamed=asm.renamed_ids)
-        return phases.stream_ended(response, json_schema=self.options.json_schema is not None)
+        return phases.stream_ended(response, json_schema=self.options.json_schema is not None,
+                                   cost_usd=self.account.cost_usd)
 
     async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
         """The stream was cut by a stop. On the user's interrupt, ``block`` tools the response already

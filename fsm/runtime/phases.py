@@ -84,6 +84,15 @@ def prompt_verdict(first: Message, outcome: Any) -> tuple[Message, SetupFailed |
     return first, None, False
 
 
+def with_budget(first: Message, max_budget_usd: float | None, spent_usd: float) -> Message:
+    """The prompt with the ``--max-budget-usd`` reminder first (what is spent and left), as Claude Code
+    2.1.332 sends it with the prompt; unchanged without a budget."""
+    if max_budget_usd is None:
+        return first
+    block = {"type": "text", "text": prompts.budget_reminder(spent_usd, max_budget_usd)}
+    return attrs.evolve(first, content=(block, *first.content))
+
+
 def recorded_prompt(first: Message, erased: bool) -> Message:
     """The prompt record that marks where a run starts in the session file (``erased_prompt`` when a
     hook erased it; resume leaves that out of the history)."""
@@ -215,9 +224,9 @@ def account_response(account: RunAccount, response: ModelResponse, default_model
 # --- stream --------------------------------------------------------------------------------------
 
 
-def stream_ended(response: ModelResponse, *, json_schema: bool) -> StreamEnded:
+def stream_ended(response: ModelResponse, *, json_schema: bool, cost_usd: float = 0.0) -> StreamEnded:
     return StreamEnded(response, json_schema=json_schema,
-                       structured_output_ids=calls_of(response.tool_uses(), STRUCTURED_OUTPUT))
+                       structured_output_ids=calls_of(response.tool_uses(), STRUCTURED_OUTPUT), cost_usd=cost_usd)
 
 
 # --- dispatch_tools ------------------------------------------------------------------------------

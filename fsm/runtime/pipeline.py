@@ -495,15 +495,13 @@ class _Call:
                       hook_ms=round(self.hook_ms, 3), permission_ms=round(self.permission_ms, 3))
         return res
 
-    def _denied_input(self) -> dict[str, Any]:
-        """The input as a permission denial lists it: as parsed, the schema's defaults filled in
-        (Claude Code lists ``replace_all: false`` for an Edit that did not give it)."""
-        out = dict(self.input)
-        props = self.tool.input_schema.get("properties", {}) if self.tool is not None else {}
-        for key, spec in props.items() if isinstance(props, Mapping) else ():
-            if isinstance(spec, Mapping) and "default" in spec and key not in out:
-                out[key] = spec["default"]
-        return out
+    def _denied_input(self, cwd: Path) -> dict[str, Any]:
+        """The input as a permission denial lists it: as the tool echoes it (:meth:`Tool.denial_input`:
+        Claude Code lists ``replace_all: false`` for an Edit that did not give it, and a file tool's
+        path absolute and normalised)."""
+        if self.tool is None:
+            return dict(self.input)
+        return self.tool.denial_input(self.input, cwd)
 
     def error(self, text: str, **kw: Any) -> CallResult:
         return self.result({"content": text}, is_error=True, **kw)
@@ -582,7 +580,7 @@ class _Call:
                     self.log.info("tool.denied", behavior="deny", reason=verdict.message, rule="file access")
                     return self.error(verdict.message or f"Permission to use {self.name} has been denied.",
                                       denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                              "tool_input": self._denied_input()})
+                                              "tool_input": self._denied_input(ctx.cwd)})
                 if not verdict.ok:
                     self.log.info("tool.rejected_input", message=verdict.message)
                     return self.error(tool_use_error(verdict.message or f"{self.name}: invalid input"))
@@ -608,7 +606,7 @@ class _Call:
                     # a hook that blocks the call (exit 2) denied it: listed as a denial, as Claude Code does
                     return self.error(f"PreToolUse:{self.name} hook error: {pre.reason}",
                                       denial={"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                                              "tool_input": self._denied_input()})
+                                              "tool_input": self._denied_input(ctx.cwd)})
                 if pre.decision == "defer":
                     self.log.info("tool.deferred", reason=pre.reason)
                     why = f": {pre.reason}" if pre.reason else ""
@@ -635,7 +633,7 @@ class _Call:
                 # "ask" reaching the pipeline means nobody could answer: a denial (docs/behaviour.md §5)
                 reason = perm.reason or f"Permission to use {self.name} has been denied."
                 denial = {"tool_name": self.name, "tool_use_id": self.tool_use_id,
-                          "tool_input": self._denied_input()}
+                          "tool_input": self._denied_input(ctx.cwd)}
                 self.log.info("tool.denied", behavior=perm.behavior, reason=reason, rule=perm.rule)
                 interrupt_run = ctx.services.get(INTERRUPT_RUN) if perm.interrupt else None
                 if callable(interrupt_run):

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import cattrs
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -55,7 +56,7 @@ from agentfsm.runtime.assembler import ResponseAssembler
 from agentfsm.runtime.compact import compact, split_for_compaction
 from agentfsm.runtime.executor import call_traits
 from agentfsm.runtime.pipeline import WORKER_LOST, CallResult, ToolTable, run_tool_call, synthetic_result
-from agentfsm.runtime.request import system_blocks
+from agentfsm.runtime.request import WireCache, system_blocks
 from agentfsm.runtime.tasks import (
     COMPLETED,
     FAILED,
@@ -69,9 +70,10 @@ from agentfsm.runtime.tasks import (
 from agentfsm.runtime.trace import read_records
 from agentfsm.sessions.resume import heal_tail, load_history
 from agentfsm.temporal import NON_RETRYABLE
-from agentfsm.temporal.convert import CONVERTER
+from agentfsm.temporal.convert import CONVERTER, spec_digest
 from agentfsm.temporal.records import (
     HOOK_EVENTS,
+    SEND_WHOLE,
     CompactInput,
     CompactOutcome,
     MessageRef,
@@ -89,7 +91,9 @@ from agentfsm.temporal.records import (
     ToolCallOutcome,
     ToolTraits,
     TraceBatch,
+    chain_digest,
     message_digest,
+    spec_file,
 )
 from agentfsm.tools.base import TASKS, TaskStarted, TaskStopped, ToolContext
 from agentfsm.tools.bash import PROCESS_GUARD
@@ -372,6 +376,16 @@ class _MessageIndex:
         return hit[1] if hit is not None and hit[0] == ref.digest else None
 
 
+@attrs.define
+class _Chain:
+    """The messages of a session's last request on this worker, the digest of each prefix
+    (:func:`agentfsm.temporal.records.chain_digest`) and their wire view."""
+
+    messages: tuple[Message, ...] = ()
+    digests: list[str] = attrs.field(factory=list)
+    wire: WireCache = attrs.field(factory=WireCache)
+
+
 class _PinnedScript:
     """The scripted model answering one request with the scenario's response number ``n`` — the same
     answer on every attempt, with the message id the in-process scripted model gives the Nth request."""
@@ -437,6 +451,8 @@ class Activities:
         self._indexes = _Lru(16)
         self._scenarios = _Lru(64)
         self._last_seq = _Lru(1024)
+        self._chains = _Lru(256)
+        self._specs = _Lru(256)
         self.log = log.get_logger("agentfsm.temporal")
         # this worker's own task queue (set by agentfsm.temporal.worker.build_worker): the background
         # commands its tool calls start run here, and so must the activities that watch them
@@ -453,8 +469,8 @@ class Activities:
 
     # --- helpers -----------------------------------------------------------------------------------
 
-    def context(self, spec: SessionSpec) -> _Context:
-        key = hashlib.sha256(json.dumps(CONVERTER.unstructure(spec), sort_keys=True, default=str).encode()).digest()
+    def context(self, spec: SessionSpec, digest: str | None = None) -> _Context:
+        key = digest or spec_digest(spec)
         hit = self._contexts.hit(key)
         if hit is not None:
             return hit  # type: ignore[no-any-return]
@@ -514,6 +530,47 @@ class Activities:
             return NO_MODEL_ON_WORKER
         return None
 
+    def _spec(self, inp: ModelCallInput) -> SessionSpec:
+        """The request's session spec: carried, or named by digest and read from the file the run's
+        set-up wrote (else :data:`SEND_WHOLE`)."""
+        if inp.spec is not None:
+            return inp.spec
+        spec: SessionSpec | None = self._specs.hit(inp.spec_digest)
+        if spec is None:
+            try:
+                spec = CONVERTER.structure(json.loads(Path(inp.spec_file).read_text()), SessionSpec)
+            except (OSError, ValueError, TypeError, KeyError, cattrs.BaseValidationError) as exc:
+                raise ApplicationError(f"the session spec is not at {inp.spec_file}: {exc}", type=SEND_WHOLE,
+                                       non_retryable=True) from exc
+            if spec_digest(spec) != inp.spec_digest:
+                raise ApplicationError(f"the session spec at {inp.spec_file} is another run's", type=SEND_WHOLE,
+                                       non_retryable=True)
+            self._specs.put(inp.spec_digest, spec)
+        return spec
+
+    def _request_messages(self, spec: SessionSpec, inp: ModelCallInput
+                          ) -> tuple[tuple[Message, ...], list[dict[str, Any]]]:
+        """A request's messages and their wire view: the prefix it names from this worker's last
+        request of the session (else :data:`SEND_WHOLE`), the rest read as :meth:`_messages` does;
+        kept for the session's next request, the wire view built incrementally (as the local driver's)."""
+        chain: _Chain | None = self._chains.hit(spec.session_id)
+        if inp.prefix:
+            if chain is None or len(chain.digests) < inp.prefix or chain.digests[inp.prefix - 1] != inp.prefix_digest:
+                raise ApplicationError("this worker does not hold the request's earlier messages",
+                                       type=SEND_WHOLE, non_retryable=True)
+            messages, digests = chain.messages[:inp.prefix], chain.digests[:inp.prefix]
+        else:
+            messages, digests = (), []
+        last = digests[-1] if digests else ""
+        for ref in inp.messages:
+            last = chain_digest(last, ref)
+            digests.append(last)
+        messages = (*messages, *self._messages(spec, inp.messages))
+        if chain is None:
+            chain = self._chains.put(spec.session_id, _Chain())
+        chain.messages, chain.digests = messages, digests
+        return messages, chain.wire.wire(messages)
+
     def _messages(self, spec: SessionSpec, refs: Sequence[MessageRef]) -> list[Message]:
         """The messages a request names, read back from the session file where not inline."""
         out: list[Message] = []
@@ -554,6 +611,8 @@ class Activities:
         does)."""
         spec = inp.spec
         ctx = self.context(spec)
+        if spec.trace_path:
+            _write_spec(spec)
         options = ctx.options
         system = system_blocks(options.cwd, system_prompt=options.system_prompt, append=options.append_system_prompt)
         mode = getattr(ctx.gate, "permission_mode", None) or options.permission_mode or "default"
@@ -602,6 +661,8 @@ class Activities:
             failed = SetupFailed(TerminalReason.TURN_SETUP_FAILED, no_model)
         else:
             first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
+            if not erased:
+                first = phases.with_budget(first, spec.limits.max_budget_usd, 0.0)
         if failed is None and phases.deferred_calls(history):
             failed = phases.deferred_unavailable(phases.deferred_calls(history), ctx.registry)
         runner = getattr(ctx.gate, "runner", None)
@@ -625,15 +686,16 @@ class Activities:
         """One model request, streamed here: each finished block is shown at once (a signal to the
         workflow), every stream event heartbeats. A lost attempt's blocks are withdrawn first."""
         info = activity.info()
-        spec = inp.spec
+        spec = self._spec(inp)
         if info.attempt > 1 and inp.live:
             await self._push(inp, "lost", inp.request_no)
-        ctx = self.context(spec)
+        ctx = self.context(spec, inp.spec_digest or None)
         if inp.lines and spec.trace_path:
             self._append(TraceBatch(spec.trace_path, inp.lines))
-        request = phases.build_request(self._messages(spec, inp.messages), model=inp.model, system=inp.system,
+        messages, wire = self._request_messages(spec, inp)
+        request = phases.build_request(messages, model=inp.model, system=inp.system,
                                        tools=ctx.registry.api_schemas(), limits=spec.limits,
-                                       metadata=phases.request_metadata(spec.session_id))
+                                       metadata=phases.request_metadata(spec.session_id), wire=wire)
         client = self._model_client(spec, inp.request_no)
         asm = ResponseAssembler()
         state = {"request_no": inp.request_no, "message_id": "", "events": 0}
@@ -861,6 +923,7 @@ class Activities:
                 f.unlink(missing_ok=True)
         if batch.final:
             with contextlib.suppress(OSError):
+                Path(spec_file(batch.path)).unlink(missing_ok=True)
                 outcomes.rmdir()
         return len(fresh)
 
@@ -889,6 +952,17 @@ def _last_seq_in(path: Path) -> int:
                 except (ValueError, AttributeError):
                     return max((r.get("seq", -1) for r in read_records(path)), default=-1)
     return -1
+
+
+def _write_spec(spec: SessionSpec) -> None:
+    """Keep the run's spec where its model calls' activities can read it (they name it by digest)."""
+    assert spec.trace_path
+    path = Path(spec_file(spec.trace_path))
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(CONVERTER.unstructure(spec), ensure_ascii=False, default=str))
+        os.replace(tmp, path)
 
 
 def _portable(result: CallResult) -> CallResult:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import typing
 from typing import Any
@@ -44,6 +45,13 @@ CONVERTER.register_unstructure_hook(SessionSpec, make_dict_unstructure_fn(
 CONVERTER.register_unstructure_hook(Carried, functools.partial(_WHOLE.unstructure, unstructure_as=Carried))
 CONVERTER.register_unstructure_hook(SessionInput, make_dict_unstructure_fn(
     SessionInput, CONVERTER, _cattrs_omit_if_default=True, timing=override(omit_if_default=False)))
+
+
+def spec_digest(spec: SessionSpec) -> str:
+    """A session spec's digest (a worker keeps what it built for a spec by it; a model call may name
+    its spec by it instead of carrying it)."""
+    text = json.dumps(CONVERTER.unstructure(spec), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def _has_attrs(hint: Any) -> bool:

@@ -191,6 +191,23 @@ class MessageRef:
     message: Message | None = None
 
 
+#: The error type of a model call whose worker does not hold the earlier messages or the spec the
+#: request names (the workflow then sends the request whole).
+SEND_WHOLE = "agentfsm.send_whole"
+
+
+def spec_file(trace_path: str) -> str:
+    """Where a run's set-up keeps its session spec for the model calls that name it: beside the tool
+    calls' outcome files (a name no outcome file has: theirs have no dot before ``.json``)."""
+    return str(Path(trace_path).with_suffix(".tools") / "session.spec.json")
+
+
+def chain_digest(previous: str, ref: MessageRef) -> str:
+    """The digest of a request's messages up to and including ``ref``'s, from the digest of those
+    before it: their uuids, and the record digests of those passed by reference."""
+    return hashlib.sha256(f"{previous}\0{ref.uuid}\0{ref.digest}".encode()).hexdigest()[:24]
+
+
 def message_digest(role: str, kind: str, content: Any) -> str:
     """The digest a :class:`MessageRef` names: role, kind and content of a message record."""
     text = json.dumps([role, kind, content], ensure_ascii=False, sort_keys=True, default=str)
@@ -214,7 +231,7 @@ class ModelCallInput:
     """One model request. ``request_no``: the session's request count (a scripted model answers with
     the scenario's response of that number, so a retried request gets the same answer)."""
 
-    spec: SessionSpec
+    spec: SessionSpec | None  # None: named by ``spec_digest`` and kept in ``spec_file`` (issue 34)
     workflow_id: str
     run_id: str
     request_no: int
@@ -225,6 +242,17 @@ class ModelCallInput:
     # session-file lines the workflow has not written yet (the request's own records among them): the
     # activity appends them (idempotently, by record number) before it reads the messages back
     lines: tuple[tuple[int, str], ...] = ()
+    # the request's first ``prefix`` messages are the previous request's (issue 34: a long session does
+    # not send its whole history with every call): the worker that served that request keeps them,
+    # named by ``prefix_digest`` (:func:`chain_digest`); ``messages`` holds the rest. A worker that
+    # does not hold them says so (:data:`SEND_WHOLE`) and the workflow sends the whole list.
+    prefix: int = 0
+    prefix_digest: str = ""
+    # the spec, when not carried: its digest and the file the run's set-up wrote it to (a long session
+    # does not send the same spec, scripted scenario included, with every call). A worker that cannot
+    # find it says so (:data:`SEND_WHOLE`) and the workflow sends it.
+    spec_digest: str = ""
+    spec_file: str = ""
 
 
 @attrs.frozen

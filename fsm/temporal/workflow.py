@@ -65,7 +65,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from agentfsm.runtime.trace import TraceWriter
     from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME
+    from agentfsm.temporal.convert import spec_digest
     from agentfsm.temporal.records import (
+        SEND_WHOLE,
         AccountSnapshot,
         Carried,
         CompactInput,
@@ -86,7 +88,9 @@ with workflow.unsafe.imports_passed_through():
         ToolCallOutcome,
         ToolTraits,
         TraceBatch,
+        chain_digest,
         message_digest,
+        spec_file,
     )
 
 # a query answers at most this much at once (a client that fell behind asks again)
@@ -100,6 +104,11 @@ _CARRIED_OUTPUT = 200
 # Issue 34: read-only tool calls as local activities; a model call writes the pending session-file
 # lines itself (no local activity before it).
 FEWER_TASKS = "agentfsm-34-fewer-tasks"
+# Issue 34, long sessions: a model call names only the messages new since the previous request (the
+# worker that served it keeps the rest), so a turn's payload and history do not grow with the session.
+LEAN_REQUESTS = "agentfsm-34-lean-requests"
+# below this many messages a request names them all (a prefix would save little)
+_LEAN_MIN = 16
 
 
 class _Stopped(Exception):
@@ -157,6 +166,10 @@ class SessionWorkflow:
         self._request_no = -1
         self._request_messages = 0
         self._fewer_tasks = False
+        self._lean = False
+        # the messages of the last request a worker resolved, and the digest of each of its prefixes
+        self._chain: Sequence[Message] = ()
+        self._chain_digests: list[str] = []
         # background commands (issue 30): each task's record, the watches of those still running, the
         # ones being stopped, and the notifications not yet taken into the conversation
         self._tasks: dict[str, TaskRecord] = {}
@@ -226,6 +239,8 @@ class SessionWorkflow:
     @workflow.run
     async def run(self, inp: SessionInput) -> dict[str, Any]:
         self._fewer_tasks = workflow.patched(FEWER_TASKS)
+        self._lean = workflow.patched(LEAN_REQUESTS)
+        self._spec_digest = spec_digest(self._spec) if self._lean else ""
         first = await self._open(inp) if inp.carried is None else self._restore(inp.carried)
         self._runner = LoopRunner(self, self._state, self._spec.session_id)
         self._state = await self._runner.run(first)
@@ -393,6 +408,14 @@ class SessionWorkflow:
             out.append(MessageRef(m.uuid, digest) if digest else MessageRef(m.uuid, message=m))
         return tuple(out)
 
+    def _prefix(self, outgoing: Sequence[Message]) -> int:
+        """How many of the request's first messages are the previous request's (the worker that served
+        it keeps them): all of them when the history only grew since, else none."""
+        prev = self._chain
+        if not self._lean or len(prev) < _LEAN_MIN or len(outgoing) < len(prev):
+            return 0
+        return len(prev) if all(a is b for a, b in zip(prev, outgoing, strict=False)) else 0
+
     def _estimate(self, messages: Sequence[Message]) -> int:
         return phases.estimate(self._account, messages, self._setup.static_tokens)
 
@@ -449,14 +472,37 @@ class SessionWorkflow:
         n = self._request_no = self._requests
         self._requests += 1
         info, timing = workflow.info(), self._inp.timing
+        refs = self._refs(outgoing)
+        prefix = self._prefix(outgoing)
+        named = self._lean and bool(spec.trace_path)  # the spec by its digest: the set-up wrote it down
+        call = ModelCallInput(None if named else spec, info.workflow_id, info.run_id, n, model, self._setup.system,
+                              refs[prefix:], self._inp.live, lines, prefix,
+                              self._chain_digests[prefix - 1] if prefix else "",
+                              self._spec_digest if named else "", spec_file(spec.trace_path or "") if named else "")
+
+        async def request(inp: ModelCallInput) -> ModelCallOutcome:
+            return await self._activity(  # type: ignore[no-any-return]
+                "agentfsm.call_model", inp, ModelCallOutcome, timeout=timedelta(minutes=15),
+                heartbeat=timing.model_heartbeat_s, attempts=timing.model_attempts, stop="soft")
+
         try:
-            o: ModelCallOutcome = await self._activity(
-                "agentfsm.call_model",
-                ModelCallInput(spec, info.workflow_id, info.run_id, n, model, self._setup.system,
-                               self._refs(outgoing), self._inp.live, lines),
-                ModelCallOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
-                attempts=timing.model_attempts, stop="soft")
+            try:
+                o = await request(call)
+            except ActivityError as exc:
+                if not (prefix or named) or _error_type(exc) != SEND_WHOLE:
+                    raise
+                # another worker served the previous request, or the spec's file is gone: sent whole
+                prefix = 0
+                o = await request(attrs.evolve(call, spec=spec, messages=refs, prefix=0, prefix_digest="",
+                                               spec_digest="", spec_file=""))
             del self._pending[:len(lines)]  # written (the outcome is the activity's, after it wrote them)
+            if self._lean:
+                digests = self._chain_digests[:prefix]
+                last = digests[-1] if digests else ""
+                for ref in refs[prefix:]:
+                    last = chain_digest(last, ref)
+                    digests.append(last)
+                self._chain, self._chain_digests = outgoing, digests
         except _Stopped:
             self._given_up.add(n)
             return Aborted(tuple(b for shown in self._shown.get(n, {}).values() for b in shown))
@@ -481,7 +527,8 @@ class SessionWorkflow:
         assert o is not None
         if o.response is not None:
             phases.account_response(self._account, o.response, self._spec.model, self._request_messages)
-            return phases.stream_ended(o.response, json_schema=self._spec.json_schema is not None)
+            return phases.stream_ended(o.response, json_schema=self._spec.json_schema is not None,
+                                       cost_usd=self._account.cost_usd)
         assert o.error is not None
         if o.usage:  # the input was processed (and billed) even though the answer is lost
             self._account.spend(o.model or phases.model_for(self._spec.models, state), o.usage)
@@ -835,6 +882,14 @@ def _cause(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return str(exc) or type(exc).__name__
+
+
+def _error_type(exc: ActivityError) -> str | None:
+    """The application error type an activity failed with (None when it failed otherwise)."""
+    from temporalio.exceptions import ApplicationError
+
+    cause = exc.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
 
 
 def _failure(message: str) -> Exception:
