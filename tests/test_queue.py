@@ -407,7 +407,7 @@ async def test_post_tool_batch_hooks_run_for_a_finished_batch_and_not_for_an_int
     for interrupt in (False, True):
         seen: list[Any] = []
 
-        async def post_batch(inp: Any) -> None:
+        async def post_batch(inp: Any, seen: list[Any] = seen) -> None:
             seen.append(inp)
 
         gate = Gate()

@@ -76,3 +76,24 @@ async def test_a_timeout_around_a_run_still_times_out(tmp_path: Path) -> None:
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0
     await session.aclose()
+
+
+async def test_a_timeout_while_the_ended_run_waits_for_its_background_work_still_times_out(
+        tmp_path: Path) -> None:
+    """The run has ended (completed) and waits for a background command to report: a cancel then is
+    the caller's and goes through as a timeout; the ended run is not turned into an abort."""
+    background = {"blocks": [{"type": "tool_use", "id": "toolu_bg", "name": "Bash",
+                              "input": {"command": "sleep 30", "run_in_background": True}}], "stop_reason": "tool_use"}
+    answer = {"blocks": [{"type": "text", "text": "started it"}], "stop_reason": "end_turn"}
+    options = Options(tools=("Bash",), cwd=tmp_path, setting_sources=(), permission_mode="bypassPermissions",
+                      sessions_dir=tmp_path / "sessions")
+    shown: list[dict[str, Any]] = []
+    session = Session(options, client=ScriptedModel([background, answer]), emit=shown.append)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(3):
+            await session.run("go")
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    texts = [b.get("text") for m in shown if m.get("type") == "assistant" for b in m["message"]["content"]]
+    assert "started it" in texts  # the run had ended before the timeout
+    await session.aclose()
