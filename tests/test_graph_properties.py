@@ -67,6 +67,7 @@ REASONS: dict[str, frozenset[TerminalReason]] = {
                                T.TOOL_DEFERRED}),
     "prompt_blocked": frozenset({T.HOOK_STOPPED}),
     "refuse": frozenset({T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED}),
+    "over_budget": frozenset({T.BUDGET_EXHAUSTED}),
     "call_failed": frozenset({T.API_ERROR, T.MODEL_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR}),
     "end_turn": frozenset({T.COMPLETED}),
     "recovery_exhausted": frozenset({T.API_ERROR, T.MALFORMED_TOOL_USE_EXHAUSTED,
@@ -209,6 +210,14 @@ def _stream_ended(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[
 
 def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[str, Any]]:
     r = e.response
+    if lim.max_budget_usd is not None and e.cost_usd >= lim.max_budget_usd:
+        # over budget once the response is paid for: it is kept, none of its calls runs (each answered as
+        # not run), and the run ends, whatever the response was (Claude Code 2.1.332)
+        ids = [b["id"] for b in r.blocks if b.get("type") == "tool_use"]
+        closed = (Message("user", tuple(prompts.synthetic_block(i, "budget_exhausted") for i in ids),
+                          kind="tool_results"),) if ids else ()
+        return "over_budget", {"messages": _kept(s, r, *closed), "terminal_reason": T.BUDGET_EXHAUSTED,
+                               "terminal_detail": f"Reached maximum budget (${lim.max_budget_usd:g})"}
     if _dispatchable(r):
         return "dispatch", {}
     if r.stop_reason in ("max_tokens", "model_context_window_exceeded"):
@@ -438,7 +447,8 @@ def limits_st(draw: st.DrawFn) -> Limits:
                   stream_retries=draw(st.integers(0, 3)),
                   rapid_refill_turns=draw(st.integers(0, 3)),
                   rapid_refill_max=draw(st.integers(1, 3)),
-                  max_output_tokens=draw(st.integers(1, 64_000)))
+                  max_output_tokens=draw(st.integers(1, 64_000)),
+                  max_budget_usd=draw(st.sampled_from([None, None, 1.0])))
 
 
 def near(cap: int | None) -> st.SearchStrategy[int]:
@@ -553,7 +563,8 @@ def stream_ended_st(draw: st.DrawFn) -> StreamEnded:
     invalid = {b["id"]: "{bad" for b in blocks if b.get("id") == "toolu_2"}
     ids = tuple(b["id"] for b in blocks if b.get("name") == "StructuredOutput")
     return StreamEnded(ModelResponse(blocks, stop_reason, invalid_tool_inputs=invalid),
-                       json_schema=draw(st.booleans()), structured_output_ids=draw(st.sampled_from([(), ids])))
+                       json_schema=draw(st.booleans()), structured_output_ids=draw(st.sampled_from([(), ids])),
+                       cost_usd=draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])))
 
 
 @st.composite
@@ -847,7 +858,7 @@ def test_the_preflight_refuses_in_order(background: Any, budget: float | None, c
             assert refused == Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                                       else "Moved to the background before the next request")
         elif budget is not None and cost >= budget:
-            assert refused == Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${budget:g}); spent ${cost:.4f}")
+            assert refused == Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${budget:g})")
         elif t > window - buffer:
             assert refused is not None and refused.reason is T.BLOCKING_LIMIT
             assert f"about {t} tokens, over the blocking limit of {window - buffer}." in refused.detail
@@ -875,6 +886,12 @@ def _agrees(state: LoopState, event: CallFailed | Aborted, lim: Limits) -> str:
         assert does.shown is graph.Shown.WITHDRAW and does.close_calls is not None
         assert graph.shown_results(step, event) == ()
         assert all(b not in m.content for m in step.state.messages for b in event.shown)
+    elif step.trigger == "max_output_tokens_recovery":
+        # an error event after a complete text and no call (overloaded_error, api_error): the text is kept as
+        # shown and the model asked to resume from it (Claude Code 2.1.332); there is no call to pair
+        assert isinstance(event, CallFailed) and event.error.kind in ("overloaded", "stream_api_error")
+        assert does.shown is graph.Shown.KEEP and not shown_ids and graph.shown_results(step, event) == ()
+        assert step.state.messages[-2].content == event.shown
     else:
         assert does.shown is graph.Shown.PAIR and does.close_calls is not None
         results = graph.shown_results(step, event)

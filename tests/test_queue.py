@@ -374,3 +374,25 @@ def test_cli_stream_json_input_errors(tmp_path: Path) -> None:
     # nothing asked, nothing answered: Claude Code exits 0 without a line of output
     empty = run("\n")
     assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "")
+
+
+async def test_input_absorbed_into_a_request_counts_toward_its_blocking_limit(tmp_path: Path) -> None:
+    """Input queued during a tool is part of the next request, so it is part of the estimate that
+    decides whether the request may be sent at all: a paste that pushes the request past the blocking
+    limit ends the run as "prompt too long" instead of being sent."""
+    limits = Limits(context_window=20_000, blocking_buffer=3_000, auto_compact=False)
+    for paste, sent in (("SHORT_PASTE", 2), ("BIG_PASTE " * 12_000, 1)):
+        gate = Gate()
+        model = ScriptedModel([SLOW_CALL, {"blocks": [{"type": "text", "text": "DONE"}]}])
+        session = Session(options(tmp_path / str(sent), gate.tool, limits=limits), client=model)
+        run = asyncio.ensure_future(session.run("start"))
+        await asyncio.wait_for(gate.started.wait(), 5)
+        session.submit(paste)
+        gate.release.set()
+        result = await asyncio.wait_for(run, 10)
+        await session.aclose()
+        assert len(model.bodies) == sent, paste[:20]
+        if sent == 1:
+            assert result.is_error and "Prompt is too long" in str(result.result), result
+        else:
+            assert result.result == "DONE"

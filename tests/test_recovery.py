@@ -415,6 +415,17 @@ async def test_a_json_schema_that_is_not_one_fails_the_turn_setup(tmp_path: Path
     assert "JSON schema" in result.errors[0]
 
 
+async def test_an_object_schema_without_a_type_is_not_wrapped(tmp_path: Path) -> None:
+    """A schema that says what an object holds (``properties`` or only ``required``) without
+    ``"type": "object"`` is an object schema: the tool's input is the answer itself, not ``{"output": ...}``."""
+    for schema in ({"required": ["answer"]}, {"properties": {"answer": {"type": "string"}}}):
+        result, model, _ = await run_session(tmp_path, [structured("s1", {"answer": "42"})], Limits(),
+                                             json_schema=schema)
+        offered = next(t for t in model.requests[0].tools if t["name"] == "StructuredOutput")
+        assert offered["input_schema"] == schema
+        assert result.terminal_reason is TerminalReason.COMPLETED and result.structured_output == {"answer": "42"}
+
+
 async def test_array_schemas_are_wrapped_for_the_tool_input(tmp_path: Path) -> None:
     schema = {"type": "array", "items": {"type": "string"}}
     result, model, _ = await run_session(tmp_path, [structured("s1", {"output": ["a", "b"]})], Limits(),

@@ -144,11 +144,13 @@ class CallFailed:
 @attrs.frozen
 class StreamEnded:
     """The response ended (``message_stop``). ``json_schema``: the run must end with a call of the
-    structured-output tool (``--json-schema``); ``structured_output_ids``: this response's calls of it."""
+    structured-output tool (``--json-schema``); ``structured_output_ids``: this response's calls of it;
+    ``cost_usd``: what the run has spent, this response included (checked against ``max_budget_usd``)."""
 
     response: ModelResponse
     json_schema: bool = False
     structured_output_ids: tuple[str, ...] = ()
+    cost_usd: float = 0.0
 
 
 @attrs.frozen

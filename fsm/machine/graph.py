@@ -153,6 +153,8 @@ def _edge(trigger: str, sources: tuple[Phase, ...] | Phase, dest: Phase, kind: s
 # The consequences edges share. A response that ended without dispatching discards whatever its
 # executor started (the calls were shown as they streamed; their results never reach history).
 _ENDED = Does(close_calls="discarded")
+# the calls of a response that ended over budget never run
+BUDGET_CLOSED = "budget_exhausted"
 # Asked for again (or replaced by a compaction): nothing of the broken response is kept.
 _AGAIN = Does(Shown.WITHDRAW, close_calls=prompts.STREAMING_FALLBACK)
 
@@ -199,6 +201,9 @@ EDGES: tuple[Edge, ...] = (
           "the turn could not be prepared (a resumed deferred call may be deferred again)",
           T.TURN_SETUP_FAILED, T.RAPID_REFILL_BREAKER, T.TOOL_DEFERRED_UNAVAILABLE, T.TOOL_DEFERRED),
     _edge("prompt_blocked", A, X, "terminal", "a UserPromptSubmit hook blocked the prompt", T.HOOK_STOPPED),
+    _edge("over_budget", S, X, "terminal",
+          "the response ended with the run's spend at --max-budget-usd; none of its calls runs", T.BUDGET_EXHAUSTED,
+          does=Does(close_calls=BUDGET_CLOSED)),
     _edge("refuse", C, X, "terminal", "preflight refused the request",
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
     _edge("call_failed", (C, S), X, "terminal", "the model call failed and cannot be recovered",
@@ -356,6 +361,14 @@ def cut_after_text(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
     return (s.phase is S and e.error.kind in ("overloaded", "stream_api_error") and bool(shown)
             and any(b.get("type") == "text" and str(b.get("text", "")).strip() for b in shown)
             and not any(b.get("type") == "tool_use" for b in shown))
+
+
+@_named("over_budget")
+def over_budget(_s: LoopState, e: StreamEnded, lim: Limits) -> bool:
+    """The run's spend, this response included, reached ``max_budget_usd``: Claude Code 2.1.332 ends the
+    run there (``error_max_budget_usd``), whatever the response was, before any tool call of it runs
+    (docs/conform.md)."""
+    return lim.max_budget_usd is not None and e.cost_usd >= lim.max_budget_usd
 
 
 @_named("stream_retry_left")
@@ -650,6 +663,16 @@ def max_tokens_recovery(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[s
                    "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1})
 
 
+def budget_spent(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]:
+    """The response is kept; its calls, which never run, are answered with a synthetic result so the history
+    stays pairable (Claude Code 2.1.332 leaves them unanswered in its transcript)."""
+    ids = e.response.as_message().tool_use_ids()
+    closed = (Message("user", tuple(prompts.synthetic_block(i, BUDGET_CLOSED) for i in ids), kind="tool_results"),
+              ) if ids else ()
+    return _ended({"messages": _kept(s, e, *closed), "terminal_reason": T.BUDGET_EXHAUSTED,
+                   "terminal_detail": prompts.budget_reached(lim.max_budget_usd or 0.0)})
+
+
 def max_tokens_exhausted(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]:
     return _ended({"messages": _kept(s, e), "terminal_reason": T.API_ERROR,
                    "terminal_detail": prompts.MAX_TOKENS_EXHAUSTED.format(n=lim.max_output_tokens)})
@@ -848,6 +871,7 @@ ROUTES: tuple[Route, ...] = (
     _route((C, S), CallFailed, compacted_after_prompt_too_long, "reactive_compact_retry", reactive_compacted),
     _route((C, S), CallFailed, None, "call_failed", call_failed),
     # the response ended
+    _route(S, StreamEnded, over_budget, "over_budget", budget_spent),
     _route(S, StreamEnded, has_tool_calls, "dispatch", dispatching),
     _route(S, StreamEnded, stop_reason_is("max_tokens", "model_context_window_exceeded")
            & under_cap("max_output_tokens_recovery_count"), "max_output_tokens_recovery", max_tokens_recovery),
@@ -1342,8 +1366,7 @@ def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: 
         return Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                        else "Moved to the background before the next request")
     if limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd:
-        return Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${limits.max_budget_usd:g}); "
-                                           f"spent ${cost_usd:.4f}")
+        return Refused(T.BUDGET_EXHAUSTED, prompts.budget_reached(limits.max_budget_usd))
     if tokens > limits.blocking_limit:
         return Refused(T.BLOCKING_LIMIT, f"Prompt is too long: about {tokens} tokens, over the blocking limit "
                                          f"of {limits.blocking_limit}. Compact the conversation or start a new one.")

@@ -6,7 +6,9 @@ they reach the model but are not mistaken for something the user typed.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import Any
 
 from agentfsm.machine.state import Message
@@ -83,7 +85,29 @@ COMPACT_SUMMARY_PREFIX = (
     "The summary below covers the earlier portion of the conversation.\n\n"
 )
 MAX_TOKENS_EXHAUSTED = "Claude's response exceeded the {n} output token maximum. Ask for a shorter answer."
+# --max-budget-usd, in Claude Code 2.1.332's words: the reminder riding with the prompt, and the error
+BUDGET_REMINDER = "USD budget: ${used}/${total}; ${remaining} remaining"
+BUDGET_REACHED = "Reached maximum budget (${total})"
 STOP_HOOK_CAP_WARNING = "Stop hook blocked {n} times in a row; overriding the block and ending the turn."
+
+
+def usd(amount: float) -> str:
+    """An amount as Claude Code writes it in the budget texts (a JavaScript number: ``0``, ``0.0001``,
+    ``1.5``; no exponent above a millionth)."""
+    if amount == int(amount) and abs(amount) < 1e15:
+        return str(int(amount))
+    text = repr(float(amount))
+    if "e" in text and 1e-6 <= abs(amount) < 1:
+        text = format(Decimal(text), "f")
+    return re.sub(r"e([+-])0*(\d)", r"e\1\2", text)
+
+
+def budget_reminder(used: float, total: float) -> str:
+    return reminder(BUDGET_REMINDER.format(used=usd(used), total=usd(total), remaining=usd(total - used)))
+
+
+def budget_reached(total: float) -> str:
+    return BUDGET_REACHED.format(total=usd(total))
 
 
 def reminder(text: str) -> str:

@@ -52,6 +52,7 @@ import attrs
 from agentfsm.auditing.checks import Finding
 from agentfsm.auditing.claude_code.identity import drop_copies, group_messages
 from agentfsm.auditing.claude_code.items import (
+    BUDGET_ERROR,
     CHECKED_VERSIONS,
     CLAUDE_CODE_LIMITS,
     MAX_TURNS_ERROR,
@@ -109,7 +110,10 @@ def _version(records: Sequence[tuple[int, Mapping[str, Any]]], source: str) -> s
 
 
 def _limits(records: Sequence[tuple[int, Mapping[str, Any]]], base: Limits) -> Limits:
-    """The caps the run was under: Claude Code's, with max_turns where the input states it."""
+    """The caps the run was under: Claude Code's, with max_turns and max_budget_usd where the input states
+    them."""
+    if base.max_budget_usd is None:
+        base = attrs.evolve(base, max_budget_usd=_budget(records))
     for _, rec in records:
         att = rec.get("attachment")
         if isinstance(att, Mapping) and att.get("type") == "max_turns_reached" and isinstance(att.get("maxTurns"), int):
@@ -120,6 +124,20 @@ def _limits(records: Sequence[tuple[int, Mapping[str, Any]]], base: Limits) -> L
                 if m:
                     return attrs.evolve(base, max_turns=int(m.group(1)))
     return base
+
+
+def _budget(records: Sequence[tuple[int, Mapping[str, Any]]]) -> float | None:
+    """--max-budget-usd: a transcript's budget_usd attachment, or a stream-json result that stopped at it."""
+    for _, rec in records:
+        att = rec.get("attachment")
+        if isinstance(att, Mapping) and att.get("type") == "budget_usd" and isinstance(att.get("total"), int | float):
+            return float(att["total"])
+        if rec.get("type") == "result" and rec.get("subtype") == "error_max_budget_usd":
+            for err in rec.get("errors") or ():
+                m = BUDGET_ERROR.search(str(err))
+                if m:
+                    return float(m.group(1))
+    return None
 
 
 def _json_schema(records: Sequence[tuple[int, Mapping[str, Any]]]) -> bool:

@@ -52,6 +52,7 @@ PROMPT_BLOCKED = "UserPromptSubmit operation blocked by hook"
 COMPACT_SUMMARY_START = "This session is being continued from a previous conversation"
 STOP_CAP_NOTICE = "blocked the turn from ending"
 MAX_TURNS_ERROR = re.compile(r"maximum number of turns \((\d+)\)")
+BUDGET_ERROR = re.compile(r"Reached maximum budget \(\$([0-9.e+-]+)\)")
 
 
 @attrs.frozen

@@ -49,6 +49,8 @@ TRANSCRIPT_SYSTEM: Mapping[str, tuple[str, str]] = {
 
 ATTACHMENTS: Mapping[str, tuple[str, str]] = {
     "max_turns_reached": (EVENT, "the run stopped at max_turns"),
+    "budget_usd": (EVENT, "the run's --max-budget-usd (and what was spent): its cost-state then says whether it "
+                          "stopped over budget"),
     "hook_stopped_continuation": (IGNORED, "a Stop hook's continue:false; the stop_hook_summary is the event"),
     "hook_additional_context": (IGNORED, "a hook's additionalContext; the stop_hook_summary carries it"),
     "hook_success": (IGNORED, "a hook's output"),

@@ -156,6 +156,8 @@ class StreamWalker(Walker):
                 and rec.get("result") == ""):
             self.on_empty_answer(line, "a success with an empty result and no answer shown since the last "
                                        "request: read as an empty answer")
+        if reason == "budget_exhausted" and isinstance(rec.get("total_cost_usd"), int | float):
+            self.on_over_budget(line, float(rec["total_cost_usd"]))
         self.finish(line, str(reason) if reason else "unknown", rec.get("stop_reason"))
         self.items.append(RunEnd(line, str(reason) if reason else None))
 

@@ -42,6 +42,7 @@ class TranscriptWalker(Walker):
         self.retry_errors: list[tuple[int, Mapping[str, Any]]] = []  # system api_error records since the request
         self.has_requests = True
         self.process_ended = False  # a cost-state record: a later prompt is another client process's
+        self.budget_usd: float | None = None  # the run's --max-budget-usd (its budget_usd attachment)
 
     def walk(self, numbered: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
         # older clients wrote no request records: then a response's first block stands for its request
@@ -103,7 +104,12 @@ class TranscriptWalker(Walker):
                                                           "error before any content); read as stream_retry")
 
     def _cost_state(self, line: int, rec: Mapping[str, Any]) -> None:
-        # the client's last record of a run: a request still unanswered here was answered with nothing
+        # the client's last record of a run: a request still unanswered here was answered with nothing;
+        # a response still open with the spend at the budget is where the run stopped over budget
+        cost = rec.get("totalCostUSD")
+        if (self.budget_usd is not None and isinstance(cost, int | float) and cost >= self.budget_usd
+                and self.phase is Phase.STREAM):
+            self.on_over_budget(line, float(cost))
         if self.phase is Phase.CALL_MODEL and self.request is not None:
             self.on_empty_answer(line, "the last request has no answer and the run ended: read as an empty answer")
         self.process_ended = True
@@ -173,6 +179,8 @@ class TranscriptWalker(Walker):
             self.fact(line, str(kind), str(att.get("commandMode") or ""))
         elif kind == "max_turns_reached":
             self.on_max_turns(line)
+        elif kind == "budget_usd" and isinstance(att.get("total"), int | float):
+            self.budget_usd = float(att["total"])
 
     def _system(self, line: int, rec: Mapping[str, Any]) -> None:
         sub = rec.get("subtype")

@@ -227,7 +227,7 @@ class Walker:
         return self.response
 
     def end_response(self, line: int, trigger: str | None, *, stop_reason: str | None = None,
-                     json_schema: bool | None = None) -> None:
+                     json_schema: bool | None = None, cost_usd: float = 0.0) -> None:
         """The streamed response ends (``StreamEnded``), taking ``trigger``."""
         r = self.response
         if r is None:  # a response the client did not write (a retracted malformed answer)
@@ -244,8 +244,8 @@ class Walker:
                       "(a response that calls tools stops with tool_use, or is cut at max_tokens); its tools were "
                       "run")
         response = ModelResponse(tuple(r.blocks), stop_reason or r.stop_reason or "end_turn", model=r.model)
-        self.emit(line, StreamEnded(response, json_schema=json_schema, structured_output_ids=r.structured_ids()),
-                  trigger)
+        self.emit(line, StreamEnded(response, json_schema=json_schema, structured_output_ids=r.structured_ids(),
+                                    cost_usd=cost_usd), trigger)
         message = r.message()
         for u in r.uuids:
             self.messages_by_uuid[u] = message
@@ -524,6 +524,13 @@ class Walker:
             self.pending_compaction = compaction
 
     # -- the end ------------------------------------------------------------------------------------
+
+    def on_over_budget(self, line: int, cost_usd: float) -> None:
+        """The client ended the run over its --max-budget-usd (spent ``cost_usd``) right after a response: the
+        response takes ``over_budget``; none of its tool calls ran."""
+        r = self.response
+        if self.phase is Phase.STREAM and r is not None:
+            self.end_response(r.last_line, "over_budget", cost_usd=cost_usd)
 
     def finish(self, line: int, terminal_reason: str | None = None, stop_reason: str | None = None) -> None:
         """The run's records end (end of input, a new prompt, a stream-json result)."""
