@@ -12,6 +12,8 @@ import os
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
+import attrs
+
 from agentfsm.tools.bash import segment_read_only
 from agentfsm.tools.shell import Analysis
 
@@ -51,16 +53,25 @@ def edits_inside(analysis: Analysis, dirs: Sequence[Path]) -> bool:
     return bool(writes) and all(p.path is not None and _inside(p.path, dirs) for p in writes)
 
 
-def approval_text(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[str] = (), *,
-                  redirections_only: bool = False) -> str:
-    """Why the command needs approval, in Claude Code's words: the first file it would write (inside
-    or outside the working directories), or a file a file editor (``cp``, ``mv``…) reads from outside
-    them, other than by a program an allow rule already approves (``allowed``), else that it cannot
-    be classified. ``redirections_only``: only an output redirection is named. Paths are shown as
-    Claude Code shows them: ``..`` folded, symlinks resolved."""
+@attrs.frozen
+class Subject:
+    """What a command's approval text names: ``what`` (``Output redirection to`` or ``PROGRAM in``), the
+    path as Claude Code shows it (``..`` folded, symlinks resolved), and whether it is inside the
+    working directories."""
+
+    what: str
+    path: str
+    inside: bool
+
+
+def approval_subject(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[str] = (), *,
+                     redirections_only: bool = False) -> Subject | None:
+    """The first file the command would write (inside or outside the working directories), or a file
+    a file editor (``cp``, ``mv``…) reads from outside them, other than by a program an allow rule
+    already approves (``allowed``); None when there is none or the command cannot be classified.
+    ``redirections_only``: only an output redirection is named."""
     if not _followed(analysis):
-        return UNCLASSIFIED
-    shown = ", ".join(f"'{d}'" for d in dirs)
+        return None
     for use in analysis.paths:
         redirection = use.why.startswith("redirection")
         if use.path is None or (redirections_only and not redirection):
@@ -70,12 +81,23 @@ def approval_text(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[
             continue
         if not redirection and program in allowed:
             continue
-        path = os.path.realpath(use.path)
-        what = f"Output redirection to '{path}'" if redirection else f"{program} in '{path}'"
-        if use.access == "write" and _inside(use.path, dirs):
-            return (f"{what} needs approval. The path is inside the working directories for this session "
-                    f"({shown}), and Claude Code asks before a shell command creates, changes or removes "
-                    "files there.")
-        return (f"{what} needs approval. The path is outside the working directories for this session "
-                f"({shown}). Allowing runs the command as written.")
-    return UNCLASSIFIED
+        what = "Output redirection to" if redirection else f"{program} in"
+        return Subject(what, os.path.realpath(use.path), use.access == "write" and _inside(use.path, dirs))
+    return None
+
+
+def approval_text(analysis: Analysis, dirs: Sequence[Path], allowed: Collection[str] = (), *,
+                  redirections_only: bool = False) -> str:
+    """Why the command needs approval, in Claude Code's words: what :func:`approval_subject` names,
+    else that it cannot be classified."""
+    subject = approval_subject(analysis, dirs, allowed, redirections_only=redirections_only)
+    if subject is None:
+        return UNCLASSIFIED
+    shown = ", ".join(f"'{d}'" for d in dirs)
+    what = f"{subject.what} '{subject.path}'"
+    if subject.inside:
+        return (f"{what} needs approval. The path is inside the working directories for this session "
+                f"({shown}), and Claude Code asks before a shell command creates, changes or removes "
+                "files there.")
+    return (f"{what} needs approval. The path is outside the working directories for this session "
+            f"({shown}). Allowing runs the command as written.")

@@ -19,7 +19,7 @@ is not static, a relative path after a ``cd`` the analysis could not follow) is 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -166,6 +166,7 @@ class Outside:
     program: str | None
     path: str | None
     verb: str | None
+    command: Command | None = attrs.field(default=None, eq=False, repr=False)
 
     def text(self, dirs: Sequence[Path]) -> str:
         shown = ", ".join(f"'{d}'" for d in dirs)
@@ -291,7 +292,8 @@ def shown(path: str) -> str:
     return os.path.realpath(path)
 
 
-def _command_outside(command: Command, cwd: str, dirs: Sequence[Path], home: str | None) -> Outside | None:
+def _command_outside(command: Command, cwd: str, dirs: Sequence[Path], home: str | None,
+                     covered: Callable[[str], bool]) -> Outside | None:
     program = command.program
     if program is None:
         return None
@@ -307,7 +309,7 @@ def _command_outside(command: Command, cwd: str, dirs: Sequence[Path], home: str
         return None
     verb = reach.verb if reach is not None else None
     if reach is not None and reach.operands == "cd" and "-" in command.argv[1:]:
-        return Outside(program, None, None)  # back to $OLDPWD: where that is is not known
+        return Outside(program, None, None, command)  # back to $OLDPWD: where that is is not known
     for spot in path_words(program, command.argv, reach):
         if isinstance(spot, str):
             # a default operand, placed as the command's own would be (`cd` alone goes home)
@@ -324,18 +326,24 @@ def _command_outside(command: Command, cwd: str, dirs: Sequence[Path], home: str
                 targets = operand_paths(command, spot, cwd, home)
         for path, is_glob in targets:
             if path is None:
-                return Outside(program, None, None)  # a place not known before it runs: asks
+                return Outside(program, None, None, command)  # a place not known before it runs: asks
             where = _fixed(path) if is_glob else path
-            if not inside(where, dirs):
-                return Outside(program, shown(where), verb)
+            if not inside(where, dirs) and not covered(where):
+                return Outside(program, shown(where), verb, command)
     return None
 
 
-def outside(analysis: Analysis, cwd: Path | str, dirs: Sequence[Path], home: str | None = None) -> Outside | None:
+def _nothing(path: str) -> bool:
+    return False
+
+
+def outside(analysis: Analysis, cwd: Path | str, dirs: Sequence[Path], home: str | None = None,
+            covered: Callable[[str], bool] = _nothing) -> Outside | None:
     """The first file a command reads, lists or changes into outside ``dirs`` (see the module doc),
-    else an input redirection from outside, else None."""
+    else an input redirection from outside, else None. ``covered``: a path outside that a rule lets
+    the session read anyway (a ``Read(//elsewhere/**)`` allow rule)."""
     for command in analysis.commands:
-        found = _command_outside(command, str(cwd), dirs, home)
+        found = _command_outside(command, str(cwd), dirs, home, covered)
         if found is not None:
             return found
     for use in analysis.paths:
@@ -343,6 +351,6 @@ def outside(analysis: Analysis, cwd: Path | str, dirs: Sequence[Path], home: str
             if use.path is None:
                 return Outside(None, None, None)
             where = _fixed(use.path) if use.glob else use.path
-            if not inside(where, dirs):
+            if not inside(where, dirs) and not covered(where):
                 return Outside(None, shown(where), None)
     return None

@@ -39,6 +39,48 @@ def _rule_path(path: str) -> str:
     return "/" + path
 
 
+SEARCH_TOOLS = frozenset({"Glob", "Grep"})
+
+
+def _real_paths(path: str) -> list[str]:
+    """``path`` and, when a symlink takes it elsewhere, where it resolves."""
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return [path]
+    return [path] if real == path else [path, real]
+
+
+def _shell_context(policy: PermissionPolicy, tool: Tool, command: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(blocked path, suggestions) for a shell command, as Claude Code gives them: one that reads, lists or
+    changes into a place outside the working directories offers the command as a rule and reads under
+    that place (a part of a pipeline names no blocked path); one that writes outside, or copies from
+    outside, offers the command, the directory and accepting edits."""
+    from agentfsm.hooks.bash_approval import approval_subject
+    from agentfsm.tools.shell import analyse
+
+    itself = {"type": "addRules", "rules": [{"toolName": tool.name, "ruleContent": command}], "behavior": "allow",
+              "destination": "localSettings"}
+    found = policy.bash_outside(tool, {"command": command})
+    place: str | None = found.path if found is not None else None
+    if place is None:
+        subject = approval_subject(analyse(command, str(policy.cwd)), policy.working_dirs)
+        if subject is not None and not subject.inside:
+            return subject.path, [itself, {"type": "addDirectories", "directories": [os.path.dirname(subject.path)],
+                                           "destination": "session"},
+                                  *([{"type": "setMode", "mode": "acceptEdits", "destination": "session"}]
+                                    if policy.mode == "default" else [])]
+        raw = policy.outside_read(tool, {"command": command})
+        place = os.path.realpath(raw) if raw not in (None, "?") else None
+    if place is None:
+        return None, []
+    folder = place if os.path.isdir(place) else os.path.dirname(place)
+    blocked = None if found is not None and found.command is not None and found.command.pipeline else place
+    return blocked, [itself, {"type": "addRules", "rules": [{"toolName": "Read", "ruleContent":
+                                                             _rule_path(folder.rstrip("/")) + "/**"}],
+                              "behavior": "allow", "destination": "session"}]
+
+
 def prompt_context(policy: PermissionPolicy, tool: Tool, tool_input: Mapping[str, Any],
                    decision: PermissionDecision, hook_reason: str = "") -> dict[str, Any]:
     """``suggestions``, ``description`` and ``decision_reason`` for the question ``decision`` asks,
@@ -47,7 +89,7 @@ def prompt_context(policy: PermissionPolicy, tool: Tool, tool_input: Mapping[str
     file's directory; a write in the default mode suggests accepting edits for the session (and,
     outside the working directories, adding the file's directory); plan mode suggests nothing; a
     shell command is described by its ``description``."""
-    from agentfsm.hooks.permissions import EDIT_TOOLS, _file_subject, _inside, _tool_names
+    from agentfsm.hooks.permissions import EDIT_TOOLS, _file_subject, _inside, _through_link, _tool_names
 
     subject = _file_subject(tool, tool_input, policy.cwd)
     description: str | None = None
@@ -55,35 +97,45 @@ def prompt_context(policy: PermissionPolicy, tool: Tool, tool_input: Mapping[str
     reason: str | None = hook_reason or None if decision.decided_by == "hook" else None
     blocked: str | None = None
     if subject is None:
-        # a shell command is described by its own description, when the model gave one
+        # a shell command is described by its own description, else by the command (Claude Code)
         given = tool_input.get("description")
-        description = given if isinstance(given, str) and given else None
         command = tool_input.get("command")
-        blocked = policy.outside_read(tool, tool_input) if "Bash" in _tool_names(tool) else None
-        if blocked is not None and isinstance(command, str):
-            # the command itself (a settings rule, as Claude Code offers it) or reads under the directory
-            suggestions += [{"type": "addRules", "rules": [{"toolName": tool.name, "ruleContent": command}],
-                             "behavior": "allow", "destination": "localSettings"},
-                            {"type": "addRules", "rules": [{"toolName": "Read", "ruleContent":
-                                _rule_path(os.path.dirname(blocked).rstrip("/")) + "/**"}],
-                             "behavior": "allow", "destination": "session"}]
+        description = given if isinstance(given, str) and given else None
+        if "Bash" in _tool_names(tool) and isinstance(command, str):
+            description = description or command
+            blocked, suggestions = _shell_context(policy, tool, command)
     else:
         path, _access, tree = subject
         inside = _inside([path], policy.working_dirs)
-        description = os.path.relpath(path, policy.cwd) if _inside([path], [policy.cwd]) else path
+        names = _tool_names(tool)
+        pattern = tool_input.get("pattern")
+        if names & SEARCH_TOOLS and isinstance(pattern, str):
+            description = pattern  # a search is described by what it looks for
+        else:
+            description = os.path.relpath(path, policy.cwd) if _inside([path], [policy.cwd]) else path
         folder = path if tree or os.path.isdir(path) else os.path.dirname(path)
+        real = _through_link(_real_paths(path), policy.working_dirs)
+        real_folder = None
+        if real is not None:
+            # inside as written, outside where a symlink takes it: said, and both places offered
+            blocked = real
+            real_folder = real if tree or os.path.isdir(real) else os.path.dirname(real)
+            if reason is None:
+                reason = (f"{path} resolves through a symlink to {real}, which is outside the allowed working "
+                          "directories")
         if not inside and reason is None:
             reason = OUTSIDE_REASON
         if policy.reads_outside(tool, tool_input):
-            suggestions.append({"type": "addRules", "rules": [
-                {"toolName": tool.name, "ruleContent": _rule_path(folder.rstrip("/")) + "/**"}],
-                "behavior": "allow", "destination": "session"})
-        elif _tool_names(tool) & EDIT_TOOLS and policy.mode in ("default", "acceptEdits") \
+            suggestions += [{"type": "addRules", "rules": [{"toolName": "Read", "ruleContent":
+                                                            _rule_path(f.rstrip("/")) + "/**"}],
+                             "behavior": "allow", "destination": "session"} for f in (folder, real_folder) if f]
+        elif names & EDIT_TOOLS and policy.mode in ("default", "acceptEdits") \
                 and decision.decided_by == "mode":
             if policy.mode == "default":
                 suggestions.append({"type": "setMode", "mode": "acceptEdits", "destination": "session"})
-            if not inside:
-                suggestions.append({"type": "addDirectories", "directories": [folder], "destination": "session"})
+            if not inside or real_folder is not None:
+                suggestions.append({"type": "addDirectories", "directories": [d for d in (folder, real_folder) if d],
+                                    "destination": "session"})
     return {"suggestions": tuple(suggestions), "description": description, "decision_reason": reason,
             "blocked_path": blocked}
 

@@ -43,6 +43,7 @@ from agentfsm.hooks.bash_policy import (
 )
 from agentfsm.hooks.file_access import PathChecker, PolicyFileAccess, path_rule_matches
 from agentfsm.tools.base import Access, Tool
+from agentfsm.tools.bash import segment_read_only
 from agentfsm.tools.pathmatch import has_magic
 from agentfsm.tools.shell import analyse
 
@@ -689,14 +690,52 @@ class PermissionPolicy:
 
     def bash_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> bash_boundary.Outside | None:
         """Where a shell command reads, lists or changes into a place outside the working directories
-        (:mod:`agentfsm.hooks.bash_boundary`), or None. A command line that holds a carriage return is
-        outside (what its words are is unsure)."""
+        (:mod:`agentfsm.hooks.bash_boundary`) that no Read allow rule covers, or None. A command line
+        that holds a carriage return is outside (what its words are is unsure)."""
         command = tool_input.get("command")
         if "Bash" not in _tool_names(tool) or not isinstance(command, str):
             return None
         if "\r" in command:
             return bash_boundary.Outside(None, None, None)
-        return bash_boundary.outside(analyse(command, str(self.cwd)), self.cwd, self.working_dirs)
+        return bash_boundary.outside(analyse(command, str(self.cwd)), self.cwd, self.working_dirs,
+                                     covered=self._read_allowed)
+
+    def _read_allowed(self, path: str) -> bool:
+        """A Read allow rule covers ``path``, as written and resolved (it is then readable outside)."""
+        rules = [r for r in self.allow if r.tool == "Read" and r.specifier is not None]
+        if not rules:
+            return False
+        names = {os.path.normpath(path), os.path.realpath(path)}
+        return all(any(path_rule_matches(r.specifier or "", n, self.cwd, r.root) for r in rules) for n in names)
+
+    def _bash_ask_text(self, tool: Tool, command: str) -> str:
+        """Claude Code's text for a shell command that needs approval: an output redirection first,
+        then a place outside the working directories it reads, lists or changes into, then what it
+        writes, else that it cannot be classified; what a part of a pipeline needs is said of that
+        part."""
+        analysis = analyse(command, str(self.cwd))
+        specs = [r.specifier for r in self.allow if r.specifier is not None and r.names_tool(tool)]
+        # the parts an allow rule approves are not what needs approval: name another
+        allowed = {c.program for c in analysis.commands if c.program and c.text
+                   and any(spec_matches(sp, c.text) for sp in specs)}
+        text = approval_text(analysis, self.working_dirs, allowed, redirections_only=True)
+        if text != UNCLASSIFIED:
+            return text
+        found = bash_boundary.outside(analysis, self.cwd, self.working_dirs, covered=self._read_allowed)
+        if found is not None:
+            part = found.command
+        else:
+            text = approval_text(analysis, self.working_dirs, allowed)
+            named = text.split(" in '", 1)[0] if " in '" in text else None
+            part = next((c for c in analysis.commands if named and c.program == named and c.pipeline), None)
+            if text == UNCLASSIFIED:
+                # a part of a pipeline that is not read-only (`cat a | python3 -c …`) is what needs approval
+                part = next((c for c in analysis.commands if c.pipeline and c.part and not segment_read_only(c.argv)),
+                            None)
+        if part is not None and part.pipeline and part.text:
+            return ("This Bash command contains multiple operations. The following part requires approval: "
+                    f"{part.text}")
+        return found.text(self.working_dirs) if found is not None else text
 
     def _read_only_outside(self, tool: Tool, tool_input: Mapping[str, Any]) -> str | None:
         """Claude Code's text for a read-only call that reaches outside the working directories, or
@@ -704,7 +743,7 @@ class PermissionPolicy:
         if "Bash" in _tool_names(tool):
             found = self.bash_outside(tool, tool_input)
             if found is not None:
-                return found.text(self.working_dirs)
+                return self._bash_ask_text(tool, str(tool_input.get("command")))
             # a read the table does not place (a program run in a directory: `git -C ../x log`)
             command = tool_input.get("command")
             for use in analyse(str(command), str(self.cwd)).reads():
@@ -765,7 +804,7 @@ class PermissionPolicy:
         if paths:
             return f"Cannot write to {paths[0]} while in plan mode."
         if "Bash" in names and isinstance(tool_input.get("command"), str):
-            return approval_text(analyse(tool_input["command"], str(self.cwd)), self.working_dirs)
+            return self._bash_ask_text(tool, tool_input["command"])
         return f"{tool.name} is not available in plan mode: only read-only tools may run until the plan is approved."
 
     @property
@@ -780,19 +819,8 @@ class PermissionPolicy:
             return PermissionDecision("ask", requested("write", paths[0], _through_link(paths, self.working_dirs)),
                                       None, "mode", bare=True)
         if "Bash" in names and isinstance(tool_input.get("command"), str):
-            analysis = analyse(tool_input["command"], str(self.cwd))
-            specs = [r.specifier for r in self.allow if r.specifier is not None and r.names_tool(tool)]
-            # the parts an allow rule approves are not what needs approval: name another
-            allowed = {c.program for c in analysis.commands if c.program and c.text
-                       and any(spec_matches(sp, c.text) for sp in specs)}
-            # Claude Code names an output redirection first, then a place outside the working
-            # directories the command reads, lists or changes into, then what it writes
-            text = approval_text(analysis, self.working_dirs, allowed, redirections_only=True)
-            if text == UNCLASSIFIED:
-                found = bash_boundary.outside(analysis, self.cwd, self.working_dirs)
-                text = (found.text(self.working_dirs) if found is not None
-                        else approval_text(analysis, self.working_dirs, allowed))
-            return PermissionDecision("ask", text, None, "mode", bare=True)
+            return PermissionDecision("ask", self._bash_ask_text(tool, tool_input["command"]), None, "mode",
+                                      bare=True)
         return PermissionDecision("ask", f"{tool.name} needs approval in permission mode {self.mode}.",
                                   None, "mode")
 
@@ -818,6 +846,13 @@ class PermissionPolicy:
                                       None, "hook", bare=bool(hook_reason))
         if hook_decision == "allow":
             return PermissionDecision("allow", hook_reason, None, "hook")
+        found = self.bash_outside(tool, tool_input) if self.mode != "bypassPermissions" else None
+        if found is not None and found.path is not None:
+            # a place outside the working directories asks even when a Bash allow rule names the
+            # program (`Bash(cat:*)` is not `cat` anywhere): Claude Code. (A place not known before
+            # the command runs is left to the rules: `git diff $(git status)` as they approve it.)
+            return PermissionDecision("ask", self._bash_ask_text(tool, str(tool_input.get("command"))), None,
+                                      "mode", bare=True)
         rule = self.allow_rule_for(tool, tool_input)
         if rule is not None:
             return PermissionDecision("allow", "", rule, "rule")

@@ -94,8 +94,40 @@ CASES = [
     ("fold ../out/o.txt", "fold", "$OUT/o.txt", "wrap lines of files from"),
     ("pr ../out/o.txt", "pr", "$OUT/o.txt", "paginate files from"),
     ("git diff --no-index in.txt ../out/o.txt", "git", "$OUT/o.txt", "access files with git from"),
-    ("cat in.txt | grep O ../out/o.txt", "grep", "$OUT/o.txt", "search for patterns in files from"),
 ]
+
+
+@pytest.mark.parametrize(("command", "part"), [("cat in.txt | grep O ../out/o.txt", "grep O ../out/o.txt"),
+                                               ("cat ../out/o.txt | wc -l", "cat ../out/o.txt"),
+                                               ("echo x | tee ../out/x.txt", "tee ../out/x.txt"),
+                                               ("cat in.txt | cat - ../out/o.txt", "cat - ../out/o.txt"),
+                                               ("echo x | tee t.txt", "tee t.txt"),
+                                               ("touch a.txt | cat", "touch a.txt"),
+                                               ("cat in.txt | python3 -c 'print(1)'", "python3 -c 'print(1)'"),
+                                               ("ls | xargs cat", "xargs cat")])
+def test_a_part_of_a_pipeline_is_named_as_a_part(ws: Path, command: str, part: str) -> None:
+    assert text(command, ws) == ("ask", "This Bash command contains multiple operations. The following part "
+                                        f"requires approval: {part}")
+    assert text("ls | grep ../out", ws)[0] == "allow"  # a pattern, not a path
+
+
+def test_a_bash_allow_rule_does_not_open_the_boundary(ws: Path) -> None:
+    out = (ws.parent / "out").resolve()
+    policy = PermissionPolicy.build(ws, allow=["Bash(ls:*)", "Bash(cat:*)", "Bash(cd:*)"])
+    for command, program in (("ls ../out", "ls"), ("cat ../out/o.txt", "cat"), ("cd ../out", "cd")):
+        d = policy.evaluate(BashTool(), {"command": command})
+        assert d.behavior == "ask" and d.reason.startswith(f"{program} in '{out}"), command
+    assert policy.evaluate(BashTool(), {"command": "cat in.txt"}).behavior == "allow"
+    # a Read allow rule over the place does; bypassPermissions runs everything
+    reads = PermissionPolicy.build(ws, allow=[f"Read(/{out}/**)", "Read(//etc/hostname)"])
+    assert reads.evaluate(BashTool(), {"command": "cat ../out/o.txt /etc/hostname"}).behavior == "allow"
+    assert reads.evaluate(BashTool(), {"command": "cat /etc/passwd"}).behavior == "ask"
+    assert PermissionPolicy.build(ws, mode="bypassPermissions").evaluate(
+        BashTool(), {"command": "ls ../out"}).behavior == "allow"
+
+
+def test_plan_mode_names_the_boundary_too(ws: Path) -> None:
+    assert text("sed -n 1p ../out/o.txt", ws, "plan")[1].startswith(f"sed in '{ws.parent}/out/o.txt' was blocked.")
 
 
 @pytest.mark.parametrize(("command", "program", "path", "verb"), CASES)

@@ -40,7 +40,11 @@ WIDER = ["zless ../out/o.txt", "bat ../out/o.txt", "hd ../out/o.txt", "xmllint .
          "cat in.txt > ../out/y.txt", "cp ../out/o.txt here.txt", "cat link/o.txt", "ls link",
          "ls -la ../out/", "cat ../out/*.txt", "grep -r O ../out", "find . ../out -name x", "cd ~",
          "cat ~/.bashrc", "cat /dev/null", "realpath ../out/o.txt", "readlink -f ../out/o.txt",
-         "basename ../out/o.txt", "dirname ../out/o.txt", "test -f ../out/o.txt"]
+         "basename ../out/o.txt", "dirname ../out/o.txt", "test -f ../out/o.txt",
+         # the ways a command line composes them
+         "cat in.txt && cat ../out/o.txt", "ls; ls ../out", "ls ../out || true", "cat ../out/o.txt | wc -l",
+         "echo x | tee ../out/x.txt", "ls | grep ../out", "env ls ../out", "timeout 5 cat ../out/o.txt",
+         "ls ../out > list.txt", "(ls ../out)", "bash -c 'ls ../out'"]
 
 #: Differences agentfsm keeps on purpose: command → why.
 ACCEPTED = {
@@ -52,6 +56,10 @@ ACCEPTED = {
                                  "phrase: both ask.",
     "jq -f ../out/d.json in.txt": "Claude Code: 'jq command contains dangerous flags'; agentfsm names jq's "
                                   "phrase: both ask.",
+    "(ls ../out)": "Claude Code: 'This command uses shell operators that require approval'; agentfsm names the "
+                   "boundary: both ask.",
+    "bash -c 'ls ../out'": "Claude Code: 'This command requires approval'; agentfsm names the boundary of the "
+                           "command bash runs: both ask.",
 }
 
 
@@ -92,7 +100,8 @@ def test_every_table_entry_and_common_command_answers_as_claude_code(tmp_path: P
         a, b = answers(cc.result(), cmds), answers(af.result(), cmds)
     assert len(a) == len(cmds), f"Claude Code answered {len(a)} of {len(cmds)} commands"
     differ = {c: (a.get(c), b.get(c)) for c in cmds if a.get(c) != b.get(c) and c not in ACCEPTED}
-    lacking = sorted(c.split()[0] for c, (x, _) in differ.items() if isinstance(x, str) and " was blocked." in x
-                     and c.split()[0] not in REACH)
+    # the program Claude Code names ("X in '…' was blocked"), which the table does not list
+    lacking = sorted({x.split(" in '", 1)[0] for x, _ in differ.values() if isinstance(x, str)
+                      and " was blocked." in x and " in '" in x} - set(REACH) - {"Input redirection from"})
     assert not lacking, f"Claude Code blocks these outside the workspace; add them to REACH: {lacking}"
     assert differ == {}, "\n".join(f"{c}\n  CC: {x}\n  AF: {y}" for c, (x, y) in differ.items())

@@ -138,6 +138,16 @@ async def test_transient_http_errors_are_retried_by_the_sdk(status: int, etype: 
     assert audit_file(run.trace) == []
 
 
+async def test_the_wait_the_api_asks_for_is_the_wait_announced_and_taken(tmp_path: Path,
+                                                                         agentfsm_workspace: Path) -> None:
+    """``retry-after-ms: 30`` means 30 milliseconds: the api_retry message says 30 ms, not 30 seconds."""
+    err = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.03}
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [err, text("after one retry")])
+    retries = [m for m in run.out if m.get("subtype") == "api_retry"]
+    assert [m["retry_delay_ms"] for m in retries] == [30], retries
+    assert run.result.result == "after one retry"
+
+
 async def test_retries_exhausted_without_fallback_is_api_error(tmp_path: Path,
                                                                 agentfsm_workspace: Path) -> None:
     err = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0.01}

@@ -248,6 +248,9 @@ def test_auto_compaction_when_the_estimate_passes_the_threshold(cli: Any, agentf
     boundary = run.system("compact_boundary")
     assert len(boundary) == 1 and boundary[0]["compact_metadata"]["trigger"] == "auto"
     assert boundary[0]["compact_metadata"]["pre_tokens"] > 0
+    # the session file says the same: what a resume, the transcript mirror and the auditor read
+    kept = [r for path in run.traces for r in read_records(path) if r.get("type") == "compact_boundary"]
+    assert [(r["trigger"], r["pre_tokens"] > 0) for r in kept] == [("auto", True)]
     assert run.result["terminal_reason"] == "completed"
     run.audit_clean()
 
@@ -379,6 +382,19 @@ async def test_failed_reactive_compaction_surfaces_prompt_too_long(tmp_path: Pat
 def _records(path: Path | None, kind: str) -> list[dict[str, Any]]:
     assert path is not None
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["type"] == kind]
+
+
+async def test_a_broken_stream_that_is_retried_is_paid_for_too(tmp_path: Path) -> None:
+    """A stream that breaks after it started was billed for its input: the retried request does not
+    make the first one free, so the run's usage and cost count both."""
+    from agentfsm.runtime.cost import cost_usd
+    from agentfsm.testing.scripted import estimate_input_tokens
+
+    broken = {"blocks": [{"type": "text", "text": "cut"}, {"type": "text", "text": "off"}], "break_after": 1}
+    result, model, _ = await run_session(tmp_path, [broken, text("whole answer")], Limits())
+    assert result.terminal_reason is TerminalReason.COMPLETED and model.count == 2
+    assert result.usage["input_tokens"] == sum(estimate_input_tokens(b) for b in model.bodies)
+    assert result.total_cost_usd == pytest.approx(cost_usd("claude-sonnet-4-5", result.usage))
 
 
 async def test_summary_requests_count_towards_usage_and_cost(tmp_path: Path) -> None:

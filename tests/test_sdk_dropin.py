@@ -595,6 +595,63 @@ async def test_deny_with_interrupt_gives_claude_codes_refusal_and_the_marker(cli
     assert (first.subtype, first.terminal_reason, first.num_turns) == ("error_during_execution", "aborted_tools", 3)
 
 
+async def test_can_use_tool_context_at_the_working_directory_boundary(cli: str, tmp_path: Path) -> None:
+    """Issue 28 item 3 through the SDK: a shell command that lists, reads, or copies from a place
+    outside, a part of a pipeline that does, and file tools going out through a symlink in the
+    workspace: the callback is told what Claude Code 2.1.332 tells it (blocked path, reason, the
+    description, and the suggestions that would stop the question coming back)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "o.txt").write_text("O\n")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "link").symlink_to(out)
+    calls = [("Bash", {"command": "ls ../out"}), ("Bash", {"command": "cat ../out/o.txt"}),
+             ("Bash", {"command": "cat ../out/o.txt | wc -l"}), ("Bash", {"command": "cp ../out/o.txt h.txt"}),
+             ("Read", {"file_path": f"{ws}/link/o.txt"}), ("Glob", {"pattern": "*.txt", "path": f"{ws}/link"}),
+             ("Write", {"file_path": f"{ws}/link/w.txt", "content": "x"})]
+    asked: list[dict[str, Any]] = []
+
+    async def can_use_tool(name: str, tool_input: dict[str, Any], ctx: Any) -> Any:
+        seen = {"name": name, "description": ctx.description, "reason": ctx.decision_reason,
+                "blocked": getattr(ctx, "blocked_path", None), "suggestions": [s.to_dict() for s in ctx.suggestions]}
+        asked.append(json.loads(json.dumps(seen).replace(str(out.resolve()), "$OUT").replace(str(ws.resolve()), "$WS")))
+        return sdk.PermissionResultDeny(message="no")
+
+    responses = [turn({"type": "tool_use", "id": f"toolu_{i}", "name": n, "input": inp})
+                 for i, (n, inp) in enumerate(calls)] + [text("ok")]
+
+    async def body(run: Run) -> None:
+        await client_run(run, run.options(tools=["Read", "Write", "Bash", "Glob"], can_use_tool=can_use_tool), "go")
+
+    await scenario(cli, tmp_path, responses, body)
+
+    def rules(tool: str, content: str, destination: str = "session") -> dict[str, Any]:
+        return {"type": "addRules", "destination": destination, "behavior": "allow",
+                "rules": [{"toolName": tool, "ruleContent": content}]}
+
+    def shell(command: str, blocked: str | None, place: str) -> dict[str, Any]:
+        return {"name": "Bash", "description": command, "reason": None, "blocked": blocked,
+                "suggestions": [rules("Bash", command, "localSettings"), rules("Read", f"/{place}/**")]}
+
+    link = "resolves through a symlink to {}, which is outside the allowed working directories"
+    assert asked == [
+        shell("ls ../out", "$OUT", "$OUT"), shell("cat ../out/o.txt", "$OUT/o.txt", "$OUT"),
+        shell("cat ../out/o.txt | wc -l", None, "$OUT"),
+        {"name": "Bash", "description": "cp ../out/o.txt h.txt", "reason": None, "blocked": "$OUT/o.txt",
+         "suggestions": [rules("Bash", "cp ../out/o.txt h.txt", "localSettings"),
+                         {"type": "addDirectories", "destination": "session", "directories": ["$OUT"]},
+                         {"type": "setMode", "destination": "session", "mode": "acceptEdits"}]},
+        {"name": "Read", "description": "link/o.txt", "reason": "$WS/link/o.txt " + link.format("$OUT/o.txt"),
+         "blocked": "$OUT/o.txt", "suggestions": [rules("Read", "/$WS/link/**"), rules("Read", "/$OUT/**")]},
+        {"name": "Glob", "description": "*.txt", "reason": "$WS/link " + link.format("$OUT"), "blocked": "$OUT",
+         "suggestions": [rules("Read", "/$WS/link/**"), rules("Read", "/$OUT/**")]},
+        {"name": "Write", "description": "link/w.txt", "reason": "$WS/link/w.txt " + link.format("$OUT/w.txt"),
+         "blocked": "$OUT/w.txt", "suggestions": [{"type": "setMode", "destination": "session", "mode": "acceptEdits"},
+                                                  {"type": "addDirectories", "destination": "session",
+                                                   "directories": ["$WS/link", "$OUT"]}]}]
+
+
 async def test_read_outside_the_working_directories_is_denied_in_dont_ask(cli: str, tmp_path: Path) -> None:
     (tmp_path / "secret.txt").write_text("SECRET\n")
 

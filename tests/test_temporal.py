@@ -38,6 +38,7 @@ from agentfsm.temporal.records import Timing
 from agentfsm.temporal.worker import build_worker, connect
 from agentfsm.testing.scenario import load_scenario
 from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.bash import NO_OUTPUT
 from agentfsm.tools.sandbox import availability
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
@@ -789,6 +790,108 @@ async def test_an_interrupt_lets_a_block_tool_finish(server: DevServer, worker: 
     path = Path(inp.spec.trace_path or "")
     [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
     assert results["content"] == [{"type": "tool_result", "tool_use_id": "toolu_b", "content": "finished"}]
+    assert_audits_clean(path)
+
+
+# --- one activity per tool batch (issue 34) -------------------------------------------------------------
+
+
+def _bash_calls(*commands: str) -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": f"toolu_w{i}", "name": "Bash", "input": {"command": c}}
+                       for i, c in enumerate(commands)], "stop_reason": "tool_use"}
+
+
+def _scheduled(history: Any) -> list[str]:
+    return [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")]
+
+
+async def test_calls_that_run_in_order_run_in_one_activity(server: DevServer, worker: None, queue: str, ws: Path,
+                                                            home: Path) -> None:
+    """A response's writing commands (each concurrency-unsafe, each finishing on an interrupt) run in
+    one activity, in order, each seeing what the one before did: the local run's transcript."""
+    scenario = scenario_text([_bash_calls("echo a > $WS/out", "echo b >> $WS/out", "cat $WS/out; echo c >> $WS/out"),
+                              _text("wrote")])
+    _local, local_file = await local_run(ws, home, scenario, tools=("Bash",))
+    (ws / "out").unlink()
+    client = await connect(server.address)
+    inp = session_input(options(ws, home, tools=("Bash",)), "go", scripted=scenario)
+    handle = await start(client, inp, task_queue=queue)
+    result = await follow(client, handle, lambda m: None)
+    assert result["result"] == "wrote" and (ws / "out").read_text() == "a\nb\nc\n"
+    path = Path(inp.spec.trace_path or "")
+    assert transcript(path) == transcript(local_file)
+    assert _scheduled(await handle.fetch_history()) == ["agentfsm.call_model", "agentfsm.run_tools",
+                                                        "agentfsm.call_model"]
+    assert not path.with_suffix(".tools").exists(), "outcome files left behind"
+    assert_audits_clean(path)
+
+
+async def test_an_abort_stops_a_batch_where_it_is(server: DevServer, worker: None, queue: str, ws: Path,
+                                                  home: Path) -> None:
+    """A hard abort in the middle of a batch: the finished call keeps its result, the running one is
+    cut (interrupted), the last never starts; every tool_use still has its result."""
+    scenario = scenario_text([_bash_calls("echo one > $WS/one", "touch $WS/begun; sleep 2; echo late > $WS/late",
+                                          "echo never > $WS/never")])
+    client = await connect(server.address)
+    inp = session_input(options(ws, home, tools=("Bash",)), "go", scripted=scenario)
+    handle = await start(client, inp, task_queue=queue)
+    follower = asyncio.ensure_future(follow(client, handle, lambda m: None))
+    while not (ws / "begun").exists():
+        await asyncio.sleep(0.05)
+    await handle.signal("abort")
+    result = await asyncio.wait_for(follower, 30)
+    assert result["terminal_reason"] == "aborted_tools"
+    await asyncio.sleep(2.5)
+    assert not (ws / "late").exists() and not (ws / "never").exists()
+    path = Path(inp.spec.trace_path or "")
+    [results] = [r for r in read_records(path) if r["type"] == "message" and r["kind"] == "tool_results"]
+    by_id = {b["tool_use_id"]: b for b in results["content"]}
+    assert by_id["toolu_w0"] == {"type": "tool_result", "tool_use_id": "toolu_w0", "content": NO_OUTPUT}
+    assert by_id["toolu_w1"]["is_error"] is True and by_id["toolu_w2"]["is_error"] is True
+    assert_audits_clean(path)
+
+
+def test_a_worker_killed_mid_batch(server: DevServer, workers: Workers, ws: Path, home: Path) -> None:
+    """The worker running a batch dies in its second call: the first keeps its real result, the second
+    is answered interrupted and not run again, the third runs on the worker that takes over — what
+    one activity per call gives (test_a_worker_killed_mid_tool_call_is_replaced_and_the_tool_not_run_again)."""
+    slow = ("if test -e $WS/slow; then echo $PPID > $WS/started; sleep 5; echo x >> $WS/side; fi; "
+            "echo two >> $WS/runs")
+    scenario = scenario_text([_bash_calls("echo one >> $WS/runs", slow, "echo three >> $WS/runs"), _text("done")])
+    _local, local_file = asyncio.run(local_run(ws, home, scenario, tools=("Bash",)))
+    (ws / "runs").unlink()
+    (ws / "slow").touch()
+    workers.start()
+    workers.start()
+
+    async def go() -> tuple[dict[str, Any], Path]:
+        client = await connect(workers.address)
+        inp = session_input(options(ws, home, sandbox=False, tools=("Bash",)), "go", scripted=scenario, timing=FAST)
+        handle = await start(client, inp, task_queue=workers.queue)
+        while not (ws / "started").exists() or not (ws / "started").read_text().strip():
+            await asyncio.sleep(0.05)
+        begun[0] = time.monotonic()
+        os.kill(int((ws / "started").read_text()), signal.SIGKILL)
+        result = await follow(client, handle, lambda m: None)
+        assert _scheduled(await handle.fetch_history()).count("agentfsm.run_tools") == 1
+        return result, Path(inp.spec.trace_path or "")
+
+    begun = [0.0]
+    result, path = asyncio.run(go())
+    assert result["subtype"] == "success" and result["result"] == "done"
+    time.sleep(max(0.0, begun[0] + 5.5 - time.monotonic()))
+    assert not (ws / "side").exists()
+    assert (ws / "runs").read_text() == "one\nthree\n", "a call ran twice, or the last did not run"
+    got, want = transcript(path), transcript(local_file)
+    assert len(got) == len(want)
+    for (_role, kind, content), (_r, _k, content2) in zip(got, want, strict=True):
+        if kind == "tool_results":
+            assert content[0] == content2[0] and content[2] == content2[2]
+            assert content[1] == {"type": "tool_result", "tool_use_id": "toolu_w1",
+                                  "content": synthetic_text(WORKER_LOST), "is_error": True}
+        else:
+            assert content == content2
     assert_audits_clean(path)
 
 

@@ -97,6 +97,8 @@ class Command:
     # :func:`operand_paths` needs to place an operand a table names (agentfsm.hooks.bash_boundary)
     argv_words: tuple[Word, ...] = attrs.field(default=(), eq=False, repr=False)
     bases: tuple[str, ...] | None = attrs.field(default=(".",), eq=False, repr=False)
+    # one of the commands of a pipeline (`a | b`): Claude Code's approval text names it as a part
+    pipeline: bool = attrs.field(default=False, eq=False, repr=False)
 
     @property
     def program(self) -> str | None:
@@ -228,6 +230,7 @@ class _Frame:
     parent: Node | None
     piped: bool
     arith: bool
+    pipeline: bool = False  # an element of a pipeline (`a | b`), itself or redirected
 
 
 class _Walker:
@@ -370,9 +373,9 @@ class _Walker:
             kids = n.children
             if t == "pipeline":
                 first = next((k for k in kids if k.is_named), None)
-                frames = [_Frame(k, n, k is not first and k.is_named, arith) for k in kids]
+                frames = [_Frame(k, n, k is not first and k.is_named, arith, k.is_named) for k in kids]
             elif t == "redirected_statement":
-                frames = [_Frame(k, n, f.piped, arith) for k in kids]
+                frames = [_Frame(k, n, f.piped, arith, f.pipeline) for k in kids]
             else:
                 frames = [_Frame(k, n, False, arith) for k in kids]
             stack.extend(reversed(frames))
@@ -468,7 +471,7 @@ class _Walker:
         if not words:
             return
         whole = f.parent if f.parent is not None and f.parent.type == "redirected_statement" else n
-        self.simple(words, (), _part_text(whole, src), depth, self._stdin(n, src, f))
+        self.simple(words, (), _part_text(whole, src), depth, self._stdin(n, src, f), pipeline=f.pipeline)
 
     def _stdin(self, n: Node, src: bytes, f: _Frame) -> programs.Stdin:
         """What the command reads on standard input: static text (a here-string, or a heredoc whose
@@ -494,7 +497,7 @@ class _Walker:
     # -- one simple command, then what it runs in turn
 
     def simple(self, words: Sequence[Word], via: tuple[str, ...], text: str | None, depth: int,
-               stdin: programs.Stdin | None) -> None:
+               stdin: programs.Stdin | None, *, pipeline: bool = False) -> None:
         """Record ``words`` (run through the wrappers ``via``) and follow what it runs in turn."""
         if not words:
             return
@@ -502,7 +505,7 @@ class _Walker:
         part = depth == 0 and not via
         head = argv[0]
         if head is None:
-            self.commands.append(Command(argv, via, text, part, tuple(words), self._bases()))
+            self.commands.append(Command(argv, via, text, part, tuple(words), self._bases(), pipeline))
             self.bad("the command name is not static (a variable, substitution or expansion)")
             return
         if words[0].glob or words[0].braces:
@@ -510,7 +513,7 @@ class _Walker:
         program = programs.base_name(head)
         if program in RESERVED:
             self.bad(f"the reserved word {program!r} where a command name belongs")
-        self.commands.append(Command(argv, via, text, part, tuple(words), self._bases()))
+        self.commands.append(Command(argv, via, text, part, tuple(words), self._bases(), pipeline))
         if program in programs.ENVIRONMENT_PRINTERS and programs.prints_environment(program, argv[1:]):
             self.env(f"{program} prints the environment")
         if program in programs.NAME_EVALUATORS:
@@ -543,7 +546,7 @@ class _Walker:
             self.path(inner.chdir, "read", f"{program} runs in this directory", recursive=True)
         if inner.kind == "argv":
             for inner_argv in inner.argvs:
-                self.simple(inner_argv, (*via, program), text, depth, inner.stdin or stdin)
+                self.simple(inner_argv, (*via, program), text, depth, inner.stdin or stdin, pipeline=pipeline)
         elif inner.kind == "shell":
             if inner.code is None:
                 self.bad(f"{program} runs shell code that is not static")

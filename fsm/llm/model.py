@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -188,6 +189,62 @@ class ModelClient(Protocol):
     """
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]: ...
+
+
+async def _unstreamed(client: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+    """The events of one request made without streaming (``client.create``), in stream form."""
+    for event in await client.create(request):
+        yield event
+
+
+def can_unstream(client: Any) -> bool:
+    """The client can make a request without streaming (``create``)."""
+    return callable(getattr(client, "create", None))
+
+
+class ResponseStream:
+    """One request's response as the loop reads it: streamed, or (``unstreamed``) made with the
+    client's ``create`` and read in stream form. :meth:`open` waits for its first event, reporting the
+    transport's retries before it as they happen (``on_retry``); ``events`` then yields the rest.
+    It knows how long the API has taken since the request (:meth:`elapsed_ms`) and is closed once."""
+
+    def __init__(self, client: Any, request: ModelRequest, *, unstreamed: bool = False,
+                 on_retry: Callable[[RetryNotice], None] = lambda _n: None) -> None:
+        self.sent_at = time.monotonic()
+        self.events: AsyncIterator[StreamEvent] = (_unstreamed(client, request) if unstreamed
+                                                   else client.stream(request))
+        self.first: StreamEvent | None = None  # the first event, until it is taken
+        self.ttft_ms = 0.0
+        self._on_retry = on_retry
+        self._closed = False
+
+    async def open(self) -> StreamEvent:
+        """The first event (StopAsyncIteration: there is none; ModelCallError: the call failed)."""
+        while isinstance(event := await anext(self.events), RetryNotice):
+            self._on_retry(event)
+        self.first = event
+        self.ttft_ms = round(self.elapsed_ms(), 1)
+        return event
+
+    def take_first(self) -> StreamEvent | None:
+        first, self.first = self.first, None
+        return first
+
+    def elapsed_ms(self) -> float:
+        return (time.monotonic() - self.sent_at) * 1000
+
+    async def aclose(self) -> bool:
+        """Close the stream (again: nothing); False when closing it failed (it was mid-iteration)."""
+        if self._closed:
+            return True
+        self._closed = True
+        close = getattr(self.events, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except (RuntimeError, ModelCallError):
+                return False
+        return True
 
 
 def message_events(message: Mapping[str, Any]) -> list[StreamEvent]:

@@ -32,19 +32,28 @@ is ``cancel`` are cancelled and ``block`` tools finish, then the loop ends
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from agentfsm.common import log
 from agentfsm.common.weak import weak_method
-from agentfsm.llm.model import MessageStart, ModelCallError, ModelClient, ModelRequest, RetryNotice, StreamEvent
+from agentfsm.llm.model import (
+    MessageStart,
+    ModelCallError,
+    ModelClient,
+    ResponseStream,
+    RetryNotice,
+    StreamEvent,
+    can_unstream,
+)
 from agentfsm.machine import graph
 from agentfsm.machine.events import (
     Aborted,
     Assembled,
     CallFailed,
+    Compaction,
     Event,
     ModelError,
     SetupFailed,
@@ -58,15 +67,16 @@ from agentfsm.runtime import phases
 from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError, TakenIds
 from agentfsm.runtime.compact import compact
 from agentfsm.runtime.executor import StreamingToolExecutor
-from agentfsm.runtime.pipeline import INTERRUPT_RUN, CallResult, ToolTable
+from agentfsm.runtime.pipeline import INTERRUPT_RUN, ToolTable
 from agentfsm.runtime.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.runtime.queue import InputQueue, QueueItem
 from agentfsm.runtime.request import WireCache
-from agentfsm.runtime.result import RunAccount, RunResult, build_result, shows_api_error
+from agentfsm.runtime.result import Passes, RunAccount, RunResult, build_result
 from agentfsm.runtime.runner import LoopRunner, StepObserver
 from agentfsm.runtime.signals import RunSignals, Stopped
+from agentfsm.runtime.tasks import LOCAL_AGENT
 from agentfsm.runtime.trace import TraceWriter
-from agentfsm.tools.base import FileAccess, ToolContext
+from agentfsm.tools.base import TASKS, FileAccess, ToolContext
 
 __all__ = ["DEFERRED_RESULTS", "Driver", "Emit", "StepObserver", "StopBeforeCall"]
 
@@ -92,12 +102,6 @@ class _LogSteps:
                       chain_id=after.query_tracking.chain_id, depth=after.query_tracking.depth,
                       terminal_reason=after.terminal_reason.value if after.terminal_reason else None,
                       **after.counters())
-
-
-async def _unstreamed(client: Any, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-    """The events of one request made without streaming (``client.create``), in stream form."""
-    for event in await client.create(request):
-        yield event
 
 
 def _finished(executor: StreamingToolExecutor | None) -> tuple[Mapping[str, Any], ...]:
@@ -147,17 +151,15 @@ class Driver:
         self.log = log.get_logger("agentfsm", session_id=session_id)
         self.observers: tuple[StepObserver, ...] = (self.trace, _LogSteps(self.log), *observers)
         self.account = RunAccount()
+        self.passes = Passes(time.monotonic())  # (each run starts its own)
         # what the phase in progress holds between its perform and the machine's step
         self._request_messages = 0
         self._pending_input: tuple[QueueItem, ...] = ()
-        self._stream: Any = None
-        self._first: StreamEvent | None = None
+        self._stream: ResponseStream | None = None  # the response of the last request
         self._executor: StreamingToolExecutor | None = None
         self._asm: ResponseAssembler | None = None
         self._taken_ids = TakenIds()  # the tool_use ids of the history, as of the last response
-        self._emitted_results: set[str] = set()
-        self._t_request = 0.0
-        self._ttft_ms = 0.0
+        self._shown = phases.ResultsShown(self.emit, session_id)  # each tool result shown once
         self._wire = WireCache()  # the wire view, built incrementally request by request
         self._static: int | None = None  # tokens of the system prompt and tool schemas
         # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
@@ -204,6 +206,7 @@ class Driver:
             history, setup_failure = await _resume_deferred(self, tuple(history), first)
         messages: tuple[Message, ...] = tuple(history) if erased else (*history, first)
         self.signals.arm()
+        self.passes = Passes(started)
         runner = LoopRunner(self, LoopState(messages=messages, tool_use_context=ctx), self.session_id)
         try:
             state = await runner.run(setup_failure)
@@ -211,24 +214,25 @@ class Driver:
             await self._close_stream()
             await self._close_executors()
             await self.signals.disarm()
-        if state.terminal_reason is TerminalReason.API_ERROR and shows_api_error(self.account.api_error_status):
-            # Claude Code shows the refusal as a synthetic assistant message before the result
-            self.emit(phases.api_error_message(self.account.api_error_status or 0, state.terminal_detail,
-                                               self.session_id))
-        if len(state.messages) > len(messages) and state.messages[-1].kind == "interrupt_marker":
-            # the marker that closes an interrupted run is shown in the stream too (Claude Code)
-            self.emit(phases.marker_message(state.messages[-1], self.session_id))
+        for message in phases.closing_messages(state, len(messages), self.account.api_error_status, self.session_id):
+            self.emit(message)
         acct = self.account
-        result = build_result(state, session_id=self.session_id,
-                              duration_ms=int((time.monotonic() - started) * 1000),
-                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
-                              denials=tuple(acct.denials), structured_output=acct.structured_output,
-                              warnings=tuple(acct.warnings), account=acct)
+        result = self.passes.of(self._result_so_far(state), time.monotonic())
+        # the results of earlier passes held back while a background subagent ran come first
+        for held in self.passes.held:
+            self.emit(held.to_dict())
+        self.passes.held.clear()
         self.trace.result(result.to_dict())
         self.log.info("loop.terminal", terminal_reason=result.terminal_reason.value,
                       subtype=result.subtype, is_error=result.is_error, turns=result.num_turns,
                       cost_usd=round(acct.cost_usd, 6))
         return result, state
+
+    def _result_so_far(self, state: LoopState) -> RunResult:
+        acct = self.account
+        return build_result(state, session_id=self.session_id, duration_ms=0, duration_api_ms=int(acct.api_ms),
+                            cost=acct.cost_usd, usage=acct.usage, denials=tuple(acct.denials),
+                            structured_output=acct.structured_output, warnings=tuple(acct.warnings), account=acct)
 
     # --- the runtime's side of the runner: stop, and the consequences a move declares ------------
 
@@ -275,7 +279,7 @@ class Driver:
 
     def show_results(self, blocks: Sequence[Mapping[str, Any]]) -> None:
         for block in blocks:
-            self._emit_result(block)
+            self._shown.block(block)
 
     def _before_hooks(self, event: str) -> None:
         """A hook may read the session file (its ``transcript_path``): what the loop wrote is flushed
@@ -304,14 +308,18 @@ class Driver:
         tokens = self._estimate(state.messages)
         if not graph.should_auto_compact(state, tokens, self.limits):
             return Assembled()
+        compaction = await self._compact(state, "auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
+        return Assembled(compaction=compaction, compact_failed=compaction is None)
+
+    async def _compact(self, state: LoopState, trigger: str, **logged: Any) -> Compaction | None:
+        """The history compacted (``auto`` before a turn, ``reactive`` after a refusal), PreCompact first."""
         self._before_hooks("PreCompact")
         await self.hooks.pre_compact("auto", None)
-        self.log.info("compact.start", trigger="auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
-        compaction = await compact(self.client, model=self._model(state), system=self.system,
-                                   messages=state.messages, trigger="auto", metadata=self._metadata(),
-                                   on_usage=self.account.spend)
-        self.log.info("compact.end", trigger="auto", ok=compaction is not None)
-        return Assembled(compaction=compaction, compact_failed=compaction is None)
+        self.log.info("compact.start", trigger=trigger, **logged)
+        compaction = await compact(self.client, model=self._model(state), system=self.system, messages=state.messages,
+                                   trigger=trigger, metadata=self._metadata(), on_usage=self.account.spend)
+        self.log.info("compact.end", trigger=trigger, ok=compaction is not None)
+        return compaction
 
     def _estimate(self, messages: Sequence[Message]) -> int:
         return phases.estimate(self.account, messages, self._static_tokens())
@@ -355,13 +363,12 @@ class Driver:
         self._pending_input = pending
         if self.options.include_partial_messages:
             self.emit(phases.requesting_message(self.session_id))
-        self._t_request = time.monotonic()
         # after a stream that broke or came garbled before any content, the same request unstreamed
-        self._stream = (_unstreamed(self.client, request) if state.non_streaming and self._can_unstream()
-                        else self.client.stream(request))
+        stream = self._stream = ResponseStream(self.client, request, on_retry=self._retrying,
+                                               unstreamed=state.non_streaming and can_unstream(self.client))
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
-            self._first = await self.signals.until_stopped(self._first_event(), stop_wins=False)
+            await self.signals.until_stopped(stream.open(), stop_wins=False)
         except Stopped:
             self._api_ms_since_request()
             await self._close_stream()
@@ -374,26 +381,18 @@ class Driver:
             self._api_ms_since_request()
             self.log.error("model.client_failed", error=repr(exc), exc_info=True)
             return await self._failed(state, phases.open_error(exc))
-        self._ttft_ms = round((time.monotonic() - self._t_request) * 1000, 1)
-        self.log.info("model.first_event", model=model, ms=self._ttft_ms)
+        self.log.info("model.first_event", model=model, ms=stream.ttft_ms)
         return StreamOpened(model, sent_input=sent)
 
-    async def _first_event(self) -> StreamEvent:
-        """The stream's first event; the transport's retries before it are reported as they happen."""
-        while isinstance(event := await anext(self._stream), RetryNotice):
-            self.log.warning("model.retry", attempt=event.attempt, max_retries=event.max_retries,
-                             delay_ms=event.delay_ms, status=event.status, error=event.error)
-            self.emit({"type": "system", "subtype": "api_retry", "attempt": event.attempt,
-                       "max_retries": event.max_retries, "retry_delay_ms": event.delay_ms,
-                       "error_status": event.status, "error": event.error, "session_id": self.session_id})
-        return event
+    def _retrying(self, event: RetryNotice) -> None:
+        """The transport retries the request (before its response started): reported as it happens."""
+        self.log.warning("model.retry", attempt=event.attempt, max_retries=event.max_retries,
+                         delay_ms=event.delay_ms, status=event.status, error=event.error)
+        self.emit(phases.retry_message(event, self.session_id))
 
     def _api_ms_since_request(self) -> None:
-        self.account.api_ms += (time.monotonic() - self._t_request) * 1000
-
-    def _can_unstream(self) -> bool:
-        """The client can make a request without streaming (``create``)."""
-        return callable(getattr(self.client, "create", None))
+        if self._stream is not None:
+            self.account.api_ms += self._stream.elapsed_ms()
 
     async def _failed(self, state: LoopState, error: ModelError, shown: Sequence[Mapping[str, Any]] = ()
                       ) -> CallFailed:
@@ -402,16 +401,9 @@ class Driver:
         one compacts; only a failed compaction lets the error through to the user."""
         await self._close_stream()
         event = CallFailed(error, fallback_available=phases.has_fallback(self.options.models, state),
-                           non_streaming_available=self._can_unstream(), shown=tuple(shown))
+                           non_streaming_available=can_unstream(self.client), shown=tuple(shown))
         if graph.compaction_wanted(state, event, self.limits):
-            self._before_hooks("PreCompact")
-            await self.hooks.pre_compact("auto", None)
-            self.log.info("compact.start", trigger="reactive", error=error.message)
-            compaction = await compact(self.client, model=self._model(state), system=self.system,
-                                       messages=state.messages, trigger="reactive",
-                                       metadata=self._metadata(), on_usage=self.account.spend)
-            self.log.info("compact.end", trigger="reactive", ok=compaction is not None)
-            event = attrs.evolve(event, compaction=compaction)
+            event = attrs.evolve(event, compaction=await self._compact(state, "reactive", error=error.message))
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
         self.account.api_error_status = error.status
@@ -424,9 +416,10 @@ class Driver:
         # block reaches the executor or the session file: the API refuses duplicate ids
         asm = self._asm = ResponseAssembler(taken_ids=self._taken_ids.of(state.messages))
         executor = self._executor = self.new_executor()
-        self._emitted_results = set()
-        it, first = self._stream, self._first
-        self._first = None
+        self._shown.reset()
+        stream = self._stream
+        assert stream is not None
+        it, first = stream.events, stream.take_first()
         try:
             try:
                 # one task reads the whole stream, raced once against a stop; tool results that
@@ -491,9 +484,9 @@ class Driver:
                 self._emit_ready(executor)
         if self.options.include_partial_messages:
             # after the block it finishes, as Claude Code prints them
-            first = isinstance(ev, MessageStart)
+            ttft = self._stream.ttft_ms if isinstance(ev, MessageStart) and self._stream is not None else None
             self.emit(phases.stream_event_message(ev, session_id=self.session_id, message_id=asm.message_id,
-                                                  ttft_ms=int(self._ttft_ms) if first else None))
+                                                  ttft_ms=int(ttft) if ttft is not None else None))
 
     # --- dispatch_tools ------------------------------------------------------------------------
 
@@ -502,7 +495,7 @@ class Driver:
         assert executor is not None and asm is not None
         try:
             results, interrupted = await self.signals.drain(executor)
-            self.show_calls(results)
+            self._shown.calls(results)
         except Stopped:  # hard abort while tools ran
             return self.abort_event(state)
         self._executor = None
@@ -517,20 +510,7 @@ class Driver:
                                     context_layers=executor.context_layers())
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
-        self.show_calls(executor.drain_ready())
-
-    def show_calls(self, results: Sequence[CallResult]) -> None:
-        """Show how calls ended, with the structured result each tool gave for SDK users."""
-        for r in results:
-            if not r.deferred:  # a deferred call has no result yet (the run's result names it, as Claude Code)
-                self._emit_result(r.block, r.structured)
-
-    def _emit_result(self, block: Mapping[str, Any], structured: Any = None) -> None:
-        tid = block.get("tool_use_id", "")
-        if tid in self._emitted_results:
-            return
-        self._emitted_results.add(tid)
-        self.emit(phases.result_message(block, self.session_id, structured))
+        self._shown.calls(executor.drain_ready())
 
     def new_executor(self) -> StreamingToolExecutor:
         def make_ctx(tool_use_id: str) -> ToolContext:
@@ -561,10 +541,23 @@ class Driver:
         """Wait, after the run ended, while background work may still report; the notifications
         queued by then start the next pass (their items leave the queue with the move: its
         ``take_input``). None when nothing runs, the run is being stopped, or user input is queued
-        (the session's next run takes that, with any notification beside it)."""
+        (the session's next run takes that, with any notification beside it). The pass that ended
+        has its result (:class:`Passes`): printed now, or held while a background subagent runs."""
+        ended = None
+        if self.background() and not self.stopping():
+            ended = self.passes.of(self._result_so_far(state), time.monotonic())
+            tasks = self.services.get(TASKS)
+            if any(t.running and t.task_type == LOCAL_AGENT for t in getattr(tasks, "tasks", {}).values()):
+                self.passes.held.append(ended)
+            else:
+                self.emit(ended.to_dict())
+                self.passes.last_printed = True
         pending = await self.queue.notifications_after_run(lambda: self.background() and not self.stopping())
         if self.stopping() or not pending:
+            if ended is not None and self.passes.held and self.passes.held[-1] is ended:
+                self.passes.held.pop()  # the run's own result, printed when the run ends
             return None
+        self.passes.next(turns=state.turn_count, usage=self.account.usage, now=time.monotonic())
         self._pending_input = pending
         self.log.info("loop.task_notifications", count=len(pending))
         return TaskNotified(tuple(item.as_attachment() for item in pending))
@@ -580,12 +573,8 @@ class Driver:
             await executor.aclose()
 
     async def _close_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None and hasattr(stream, "aclose"):
-            try:
-                await stream.aclose()
-            except (RuntimeError, ModelCallError):  # closing a generator mid-iteration
-                self.log.debug("model.stream_close_failed")
+        if self._stream is not None and not await self._stream.aclose():  # closed mid-iteration
+            self.log.debug("model.stream_close_failed")
 
 
 async def _resume_deferred(d: Driver, history: tuple[Message, ...], first: Message
@@ -607,7 +596,7 @@ async def _resume_deferred(d: Driver, history: tuple[Message, ...], first: Messa
         executor.add_tool(block)
     results = await executor.remaining()
     d.log.info("tool.deferred_resumed", tools=[b["name"] for b in calls])
-    d.show_calls(results)
+    d._shown.calls(results)
     messages, failure = phases.deferred_resumed(history, results)
     # The session file's history view is rewritten from here on (agentfsm.sessions.resume.load_history
     # reads what follows the last boundary); the run's prompt, already recorded, closes the new view.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -26,6 +26,7 @@ from agentfsm.llm.model import (
     MessageStart,
     ModelCallError,
     ModelRequest,
+    RetryNotice,
     StreamEvent,
 )
 from agentfsm.machine import graph, prompts
@@ -42,7 +43,7 @@ from agentfsm.runtime.assembler import StreamProtocolError
 from agentfsm.runtime.compact import chars_of, estimate_tokens
 from agentfsm.runtime.pipeline import CallResult
 from agentfsm.runtime.request import normalize
-from agentfsm.runtime.result import ZERO_USAGE, RunAccount, api_error_kind, api_error_text
+from agentfsm.runtime.result import ZERO_USAGE, RunAccount, api_error_kind, api_error_text, shows_api_error
 from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
 
 Prompt = str | Sequence[Mapping[str, Any]]
@@ -400,6 +401,53 @@ def api_error_message(status: int, detail: str | None, session_id: str) -> dict[
         "content": [{"type": "text", "text": api_error_text(status, detail)}], "stop_reason": "stop_sequence",
         "stop_sequence": "", "usage": dict(ZERO_USAGE)}, "parent_tool_use_id": None, "session_id": session_id,
         "error": api_error_kind(status), "is_api_error_message": True, "api_error_status": status}
+
+
+def closing_messages(state: LoopState, started_with: int, api_error_status: int | None,
+                     session_id: str) -> list[dict[str, Any]]:
+    """What the client is shown after the loop ended and before the result: Claude Code's synthetic
+    assistant message for an API refusal it shows in its generic form, and the marker that closes an
+    interrupted run (``started_with``: how many messages the run's history had when the loop began)."""
+    shown: list[dict[str, Any]] = []
+    if state.terminal_reason is TerminalReason.API_ERROR and shows_api_error(api_error_status):
+        shown.append(api_error_message(api_error_status or 0, state.terminal_detail, session_id))
+    if len(state.messages) > started_with and state.messages[-1].kind == "interrupt_marker":
+        shown.append(marker_message(state.messages[-1], session_id))
+    return shown
+
+
+def retry_message(notice: RetryNotice, session_id: str) -> dict[str, Any]:
+    """``system``/``api_retry``: a request the transport retries, as it happens."""
+    return {"type": "system", "subtype": "api_retry", "attempt": notice.attempt, "max_retries": notice.max_retries,
+            "retry_delay_ms": notice.delay_ms, "error_status": notice.status, "error": notice.error,
+            "session_id": session_id}
+
+
+class ResultsShown:
+    """The tool results a run shows the client, each once (by its tool_use id): a result that an
+    executor's on_ready showed as soon as it could is not shown again when its batch drains or its
+    response is paired. :meth:`reset` for each response."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None], session_id: str) -> None:
+        self.emit = emit
+        self.session_id = session_id
+        self._ids: set[str] = set()
+
+    def reset(self) -> None:
+        self._ids = set()
+
+    def calls(self, results: Sequence[CallResult]) -> None:
+        """How calls ended, with the structured result each tool gave for SDK users."""
+        for r in results:
+            if not r.deferred:  # a deferred call has no result yet (the run's result names it, as Claude Code)
+                self.block(r.block, r.structured)
+
+    def block(self, block: Mapping[str, Any], structured: Any = None) -> None:
+        tid = block.get("tool_use_id", "")
+        if tid in self._ids:
+            return
+        self._ids.add(tid)
+        self.emit(result_message(block, self.session_id, structured))
 
 
 def marker_message(message: Any, session_id: str) -> dict[str, Any]:

@@ -87,6 +87,8 @@ from agentfsm.temporal.records import (
     StopInput,
     TaskEnd,
     TaskStart,
+    ToolBatchInput,
+    ToolBatchOutcome,
     ToolCallInput,
     ToolCallOutcome,
     ToolTraits,
@@ -460,7 +462,7 @@ class Activities:
         self.background: dict[str, _Background] = {}
 
     def all(self) -> list[Callable[..., Awaitable[Any]]]:
-        return [self.open_run, self.call_model, self.run_tool, self.compact, self.stop_hooks,
+        return [self.open_run, self.call_model, self.run_tool, self.run_tools, self.compact, self.stop_hooks,
                 self.post_batch, self.close_run, self.reap_task]
 
     def own(self) -> list[Callable[..., Awaitable[Any]]]:
@@ -795,6 +797,63 @@ class Activities:
         _write_outcome(outcome_file, done)
         return done
 
+    @activity.defn(name="agentfsm.run_tools")
+    async def run_tools(self, inp: ToolBatchInput) -> ToolBatchOutcome:
+        """A response's calls, one after another (each as :meth:`run_tool` runs one), in one activity.
+        Each call's outcome file is written as it finishes and a mark before it starts, so an attempt
+        after a lost worker keeps what finished, answers the call that was running "interrupted" (the
+        batch holds no read-only call: those run as local activities) and runs the calls that had not
+        started. Cancelled (a hard stop): the running call ends interrupted, the rest do not start."""
+        info = activity.info()
+        spec = inp.spec
+        ctx = self.context(spec)
+        killed = _kill_stale(_previous_details()) if info.attempt > 1 else []
+        outcomes: list[ToolCallOutcome] = []
+        details: dict[str, Any] = {"host": HOST, "boot_id": BOOT_ID, "pid": os.getpid(), "pgids": []}
+        try:
+            async with _heartbeats(lambda: details):
+                await self._run_in_order(inp, ctx, details, killed, outcomes)
+        except asyncio.CancelledError:  # a stop between two steps: what finished stands
+            return ToolBatchOutcome(tuple(outcomes), stopped=True)
+        return ToolBatchOutcome(tuple(outcomes), stopped=activity.is_cancelled())
+
+    async def _run_in_order(self, inp: ToolBatchInput, ctx: _Context, details: dict[str, Any], killed: list[int],
+                            outcomes: list[ToolCallOutcome]) -> None:
+        info, spec = activity.info(), inp.spec
+        layers, read_files = dict(inp.layers), dict(inp.read_files)
+        for block, invalid in zip(inp.blocks, inp.invalid_json, strict=True):
+            tool_use_id = str(block.get("id", ""))
+            outcome_file = _outcome_file(spec, tool_use_id)
+            mark = outcome_file.with_suffix(".started") if outcome_file is not None else None
+            done = None
+            if info.attempt > 1:
+                done = _read_outcome(outcome_file)
+                if done is not None:
+                    done = attrs.evolve(done, attempt=info.attempt)
+                elif mark is not None and mark.exists():
+                    self.log.warning("tool.worker_lost", tool_use_id=tool_use_id, attempt=info.attempt,
+                                     read_only=False, killed_groups=killed)
+                    name = str(block.get("name", ""))
+                    done = ToolCallOutcome(synthetic_result(
+                        tool_use_id, name, WORKER_LOST,
+                        block.get("input") if isinstance(block.get("input"), Mapping) else None),
+                        interrupted=True, attempt=info.attempt)
+            if done is None:
+                if activity.is_cancelled():
+                    return
+                if mark is not None:
+                    with contextlib.suppress(OSError):
+                        mark.parent.mkdir(parents=True, exist_ok=True)
+                        mark.touch()
+                done = await self._run_call(ToolCallInput(spec, block, invalid, dict(layers), dict(read_files)),
+                                            ctx, _ProcessGuard(details))
+                _write_outcome(outcome_file, done)
+            outcomes.append(done)
+            layers.update(done.result.context_layers)
+            read_files.update(done.read_files)
+            if activity.is_cancelled():  # the stop cut this call (its result says so) or came after it
+                return
+
     async def _run_read_only(self, inp: ToolCallInput, ctx: _Context, workflow_id: str) -> ToolCallOutcome:
         """A call the tool says only reads, as a local activity of the workflow's worker: no task of its
         own, no heartbeat, no outcome file — a worker lost while it runs is replaced by one that
@@ -921,6 +980,7 @@ class Activities:
             f = _outcome_file_in(outcomes, tool_use_id)
             if f is not None:
                 f.unlink(missing_ok=True)
+                f.with_suffix(".started").unlink(missing_ok=True)
         if batch.final:
             with contextlib.suppress(OSError):
                 Path(spec_file(batch.path)).unlink(missing_ok=True)

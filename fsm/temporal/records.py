@@ -299,6 +299,28 @@ class ToolCallOutcome:
 
 
 @attrs.frozen
+class ToolBatchInput:
+    """A response's tool calls run one after another in one activity (issue 34: where they would run
+    so anyway — each concurrency-unsafe, each finishing when the user interrupts)."""
+
+    spec: SessionSpec
+    blocks: tuple[Mapping[str, Any], ...]
+    invalid_json: tuple[str | None, ...]
+    layers: Mapping[str, Any] = attrs.field(factory=dict)
+    read_files: Mapping[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class ToolBatchOutcome:
+    """The outcomes of the batch's calls that ran, in order (a call the stop cut: its interrupted
+    result); ``stopped``: the run was stopped (the activity was cancelled) and the calls after these
+    did not start."""
+
+    outcomes: tuple[ToolCallOutcome, ...]
+    stopped: bool = False
+
+
+@attrs.frozen
 class TaskStart:
     """A background command a tool call started on a worker: what the session's task record says of
     it, and where it runs (``task_queue``: the worker's own queue, where its ``watch_task`` activity

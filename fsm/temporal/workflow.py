@@ -84,6 +84,8 @@ with workflow.unsafe.imports_passed_through():
         StopInput,
         TaskEnd,
         TaskStart,
+        ToolBatchInput,
+        ToolBatchOutcome,
         ToolCallInput,
         ToolCallOutcome,
         ToolTraits,
@@ -107,6 +109,9 @@ FEWER_TASKS = "agentfsm-34-fewer-tasks"
 # Issue 34, long sessions: a model call names only the messages new since the previous request (the
 # worker that served it keeps the rest), so a turn's payload and history do not grow with the session.
 LEAN_REQUESTS = "agentfsm-34-lean-requests"
+# Issue 34: the calls of a response that would run one after another anyway (none read-only, each
+# concurrency-unsafe and finishing when the user interrupts) run in one activity.
+TOOL_BATCHES = "agentfsm-34-tool-batches"
 # below this many messages a request names them all (a prefix would save little)
 _LEAN_MIN = 16
 
@@ -593,6 +598,10 @@ class SessionWorkflow:
             t = traits.get(str(b.get("id", "")))
             calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id")),
                                local=self._fewer_tasks and t is not None and t.read_only))
+        if (len(calls) > 1 and self._fewer_tasks
+                and all(not c.local and not c.safe and c.interrupt == "block" for c in calls)
+                and workflow.patched(TOOL_BATCHES)):
+            return await self._run_in_order(calls)
         layers: dict[str, Any] = {}
         limit = self._spec.limits.max_tool_concurrency
         interrupted = self.stopping()
@@ -699,6 +708,55 @@ class SessionWorkflow:
                 for c in calls:
                     if c.status == RUNNING and c.interrupt == "cancel":
                         cancel(c, USER_INTERRUPTED)
+
+    async def _run_in_order(self, calls: Sequence[_Call]) -> tuple[list[CallResult], bool]:
+        """Calls that run one after another, in one activity (``agentfsm.run_tools``): the same results
+        as one activity each — a user's interrupt lets them all finish; a hard abort cuts the running
+        one (interrupted) and starts no other, raising :class:`_Stopped` with what finished; a call
+        whose worker was lost is answered interrupted and the calls after it still run."""
+        timing = self._inp.timing
+        self._tools_ran = True
+        handle = workflow.start_activity(
+            "agentfsm.run_tools", ToolBatchInput(self._spec, tuple(c.block for c in calls),
+                                                 tuple(c.invalid_json for c in calls), {}, dict(self._read_files)),
+            result_type=ToolBatchOutcome, start_to_close_timeout=timedelta(minutes=15) * len(calls),
+            heartbeat_timeout=timedelta(seconds=timing.tool_heartbeat_s),
+            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=timing.retry_s), maximum_attempts=2,
+                                     non_retryable_error_types=[NON_RETRYABLE]),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+        await workflow.wait_condition(lambda: handle.done() or self.stopping(hard=True))
+        cancelled = not handle.done()
+        if cancelled:
+            handle.cancel()
+            await workflow.wait_condition(handle.done)
+        results: list[CallResult] = []
+        try:
+            out: ToolBatchOutcome = handle.result()
+        except (asyncio.CancelledError, ActivityError) as exc:  # nothing reported: what ran is unknown
+            if cancelled:
+                out = ToolBatchOutcome((), stopped=True)
+            else:
+                workflow.logger.warning("tool batch failed on every attempt: %s", exc)
+                out = ToolBatchOutcome(())
+        assert self._trace is not None
+        for c, o in zip(calls, out.outcomes, strict=False):
+            self._read_files.update(o.read_files)
+            self._settled.append(c.tool_use_id)
+            for rec in o.sandbox:
+                self._trace.write(rec)
+            for start in o.tasks:
+                self._task_started(start)
+            result = o.result
+            if cancelled and result.cancel_reason is not None:
+                result = synthetic_result(c.tool_use_id, result.tool_name, USER_INTERRUPTED, result.tool_input)
+            results.append(result)
+        if cancelled or out.stopped:
+            raise _Stopped({r.tool_use_id: r for r in results})
+        for c in calls[len(results):]:  # no attempt could report them: what they did is unknown
+            results.append(synthetic_result(c.tool_use_id, str(c.block.get("name", "")), WORKER_LOST))
+        for r in results:
+            self._emit_results((r.block,), r.structured)
+        return results, self.stopping()
 
     def _emit_results(self, results: Message | Sequence[Mapping[str, Any]] | None, structured: Any = None) -> None:
         """Each result's stream-json message, once (``structured``: what an SDK user receives as the one
