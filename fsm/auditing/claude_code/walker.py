@@ -528,6 +528,14 @@ class Walker:
     def on_over_budget(self, line: int, cost_usd: float) -> None:
         """The client ended the run over its --max-budget-usd (spent ``cost_usd``) right after a response: the
         response takes ``over_budget``; none of its tool calls ran."""
+        if self.phase is Phase.ASSEMBLE:
+            self.to_call(line)  # stream-json shows no requests
+        if self.phase is Phase.CALL_MODEL:
+            # a response with nothing in it (Claude Code records none): the spend still reached the budget
+            self.emit(line, StreamOpened(), "open_stream")
+            self.response = None
+            self.end_response(line, "over_budget", cost_usd=cost_usd)
+            return
         r = self.response
         if self.phase is Phase.STREAM and r is not None:
             self.end_response(r.last_line, "over_budget", cost_usd=cost_usd)
