@@ -43,6 +43,7 @@ from agentfsm.hooks.bash_policy import (
 )
 from agentfsm.hooks.file_access import PathChecker, PolicyFileAccess, path_rule_matches
 from agentfsm.tools.base import Access, Tool
+from agentfsm.tools.bash import segment_read_only
 from agentfsm.tools.pathmatch import has_magic
 from agentfsm.tools.shell import analyse
 
@@ -701,7 +702,7 @@ class PermissionPolicy:
 
     def _read_allowed(self, path: str) -> bool:
         """A Read allow rule covers ``path``, as written and resolved (it is then readable outside)."""
-        rules = [r for r in self.allow if r.tool in READ_TOOLS and r.specifier is not None]
+        rules = [r for r in self.allow if r.tool == "Read" and r.specifier is not None]
         if not rules:
             return False
         names = {os.path.normpath(path), os.path.realpath(path)}
@@ -727,6 +728,10 @@ class PermissionPolicy:
             text = approval_text(analysis, self.working_dirs, allowed)
             named = text.split(" in '", 1)[0] if " in '" in text else None
             part = next((c for c in analysis.commands if named and c.program == named and c.pipeline), None)
+            if text == UNCLASSIFIED:
+                # a part of a pipeline that is not read-only (`cat a | python3 -c …`) is what needs approval
+                part = next((c for c in analysis.commands if c.pipeline and c.part and not segment_read_only(c.argv)),
+                            None)
         if part is not None and part.pipeline and part.text:
             return ("This Bash command contains multiple operations. The following part requires approval: "
                     f"{part.text}")

@@ -100,7 +100,11 @@ CASES = [
 @pytest.mark.parametrize(("command", "part"), [("cat in.txt | grep O ../out/o.txt", "grep O ../out/o.txt"),
                                                ("cat ../out/o.txt | wc -l", "cat ../out/o.txt"),
                                                ("echo x | tee ../out/x.txt", "tee ../out/x.txt"),
-                                               ("cat in.txt | cat - ../out/o.txt", "cat - ../out/o.txt")])
+                                               ("cat in.txt | cat - ../out/o.txt", "cat - ../out/o.txt"),
+                                               ("echo x | tee t.txt", "tee t.txt"),
+                                               ("touch a.txt | cat", "touch a.txt"),
+                                               ("cat in.txt | python3 -c 'print(1)'", "python3 -c 'print(1)'"),
+                                               ("ls | xargs cat", "xargs cat")])
 def test_a_part_of_a_pipeline_is_named_as_a_part(ws: Path, command: str, part: str) -> None:
     assert text(command, ws) == ("ask", "This Bash command contains multiple operations. The following part "
                                         f"requires approval: {part}")

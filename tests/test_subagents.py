@@ -152,8 +152,11 @@ async def test_background_subagent_notifies_the_parent_through_its_queue(tmp_pat
     kinds = [(m.get("subtype"), m.get("state")) for m in seen if m["type"] == "system"]
     assert ("task_notification", None) in kinds
     assert [s for k, s in kinds if k == "command_lifecycle"] == ["queued", "started", "completed"]
-    assert [m["type"] for m in seen].count("result") == 1
-    assert result.num_turns == 3
+    # a result per pass, the first held back while the subagent ran (Claude Code's; its
+    # tests/fixtures/background/subagent_background): the last one is the run's
+    shown = [(m["result"], m["num_turns"]) for m in seen if m["type"] == "result"]
+    assert shown == [("WAITING_FOR_CHILD", 2), ("SUBAGENT_PARENT_OK", 1)] and seen[-1]["type"] == "result"
+    assert result.num_turns == 1
     assert session.background_agents == ()
 
 

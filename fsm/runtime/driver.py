@@ -71,11 +71,12 @@ from agentfsm.runtime.pipeline import INTERRUPT_RUN, ToolTable
 from agentfsm.runtime.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.runtime.queue import InputQueue, QueueItem
 from agentfsm.runtime.request import WireCache
-from agentfsm.runtime.result import RunAccount, RunResult, build_result
+from agentfsm.runtime.result import Passes, RunAccount, RunResult, build_result
 from agentfsm.runtime.runner import LoopRunner, StepObserver
 from agentfsm.runtime.signals import RunSignals, Stopped
+from agentfsm.runtime.tasks import LOCAL_AGENT
 from agentfsm.runtime.trace import TraceWriter
-from agentfsm.tools.base import FileAccess, ToolContext
+from agentfsm.tools.base import TASKS, FileAccess, ToolContext
 
 __all__ = ["DEFERRED_RESULTS", "Driver", "Emit", "StepObserver", "StopBeforeCall"]
 
@@ -150,6 +151,7 @@ class Driver:
         self.log = log.get_logger("agentfsm", session_id=session_id)
         self.observers: tuple[StepObserver, ...] = (self.trace, _LogSteps(self.log), *observers)
         self.account = RunAccount()
+        self.passes = Passes(time.monotonic())  # (each run starts its own)
         # what the phase in progress holds between its perform and the machine's step
         self._request_messages = 0
         self._pending_input: tuple[QueueItem, ...] = ()
@@ -204,6 +206,7 @@ class Driver:
             history, setup_failure = await _resume_deferred(self, tuple(history), first)
         messages: tuple[Message, ...] = tuple(history) if erased else (*history, first)
         self.signals.arm()
+        self.passes = Passes(started)
         runner = LoopRunner(self, LoopState(messages=messages, tool_use_context=ctx), self.session_id)
         try:
             state = await runner.run(setup_failure)
@@ -214,16 +217,22 @@ class Driver:
         for message in phases.closing_messages(state, len(messages), self.account.api_error_status, self.session_id):
             self.emit(message)
         acct = self.account
-        result = build_result(state, session_id=self.session_id,
-                              duration_ms=int((time.monotonic() - started) * 1000),
-                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
-                              denials=tuple(acct.denials), structured_output=acct.structured_output,
-                              warnings=tuple(acct.warnings), account=acct)
+        result = self.passes.of(self._result_so_far(state), time.monotonic())
+        # the results of earlier passes held back while a background subagent ran come first
+        for held in self.passes.held:
+            self.emit(held.to_dict())
+        self.passes.held.clear()
         self.trace.result(result.to_dict())
         self.log.info("loop.terminal", terminal_reason=result.terminal_reason.value,
                       subtype=result.subtype, is_error=result.is_error, turns=result.num_turns,
                       cost_usd=round(acct.cost_usd, 6))
         return result, state
+
+    def _result_so_far(self, state: LoopState) -> RunResult:
+        acct = self.account
+        return build_result(state, session_id=self.session_id, duration_ms=0, duration_api_ms=int(acct.api_ms),
+                            cost=acct.cost_usd, usage=acct.usage, denials=tuple(acct.denials),
+                            structured_output=acct.structured_output, warnings=tuple(acct.warnings), account=acct)
 
     # --- the runtime's side of the runner: stop, and the consequences a move declares ------------
 
@@ -532,10 +541,23 @@ class Driver:
         """Wait, after the run ended, while background work may still report; the notifications
         queued by then start the next pass (their items leave the queue with the move: its
         ``take_input``). None when nothing runs, the run is being stopped, or user input is queued
-        (the session's next run takes that, with any notification beside it)."""
+        (the session's next run takes that, with any notification beside it). The pass that ended
+        has its result (:class:`Passes`): printed now, or held while a background subagent runs."""
+        ended = None
+        if self.background() and not self.stopping():
+            ended = self.passes.of(self._result_so_far(state), time.monotonic())
+            tasks = self.services.get(TASKS)
+            if any(t.running and t.task_type == LOCAL_AGENT for t in getattr(tasks, "tasks", {}).values()):
+                self.passes.held.append(ended)
+            else:
+                self.emit(ended.to_dict())
+                self.passes.last_printed = True
         pending = await self.queue.notifications_after_run(lambda: self.background() and not self.stopping())
         if self.stopping() or not pending:
+            if ended is not None and self.passes.held and self.passes.held[-1] is ended:
+                self.passes.held.pop()  # the run's own result, printed when the run ends
             return None
+        self.passes.next(turns=state.turn_count, usage=self.account.usage, now=time.monotonic())
         self._pending_input = pending
         self.log.info("loop.task_notifications", count=len(pending))
         return TaskNotified(tuple(item.as_attachment() for item in pending))

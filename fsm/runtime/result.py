@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 
 from agentfsm.machine.state import TERMINAL_INFO, LoopState, TerminalReason
-from agentfsm.runtime.cost import add_usage, cost_usd
+from agentfsm.runtime.cost import USAGE_KEYS, add_usage, cost_usd
 
 ZERO_USAGE: Mapping[str, int] = {"input_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
                                  "output_tokens": 0}
@@ -199,3 +199,35 @@ def _deferred_call(state: LoopState) -> Mapping[str, Any] | None:
                 return None
             return {"id": calls[0]["id"], "name": calls[0]["name"], "input": dict(calls[0].get("input") or {})}
     return None
+
+
+@attrs.define
+class Passes:
+    """The passes of one driver run — its prompt's, then one per set of task notifications that
+    started another (the graph's ``task_notification`` move) — and their results. Claude Code 2.1.332
+    prints a result per pass (tests/fixtures/background: ``num_turns``, ``duration_ms`` and ``usage``
+    are the pass's own; the cost and API time the run's so far), and holds a pass's result back to
+    the run's end while a background subagent runs."""
+
+    started: float
+    index: int = 0
+    turns_before: int = 0
+    usage_before: dict[str, Any] = attrs.field(factory=dict)
+    held: list[RunResult] = attrs.field(factory=list)
+    # the last pass's result was printed when the pass ended (the run then ended without another)
+    last_printed: bool = False
+
+    def of(self, run: RunResult, now: float) -> RunResult:
+        """``run`` (the run so far, as :func:`build_result` makes it) as the result of this pass."""
+        usage = run.usage
+        if self.index:
+            usage = {**usage, **{k: usage[k] - self.usage_before.get(k, 0) for k in USAGE_KEYS
+                                 if isinstance(usage.get(k), int)}}
+        return attrs.evolve(run, num_turns=max(0, run.num_turns - self.turns_before),
+                            duration_ms=int((now - self.started) * 1000), usage=usage)
+
+    def next(self, *, turns: int, usage: Mapping[str, Any], now: float) -> None:
+        """Another pass starts (the run so far took ``turns`` turns and ``usage``)."""
+        self.index += 1
+        self.turns_before, self.usage_before, self.started = turns, dict(usage), now
+        self.last_printed = False

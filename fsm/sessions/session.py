@@ -219,7 +219,12 @@ class Session:
                 await self.subagents.stop_all()
             result = _merge(results, duration_ms=int((time.monotonic() - started) * 1000),
                             extra_cost=self.subagents.cost_usd - cost_before)
-            self._emit(result.to_dict())
+            driver = self.driver
+            if len(results) == 1 and driver is not None and driver.passes.index:
+                result = attrs.evolve(result, duration_ms=results[0].duration_ms)  # the last pass's own
+            if len(results) > 1 or driver is None or not driver.passes.last_printed:
+                # (a run whose last pass ended waiting for background work printed that pass's result then)
+                self._emit(result.to_dict())
             return result
         finally:
             self._running = False
