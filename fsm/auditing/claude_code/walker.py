@@ -37,6 +37,7 @@ from agentfsm.machine.events import (
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
+    TaskNotified,
     ToolsDrained,
 )
 from agentfsm.machine.graph import EDGES_BY_TRIGGER
@@ -134,6 +135,7 @@ class Walker:
         self.feedback: tuple[int, StopHookVerdict] | None = None
         self.enforce: int | None = None  # the structured-output request's line, awaiting what follows
         self.enforced = False  # Claude Code asks for the StructuredOutput call once per run
+        self.stopped = False  # the last run's records ended with the loop at stop (finish)
         self.pending_compaction: Compaction | None = None
         self.messages_by_uuid: dict[str, Message] = {}
         self.last_exchange: tuple[Message, ...] = ()
@@ -161,12 +163,21 @@ class Walker:
         self.items.append(Fact(line, action, detail))
 
     def emit(self, line: int, event: Event, *observed: str | None) -> None:
+        self.stopped = False
         self.items.append(Observation(line, event, tuple(observed)))
         for trigger in observed:
             self.phase = _dest(trigger) if trigger is not None else None
 
     def start_run(self, line: int, prompt: Message | None, cause: str = "prompt") -> None:
         self.finish(line)
+        if cause == "task-notification" and self.stopped:
+            # background work the run started reported after it ended: the same run goes on, by the
+            # graph's task_notification move (stop → assemble), as agentfsm's does (issue 30)
+            note = (attrs.evolve(prompt, kind="task_notification") if prompt is not None else
+                    Message("user", ({"type": "text", "text": ""},), kind="task_notification"))
+            self.emit(line, TaskNotified((note,)), "task_notification")
+            self.enforced = False
+            return
         self.items.append(RunStart(line, prompt, cause))
         self.phase = Phase.ASSEMBLE
         self.enforced = False
@@ -563,6 +574,8 @@ class Walker:
             prevented = terminal_reason == "stop_hook_prevented"
             self.emit(line if prevented else self.hooks_due_line, StopHookVerdict(prevented=prevented), "settle")
             self.hooks_due_line = None
+        # the run's records ended with the loop at stop: a task notification may take it on
+        self.stopped = self.phase is Phase.STOP and self.feedback is None
         self.phase = None
         self.response = None
         self.batch = None
