@@ -14,7 +14,8 @@ clean copy too, or only once (flaky under load), says nothing of the mutant and 
     python bench/handmade.py session driver        # the mutants of some modules
     python bench/handmade.py --id session.turns-of-last-run
     python bench/handmade.py --jobs 2              # two mutants at a time (two scratch copies)
-    python bench/handmade.py --survivors           # re-run only the last run's survivors
+    python bench/handmade.py --survivors           # re-run only the last run's survivors (and untested)
+    python bench/handmade.py --test-timeout 30     # seconds per test (default 60): a hanging mutant fails early
     python bench/handmade.py --report              # the last run's table, no testing
     python bench/handmade.py --check               # only check that every snippet applies (no tests)
 
@@ -308,7 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="seconds per test (pytest-timeout; default %(default)s): a mutant that hangs one test "
                         "fails that test then, instead of after the suite's 120 s")
     p.add_argument("--threshold", type=float, default=95.0)
-    p.add_argument("--survivors", action="store_true", help="only the last run's survivors (and untested ones)")
+    p.add_argument("--survivors", action="store_true",
+                   help="only the last run's survivors and untested ones (not the argued equivalents)")
     p.add_argument("--report", action="store_true", help="the last results; test nothing")
     p.add_argument("--check", action="store_true", help="only check the declarations and snippets")
     p.add_argument("--work", type=Path, default=REPO / ".mutation")
@@ -333,7 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.report:
         if args.survivors:
             last = previous()
-            chosen_run = [m for m in chosen if last.get(m.id, {}).get("status") not in ("killed", "timeout")]
+            # an argued equivalent is run by a full run only: re-running it cannot change the score
+            chosen_run = [m for m in chosen if last.get(m.id, {}).get("status") not in ("killed", "timeout")
+                          and not m.equivalent]
         else:
             chosen_run = list(chosen)
         print(f"hand-made mutants: {len(chosen_run)} to test, {args.jobs} job(s)", flush=True)

@@ -43,6 +43,7 @@ from agentfsm.hooks.bash_policy import (
 )
 from agentfsm.hooks.file_access import PathChecker, PolicyFileAccess, path_rule_matches
 from agentfsm.tools.base import Access, Tool
+from agentfsm.tools.bash import segment_read_only
 from agentfsm.tools.pathmatch import has_magic
 from agentfsm.tools.shell import analyse
 
@@ -253,7 +254,7 @@ def _domain_matches(domain: str, url: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Path specifiers (gitignore-style)
 
-def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list[str]:
+def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path, *, boundary: bool = False) -> list[str]:
     """The path(s) a file tool touches, absolute and normalised, plus the symlink-resolved form
     when it differs (a deny rule on a target must not be dodged through a link)."""
     raw: str | None = None
@@ -273,10 +274,12 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
         base = cwd / base
     if "Glob" in names and isinstance(tool_input.get("pattern"), str):
         # Glob(pattern="/etc/**") reaches past its path: judge the fixed prefix (a relative one up to
-        # a `..`, which the search never climbs: tools/glob.py's split_literal_prefix)
+        # a `..`, which the search never climbs: tools/glob.py's split_literal_prefix). For the
+        # working-directory boundary (``boundary``) a relative pattern is not judged at all: it stays
+        # below its path (the search enters no symlink either), and Claude Code judges only the path
         pattern = tool_input["pattern"]
         fixed: list[str] = []
-        for seg in pattern.split("/"):
+        for seg in pattern.split("/") if pattern.startswith("/") or not boundary else ():
             if has_magic(seg) or (seg == ".." and not pattern.startswith("/")):
                 break
             fixed.append(seg)
@@ -680,7 +683,7 @@ class PermissionPolicy:
         if not names & READ_TOOLS:
             return None
         try:
-            paths = _subject_paths(tool, tool_input, self.cwd)
+            paths = _subject_paths(tool, tool_input, self.cwd, boundary=True)
         except ValueError:  # a path the OS cannot take (a NUL byte): judged as written
             raw = next((tool_input[k] for k in ("file_path", "notebook_path", "path")
                         if isinstance(tool_input.get(k), str) and tool_input[k]), "")
@@ -701,7 +704,7 @@ class PermissionPolicy:
 
     def _read_allowed(self, path: str) -> bool:
         """A Read allow rule covers ``path``, as written and resolved (it is then readable outside)."""
-        rules = [r for r in self.allow if r.tool in READ_TOOLS and r.specifier is not None]
+        rules = [r for r in self.allow if r.tool == "Read" and r.specifier is not None]
         if not rules:
             return False
         names = {os.path.normpath(path), os.path.realpath(path)}
@@ -727,6 +730,10 @@ class PermissionPolicy:
             text = approval_text(analysis, self.working_dirs, allowed)
             named = text.split(" in '", 1)[0] if " in '" in text else None
             part = next((c for c in analysis.commands if named and c.program == named and c.pipeline), None)
+            if text == UNCLASSIFIED:
+                # a part of a pipeline that is not read-only (`cat a | python3 -c …`) is what needs approval
+                part = next((c for c in analysis.commands if c.pipeline and c.part and not segment_read_only(c.argv)),
+                            None)
         if part is not None and part.pipeline and part.text:
             return ("This Bash command contains multiple operations. The following part requires approval: "
                     f"{part.text}")
@@ -750,7 +757,7 @@ class PermissionPolicy:
         if outside is None:
             return None
         try:
-            real = _through_link(_subject_paths(tool, tool_input, self.cwd), self.working_dirs)
+            real = _through_link(_subject_paths(tool, tool_input, self.cwd, boundary=True), self.working_dirs)
         except ValueError:
             real = None
         return requested("read", outside, real)

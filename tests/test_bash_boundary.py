@@ -100,7 +100,11 @@ CASES = [
 @pytest.mark.parametrize(("command", "part"), [("cat in.txt | grep O ../out/o.txt", "grep O ../out/o.txt"),
                                                ("cat ../out/o.txt | wc -l", "cat ../out/o.txt"),
                                                ("echo x | tee ../out/x.txt", "tee ../out/x.txt"),
-                                               ("cat in.txt | cat - ../out/o.txt", "cat - ../out/o.txt")])
+                                               ("cat in.txt | cat - ../out/o.txt", "cat - ../out/o.txt"),
+                                               ("echo x | tee t.txt", "tee t.txt"),
+                                               ("touch a.txt | cat", "touch a.txt"),
+                                               ("cat in.txt | python3 -c 'print(1)'", "python3 -c 'print(1)'"),
+                                               ("ls | xargs cat", "xargs cat")])
 def test_a_part_of_a_pipeline_is_named_as_a_part(ws: Path, command: str, part: str) -> None:
     assert text(command, ws) == ("ask", "This Bash command contains multiple operations. The following part "
                                         f"requires approval: {part}")
@@ -276,6 +280,10 @@ def test_a_relative_glob_pattern_never_climbs_out_of_its_directory(ws: Path) -> 
     assert find_files(str(ws), "sub/../../out/*.txt") == []
     assert split_literal_prefix("/r", "a/b/*.py") == ("/r/a/b", "*.py")
     assert split_literal_prefix("/r", "../x/*.py") == ("/r", "../x/*.py")
+    # nor through a symlink in the workspace (Claude Code: "No files found", asked nothing)
+    assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": "link/*.txt"}).behavior == "allow"
+    assert find_files(str(ws), "link/*.txt") == [] and find_files(str(ws), "link/o.txt") == []
+    assert find_files(str(ws), "sub/*.txt") == [] and len(find_files(str(ws), "*.txt")) == 1
     # an absolute pattern is still judged by where it points
     assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": f"{ws.parent}/out/*.txt"}).behavior == "ask"
 

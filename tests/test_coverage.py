@@ -406,7 +406,7 @@ def _blocking_limit(d: Path) -> LoopRun:
                     limits=Limits(auto_compact=False))
 
 
-@rare("budget", T.BUDGET_EXHAUSTED, "refuse:call_model")
+@rare("budget", T.BUDGET_EXHAUSTED, "over_budget:stream")
 def _budget(d: Path) -> LoopRun:
     return run_path(d, [*_echo_turns(1, {"input_tokens": 100_000, "output_tokens": 10}), DONE],
                     limits=Limits(max_budget_usd=0.01))

@@ -14,6 +14,7 @@ its statement here fails at once.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -198,8 +199,21 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
             and _assistants(s.messages) > 1:
         return "reactive_compact_retry", {"has_attempted_reactive_compact": True, "messages": e.compaction.messages,
                                           "compact_tracking": _compacted(s, rapid_count=None)}
-    return "call_failed", {"terminal_reason": ERROR_REASONS.get(err.kind, T.API_ERROR), "terminal_detail": err.message,
+    return "call_failed", {"terminal_reason": ERROR_REASONS.get(err.kind, T.API_ERROR),
+                           "terminal_detail": _failure_text(s, err),
                            "messages": _paired(s.messages, e, "stream_failed")}
+
+
+def _failure_text(s: LoopState, err: ModelError) -> str:
+    """The API's message; a prompt too long before any response (nothing to compact) in Claude Code 2.1.332's
+    words, with the sizes when the API's message states them."""
+    if err.kind != "prompt_too_long" or _assistants(s.messages) > 0:
+        return err.message
+    sizes = re.search(r"(\d+) tokens > (\d+)", err.message)
+    if sizes is None:
+        return prompts.PTL_SINGLE_EXCHANGE
+    return prompts.PTL_SINGLE_EXCHANGE_SIZED.format(request=sizes.group(1), limit=sizes.group(2),
+                                                    conversation=prompts.rough_tokens(s.messages))
 
 
 def _stream_ended(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[str, Any]]:

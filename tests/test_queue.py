@@ -396,3 +396,34 @@ async def test_input_absorbed_into_a_request_counts_toward_its_blocking_limit(tm
             assert result.is_error and "Prompt is too long" in str(result.result), result
         else:
             assert result.result == "DONE"
+
+
+async def test_post_tool_batch_hooks_run_for_a_finished_batch_and_not_for_an_interrupted_one(
+        tmp_path: Path) -> None:
+    """PostToolBatch reviews a batch the model will see in full; a batch the user interrupted ends the
+    run instead, so the hook is not asked about it."""
+    from agentfsm.hooks.runner import HookMatcher
+
+    for interrupt in (False, True):
+        seen: list[Any] = []
+
+        async def post_batch(inp: Any, seen: list[Any] = seen) -> None:
+            seen.append(inp)
+
+        gate = Gate()
+        model = ScriptedModel([SLOW_CALL, {"blocks": [{"type": "text", "text": "DONE"}]}])
+        session = Session(options(tmp_path / str(interrupt), gate.tool,
+                                  hooks={"PostToolBatch": [HookMatcher(hooks=[post_batch])]}), client=model)
+        run = asyncio.ensure_future(session.run("start"))
+        await asyncio.wait_for(gate.started.wait(), 5)
+        if interrupt:
+            await asyncio.sleep(0.05)  # the (instant) scripted stream ends: the loop waits in dispatch_tools
+            session.interrupt()
+            await asyncio.sleep(0.05)
+        gate.release.set()
+        result = await asyncio.wait_for(run, 10)
+        await session.aclose()
+        if interrupt:
+            assert result.terminal_reason.value == "aborted_tools" and seen == []
+        else:
+            assert result.result == "DONE" and len(seen) == 1

@@ -178,7 +178,9 @@ def test_prompt_too_long_on_the_first_request_cannot_compact(cli: Any) -> None:
     assert len(run.bodies) == 1
     res = run.result
     assert (res["terminal_reason"], res["subtype"], res["is_error"]) == ("prompt_too_long", "success", True)
-    assert "prompt is too long" in res["result"]
+    # Claude Code 2.1.332's words: a single exchange cannot be compacted, with the request's size
+    assert res["result"].startswith("Prompt is too long · the request is ~212345 tokens (limit 200000)")
+    assert "A single-exchange conversation cannot be compacted" in res["result"]
     assert run.system("compact_boundary") == []
     run.audit_clean()
 

@@ -1,5 +1,6 @@
 """A stop cuts the driver's wait in the driver's own task (no task per wait): the cancellation it
-makes is taken back once the work unwound, and a cancellation from outside still goes on as one."""
+makes is taken back once the work unwound, and a cancellation from outside still goes on as one. A
+user's interrupt mid-stream still lets the block tools the response started finish."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from agentfsm.machine.options import Options
 from agentfsm.machine.state import TerminalReason
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext, ToolOutput, tool
 
 SLOW = {"blocks": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}],
         "stop_reason": "end_turn", "block_delay_s": 5}
@@ -75,4 +77,54 @@ async def test_a_timeout_around_a_run_still_times_out(tmp_path: Path) -> None:
             await session.run("go")
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0
+    await session.aclose()
+
+
+async def test_an_interrupt_mid_stream_lets_a_started_block_tool_finish(tmp_path: Path) -> None:
+    """Ctrl-C while the response still streams, after it started a ``block`` tool: the tool finishes
+    and its real result pairs its call (RunSignals.finish_block_tools); only a hard abort cuts it."""
+    started, finished = asyncio.Event(), []
+
+    @tool("Hold", "Holds on a moment.", {"type": "object", "properties": {}}, interrupt="block")
+    async def hold(_input: Any, _ctx: ToolContext) -> ToolOutput:
+        started.set()
+        await asyncio.sleep(0.3)
+        finished.append(True)
+        return ToolOutput("held to the end")
+
+    script = [{"blocks": [{"type": "tool_use", "id": "toolu_h", "name": "Hold", "input": {}},
+                          {"type": "text", "text": "never shown"}], "stop_reason": "tool_use", "block_delay_s": 5}]
+    options = Options(tools=(), extra_tools=(hold,), cwd=tmp_path, setting_sources=(), write_trace=False,
+                      permission_mode="bypassPermissions")
+    session = Session(options, client=ScriptedModel(script))
+    async with session:
+        run = asyncio.ensure_future(session.run("go"))
+        await asyncio.wait_for(started.wait(), 20)
+        session.interrupt()
+        result = await asyncio.wait_for(run, 20)
+    assert result.terminal_reason is TerminalReason.ABORTED_STREAMING
+    assert finished == [True]
+    results = [b for m in session.history for b in m.content if b.get("type") == "tool_result"]
+    assert [r["tool_use_id"] for r in results] == ["toolu_h"]
+    assert "held to the end" in str(results[0]["content"])
+
+
+async def test_a_timeout_while_the_ended_run_waits_for_its_background_work_still_times_out(
+        tmp_path: Path) -> None:
+    """The run has ended (completed) and waits for a background command to report: a cancel then is
+    the caller's and goes through as a timeout; the ended run is not turned into an abort."""
+    background = {"blocks": [{"type": "tool_use", "id": "toolu_bg", "name": "Bash",
+                              "input": {"command": "sleep 30", "run_in_background": True}}], "stop_reason": "tool_use"}
+    answer = {"blocks": [{"type": "text", "text": "started it"}], "stop_reason": "end_turn"}
+    options = Options(tools=("Bash",), cwd=tmp_path, setting_sources=(), permission_mode="bypassPermissions",
+                      sessions_dir=tmp_path / "sessions")
+    shown: list[dict[str, Any]] = []
+    session = Session(options, client=ScriptedModel([background, answer]), emit=shown.append)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(3):
+            await session.run("go")
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    texts = [b.get("text") for m in shown if m.get("type") == "assistant" for b in m["message"]["content"]]
+    assert "started it" in texts  # the run had ended before the timeout
     await session.aclose()

@@ -253,7 +253,7 @@ PTL = {"status": 400, "error_type": "invalid_request_error",
 
 async def prompt_too_long(loop: Loop) -> Run:
     run = await loop.run([PTL])
-    assert run.model.count == 1 and "prompt is too long" in (run.result.result or "")
+    assert run.model.count == 1 and "Prompt is too long" in (run.result.result or "")
     return run
 
 

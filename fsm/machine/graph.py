@@ -623,8 +623,17 @@ def _error_reason(kind: str) -> TerminalReason:
             "stream_garbled": T.MODEL_ERROR}.get(kind, T.API_ERROR)
 
 
+def _failure_detail(s: LoopState, error: Any) -> str:
+    """What the run's result says of a failure: the API's message, except for a prompt too long in a
+    conversation of a single exchange, which no compaction can shrink: Claude Code 2.1.332 says so in its
+    own words, with the request's size from the API's message and its estimate of the conversation's."""
+    if error.kind == "prompt_too_long" and _exchanges(s.messages) == 0:
+        return prompts.single_exchange_too_long(error.message, prompts.rough_tokens(s.messages))
+    return str(error.message)
+
+
 def call_failed(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
-    return {"terminal_reason": _error_reason(e.error.kind), "terminal_detail": e.error.message,
+    return {"terminal_reason": _error_reason(e.error.kind), "terminal_detail": _failure_detail(s, e.error),
             "messages": _with_pair(s.messages, e, "call_failed")}
 
 

@@ -6,6 +6,7 @@ they reach the model but are not mistaken for something the user typed.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
@@ -89,6 +90,31 @@ MAX_TOKENS_EXHAUSTED = "Claude's response exceeded the {n} output token maximum.
 BUDGET_REMINDER = "USD budget: ${used}/${total}; ${remaining} remaining"
 BUDGET_REACHED = "Reached maximum budget (${total})"
 STOP_HOOK_CAP_WARNING = "Stop hook blocked {n} times in a row; overriding the block and ending the turn."
+
+
+# a prompt too long when the conversation is a single exchange (nothing to compact), in Claude Code 2.1.332's
+# words: with the sizes when the API's message states them, without otherwise
+PTL_SINGLE_EXCHANGE_SIZED = (
+    "Prompt is too long · the request is ~{request} tokens (limit {limit}) but this conversation is only "
+    "~{conversation} tokens — the rest is system prompt, tool definitions, and attachment content. A "
+    "single-exchange conversation cannot be compacted; reduce attached files/tools or start with less context.")
+PTL_SINGLE_EXCHANGE = (
+    "Prompt is too long · this conversation is a single exchange and cannot be compacted — the request size "
+    "comes mostly from system prompt, tool definitions, or attachments.")
+_PTL_SIZES = re.compile(r"(\d+) tokens > (\d+)")
+
+
+def rough_tokens(messages: Iterable[Message]) -> int:
+    """A rough size of a conversation in tokens (four characters a token), for messages to the user."""
+    return sum(len(json.dumps(list(m.content), ensure_ascii=False)) for m in messages) // 4
+
+
+def single_exchange_too_long(api_message: str, conversation_tokens: int) -> str:
+    sizes = _PTL_SIZES.search(api_message)
+    if sizes is None:
+        return PTL_SINGLE_EXCHANGE
+    return PTL_SINGLE_EXCHANGE_SIZED.format(request=sizes.group(1), limit=sizes.group(2),
+                                            conversation=conversation_tokens)
 
 
 def usd(amount: float) -> str:

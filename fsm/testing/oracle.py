@@ -47,6 +47,9 @@ AGENTFSM = "af"
 TOKENS_REMINDER = re.compile(
     r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>\n?")
 SAVED_PATH = re.compile(r"Full output saved to: \S+")
+# each client's estimate of its own conversation (Claude Code's counts its context preamble, which is not
+# compared): the number is left out of the comparison, the text around it is compared
+OWN_ESTIMATE = re.compile(r"(this conversation is only ~)\d+( tokens)")
 PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_tokens>", "Today's date is",
                     "Attribution for git commits", "As you answer the user's questions", "# claudeMd")
 
@@ -289,6 +292,11 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
     return {**run, "results": results, "shape": shape}
 
 
+def _estimates_out(result: Mapping[str, Any]) -> dict[str, Any]:
+    text = result.get("result")
+    return {**result, "result": OWN_ESTIMATE.sub(r"\1N\2", text)} if isinstance(text, str) else dict(result)
+
+
 def differences(cc: Mapping[str, Any], af: Mapping[str, Any]) -> dict[str, Any]:
     """``{key: (claude code, agentfsm)}`` for everything the differential test compares that differs."""
     a, b = canon(cc), canon(af)
@@ -300,7 +308,7 @@ def differences(cc: Mapping[str, Any], af: Mapping[str, Any]) -> dict[str, Any]:
             out[f"tool_result[{i}]"] = (x, y)
     if a["shape"] != b["shape"]:
         out["history"] = (a["shape"], b["shape"])
-    ra, rb = a["result"] or {}, b["result"] or {}
+    ra, rb = _estimates_out(a["result"] or {}), _estimates_out(b["result"] or {})
     for k in RESULT_FIELDS:
         if ra.get(k) != rb.get(k):
             out[f"result.{k}"] = (ra.get(k), rb.get(k))
