@@ -536,9 +536,40 @@ class Walker:
 
     # -- the end ------------------------------------------------------------------------------------
 
+    def _rejected_only(self, batch: _Batch) -> bool:
+        """Every call of the batch has a result, each an error, and the observation that dispatched it is
+        the last move (nothing after it)."""
+        uses = [str(u.get("id")) for u in batch.response.tool_uses()]
+        last = next((i for i in reversed(self.items) if isinstance(i, Observation)), None)
+        return (bool(uses) and all(batch.results.get(u) and all(b.get("is_error") for _, b in batch.results[u])
+                                   for u in uses)
+                and last is not None and last.observed == ("dispatch",))
+
     def on_over_budget(self, line: int, cost_usd: float) -> None:
         """The client ended the run over its --max-budget-usd (spent ``cost_usd``) right after a response: the
         response takes ``over_budget``; none of its tool calls ran."""
+        batch = self.batch
+        if self.phase is Phase.DISPATCH_TOOLS and batch is not None and self._rejected_only(batch):
+            # every call of the response was rejected before its tool ran (input failing its schema, a
+            # task that does not exist): Claude Code recorded their errors, then stopped over budget
+            at = next(i for i in range(len(self.items) - 1, -1, -1)
+                      if isinstance(self.items[i], Observation) and self.items[i].observed == ("dispatch",))
+            ended = self.items[at]
+            assert isinstance(ended, Observation) and isinstance(ended.event, StreamEnded)
+            self.items[at] = Observation(ended.line, attrs.evolve(ended.event, cost_usd=cost_usd), ("over_budget",))
+            self.find(line, "cc_budget_answered_rejected_calls",
+                      f"{len(batch.results)} call(s) rejected before their tools ran were answered, then the run "
+                      "stopped over budget; followed as over_budget")
+            self.phase, self.batch, self.response = Phase.STOP, None, None
+            return
+        if self.phase is Phase.ASSEMBLE:
+            self.to_call(line)  # stream-json shows no requests
+        if self.phase is Phase.CALL_MODEL:
+            # a response with nothing in it (Claude Code records none): the spend still reached the budget
+            self.emit(line, StreamOpened(), "open_stream")
+            self.response = None
+            self.end_response(line, "over_budget", cost_usd=cost_usd)
+            return
         r = self.response
         if self.phase is Phase.STREAM and r is not None:
             self.end_response(r.last_line, "over_budget", cost_usd=cost_usd)
