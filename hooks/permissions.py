@@ -254,7 +254,7 @@ def _domain_matches(domain: str, url: Any) -> bool:
 # ----------------------------------------------------------------------------------------------
 # Path specifiers (gitignore-style)
 
-def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list[str]:
+def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path, *, boundary: bool = False) -> list[str]:
     """The path(s) a file tool touches, absolute and normalised, plus the symlink-resolved form
     when it differs (a deny rule on a target must not be dodged through a link)."""
     raw: str | None = None
@@ -274,10 +274,12 @@ def _subject_paths(tool: Tool, tool_input: Mapping[str, Any], cwd: Path) -> list
         base = cwd / base
     if "Glob" in names and isinstance(tool_input.get("pattern"), str):
         # Glob(pattern="/etc/**") reaches past its path: judge the fixed prefix (a relative one up to
-        # a `..`, which the search never climbs: tools/glob.py's split_literal_prefix)
+        # a `..`, which the search never climbs: tools/glob.py's split_literal_prefix). For the
+        # working-directory boundary (``boundary``) a relative pattern is not judged at all: it stays
+        # below its path (the search enters no symlink either), and Claude Code judges only the path
         pattern = tool_input["pattern"]
         fixed: list[str] = []
-        for seg in pattern.split("/"):
+        for seg in pattern.split("/") if pattern.startswith("/") or not boundary else ():
             if has_magic(seg) or (seg == ".." and not pattern.startswith("/")):
                 break
             fixed.append(seg)
@@ -681,7 +683,7 @@ class PermissionPolicy:
         if not names & READ_TOOLS:
             return None
         try:
-            paths = _subject_paths(tool, tool_input, self.cwd)
+            paths = _subject_paths(tool, tool_input, self.cwd, boundary=True)
         except ValueError:  # a path the OS cannot take (a NUL byte): judged as written
             raw = next((tool_input[k] for k in ("file_path", "notebook_path", "path")
                         if isinstance(tool_input.get(k), str) and tool_input[k]), "")
@@ -755,7 +757,7 @@ class PermissionPolicy:
         if outside is None:
             return None
         try:
-            real = _through_link(_subject_paths(tool, tool_input, self.cwd), self.working_dirs)
+            real = _through_link(_subject_paths(tool, tool_input, self.cwd, boundary=True), self.working_dirs)
         except ValueError:
             real = None
         return requested("read", outside, real)

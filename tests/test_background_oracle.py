@@ -349,3 +349,23 @@ async def test_ctrl_c_cuts_off_background_work_as_claude_code_does_and_a_resume_
 
 def _stream_file(case: str, name: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (HERE / case / name).read_text().splitlines() if line]
+
+
+@pytest.mark.parametrize("case", REPLAYED)
+async def test_the_auditor_reads_a_notification_pass_as_the_same_run_in_either_clients_records(
+        case: str, tmp_path: Path) -> None:
+    """``agentfsm audit`` on Claude Code's stream-json of the case and on our session file of its
+    replay: one run, each notification pass entered by the graph's ``task_notification`` move, the same
+    path, no finding."""
+    from agentfsm.auditing.audit import audit_report
+
+    await our_bodies(case, tmp_path / "ws")
+    (ours_file,) = [p for p in (tmp_path / "sessions").rglob("*.jsonl") if "subagents" not in p.parts]
+    theirs, ours = audit_report(HERE / case / "stream.jsonl"), audit_report(ours_file)
+    passes = sum(1 for m in _stream(case) if m.get("type") == "system" and m.get("subtype") == "init")
+    assert len(theirs.runs) == 1, [r.cause for r in theirs.runs]  # (our session file's report lists none)
+    for report in (theirs, ours):
+        assert [m.label for m in report.moves].count("task_notification") == passes - 1 >= 0
+        assert report.terminal_reason == "completed"
+        assert not [f for f in report.findings if f.severity == "error"], report.findings
+    assert [m.label for m in theirs.moves] == [m.label for m in ours.moves]

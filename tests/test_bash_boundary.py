@@ -280,6 +280,10 @@ def test_a_relative_glob_pattern_never_climbs_out_of_its_directory(ws: Path) -> 
     assert find_files(str(ws), "sub/../../out/*.txt") == []
     assert split_literal_prefix("/r", "a/b/*.py") == ("/r/a/b", "*.py")
     assert split_literal_prefix("/r", "../x/*.py") == ("/r", "../x/*.py")
+    # nor through a symlink in the workspace (Claude Code: "No files found", asked nothing)
+    assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": "link/*.txt"}).behavior == "allow"
+    assert find_files(str(ws), "link/*.txt") == [] and find_files(str(ws), "link/o.txt") == []
+    assert find_files(str(ws), "sub/*.txt") == [] and len(find_files(str(ws), "*.txt")) == 1
     # an absolute pattern is still judged by where it points
     assert PermissionPolicy.build(ws).evaluate(GlobTool(), {"pattern": f"{ws.parent}/out/*.txt"}).behavior == "ask"
 

@@ -7,8 +7,8 @@
 - Every saved fixture (``tests/fidelity/conform/ID.json``: a shrunk case, Claude Code's recorded run and
   agentfsm's from before the fix) replays without Claude Code: agentfsm now does what Claude Code did, and
   the pre-fix run differs on the fields the fixture names (a fixture that cannot fail proves nothing).
-- Opt-in (``$AGENTFSM_CLAUDE``): the CI profile, ``conform`` against Claude Code itself
-  (``$AGENTFSM_CONFORM_EXAMPLES`` examples, default 40).
+- With Claude Code installed (``$AGENTFSM_CLAUDE``, else ``claude`` on PATH): the CI profile, ``conform``
+  against Claude Code itself (``$AGENTFSM_CONFORM_EXAMPLES`` examples, default 40).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import io
 import itertools
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from agentfsm.testing.oracle import AGENTFSM, conform_differences, run_client
 
 FIXTURES = Path(__file__).parent / "fidelity" / "conform"
 SAVED = sorted(p.stem for p in FIXTURES.glob("*.json"))
-CLAUDE = os.environ.get("AGENTFSM_CLAUDE")
+# located as the differential test does (tests/test_fidelity_cc.py): $AGENTFSM_CLAUDE, else `claude` on PATH
+CLAUDE = os.environ.get("AGENTFSM_CLAUDE") or shutil.which("claude")
 
 PLANTED = '''\
 import sys
@@ -211,7 +213,7 @@ def test_agentfsm_now_does_what_the_recorded_claude_code_run_did(name: str, tmp_
 @pytest.mark.timeout(1800)
 def test_claude_code_and_agentfsm_conform(tmp_path: Path) -> None:
     if not CLAUDE:
-        pytest.skip("opt-in: set $AGENTFSM_CLAUDE to Claude Code 2.1.332")
+        pytest.skip("no Claude Code binary: set $AGENTFSM_CLAUDE or put `claude` on PATH")
     examples = os.environ.get("AGENTFSM_CONFORM_EXAMPLES", "40")
     code, text, _ = _conform("--claude", CLAUDE, "--examples", examples, "--fixtures", str(tmp_path / "fx"))
     assert code == 0, text[-12000:]

@@ -386,4 +386,6 @@ async def test_the_callback_is_told_the_call_it_answers(tmp_path: Path) -> None:
     assert (d.behavior, d.decided_by) == ("allow", "callback")
     assert seen == [ToolPermissionContext(tool_use_id="toolu_1", permission_mode="acceptEdits",
                                           reason="Rule Bash(git push *) (settings) requires approval.",
-                                          rule="Bash(git push *)", cwd=str(p.cwd))]
+                                          rule="Bash(git push *)", cwd=str(p.cwd),
+                                          # a command with no description is described by itself (Claude Code)
+                                          description="git push origin")]

@@ -278,11 +278,12 @@ async def test_the_workflow_replays_deterministically(server: DevServer, worker:
     history = await handle.fetch_history()
     # the read probe's shape (issue 34): the two model calls are the only remote activities; the Read
     # (read-only) is a local activity and the session-file lines travel with the model calls, so the
-    # markers are the two versions (FEWER_TASKS, LEAN_REQUESTS), the set-up, the Read and the last flush
+    # markers are the version (FEWER_TASKS; LEAN_REQUESTS is asked only of longer requests), the set-up,
+    # the Read and the last flush
     scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
                  if e.HasField("activity_task_scheduled_event_attributes")]
     assert scheduled == ["agentfsm.call_model", "agentfsm.call_model"]
-    assert sum(e.HasField("marker_recorded_event_attributes") for e in history.events) == 5
+    assert sum(e.HasField("marker_recorded_event_attributes") for e in history.events) == 4
     runner = SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH))
     replayer = Replayer(workflows=[SessionWorkflow], data_converter=DATA_CONVERTER, workflow_runner=runner)
     await replayer.replay_workflow(history)
@@ -453,7 +454,7 @@ class _Forgetful(Activities):
 async def test_a_long_session_sends_each_request_only_what_changed(server: DevServer, queue: str, ws: Path,
                                                                     home: Path, forgetful: bool,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 34: past a few turns a model call names its spec by digest and its earlier messages by the
+    """Issue 34: past 16 messages a model call names its spec by digest and its earlier messages by the
     previous request (the worker keeps both), so a turn's payload does not grow with the session; a
     worker that does not hold them says so and the call is sent whole. Either way, the local run's
     transcript."""
@@ -475,7 +476,8 @@ async def test_a_long_session_sends_each_request_only_what_changed(server: DevSe
     failed = [ev for ev in history.events if ev.HasField("activity_task_failed_event_attributes")]
     if not forgetful:
         assert len(calls) == 13 and not failed
-        assert all(c.get("spec") is None and c["spec_digest"] for c in calls)
+        # request k holds 2k + 1 messages: from 16 on, the spec is named by its digest
+        assert [c.get("spec") is None and bool(c.get("spec_digest")) for c in calls] == [k >= 8 for k in range(13)]
         # request k holds 2k + 1 messages; once the previous one held 16 or more, only the two new ones
         # (the response and its tool result)
         assert len(lean) == sum(1 for k in range(1, 13) if 2 * (k - 1) + 1 >= 16) == 4
@@ -705,6 +707,26 @@ async def test_the_end_of_a_run_stops_its_background_commands(server: DevServer,
     assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["killed"]
     await asyncio.sleep(0.5)
     assert not (ws / "late").exists()
+
+
+async def test_the_stop_hook_is_told_of_running_tasks(server: DevServer, worker: None, queue: str, ws: Path,
+                                                      home: Path) -> None:
+    """The Stop hook's input lists the background tasks still running, as in a local run."""
+    record = (f"import json, sys; d = json.load(sys.stdin); "
+              f"open({str(ws / 'stops')!r}, 'a').write(json.dumps(d.get('background_tasks')) + chr(10))")
+    hook = json.dumps({"hooks": {"Stop": [{"hooks": [{"type": "command",
+                                                      "command": f"{sys.executable} -c \"{record}\""}]}]}})
+    scenario = scenario_text([_background("sleep 1", description="a nap"), _text("started"), _text("done")])
+    await local_run(ws, home, scenario, tools=("Bash",), settings=hook)
+    theirs = _TASK_IDS.sub("TASK", (ws / "stops").read_text())
+    (ws / "stops").unlink()
+    inp = session_input(options(ws, home, tools=("Bash",), settings=hook), "go", scripted=scenario)
+    result = await run_session(await connect(server.address), inp, lambda m: None, task_queue=queue)
+    assert result["result"] == "done"
+    ours = _TASK_IDS.sub("TASK", (ws / "stops").read_text())
+    assert ours == theirs
+    assert [json.loads(line) for line in ours.splitlines()] == [
+        [{"task_id": "TASK", "task_type": "local_bash", "description": "a nap"}], []]
 
 
 def test_a_worker_killed_while_a_background_command_runs(server: DevServer, workers: Workers, ws: Path,

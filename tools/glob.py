@@ -28,11 +28,14 @@ VCS_DIRS = (".git", ".svn", ".hg", ".bzr", ".jj", ".sl")
 def split_literal_prefix(root: str, pattern: str) -> tuple[str, str]:
     """Move leading segments without wildcards into the directory the walk starts from. A ``..``
     stays in the pattern, where it matches nothing: a relative pattern never climbs out of the
-    directory it searches (``../out/*.txt`` finds no files, as in Claude Code)."""
-    if pattern.startswith("/"):
+    directory it searches (``../out/*.txt`` finds no files, as in Claude Code); nor does it go through a
+    symlink (``link/*.txt`` finds nothing when ``link`` is one: the walk never follows a link)."""
+    relative = not pattern.startswith("/")
+    if not relative:
         root, pattern = "/", pattern.lstrip("/")
     segs = pattern.split("/")
-    while len(segs) > 1 and not has_magic(segs[0]) and segs[0] != "..":
+    while len(segs) > 1 and not has_magic(segs[0]) and segs[0] != ".." and not (
+            relative and os.path.islink(os.path.join(root, segs[0]))):
         root = os.path.join(root, segs.pop(0))
     return os.path.normpath(root), "/".join(segs)
 

@@ -937,6 +937,8 @@ class Activities:
     @activity.defn(name="agentfsm.stop_hooks")
     async def stop_hooks(self, inp: StopInput) -> StopHookVerdict:
         ctx = self.context(inp.spec)
+        if hasattr(ctx.gate, "background_tasks"):  # what the workflow says runs (as a local session's registry)
+            ctx.gate.background_tasks = lambda: list(inp.background_tasks)
         return phases.stop_verdict(await ctx.gate.stop(inp.last_assistant_text, inp.stop_hook_active))
 
     @activity.defn(name="agentfsm.post_batch")

@@ -374,6 +374,8 @@ class StopInput:
     spec: SessionSpec
     last_assistant_text: str
     stop_hook_active: bool
+    # the run's background tasks still running (the Stop hook's ``background_tasks``)
+    background_tasks: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen

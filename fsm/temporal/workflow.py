@@ -171,7 +171,8 @@ class SessionWorkflow:
         self._request_no = -1
         self._request_messages = 0
         self._fewer_tasks = False
-        self._lean = False
+        self._lean: bool | None = None  # LEAN_REQUESTS, asked once a request is long enough to gain by it
+        self._spec_digest = ""
         # the messages of the last request a worker resolved, and the digest of each of its prefixes
         self._chain: Sequence[Message] = ()
         self._chain_digests: list[str] = []
@@ -244,8 +245,6 @@ class SessionWorkflow:
     @workflow.run
     async def run(self, inp: SessionInput) -> dict[str, Any]:
         self._fewer_tasks = workflow.patched(FEWER_TASKS)
-        self._lean = workflow.patched(LEAN_REQUESTS)
-        self._spec_digest = spec_digest(self._spec) if self._lean else ""
         first = await self._open(inp) if inp.carried is None else self._restore(inp.carried)
         self._runner = LoopRunner(self, self._state, self._spec.session_id)
         self._state = await self._runner.run(first)
@@ -413,6 +412,15 @@ class SessionWorkflow:
             out.append(MessageRef(m.uuid, digest) if digest else MessageRef(m.uuid, message=m))
         return tuple(out)
 
+    def _lean_from(self, messages: int) -> bool:
+        """Whether requests are sent lean (LEAN_REQUESTS). Asked (and its marker recorded) only when a
+        request first holds :data:`_LEAN_MIN` messages: a short session's history stays as it was."""
+        if self._lean is None and messages >= _LEAN_MIN:
+            self._lean = workflow.patched(LEAN_REQUESTS)
+            if self._lean:
+                self._spec_digest = spec_digest(self._spec)
+        return bool(self._lean)
+
     def _prefix(self, outgoing: Sequence[Message]) -> int:
         """How many of the request's first messages are the previous request's (the worker that served
         it keeps them): all of them when the history only grew since, else none."""
@@ -478,8 +486,9 @@ class SessionWorkflow:
         self._requests += 1
         info, timing = workflow.info(), self._inp.timing
         refs = self._refs(outgoing)
+        lean = self._lean_from(len(outgoing))
         prefix = self._prefix(outgoing)
-        named = self._lean and bool(spec.trace_path)  # the spec by its digest: the set-up wrote it down
+        named = lean and bool(spec.trace_path)  # the spec by its digest: the set-up wrote it down
         call = ModelCallInput(None if named else spec, info.workflow_id, info.run_id, n, model, self._setup.system,
                               refs[prefix:], self._inp.live, lines, prefix,
                               self._chain_digests[prefix - 1] if prefix else "",
@@ -877,7 +886,8 @@ class SessionWorkflow:
         try:
             return await self._activity(  # type: ignore[no-any-return]
                 "agentfsm.stop_hooks", StopInput(self._spec, phases.last_assistant_text(state.messages),
-                                                 state.stop_hook_active),
+                                                 state.stop_hook_active,
+                                                 tuple(running_list(self._tasks.values()))),
                 StopHookVerdict, timeout=timedelta(minutes=10), stop="soft", local=True)
         except (_Stopped, ActivityError):
             return StopHookVerdict()

@@ -746,6 +746,10 @@ class AgentLoopStateMachine(RuleBasedStateMachine):
     permission_mode: ClassVar[str | None] = "bypassPermissions"
     trace_dir: ClassVar[Path | None] = None
     max_script: ClassVar[int] = 4
+    # your own input strategy per tool name (instead of its JSON Schema), and the weight of each family of
+    # model behaviour (agentfsm.testing.strategies.FAMILY_WEIGHTS), for the default response_strategy
+    tool_input_strategies: ClassVar[Mapping[str, Any]] = {}
+    family_weights: ClassVar[Mapping[str, int]] = {}
 
     def __init__(self) -> None:
         super().__init__()
@@ -765,7 +769,8 @@ class AgentLoopStateMachine(RuleBasedStateMachine):
 
     def response_strategy(self) -> SearchStrategy[Response]:
         """One model response; by default any kind of :func:`~agentfsm.testing.strategies.model_responses`."""
-        return model_responses(self.all_tools())
+        return model_responses(self.all_tools(), inputs=self.tool_input_strategies or None,
+                               weights=self.family_weights or None)
 
     def limits_strategy(self) -> SearchStrategy[Limits]:
         return st.just(self.limits)

@@ -49,6 +49,7 @@ from agentfsm.tools.base import Tool
 from agentfsm.tools.schema import coerce_input
 
 __all__ = [
+    "FAMILY_WEIGHTS",
     "api_errors",
     "background_work_responses",
     "inputs_from_schema",
@@ -427,8 +428,26 @@ def text_responses() -> SearchStrategy[StreamedResponse]:
     )
 
 
-def _valid_call(tools: Sequence[Tool]) -> SearchStrategy[tuple[str, str, Any]]:
-    return st.sampled_from(tools).flatmap(lambda t: tool_inputs(t).map(lambda i, n=t.name: ("use", n, i)))
+# A user's own input strategies, by tool name (``inputs=`` of the response strategies): what a model asks
+# of that tool. A tool without one draws from its JSON Schema.
+ToolInputs = Mapping[str, SearchStrategy[dict[str, Any]]]
+
+
+def _check_inputs(tools: Sequence[Tool], inputs: ToolInputs | None) -> ToolInputs:
+    inputs = dict(inputs or {})
+    unknown = sorted(set(inputs) - {t.name for t in tools})
+    if unknown:
+        raise ValueError(f"inputs given for tools not offered: {unknown} (offered: {sorted(t.name for t in tools)})")
+    for name, strategy in inputs.items():
+        if not isinstance(strategy, SearchStrategy):
+            raise TypeError(f"inputs[{name!r}] must be a hypothesis strategy of input objects, not {strategy!r}")
+    return inputs
+
+
+def _valid_call(tools: Sequence[Tool], inputs: ToolInputs | None = None) -> SearchStrategy[tuple[str, str, Any]]:
+    own = _check_inputs(tools, inputs)
+    return st.sampled_from(tools).flatmap(
+        lambda t: (own[t.name] if t.name in own else tool_inputs(t)).map(lambda i, n=t.name: ("use", n, i)))
 
 
 def _unknown_name(tools: Sequence[Tool]) -> SearchStrategy[str]:
@@ -488,7 +507,7 @@ def _call_blocks(calls: list[tuple[str, str, Any]]) -> list[ToolUseBlock | RawTo
 
 
 def tool_call_responses(
-    tools: Iterable[Tool], valid: bool | None = True, *, max_calls: int = 3
+    tools: Iterable[Tool], valid: bool | None = True, *, max_calls: int = 3, inputs: ToolInputs | None = None
 ) -> SearchStrategy[StreamedResponse]:
     """A response calling tools (``stop_reason: tool_use``), 1..``max_calls`` calls, sometimes after
     thinking and text. Ids are ``toolu_00``, ``toolu_01``... within the response; a conversation
@@ -498,14 +517,19 @@ def tool_call_responses(
     unknown tool name, input that fails the schema (:func:`tool_inputs` ``valid=False``), or raw
     JSON that does not parse. An unparsable call is still a call: it is dispatched and answered with
     an input-validation error, as Claude Code does. ``valid=None`` mixes.
+
+    ``inputs``: your own strategy per tool name for its valid inputs (``{"Bash": st.sampled_from([{"command":
+    "rm -rf build"}, ...])}``), used instead of its JSON Schema, which never draws the inputs that matter
+    to your hooks and rules.
     """
     tool_list = _tool_list(tools)
     if valid and not tool_list:
         raise ValueError("tool_call_responses(valid=True) needs at least one tool")
     if valid is None:
-        call = st.one_of(_valid_call(tool_list), _invalid_call(tool_list)) if tool_list else _invalid_call([])
+        call = (st.one_of(_valid_call(tool_list, inputs), _invalid_call(tool_list)) if tool_list
+                else _invalid_call([]))
     else:
-        call = _valid_call(tool_list) if valid else _invalid_call(tool_list)
+        call = _valid_call(tool_list, inputs) if valid else _invalid_call(tool_list)
     calls = st.lists(call, min_size=1, max_size=max_calls).map(_call_blocks)
     return _with_preamble(calls).map(lambda blocks: StreamedResponse(blocks=blocks, stop_reason="tool_use"))
 
@@ -615,7 +639,7 @@ def prompt_too_long_errors() -> SearchStrategy[HttpErrorResponse]:
     )
 
 
-def stream_breaks(tools: Iterable[Tool] = ()) -> SearchStrategy[StreamedResponse]:
+def stream_breaks(tools: Iterable[Tool] = (), *, inputs: ToolInputs | None = None) -> SearchStrategy[StreamedResponse]:
     """A stream that fails part-way: the connection drops after some complete blocks (maybe in the
     middle of the next one), or the API sends an SSE ``error`` event (``overloaded_error`` and
     ``api_error`` are retried as a whole request; ``invalid_request_error`` is final). Complete
@@ -623,7 +647,7 @@ def stream_breaks(tools: Iterable[Tool] = ()) -> SearchStrategy[StreamedResponse
     tool_list = _tool_list(tools)
     block = st.one_of(_VISIBLE.map(TextBlock), _THINKING.map(lambda t: ThinkingBlock(t, "sig")))
     if tool_list:
-        block = st.one_of(block, _valid_call(tool_list).map(lambda c: ToolUseBlock("toolu_00", c[1], c[2])))
+        block = st.one_of(block, _valid_call(tool_list, inputs).map(lambda c: ToolUseBlock("toolu_00", c[1], c[2])))
 
     def renumber(blocks: list[Any]) -> tuple[Any, ...]:
         return tuple(
@@ -652,9 +676,21 @@ def stream_breaks(tools: Iterable[Tool] = ()) -> SearchStrategy[StreamedResponse
     )
 
 
-def model_responses(tools: Iterable[Tool] = ()) -> SearchStrategy[Response]:
-    """One model response of any kind, weighted towards what models mostly do (answer, call tools)."""
+# The families of model behaviour :func:`model_responses` mixes, with their default weights.
+FAMILY_WEIGHTS: Mapping[str, int] = {"text": 2, "tools": 3, "invalid_tools": 1, "malformed": 1, "max_tokens": 1,
+                                     "thinking": 1, "api_errors": 1, "prompt_too_long": 1, "stream_breaks": 1}
+
+
+def model_responses(tools: Iterable[Tool] = (), *, inputs: ToolInputs | None = None,
+                    weights: Mapping[str, int] | None = None) -> SearchStrategy[Response]:
+    """One model response of any kind, weighted towards what models mostly do (answer, call tools).
+
+    ``inputs``: your own input strategy per tool name (see :func:`tool_call_responses`). ``weights``: how
+    often each family of :data:`FAMILY_WEIGHTS` is drawn, relative to the others (0 leaves a family out);
+    the families you do not name keep their default weight."""
     tool_list = _tool_list(tools)
+    if inputs or weights:
+        return _model_responses(tool_list, inputs, _weights(weights))
     try:
         cached = _RESPONSES_CACHE.get(tuple(tool_list))
     except TypeError:  # an unhashable tool: build afresh every time
@@ -669,19 +705,41 @@ def model_responses(tools: Iterable[Tool] = ()) -> SearchStrategy[Response]:
 _RESPONSES_CACHE: dict[tuple[Tool, ...], SearchStrategy[Response]] = {}
 
 
-def _model_responses(tool_list: list[Tool]) -> SearchStrategy[Response]:
-    kinds: list[SearchStrategy[Any]] = [text_responses(), text_responses()]
-    if tool_list:
-        kinds += [tool_call_responses(tool_list, True)] * 3
-    kinds += [
-        tool_call_responses(tool_list, False),
-        malformed_responses(),
-        max_tokens_responses(),
-        thinking_only_responses(),
-        api_errors(),
-        prompt_too_long_errors(),
-        stream_breaks(tool_list),
-    ]
+def _weights(weights: Mapping[str, int] | None) -> Mapping[str, int]:
+    given = dict(weights or {})
+    unknown = sorted(set(given) - set(FAMILY_WEIGHTS))
+    if unknown:
+        raise ValueError(f"unknown families {unknown}; the families are {sorted(FAMILY_WEIGHTS)}")
+    bad = {k: v for k, v in given.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+    if bad:
+        raise ValueError(f"a family's weight is a whole number ≥ 0: {bad}")
+    out = {**FAMILY_WEIGHTS, **given}
+    if not any(out.values()):
+        raise ValueError("every family has weight 0: nothing to draw")
+    return out
+
+
+def _model_responses(tool_list: list[Tool], inputs: ToolInputs | None = None,
+                     weights: Mapping[str, int] = FAMILY_WEIGHTS) -> SearchStrategy[Response]:
+    families: dict[str, Callable[[], SearchStrategy[Any]]] = {
+        "text": text_responses,
+        "tools": lambda: tool_call_responses(tool_list, True, inputs=inputs),
+        "invalid_tools": lambda: tool_call_responses(tool_list, False),
+        "malformed": malformed_responses,
+        "max_tokens": max_tokens_responses,
+        "thinking": thinking_only_responses,
+        "api_errors": api_errors,
+        "prompt_too_long": prompt_too_long_errors,
+        "stream_breaks": lambda: stream_breaks(tool_list, inputs=inputs),
+    }
+    kinds: list[SearchStrategy[Any]] = []
+    for name, make in families.items():
+        if name == "tools" and not tool_list:
+            continue
+        if weights[name]:
+            kinds += [make()] * weights[name]
+    if not kinds:
+        raise ValueError("the families left with a weight draw nothing for these tools (no tools to call)")
     return st.one_of(kinds)
 
 
@@ -704,30 +762,32 @@ def unique_tool_ids(responses: Iterable[Response], prefix: str = "toolu_") -> li
 
 
 def model_behaviours(
-    tools: Iterable[Tool] = (), *, min_size: int = 1, max_size: int = 6
+    tools: Iterable[Tool] = (), *, min_size: int = 1, max_size: int = 6, inputs: ToolInputs | None = None,
+    weights: Mapping[str, int] | None = None
 ) -> SearchStrategy[list[Response]]:
     """A whole scripted conversation: the responses to the model requests of one run, in order,
     mixing every kind of :func:`model_responses` — and, given tools, a recovery followed by a tool turn
     as one step, so that every per-turn counter is raised and then meets its reset — with tool_use ids
     unique across the list (at most ``max_size`` responses). When
     the list runs out the scripted model answers ``SCENARIO_EXHAUSTED`` (end_turn), so every run
-    ends."""
+    ends. ``inputs`` and ``weights``: as for :func:`model_responses`."""
     tool_list = _tool_list(tools)
-    step = model_responses(tool_list).map(lambda r: [r])
+    step = model_responses(tool_list, inputs=inputs, weights=weights).map(lambda r: [r])
     if tool_list:
         # A recovery, then a tool turn: the edge that raised or set a per-turn counter, followed by the
         # next_turn that must reset it. Drawn independently, the two rarely meet in a short script
         # (none in 100 examples), so a route that forgets a reset went unseen.
-        step = st.one_of(step, st.tuples(_recoveries(tool_list), tool_call_responses(tool_list, True)).map(list))
+        step = st.one_of(step, st.tuples(_recoveries(tool_list, inputs),
+                                         tool_call_responses(tool_list, True, inputs=inputs)).map(list))
     return st.lists(step, min_size=min_size, max_size=max_size).map(
         lambda steps: unique_tool_ids([r for s in steps for r in s][:max_size]))
 
 
-def _recoveries(tool_list: list[Tool]) -> SearchStrategy[Response]:
+def _recoveries(tool_list: list[Tool], inputs: ToolInputs | None = None) -> SearchStrategy[Response]:
     """A response the loop recovers from within the turn (its counter or flag is reset by next_turn,
     or, for a stream break, by the response that ends)."""
     return st.one_of(max_tokens_responses(), malformed_responses(), thinking_only_responses(),
-                     prompt_too_long_errors(), stream_breaks(tool_list))
+                     prompt_too_long_errors(), stream_breaks(tool_list, inputs=inputs))
 
 
 def loop_limits(*, max_turns: bool = True) -> SearchStrategy[Limits]:

@@ -32,6 +32,7 @@ class StreamWalker(Walker):
                  subagent_end: tuple[int, str] | None = None) -> None:
         super().__init__(json_schema)
         self.causes: Mapping[int, str] = causes or {}  # init line -> what started that run
+        self.notified = False  # a task_notification line came since the loop's last move
         self.subagent_end = subagent_end  # a subagent's lines: (line, status) of its last task notice
 
     def walk(self, numbered: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
@@ -58,6 +59,10 @@ class StreamWalker(Walker):
             last = max(last, end_line)
         self.finish(last)
         self.report_unknown()
+
+    def emit(self, line: int, event: Any, *observed: str | None) -> None:
+        super().emit(line, event, *observed)
+        self.notified = False  # (a task the model stopped mid-run notifies too: that starts no pass)
 
     def _begin(self, line: int) -> None:
         if self.phase is None:
@@ -107,11 +112,19 @@ class StreamWalker(Walker):
 
     def _system(self, line: int, rec: Mapping[str, Any]) -> None:
         sub = rec.get("subtype")
+        if sub == "task_notification":
+            self.notified = True
         if sub == "init":
+            # what started this pass: its result's origin, else a task notification told just before
+            # (results without result_index do not say)
+            cause = self.causes.get(line) or ("task-notification" if self.notified else "prompt")
+            self.notified = False
             if self.phase is not None and any(isinstance(i, Observation) for i in self.items):
                 # each run of the process opens with its own init (the run a task notification started):
                 # the one before is over, whether or not its result line came first
-                self.start_run(line, None, self.causes.get(line, "prompt"))
+                self.start_run(line, None, cause)
+            elif self.phase is None:
+                self.start_run(line, None, cause)
             self._begin(line)
         elif sub == "api_retry":
             self._begin(line)

@@ -108,7 +108,8 @@ class TranscriptWalker(Walker):
         # a response still open with the spend at the budget is where the run stopped over budget
         cost = rec.get("totalCostUSD")
         if (self.budget_usd is not None and isinstance(cost, int | float) and cost >= self.budget_usd
-                and self.phase is Phase.STREAM):
+                and (self.phase in (Phase.STREAM, Phase.DISPATCH_TOOLS)
+                     or (self.phase is Phase.CALL_MODEL and self.request is not None))):
             self.on_over_budget(line, float(cost))
         if self.phase is Phase.CALL_MODEL and self.request is not None:
             self.on_empty_answer(line, "the last request has no answer and the run ended: read as an empty answer")

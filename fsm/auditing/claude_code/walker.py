@@ -37,6 +37,7 @@ from agentfsm.machine.events import (
     StopHookVerdict,
     StreamEnded,
     StreamOpened,
+    TaskNotified,
     ToolsDrained,
 )
 from agentfsm.machine.graph import EDGES_BY_TRIGGER
@@ -134,6 +135,7 @@ class Walker:
         self.feedback: tuple[int, StopHookVerdict] | None = None
         self.enforce: int | None = None  # the structured-output request's line, awaiting what follows
         self.enforced = False  # Claude Code asks for the StructuredOutput call once per run
+        self.stopped = False  # the last run's records ended with the loop at stop (finish)
         self.pending_compaction: Compaction | None = None
         self.messages_by_uuid: dict[str, Message] = {}
         self.last_exchange: tuple[Message, ...] = ()
@@ -161,12 +163,21 @@ class Walker:
         self.items.append(Fact(line, action, detail))
 
     def emit(self, line: int, event: Event, *observed: str | None) -> None:
+        self.stopped = False
         self.items.append(Observation(line, event, tuple(observed)))
         for trigger in observed:
             self.phase = _dest(trigger) if trigger is not None else None
 
     def start_run(self, line: int, prompt: Message | None, cause: str = "prompt") -> None:
         self.finish(line)
+        if cause == "task-notification" and self.stopped:
+            # background work the run started reported after it ended: the same run goes on, by the
+            # graph's task_notification move (stop → assemble), as agentfsm's does (issue 30)
+            note = (attrs.evolve(prompt, kind="task_notification") if prompt is not None else
+                    Message("user", ({"type": "text", "text": ""},), kind="task_notification"))
+            self.emit(line, TaskNotified((note,)), "task_notification")
+            self.enforced = False
+            return
         self.items.append(RunStart(line, prompt, cause))
         self.phase = Phase.ASSEMBLE
         self.enforced = False
@@ -525,9 +536,40 @@ class Walker:
 
     # -- the end ------------------------------------------------------------------------------------
 
+    def _rejected_only(self, batch: _Batch) -> bool:
+        """Every call of the batch has a result, each an error, and the observation that dispatched it is
+        the last move (nothing after it)."""
+        uses = [str(u.get("id")) for u in batch.response.tool_uses()]
+        last = next((i for i in reversed(self.items) if isinstance(i, Observation)), None)
+        return (bool(uses) and all(batch.results.get(u) and all(b.get("is_error") for _, b in batch.results[u])
+                                   for u in uses)
+                and last is not None and last.observed == ("dispatch",))
+
     def on_over_budget(self, line: int, cost_usd: float) -> None:
         """The client ended the run over its --max-budget-usd (spent ``cost_usd``) right after a response: the
         response takes ``over_budget``; none of its tool calls ran."""
+        batch = self.batch
+        if self.phase is Phase.DISPATCH_TOOLS and batch is not None and self._rejected_only(batch):
+            # every call of the response was rejected before its tool ran (input failing its schema, a
+            # task that does not exist): Claude Code recorded their errors, then stopped over budget
+            at = next(i for i in range(len(self.items) - 1, -1, -1)
+                      if isinstance(self.items[i], Observation) and self.items[i].observed == ("dispatch",))
+            ended = self.items[at]
+            assert isinstance(ended, Observation) and isinstance(ended.event, StreamEnded)
+            self.items[at] = Observation(ended.line, attrs.evolve(ended.event, cost_usd=cost_usd), ("over_budget",))
+            self.find(line, "cc_budget_answered_rejected_calls",
+                      f"{len(batch.results)} call(s) rejected before their tools ran were answered, then the run "
+                      "stopped over budget; followed as over_budget")
+            self.phase, self.batch, self.response = Phase.STOP, None, None
+            return
+        if self.phase is Phase.ASSEMBLE:
+            self.to_call(line)  # stream-json shows no requests
+        if self.phase is Phase.CALL_MODEL:
+            # a response with nothing in it (Claude Code records none): the spend still reached the budget
+            self.emit(line, StreamOpened(), "open_stream")
+            self.response = None
+            self.end_response(line, "over_budget", cost_usd=cost_usd)
+            return
         r = self.response
         if self.phase is Phase.STREAM and r is not None:
             self.end_response(r.last_line, "over_budget", cost_usd=cost_usd)
@@ -563,6 +605,8 @@ class Walker:
             prevented = terminal_reason == "stop_hook_prevented"
             self.emit(line if prevented else self.hooks_due_line, StopHookVerdict(prevented=prevented), "settle")
             self.hooks_due_line = None
+        # the run's records ended with the loop at stop: a task notification may take it on
+        self.stopped = self.phase is Phase.STOP and self.feedback is None
         self.phase = None
         self.response = None
         self.batch = None
