@@ -672,6 +672,24 @@ def test_any_damage_is_reported_within_the_file(tmp_path: Path, fixture: str, da
         assert any(f.code == "duplicate_record" for r in (report, *report.children) for f in r.findings)
 
 
+@pytest.mark.parametrize("fixture", ALL_INPUTS)
+def test_a_damaged_first_message_does_not_hide_the_kind(tmp_path: Path, fixture: str) -> None:
+    """Every message line before the first answer damaged (a NUL byte in it): the file is still
+    recognised by the records after, however far into the file they lie (Claude Code writes a prompt
+    snapshot of some 30 KiB before its first request; found by the generated damage test, which once
+    read only a 64 KiB prefix)."""
+    lines = (FIXTURES / fixture).read_bytes().splitlines(keepends=True)
+    kinds = [json.loads(raw).get("type") for raw in lines]
+    first_answer = next((i for i, k in enumerate(kinds) if k == "assistant"), None)
+    if first_answer is None:
+        pytest.skip(f"{fixture}: no assistant record")
+    damaged = [b"\x00" + raw if kinds[i] in ("user", "system") and i < first_answer else raw
+               for i, raw in enumerate(lines)]
+    path = tmp_path / Path(fixture).name
+    path.write_bytes(b"".join(damaged))
+    assert recognise(path) == recognise(FIXTURES / fixture)
+
+
 def test_sidechain_records_in_the_session_file_are_a_child_run(tmp_path: Path) -> None:
     """Where a client writes a subagent's records into the session's own file (isSidechain), they are
     read as the child run they are, linked through the tool result's agentId."""

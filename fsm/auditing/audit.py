@@ -99,6 +99,9 @@ AGENTFSM = "agentfsm"
 SOURCES: Mapping[str, str] = {AGENTFSM: "agentfsm trace", claude_code.TRANSCRIPT: "Claude Code transcript",
                               claude_code.STREAM_JSON: "Claude Code stream-json output"}
 _KNOWN = "not an agentfsm trace, a Claude Code transcript or a Claude Code stream-json output"
+# how far recognition reads before it gives up: whole lines, never a byte prefix
+_RECOGNISE_LINES = 200
+_RECOGNISE_BYTES = 16 * 1024 * 1024
 _OUR_TYPES = frozenset({"session", "message", "assistant_block", "compact_boundary", "transition", "request", "sandbox",
                         "result", "task"})
 
@@ -111,26 +114,43 @@ def recognise(path: Path) -> str:
     or :data:`claude_code.STREAM_JSON`. Raises :class:`NotATrace` for anything else."""
     if not path.is_file():
         raise NotATrace(f"{path}: no such file")
-    with open(path, "rb") as fh:
-        head = fh.read(65536)
-    if not head.strip():
-        raise NotATrace(f"{path}: empty file, {_KNOWN}")
+    # decided by whole records, not by a byte prefix: Claude Code 2.1.332 writes a ~30 KiB prompt
+    # snapshot and request records before the first answer, so with the prompt's line damaged the
+    # first message that says "transcript" can lie past 64 KiB
     parsed: list[dict[str, Any]] = []
-    for raw in head.splitlines()[:50]:
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            continue  # a broken or damaged line (a NUL byte, a torn write): the others decide
-        if not isinstance(rec, dict):
-            continue
-        if rec.get("type") in _OUR_TYPES and "seq" in rec:
-            if rec.get("type") == "session" and isinstance(rec.get("version"), int) \
-                    and rec["version"] > TRACE_VERSION:
-                raise NotATrace(f"{path}: recorded by a newer agentfsm (trace format {rec['version']}; this "
-                                f"version reads formats 1 to {TRACE_VERSION})")
-            return AGENTFSM
-        parsed.append(rec)
-    if b"\x00" in head and not parsed:
+    damaged = 0
+    read = 0
+    nul = False
+    with open(path, "rb") as fh:
+        # readline's limit bounds memory on a file with no newlines (a binary file)
+        while len(parsed) + damaged < _RECOGNISE_LINES and read < _RECOGNISE_BYTES:
+            raw = fh.readline(_RECOGNISE_BYTES - read)
+            if not raw:
+                break
+            read += len(raw)
+            nul = nul or b"\x00" in raw
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                damaged += 1
+                continue  # a broken or damaged line (a NUL byte, a torn write): the others decide
+            if not isinstance(rec, dict):
+                damaged += 1
+                continue
+            if rec.get("type") in _OUR_TYPES and "seq" in rec:
+                if rec.get("type") == "session" and isinstance(rec.get("version"), int) \
+                        and rec["version"] > TRACE_VERSION:
+                    raise NotATrace(f"{path}: recorded by a newer agentfsm (trace format {rec['version']}; this "
+                                    f"version reads formats 1 to {TRACE_VERSION})")
+                return AGENTFSM
+            parsed.append(rec)
+            if claude_code.kind_of((rec,)) is not None:
+                break
+    if not parsed and not damaged:
+        raise NotATrace(f"{path}: empty file, {_KNOWN}")
+    if not parsed and nul:
         raise NotATrace(f"{path}: binary file, {_KNOWN}")
     kind = claude_code.kind_of(parsed)
     if kind is not None:

@@ -364,7 +364,8 @@ class Driver:
         if self.options.include_partial_messages:
             self.emit(phases.requesting_message(self.session_id))
         # after a stream that broke or came garbled before any content, the same request unstreamed
-        stream = self._stream = ResponseStream(self.client, request, on_retry=self._retrying,
+        # the stream is kept on the driver, so its retry callback must not hold the driver (a cycle)
+        stream = self._stream = ResponseStream(self.client, request, on_retry=weak_method(self._retrying),
                                                unstreamed=state.non_streaming and can_unstream(self.client))
         # a slow answer or the SDK's retry backoff must not hold an interrupt until the response starts
         try:
