@@ -369,7 +369,8 @@ async def _unreadable_event_server(*, after_start: bool) -> tuple[asyncio.Server
                "usage": {"input_tokens": 5, "output_tokens": 1}}
     deep = "[" * 100_000 + "]" * 100_000
     start = f"event: message_start\ndata: {json.dumps({'type': 'message_start', 'message': message})}\n\n"
-    unreadable = f"event: content_block_start\ndata: {{\"type\": \"content_block_start\", \"index\": 0, \"x\": {deep}}}\n\n"
+    unreadable = ('event: content_block_start\ndata: {"type": "content_block_start", "index": 0, "x": '
+                  f"{deep}}}\n\n")
     sse = ((start if after_start else "") + unreadable).encode()
     whole = json.dumps({**message, "content": [{"type": "text", "text": "unstreamed answer"}],
                         "stop_reason": "end_turn"}).encode()
