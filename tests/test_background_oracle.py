@@ -139,11 +139,8 @@ async def our_bodies(case: str, ws: Path) -> tuple[list[dict[str, Any]], list[di
 
 
 # Where our requests knowingly differ, per case: (request index, what ours has, what Claude Code's has).
-# Claude Code keeps a call made by an alias under the tool's own name in the history it sends back
-# (it streams "KillShell", then sends "TaskStop"); our history keeps the name the model used.
-KNOWN: Mapping[str, tuple[tuple[int, list[Any], list[Any]], ...]] = {
-    "task_stop": ((4, ["call", "KillShell", '{"shell_id": "TASK2"}'], ["call", "TaskStop", '{"shell_id": "TASK2"}']),),
-}
+# (None now: a call the model made by an alias, KillShell, goes back as TaskStop in both.)
+KNOWN: Mapping[str, tuple[tuple[int, list[Any], list[Any]], ...]] = {}
 
 
 def _agent_facts(features: list[list[Any]]) -> list[list[Any]]:

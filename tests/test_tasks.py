@@ -231,6 +231,24 @@ async def test_kill_shell_is_task_stop_with_its_old_parameter(tmp_path: Path) ->
     assert json.loads(out.data)["task_id"] == task_id and host.running == ()
 
 
+def test_a_call_made_by_an_alias_goes_back_under_the_tools_own_name() -> None:
+    """Claude Code 2.1.332 sends a ``KillShell`` call back as ``TaskStop`` (and ``Task`` as ``Agent``);
+    the history keeps the model's name, and a name that is no alias is left alone."""
+    from agentfsm.machine.state import Message
+    from agentfsm.runtime.request import WireCache, canonical_names, normalize
+    from agentfsm.tools import ToolRegistry, builtin_tools
+
+    names = canonical_names(ToolRegistry(builtin_tools()).tools())
+    assert names["KillShell"] == "TaskStop" and names["Task"] == "Agent"
+    history = (Message("user", ({"type": "text", "text": "go"},)),
+               Message("assistant", ({"type": "tool_use", "id": "t1", "name": "KillShell", "input": {"shell_id": "b1"}},
+                                     {"type": "tool_use", "id": "t2", "name": "Nope", "input": {}})))
+    wire = WireCache(names).wire(history)
+    assert [b["name"] for b in wire[1]["content"]] == ["TaskStop", "Nope"]
+    assert history[1].content[0]["name"] == "KillShell"
+    assert [b["name"] for b in normalize(history)[1]["content"]] == ["KillShell", "Nope"]
+
+
 @pytest.mark.parametrize("given", [{"task_id": "no_such_task"}, {"shell_id": "nope"}])
 async def test_task_stop_of_an_unknown_id_is_an_error(tmp_path: Path, given: dict[str, str]) -> None:
     from agentfsm.tools.base import ToolError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -18,18 +18,32 @@ BASE_SYSTEM_PROMPT = (
 )
 
 
-def normalize(messages: Sequence[Message]) -> list[dict[str, Any]]:
+def canonical_names(tools: Iterable[Any]) -> dict[str, str]:
+    """Each alias of the offered tools, and the tool's own name (``KillShell`` → ``TaskStop``,
+    ``Task`` → ``Agent``): what :func:`normalize` renames a call to."""
+    return {alias: t.name for t in tools for alias in getattr(t, "aliases", ())}
+
+
+def normalize(messages: Sequence[Message], names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Wire messages: consecutive same-role messages merged (the API wants alternation), tool_result
-    blocks first in a user message (the API requires them before any text), empty texts dropped."""
-    return _normalize(messages)[0]
+    blocks first in a user message (the API requires them before any text), empty texts dropped, and
+    a call the model made by a tool's alias sent back under the tool's own name (``names``, from
+    :func:`canonical_names`): Claude Code 2.1.332 streams a ``KillShell`` call as the model named it
+    and sends it back as ``TaskStop`` (tests/fixtures/background/task_stop/requests.jsonl). The
+    history itself keeps the model's name."""
+    return _normalize(messages, names=names)[0]
 
 
-def _normalize(messages: Sequence[Message], offset: int = 0) -> tuple[list[dict[str, Any]], list[int]]:
+def _normalize(messages: Sequence[Message], offset: int = 0,
+               names: Mapping[str, str] | None = None) -> tuple[list[dict[str, Any]], list[int]]:
     """The wire messages, and for each the index (plus ``offset``) of the first message it came from."""
     out: list[dict[str, Any]] = []
     starts: list[int] = []
     for i, m in enumerate(messages):
         blocks = [dict(b) for b in m.content if not (b.get("type") == "text" and not b.get("text"))]
+        if names and m.role == "assistant":
+            blocks = [{**b, "name": names[b["name"]]} if b.get("type") == "tool_use" and b.get("name") in names
+                      else b for b in blocks]
         if not blocks:
             continue
         if out and out[-1]["role"] == m.role:
@@ -55,9 +69,11 @@ class WireCache:
     the last request, the wire messages of the unchanged part are reused and only the tail is
     normalised (the last wire message too, as new messages may merge into it). A request then costs
     what is new, not the whole history; a rewritten history (compaction) is normalised afresh. Wire
-    dicts handed out are never changed afterwards, so earlier requests may share them."""
+    dicts handed out are never changed afterwards, so earlier requests may share them. ``names``: the
+    aliases of the offered tools (:func:`normalize`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: Mapping[str, str] | None = None) -> None:
+        self._names = dict(names or {})
         self._messages: tuple[Message, ...] = ()
         self._wire: list[dict[str, Any]] = []
         self._starts: list[int] = []
@@ -66,10 +82,10 @@ class WireCache:
         old = self._messages
         if old and self._starts and len(messages) >= len(old) and messages[:len(old)] == old:
             redo = self._starts[-1]  # the last wire message may take in what follows it
-            tail, tail_starts = _normalize(messages[redo:], offset=redo)
+            tail, tail_starts = _normalize(messages[redo:], offset=redo, names=self._names)
             wire, starts = self._wire[:-1] + tail, self._starts[:-1] + tail_starts
         else:
-            wire, starts = _normalize(messages)
+            wire, starts = _normalize(messages, names=self._names)
         self._messages, self._wire, self._starts = messages, wire, starts
         return list(wire)
 
