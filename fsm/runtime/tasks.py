@@ -116,6 +116,12 @@ def read_task_records(records: Iterable[Mapping[str, Any]]) -> dict[str, TaskRec
     return out
 
 
+def agent_running(registry: object) -> bool:
+    """A background subagent of ``registry`` (a session's :class:`TaskRegistry`; anything else has
+    none) still runs."""
+    return any(t.running and t.task_type == LOCAL_AGENT for t in getattr(registry, "tasks", {}).values())
+
+
 def command_summary(description: str, status: str, exit_code: int | None) -> str:
     """The ``<summary>`` of a finished background command (Claude Code's words)."""
     if status == COMPLETED:
