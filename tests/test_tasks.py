@@ -80,7 +80,7 @@ async def test_run_in_background_returns_at_once_and_notifies_on_exit(tmp_path: 
     (item,) = host.queue.pending
     assert item.kind == TASK_NOTIFICATION
     text = item.text()
-    assert text.startswith("<system-reminder>\n") and "not user input" in text
+    assert text.startswith("<system-reminder>\n") and "NOT USER INPUT" in text
     assert (f"<task-notification>\n<task-id>{task_id}</task-id>\n<tool-use-id>toolu_1</tool-use-id>\n"
             f"<output-file>{done.output_file}</output-file>\n<status>completed</status>\n"
             '<summary>Background command "slow echo" completed (exit code 0)</summary>\n'
@@ -229,6 +229,24 @@ async def test_kill_shell_is_task_stop_with_its_old_parameter(tmp_path: Path) ->
     (task_id,) = host.running
     out = await TaskStopTool().call({"shell_id": task_id}, ctx(tmp_path, host))
     assert json.loads(out.data)["task_id"] == task_id and host.running == ()
+
+
+def test_a_call_made_by_an_alias_goes_back_under_the_tools_own_name() -> None:
+    """Claude Code 2.1.332 sends a ``KillShell`` call back as ``TaskStop`` (and ``Task`` as ``Agent``);
+    the history keeps the model's name, and a name that is no alias is left alone."""
+    from agentfsm.machine.state import Message
+    from agentfsm.runtime.request import WireCache, canonical_names, normalize
+    from agentfsm.tools import ToolRegistry, builtin_tools
+
+    names = canonical_names(ToolRegistry(builtin_tools()).tools())
+    assert names["KillShell"] == "TaskStop" and names["Task"] == "Agent"
+    history = (Message("user", ({"type": "text", "text": "go"},)),
+               Message("assistant", ({"type": "tool_use", "id": "t1", "name": "KillShell", "input": {"shell_id": "b1"}},
+                                     {"type": "tool_use", "id": "t2", "name": "Nope", "input": {}})))
+    wire = WireCache(names).wire(history)
+    assert [b["name"] for b in wire[1]["content"]] == ["TaskStop", "Nope"]
+    assert history[1].content[0]["name"] == "KillShell"
+    assert [b["name"] for b in normalize(history)[1]["content"]] == ["KillShell", "Nope"]
 
 
 @pytest.mark.parametrize("given", [{"task_id": "no_such_task"}, {"shell_id": "nope"}])
