@@ -80,7 +80,7 @@ async def test_run_in_background_returns_at_once_and_notifies_on_exit(tmp_path: 
     (item,) = host.queue.pending
     assert item.kind == TASK_NOTIFICATION
     text = item.text()
-    assert text.startswith("<system-reminder>\n") and "not user input" in text
+    assert text.startswith("<system-reminder>\n") and "NOT USER INPUT" in text
     assert (f"<task-notification>\n<task-id>{task_id}</task-id>\n<tool-use-id>toolu_1</tool-use-id>\n"
             f"<output-file>{done.output_file}</output-file>\n<status>completed</status>\n"
             '<summary>Background command "slow echo" completed (exit code 0)</summary>\n'

@@ -486,6 +486,34 @@ def takes_notifications(state: LoopState, limits: Limits) -> bool:
             and not (limits.max_turns is not None and state.turn_count + 1 > limits.max_turns))
 
 
+class NotificationPlace(enum.Enum):
+    """Where a task notification joins the conversation (issue 30)."""
+
+    IN_TOOL_RESULT = "in_tool_result"
+    OWN_MESSAGE = "own_message"
+
+
+#: Where a notification goes, by what the request that carries it answers. Claude Code 2.1.332
+#: (tests/fixtures/background/notification_mid_run, notification_after_turn): one that arrives while
+#: the run goes on is queued input the next request carries (``open_stream`` takes it) and, when that
+#: request answers a tool batch, it is appended to the text of the batch's last tool result (a text
+#: block of the tool result when its content is blocks); one that restarts an ended run
+#: (``task_notification``) follows the final answer as a user message of its own.
+NOTIFICATION_PLACES: Mapping[NotificationPlace, str] = {
+    NotificationPlace.IN_TOOL_RESULT: "the request answers a tool batch: appended to its last tool result",
+    NotificationPlace.OWN_MESSAGE: "the request answers no tool batch (the run had ended, or the queue was "
+                                   "taken after an answer): a user message of its own",
+}
+
+
+def notification_place(joined: Iterable[Mapping[str, Any]]) -> NotificationPlace:
+    """Where a notification goes in a request: ``joined`` are the blocks of the user message it joins
+    (the wire message before it; none when it starts one)."""
+    if any(b.get("type") == "tool_result" for b in joined):
+        return NotificationPlace.IN_TOOL_RESULT
+    return NotificationPlace.OWN_MESSAGE
+
+
 @_named("settled_completed")
 def settled_completed(s: LoopState, _e: TaskNotified, lim: Limits) -> bool:
     return takes_notifications(s, lim)
@@ -936,7 +964,8 @@ REFUSALS: Mapping[tuple[Phase, type], str] = {
     **{(p, ToolsDrained): _ONLY.format("dispatch_tools") for p in (A, C, S, X)},
     **{(p, StopHookVerdict): _ONLY.format("stop (after end_turn)") for p in (*RUNNING, F)},
     **{(p, TaskNotified): "a notification that arrives while the run goes on joins the next request as queued "
-                          "input (StreamOpened); only a run that ended is restarted by one" for p in (*RUNNING, F)},
+                          "input (StreamOpened), where notification_place says; only a run that ended is "
+                          "restarted by one" for p in (*RUNNING, F)},
     (F, Aborted): "feedback decides on the batch's own event, at once: nothing can arrive in between",
     (X, Aborted): "the loop has stopped: there is nothing left to abort",
 }

@@ -9,6 +9,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from agentfsm.machine.graph import NotificationPlace, notification_place
 from agentfsm.machine.state import Message
 
 BASE_SYSTEM_PROMPT = (
@@ -26,11 +27,12 @@ def canonical_names(tools: Iterable[Any]) -> dict[str, str]:
 
 def normalize(messages: Sequence[Message], names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """Wire messages: consecutive same-role messages merged (the API wants alternation), tool_result
-    blocks first in a user message (the API requires them before any text), empty texts dropped, and
-    a call the model made by a tool's alias sent back under the tool's own name (``names``, from
-    :func:`canonical_names`): Claude Code 2.1.332 streams a ``KillShell`` call as the model named it
-    and sends it back as ``TaskStop`` (tests/fixtures/background/task_stop/requests.jsonl). The
-    history itself keeps the model's name."""
+    blocks first in a user message (the API requires them before any text), empty texts dropped; a
+    call the model made by a tool's alias sent back under the tool's own name (``names``, from
+    :func:`canonical_names`: Claude Code 2.1.332 streams a ``KillShell`` call as the model named it and
+    sends it back as ``TaskStop``, tests/fixtures/background/task_stop/requests.jsonl; the history
+    itself keeps the model's name); a task notification that joins a tool batch's results put inside
+    the last of them (the graph's :func:`~agentfsm.machine.graph.notification_place`)."""
     return _normalize(messages, names=names)[0]
 
 
@@ -45,6 +47,10 @@ def _normalize(messages: Sequence[Message], offset: int = 0,
             blocks = [{**b, "name": names[b["name"]]} if b.get("type") == "tool_use" and b.get("name") in names
                       else b for b in blocks]
         if not blocks:
+            continue
+        if (out and m.kind == "task_notification" and out[-1]["role"] == "user"
+                and notification_place(out[-1]["content"]) is NotificationPlace.IN_TOOL_RESULT):
+            out[-1]["content"] = _into_last_result(out[-1]["content"], blocks)
             continue
         if out and out[-1]["role"] == m.role:
             last = out[-1]["content"][-1]
@@ -62,6 +68,27 @@ def _normalize(messages: Sequence[Message], offset: int = 0,
             if results:
                 msg["content"] = results + [b for b in msg["content"] if b.get("type") != "tool_result"]
     return out, starts
+
+
+def _into_last_result(content: list[dict[str, Any]], blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``content`` with the notification's texts appended to its last tool result (the graph's
+    :data:`~agentfsm.machine.graph.NOTIFICATION_PLACES`): after the result's text, its trailing white
+    space cut and a blank line between (Claude Code 2.1.332's joining), or as text blocks of a result
+    whose content is blocks. A block that is no text follows in the message."""
+    at = max(i for i, b in enumerate(content) if b.get("type") == "tool_result")
+    result = dict(content[at])
+    extra: list[dict[str, Any]] = []
+    for b in blocks:
+        if b.get("type") != "text":
+            extra.append(dict(b))
+            continue
+        inner = result.get("content")
+        if isinstance(inner, list):
+            result["content"] = [*inner, {"type": "text", "text": b["text"]}]
+        else:
+            before = str(inner or "").rstrip()
+            result["content"] = f"{before}\n\n{b['text']}" if before else b["text"]
+    return [*content[:at], result, *content[at + 1:], *extra]
 
 
 class WireCache:
