@@ -70,7 +70,7 @@ from agentfsm.runtime.executor import StreamingToolExecutor
 from agentfsm.runtime.pipeline import INTERRUPT_RUN, ToolTable
 from agentfsm.runtime.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.runtime.queue import InputQueue, QueueItem
-from agentfsm.runtime.request import WireCache
+from agentfsm.runtime.request import WireCache, canonical_names
 from agentfsm.runtime.result import Passes, RunAccount, RunResult, build_result
 from agentfsm.runtime.runner import LoopRunner, StepObserver
 from agentfsm.runtime.signals import RunSignals, Stopped
@@ -160,7 +160,8 @@ class Driver:
         self._asm: ResponseAssembler | None = None
         self._taken_ids = TakenIds()  # the tool_use ids of the history, as of the last response
         self._shown = phases.ResultsShown(self.emit, session_id)  # each tool result shown once
-        self._wire = WireCache()  # the wire view, built incrementally request by request
+        # the wire view, built incrementally request by request (calls by an alias under the tool's name)
+        self._wire = WireCache(canonical_names(self.registry.tools()))
         self._static: int | None = None  # tokens of the system prompt and tool schemas
         # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
         self._discarded: list[StreamingToolExecutor] = []
