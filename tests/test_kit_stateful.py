@@ -16,7 +16,6 @@ from hypothesis.stateful import invariant, run_state_machine_as_test
 from agentfsm.auditing.audit import audit_file
 from agentfsm.hooks import HookMatcher
 from agentfsm.llm.model import ModelRequest
-from agentfsm.machine import prompts
 from agentfsm.machine.options import Options
 from agentfsm.machine.state import Limits, Message
 from agentfsm.testing import HttpErrorResponse, StreamedResponse, TextBlock, text_response, tool_response
@@ -58,8 +57,6 @@ def _assistant(*blocks: Mapping[str, Any]) -> dict[str, Any]:
 USE = {"type": "tool_use", "id": "t1", "name": "Echo", "input": {}}
 RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
 TEXT = {"type": "text", "text": "hi"}
-NOTE = {"type": "text", "text": prompts.task_notification(task_id="b1", tool_use_id="t0", output_file=None,
-                                                         status="completed", summary="done")}
 
 
 # --- wire_problems -------------------------------------------------------------------------------
@@ -67,8 +64,6 @@ NOTE = {"type": "text", "text": prompts.task_notification(task_id="b1", tool_use
 
 def test_wire_problems_passes_a_paired_conversation() -> None:
     assert wire_problems([_user(TEXT), _assistant(TEXT, USE), _user(RESULT, TEXT)]) == []
-    # a notification after an answer is a message of its own (the graph's notification_place)
-    assert wire_problems([_user(TEXT), _assistant(TEXT), _user(NOTE)]) == []
 
 
 @pytest.mark.parametrize(("messages", "expected"), [
@@ -79,7 +74,6 @@ def test_wire_problems_passes_a_paired_conversation() -> None:
     ([_user(TEXT), _assistant(USE), _user(RESULT, RESULT)], "has 2 tool_results"),
     ([_user(RESULT)], "answers no tool_use"),
     ([_user(TEXT), _assistant(USE), _user(RESULT), _assistant(USE), _user(RESULT)], "occurs twice"),
-    ([_user(TEXT), _assistant(USE), _user(RESULT, NOTE)], "inside the last tool result"),
 ])
 def test_wire_problems_names_each_breakage(messages: Sequence[Mapping[str, Any]], expected: str) -> None:
     problems = wire_problems(messages)

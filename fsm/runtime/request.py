@@ -48,8 +48,8 @@ def _normalize(messages: Sequence[Message], offset: int = 0,
                       else b for b in blocks]
         if not blocks:
             continue
-        if (out and m.kind == "task_notification" and out[-1]["role"] == "user"
-                and notification_place(out[-1]["content"]) is NotificationPlace.IN_TOOL_RESULT):
+        if (out and m.role == "user" and out[-1]["role"] == "user"
+                and notification_place(m.kind, out[-1]["content"]) is NotificationPlace.IN_TOOL_RESULT):
             out[-1]["content"] = _into_last_result(out[-1]["content"], blocks)
             continue
         if out and out[-1]["role"] == m.role:

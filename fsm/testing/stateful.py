@@ -54,7 +54,7 @@ from hypothesis.strategies import SearchStrategy
 from agentfsm.auditing.audit import audit
 from agentfsm.llm.model import ModelClient, ModelRequest
 from agentfsm.machine import prompts
-from agentfsm.machine.graph import EDGES_BY_TRIGGER, NotificationPlace, notification_place
+from agentfsm.machine.graph import EDGES_BY_TRIGGER
 from agentfsm.machine.options import Options
 from agentfsm.machine.state import COUNTER_CAPS, COUNTERS, RAISED_BY, TERMINAL_INFO, Limits, LoopState, Message, Phase
 from agentfsm.runtime.request import normalize
@@ -253,9 +253,7 @@ def wire_problems(messages: Sequence[Mapping[str, Any]], *, ends_with_user: bool
     """Problems of one request's wire messages: roles must alternate from ``user`` (and end with
     ``user`` — a trailing assistant message would be a prefill, not a turn); every tool_use id is
     unique and has exactly one tool_result in the next message, which is a user message; every
-    tool_result answers a tool_use of the message just before it; a task notification is where the
-    graph puts it (:func:`~agentfsm.machine.graph.notification_place`: inside the last tool result of
-    a message that answers a tool batch, not a text of its own beside it)."""
+    tool_result answers a tool_use of the message just before it."""
     problems: list[str] = []
     for i, m in enumerate(messages):
         want = "user" if i % 2 == 0 else "assistant"
@@ -291,15 +289,7 @@ def wire_problems(messages: Sequence[Mapping[str, Any]], *, ends_with_user: bool
                 if b.get("type") == "tool_result" and str(b.get("tool_use_id")) not in calls:
                     problems.append(f"tool_result for {b.get('tool_use_id')!r} in messages[{i}] answers no "
                                     "tool_use of the message before it")
-            loose = [b for b in blocks if b.get("type") == "text" and _NOTIFICATION in str(b.get("text", ""))]
-            if loose and notification_place(blocks) is NotificationPlace.IN_TOOL_RESULT:
-                problems.append(f"messages[{i}] answers a tool batch and carries a task notification as a text "
-                                "of its own: the graph puts it inside the last tool result")
     return problems
-
-
-# what marks a task notification's text (agentfsm.machine.prompts.task_notification)
-_NOTIFICATION = f"{prompts.TASK_NOTIFICATION_HEAD}\n\n<task-notification>"
 
 
 def _is_compaction(request: ModelRequest) -> bool:
