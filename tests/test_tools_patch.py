@@ -68,3 +68,14 @@ def test_a_hunk_with_no_old_lines_starts_at_line_zero_as_unified_diff_says() -> 
     assert structured_patch("a\nb\n", "") == [
         {"oldStart": 1, "oldLines": 2, "newStart": 0, "newLines": 0, "lines": ["-a", "-b"]}]
     assert structured_patch("a\n", "a\nb\n")[0]["oldStart"] == 1  # with context, the context's first line
+
+
+def test_a_change_in_a_long_file_of_repeated_lines_is_shown_with_its_context_not_the_rest() -> None:
+    """No line is treated as junk for being frequent (difflib's autojunk would, in a file of 200 lines
+    or more): one changed line of 400 identical ones makes a patch of a few lines, not of the file's
+    second half."""
+    old = "0\n" * 400
+    new = "0\n" * 200 + "1\n" + "0\n" * 199
+    hunks = structured_patch(old, new)
+    assert sum(len(h["lines"]) for h in hunks) <= 2 * (2 * 3 + 2)
+    assert any("+1" in h["lines"] for h in hunks)
