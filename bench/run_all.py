@@ -170,6 +170,8 @@ def overhead_rows(out: str) -> list[Row]:
     bare = grab(r"bare loop \(30 lines\):\s+([\d.]+) us/iter CPU", out)
     plain = grab(r"engine \(Session\):\s+([\d.]+) us/iter CPU", out)
     traced = grab(r"engine, traced:\s+([\d.]+) us/iter CPU", out)
+    records = grab(r"session file per iteration:\s+([\d.]+) records", out)
+    size = grab(r"session file per iteration:\s+[\d.]+ records, ([\d.]+) bytes", out)
     t_ratio = traced / bare if traced and bare else None
     p_ratio = plain / bare if plain and bare else None
     return [("engine per iteration, traced (the default)", fmt(traced, ".0f", " µs CPU"),
@@ -177,7 +179,10 @@ def overhead_rows(out: str) -> list[Row]:
              f"{yes(None if t_ratio is None else t_ratio <= 4)} ({fmt(t_ratio, '.1f', '×')})"),
             ("engine per iteration, no session file", fmt(plain, ".0f", " µs CPU"),
              f"30-line loop {fmt(bare, '.0f', ' µs')}", "≤ 3× the 30-line loop (issue 34)",
-             f"{yes(None if p_ratio is None else p_ratio <= 3)} ({fmt(p_ratio, '.1f', '×')})")]
+             f"{yes(None if p_ratio is None else p_ratio <= 3)} ({fmt(p_ratio, '.1f', '×')})"),
+            ("session file per iteration, traced (records, bytes)",
+             f"{fmt(records, '.2f', ' records')}, {fmt(size, '.0f', ' bytes')}", "—",
+             "(reported; one record per move: overhead.py --trace)", "—")]
 
 
 def growth_rows(out: str) -> list[Row]:

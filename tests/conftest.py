@@ -73,6 +73,12 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # the coverage check needs the property suite's traces: run it last, keeping the order otherwise
     late = [i for i in items if i.get_closest_marker("after_property_suite") is not None]
+    # under pytest-xdist (the README's `-n auto`, with `--dist loadgroup` from pyproject) the property
+    # suite and the coverage check that reads its traces run on one worker, in this order: the traces
+    # live in that worker's session-scoped `property_traces`
+    for item in items:
+        if item.get_closest_marker("property_suite") or item.get_closest_marker("after_property_suite"):
+            item.add_marker(pytest.mark.xdist_group("property_suite"))
     if late:
         items[:] = [i for i in items if i.get_closest_marker("after_property_suite") is None] + late
     if PROFILE == "nightly":

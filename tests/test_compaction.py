@@ -105,6 +105,13 @@ def test_only_user_messages_after_the_last_request_are_estimated_on_top_of_the_u
     assert estimate_tokens([*carried, answer, fresh], usage, counted_upto=1) == 120 + 200
 
 
+def test_without_counted_upto_every_message_is_new_since_the_usage() -> None:
+    """The default says the last request carried none of these messages: every user message, the
+    first and the last included, is estimated on top of the usage."""
+    msgs = [sized(400), said("w" * 4000), sized(800), sized(40)]  # 100, (the answer), 200 and 10 tokens
+    assert estimate_tokens(msgs, {"input_tokens": 100}) == 100 + 310
+
+
 @pytest.mark.parametrize("upto, expected", [(0, 100 + 310), (1, 100 + 210), (2, 100 + 10), (3, 100)])
 def test_counted_upto_is_the_index_of_the_first_message_not_carried(upto: int, expected: int) -> None:
     msgs = [sized(400), sized(800), sized(40)]  # 100, 200 and 10 tokens
@@ -273,6 +280,15 @@ async def test_a_summary_replaces_the_head_and_keeps_the_last_exchange() -> None
     assert len(usage) == 1 and usage[0][0] == "m" and usage[0][1]["output_tokens"] >= 0
     # the request: no tools, the default output budget (the loop passes none of its own)
     assert model.requests[0].tools == () and model.requests[0].max_tokens == 8192
+
+
+async def test_the_summary_is_asked_with_the_callers_budget_instructions_and_metadata() -> None:
+    got, model, _ = await _compact([text("gist")], max_tokens=321, custom_instructions="keep paths",
+                                   metadata={"user_id": "u-1"})
+    assert got is not None
+    request = model.requests[0]
+    assert request.max_tokens == 321 and dict(request.metadata) == {"user_id": "u-1"}
+    assert request.messages[-1]["content"][-1]["text"].endswith("\n\nAdditional instructions:\nkeep paths")
 
 
 async def test_the_summary_usage_is_charged_to_the_model_that_answered() -> None:

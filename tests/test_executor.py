@@ -806,3 +806,37 @@ async def test_closing_waits_for_unwinding_calls_only_so_long(lab: Lab) -> None:
     assert not task.done()  # still there: close did not wait for it
     never.set()
     await asyncio.wait([task], timeout=1)
+
+
+async def test_run_calls_give_each_call_the_runs_context_and_each_response_an_executor(
+        lab: Lab, tmp_path: Any) -> None:
+    """:class:`RunCalls` (what the driver hands every call): the run's cwd, session, abort signal,
+    services and the one ``read_files`` all calls share; the file-access policy asked once per call;
+    each executor under the run's concurrency cap, telling ``on_ready``."""
+    from agentfsm.runtime.executor import RunCalls
+
+    asked: list[int] = []
+    policies: list[object] = []
+
+    def file_access() -> Any:
+        asked.append(1)
+        policies.append(object())
+        return policies[-1]
+
+    abort, shared = asyncio.Event(), {"/a": 1.0}
+    calls = RunCalls(ToolTable.of([Probe(lab, "Safe"), Probe(lab, "Quick", hold=False)]), AllowAllGate(),
+                     tmp_path, "sess", abort, {"svc": 1}, 1, file_access, shared)
+    one, two = calls.context("t1"), calls.context("t2")
+    assert (one.cwd, one.session_id, one.tool_use_id, one.abort, one.services) == (tmp_path, "sess", "t1", abort,
+                                                                                   {"svc": 1})
+    assert one.read_files is shared and two.read_files is shared
+    assert (one.file_access, two.file_access) == tuple(policies) and len(asked) == 2
+    assert RunCalls(calls.table, calls.gate, tmp_path, "s", abort, {}).context("t").file_access is None
+    told: list[StreamingToolExecutor] = []
+    ex = calls.executor(told.append)
+    assert ex.max_concurrency == 1 and ex.table is calls.table
+    ex.add_tool(use("q1", "Quick"))
+    await settle()
+    assert told and told[0] is ex
+    assert [r.tool_use_id for r in await ex.remaining()] == ["q1"]
+    assert lab.finished == ["q1"]

@@ -355,3 +355,62 @@ async def test_abort_while_waiting_for_the_first_event_ends_at_once(tmp_path: Pa
     assert result.terminal_reason is TerminalReason.ABORTED_STREAMING and result.is_error
     assert model.count == 1
     assert [f for f in audit_file(session.trace_path) if f.is_error] == []
+
+
+# --- a stream that fails with something other than the API's or the connection's error ----------
+
+
+async def _unreadable_event_server(*, after_start: bool) -> tuple[asyncio.Server, str, list[bool]]:
+    """Streams an event nested deeper than the JSON decoder's stack (the first event, or the one after
+    ``message_start``), which fails the SDK's read with neither an API nor a connection error; answers
+    the same request unstreamed with a whole message. The list records each request's ``stream``."""
+    message = {"id": "msg_x", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+               "content": [], "stop_reason": None, "stop_sequence": None,
+               "usage": {"input_tokens": 5, "output_tokens": 1}}
+    deep = "[" * 100_000 + "]" * 100_000
+    start = f"event: message_start\ndata: {json.dumps({'type': 'message_start', 'message': message})}\n\n"
+    unreadable = ('event: content_block_start\ndata: {"type": "content_block_start", "index": 0, "x": '
+                  f"{deep}}}\n\n")
+    sse = ((start if after_start else "") + unreadable).encode()
+    whole = json.dumps({**message, "content": [{"type": "text", "text": "unstreamed answer"}],
+                        "stop_reason": "end_turn"}).encode()
+    streamed: list[bool] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        stream = bool(json.loads(await reader.readexactly(length)).get("stream"))
+        streamed.append(stream)
+        kind, data = (b"text/event-stream", sse) if stream else (b"application/json", whole)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
+                     % (kind, len(data), data))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", streamed
+
+
+@pytest.mark.parametrize("after_start", [False, True])
+async def test_a_stream_unreadable_before_its_first_event_is_asked_again_unstreamed(
+        after_start: bool, tmp_path: Path, agentfsm_workspace: Path) -> None:
+    """Before any event, a stream that cannot be read is not a stream yet: the same request is asked
+    once more without streaming (the run completes with that answer). After an event it is a stream
+    that broke part-way: it is requested again as a whole, never unstreamed, so with no stream retry
+    left the run ends on the API error."""
+    server, url, streamed = await _unreadable_event_server(after_start=after_start)
+    try:
+        run = await over_the_wire(tmp_path, agentfsm_workspace, [], base_url=url,
+                                  limits=Limits(api_max_retries=0, stream_retries=0))
+    finally:
+        server.close()
+        await server.wait_closed()
+    if after_start:
+        assert streamed == [True]
+        assert (run.result.terminal_reason, run.result.is_error) == (T.API_ERROR, True)
+        assert "Stream interrupted" in (run.result.result or "")
+    else:
+        assert streamed == [True, False]
+        assert (run.result.terminal_reason, run.result.result) == (T.COMPLETED, "unstreamed answer")
+    assert audit_file(run.trace) == []

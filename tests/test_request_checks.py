@@ -118,6 +118,37 @@ def test_system_blocks_default_custom_append_and_extra(tmp_path: Path) -> None:
     assert system_blocks(tmp_path, system_prompt="", append="")[0]["text"].startswith("Environment:")
 
 
+def test_added_directories_are_listed_resolved_and_only_when_there_are_some(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    env = system_blocks(tmp_path, system_prompt=None, append=None, add_dirs=(Path("lib"), tmp_path / "x" / ".."))[1]
+    assert f"Additional working directories:\n  - {tmp_path / 'lib'}\n  - {tmp_path}\nPlatform:" in env["text"]
+    assert "Additional working directories" not in system_blocks(tmp_path, system_prompt=None, append=None)[1]["text"]
+
+
+def test_an_identity_comes_first_and_none_is_not_sent(tmp_path: Path) -> None:
+    blocks = system_blocks(tmp_path, system_prompt="mine", append=None, identity="I am the agent")
+    assert [b["text"] for b in blocks][:2] == ["I am the agent", "mine"]
+    assert system_blocks(tmp_path, system_prompt="mine", append=None, identity=None)[0]["text"] == "mine"
+
+
+# --- tool aliases on the wire ----------------------------------------------------------------------
+
+
+def test_a_call_made_by_an_alias_goes_back_under_the_tools_own_name() -> None:
+    names = {"KillShell": "TaskStop"}
+    history = [Message("user", "go"),
+               Message("assistant", ({"type": "text", "text": "stopping"},
+                                     {"type": "tool_use", "id": "k", "name": "KillShell", "input": {}},
+                                     {"type": "tool_use", "id": "r", "name": "Read", "input": {}}), kind="assistant"),
+               Message("user", ({"type": "tool_result", "tool_use_id": "k", "content": "KillShell"},
+                                {"type": "text", "text": "KillShell", "name": "KillShell"}), kind="tool_results")]
+    wire = normalize(history, names)
+    assert [b.get("name") for b in wire[1]["content"]] == [None, "TaskStop", "Read"]
+    assert wire[2] == normalize(history)[2]  # a user message is never renamed
+    assert history[1].content[1]["name"] == "KillShell"  # the history keeps the model's name
+    assert normalize(history)[1]["content"][1]["name"] == "KillShell"  # no aliases, no renaming
+
+
 # --- check_request -----------------------------------------------------------------------------------
 
 

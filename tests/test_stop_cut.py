@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from agentfsm.machine.options import Options
-from agentfsm.machine.state import TerminalReason
+from agentfsm.machine.state import Phase, TerminalReason
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.tools.base import ToolContext, ToolOutput, tool
@@ -128,3 +128,29 @@ async def test_a_timeout_while_the_ended_run_waits_for_its_background_work_still
     texts = [b.get("text") for m in shown if m.get("type") == "assistant" for b in m["message"]["content"]]
     assert "started it" in texts  # the run had ended before the timeout
     await session.aclose()
+
+
+class _InterruptAsTheAnswerEnds:
+    """Interrupts the session at the move that ends the turn: the user's interrupt landing after the
+    answer is complete, before its Stop hooks (where the Temporal runtime's ``between`` lets one in)."""
+
+    def __init__(self) -> None:
+        self.session: Session | None = None
+
+    def on_step(self, before: Any, step: Any, event: Any) -> None:
+        if step.state.phase is Phase.STOP and step.state.stop_hooks_due and self.session is not None:
+            self.session.interrupt()
+
+
+async def test_an_interrupt_after_the_answer_ended_lets_the_end_stand(tmp_path: Path) -> None:
+    observer = _InterruptAsTheAnswerEnds()
+    shown: list[dict[str, Any]] = []
+    options = Options(tools=(), cwd=tmp_path, setting_sources=(), write_trace=False)
+    session = Session(options, client=ScriptedModel([{"blocks": [{"type": "text", "text": "done"}],
+                                                      "stop_reason": "end_turn"}]),
+                      emit=shown.append, observers=(observer,))
+    observer.session = session
+    async with session:
+        result = await session.run("go")
+    assert (result.terminal_reason, result.is_error, result.result) == (TerminalReason.COMPLETED, False, "done")
+    assert [m["type"] for m in shown] == ["system", "assistant", "result"]

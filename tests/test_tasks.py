@@ -80,7 +80,7 @@ async def test_run_in_background_returns_at_once_and_notifies_on_exit(tmp_path: 
     (item,) = host.queue.pending
     assert item.kind == TASK_NOTIFICATION
     text = item.text()
-    assert text.startswith("<system-reminder>\n") and "not user input" in text
+    assert text.startswith("<system-reminder>\n") and "NOT USER INPUT" in text
     assert (f"<task-notification>\n<task-id>{task_id}</task-id>\n<tool-use-id>toolu_1</tool-use-id>\n"
             f"<output-file>{done.output_file}</output-file>\n<status>completed</status>\n"
             '<summary>Background command "slow echo" completed (exit code 0)</summary>\n'
@@ -229,6 +229,24 @@ async def test_kill_shell_is_task_stop_with_its_old_parameter(tmp_path: Path) ->
     (task_id,) = host.running
     out = await TaskStopTool().call({"shell_id": task_id}, ctx(tmp_path, host))
     assert json.loads(out.data)["task_id"] == task_id and host.running == ()
+
+
+def test_a_call_made_by_an_alias_goes_back_under_the_tools_own_name() -> None:
+    """Claude Code 2.1.332 sends a ``KillShell`` call back as ``TaskStop`` (and ``Task`` as ``Agent``);
+    the history keeps the model's name, and a name that is no alias is left alone."""
+    from agentfsm.machine.state import Message
+    from agentfsm.runtime.request import WireCache, canonical_names, normalize
+    from agentfsm.tools import ToolRegistry, builtin_tools
+
+    names = canonical_names(ToolRegistry(builtin_tools()).tools())
+    assert names["KillShell"] == "TaskStop" and names["Task"] == "Agent"
+    history = (Message("user", ({"type": "text", "text": "go"},)),
+               Message("assistant", ({"type": "tool_use", "id": "t1", "name": "KillShell", "input": {"shell_id": "b1"}},
+                                     {"type": "tool_use", "id": "t2", "name": "Nope", "input": {}})))
+    wire = WireCache(names).wire(history)
+    assert [b["name"] for b in wire[1]["content"]] == ["TaskStop", "Nope"]
+    assert history[1].content[0]["name"] == "KillShell"
+    assert [b["name"] for b in normalize(history)[1]["content"]] == ["KillShell", "Nope"]
 
 
 @pytest.mark.parametrize("given", [{"task_id": "no_such_task"}, {"shell_id": "nope"}])
@@ -389,8 +407,9 @@ async def test_the_notification_is_a_declared_move_and_the_run_audits_clean(tmp_
     assert moves == ["call", "open_stream", "dispatch", "collect", "next_turn", "call", "open_stream", "end_turn",
                      "settle", "task_notification", "call", "open_stream", "end_turn", "settle"]
     assert [r["type"] for r in records].count("result") == 1
-    notes = [r for r in records if r.get("type") == "message" and r.get("kind") == "task_notification"]
-    assert len(notes) == 1
+    # recorded as the notification that started a pass (the graph's PASS_NOTIFICATION: its own message)
+    notes = [r["kind"] for r in records if r.get("type") == "message" and "task_notification" in str(r.get("kind"))]
+    assert notes == ["task_notification_pass"]
     findings = audit_file(session.trace_path)
     # (the one warning says the command ran unsandboxed, as this test asked: a background command's run
     # is recorded like any other's)
@@ -577,3 +596,36 @@ async def test_a_resumed_session_reports_the_tasks_its_last_process_left_running
     assert [(m["task_id"], m["status"]) for m in note] == [(task_id, "stopped")]
     tasks = [r for r in read_records(again.trace_path) if r.get("type") == "task"]
     assert [r["status"] for r in tasks] == ["running", "killed"]
+
+
+# --- stopping a command's process group --------------------------------------------------------------
+
+
+async def test_stopping_a_group_waits_until_none_of_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signal only marks its target, which ends when next scheduled: the leader's end does not mean
+    its children's (a loaded machine once showed a killed task's ``sleep`` child running after the
+    session closed). Stopping waits until no process of the group runs — a zombie runs nothing."""
+    import asyncio
+
+    from agentfsm.runtime import tasks as tasks_module
+
+    monkeypatch.setattr(tasks_module, "STOP_GRACE_S", 0.2)
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", "trap '' TERM; sleep 30 & echo $!; wait", stdout=asyncio.subprocess.PIPE,
+        start_new_session=True)
+    assert proc.stdout is not None
+    child = int((await proc.stdout.readline()).decode())
+    assert tasks_module._group_running(proc.pid)
+    asked: list[bool] = []
+    real = tasks_module._group_running
+
+    def running(pgid: int) -> bool:
+        # what is really there, and as if the group's last member still ran at the first two looks
+        asked.append(real(pgid))
+        return len(asked) <= 2 or asked[-1]
+
+    monkeypatch.setattr(tasks_module, "_group_running", running)
+    await tasks_module._kill_group(proc)
+    assert len(asked) == 3 and asked[-1] is False and not real(proc.pid)
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -148,6 +148,9 @@ def comparable(msg: Mapping[str, Any]) -> dict[str, Any]:
     """A stream-json message without what differs between any two runs (ids, timings, paths)."""
     out = {k: v for k, v in msg.items() if k not in ("session_id", "duration_ms", "duration_api_ms",
                                                      "transcript_path", "workflow_id", "uuid")}
+    body = out.get("message")
+    if isinstance(body, Mapping) and body.get("model") == "<synthetic>":  # its id is a fresh one
+        out["message"] = {k: v for k, v in body.items() if k != "id"}
     return out
 
 
@@ -211,6 +214,8 @@ BRANCHES: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
                         {"limits": Limits(context_window=60000, auto_compact_buffer=58500, blocking_buffer=0)}),
     "max turns": ([_read("r1"), _text("never")], {"limits": Limits(max_turns=1)}),
     "a Stop hook blocks once": ([_text("first"), _text("tests run")], {"settings": STOP_HOOK}),
+    # after the loop, the API error message (both runtimes show it through LoopRunner)
+    "an API refusal": ([{"status": 400, "error_type": "invalid_request_error", "message": "bad request"}], {}),
 }
 
 
@@ -237,6 +242,8 @@ async def test_each_branch_of_the_loop_runs_as_locally(server: DevServer, worker
     theirs = [(r["trigger"], snap) for r, snap in transition_snapshots(read_records(local_file))]
     assert ours == theirs
     assert_audits_clean(path)
+    if branch == "an API refusal":  # shown after the loop, before the result, by both runtimes
+        assert shown[-2].get("is_api_error_message") and shown[-2]["api_error_status"] == 400
 
 
 async def test_a_deferred_call_runs_when_the_session_is_resumed(server: DevServer, worker: None, queue: str,
@@ -400,6 +407,9 @@ async def test_the_user_interrupts_a_streaming_response(server: DevServer, worke
     result = await follow(client, handle, emit)
     assert result["terminal_reason"] == "aborted_streaming"
     assert 1 <= sum(1 for m in shown if m["type"] == "assistant") < 6
+    # after the loop, before the result: the interrupt marker, as the local driver shows it (LoopRunner)
+    assert shown[-2]["type"] == "user" and shown[-2]["message"]["content"] == [
+        {"type": "text", "text": "[Request interrupted by user]"}]
     assert_audits_clean(Path(inp.spec.trace_path or ""))
 
 

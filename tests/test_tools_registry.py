@@ -120,3 +120,14 @@ async def test_a_decorated_tool_runs(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="Nothing to shout"):
         await shout.call({"text": ""}, ctx)
     assert shout.is_concurrency_safe({}) and shout.interrupt_behavior() == "cancel"
+
+
+def test_every_builtin_tool_tells_the_model_each_parameters_type_and_meaning() -> None:
+    """The API takes an object schema; the model learns what to pass from each property's type and
+    description, so neither may be missing."""
+    for t in builtin_tools():
+        schema = t.input_schema
+        assert schema["type"] == "object", t.name
+        for name, prop in schema["properties"].items():
+            assert "type" in prop or "anyOf" in prop or "enum" in prop, (t.name, name)
+            assert isinstance(prop.get("description"), str) and prop["description"].strip(), (t.name, name)

@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from agentfsm.tools.base import NoFileRules, ToolContext, ToolError
+from agentfsm.tools.base import AccessDenial, NoFileRules, ToolContext, ToolError
 from agentfsm.tools.read import FILE_STATE_CURRENT, ReadTool
 from agentfsm.tools.write import WriteTool
 
@@ -106,3 +106,99 @@ def test_tool_traits_and_schema() -> None:
     assert t.input_schema["required"] == ["file_path", "content"]
     assert t.input_schema["additionalProperties"] is False
     assert set(t.input_schema["properties"]) == {"file_path", "content"}
+
+
+# --- what an SDK user receives, and the texts of the rarer paths -----------------------------------
+
+
+async def test_the_structured_result_of_a_create_and_of_an_update(ctx: ToolContext, tmp_path: Path) -> None:
+    from agentfsm.tools.patch import structured_patch
+
+    target = tmp_path / "a.txt"
+    out = await WriteTool().call({"file_path": str(target), "content": "one\n"}, ctx)
+    assert out.structured == {"type": "create", "filePath": str(target), "content": "one\n", "structuredPatch": [],
+                              "originalFile": None, "userModified": False}
+    out = await WriteTool().call({"file_path": str(target), "content": "one\ntwo\n"}, ctx)
+    assert out.structured == {"type": "update", "filePath": str(target), "content": "one\ntwo\n",
+                              "structuredPatch": structured_patch("one\n", "one\ntwo\n"), "originalFile": "one\n",
+                              "userModified": False}
+    assert out.structured["structuredPatch"] != []
+
+
+class _WriteOnly(NoFileRules):
+    def denial(self, path: str, access: str) -> AccessDenial | None:
+        return AccessDenial(path, "Read(secret)") if access == "read" else None
+
+
+async def test_a_file_that_may_not_be_read_shows_no_old_text(tmp_path: Path) -> None:
+    target = tmp_path / "secret.txt"
+    target.write_text("hidden\n")
+    ctx = ToolContext(cwd=tmp_path, file_access=_WriteOnly())
+    ctx.read_files[str(target)] = target.stat().st_mtime
+    out = await WriteTool().call({"file_path": str(target), "content": "new\n"}, ctx)
+    assert out.structured["type"] == "update"
+    assert out.structured["originalFile"] is None and out.structured["structuredPatch"] == []
+    assert target.read_text() == "new\n"
+
+
+async def test_an_original_that_is_not_utf8_is_shown_with_replacement_characters(ctx: ToolContext,
+                                                                                   tmp_path: Path) -> None:
+    target = tmp_path / "latin1.txt"
+    target.write_bytes(b"caf\xe9\n")
+    await ReadTool().call({"file_path": str(target)}, ctx)
+    out = await WriteTool().call({"file_path": str(target), "content": "cafe\n"}, ctx)
+    assert out.structured["originalFile"] == "caf\ufffd\n"
+
+
+@pytest.mark.parametrize("existed", [False, True])
+async def test_content_the_user_modified_is_said_so_without_the_file_state_note(existed: bool,
+                                                                                tmp_path: Path) -> None:
+    target = tmp_path / "a.txt"
+    ctx = ToolContext(cwd=tmp_path, file_access=NoFileRules(), user_modified=True)
+    if existed:
+        target.write_text("old")
+        ctx.read_files[str(target)] = target.stat().st_mtime
+    out = await WriteTool().call({"file_path": str(target), "content": "mine"}, ctx)
+    verb = f"The file {target} has been updated successfully." if existed else f"File created successfully at: {target}"
+    assert out.data == f"{verb} The user modified your proposed content before accepting it."
+    assert out.structured["userModified"] is True and out.structured["type"] == ("update" if existed else "create")
+
+
+async def test_a_write_that_fails_says_why_in_the_systems_words(ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("a file, not a directory")
+    target = tmp_path / "plain" / "new.txt"
+    with pytest.raises(ToolError) as err:
+        await write(ctx, target, "x")
+    assert str(err.value) == f"Could not write {target}: File exists"  # mkdir of its parent, a file
+
+
+async def test_the_file_is_utf8_whatever_the_locale(ctx: ToolContext, tmp_path: Path) -> None:
+    import locale
+
+    target = tmp_path / "u.txt"
+    before = locale.setlocale(locale.LC_CTYPE)
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C")  # an ASCII locale, as under LANG=C without coercion
+        await write(ctx, target, "café ☕\n")
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+    assert target.read_bytes() == "café ☕\n".encode()
+
+
+class _VanishesOnCheck(NoFileRules):
+    """Deletes the file when asked whether it may be read: another process removing it between the
+    write's checks and its reading of the old text."""
+
+    def denial(self, path: str, access: str) -> AccessDenial | None:
+        if access == "read":
+            Path(path).unlink(missing_ok=True)
+        return None
+
+
+async def test_a_file_gone_before_its_old_text_is_read_is_written_anew(tmp_path: Path) -> None:
+    target = tmp_path / "a.txt"
+    target.write_text("old")
+    ctx = ToolContext(cwd=tmp_path, file_access=_VanishesOnCheck())
+    ctx.read_files[str(target)] = target.stat().st_mtime
+    out = await WriteTool().call({"file_path": str(target), "content": "new"}, ctx)
+    assert out.structured["originalFile"] is None and target.read_text() == "new"

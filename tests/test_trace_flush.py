@@ -82,3 +82,29 @@ async def test_hooks_read_what_the_loop_wrote_before_them(tmp_path: Path) -> Non
     assert any(r["type"] == "message" and r["role"] == "assistant" and "THE_ANSWER" in json.dumps(r["content"])
                for r in stop)
     assert seen["SessionEnd"][-1]["type"] == "result"
+
+
+class _Says:
+    """Hooks that say which events have any configured."""
+
+    def __init__(self, *events: str) -> None:
+        self.events = events
+
+    def has_hooks(self, event: str) -> bool:
+        return event in self.events
+
+
+async def test_before_hooks_flushes_unless_the_hooks_say_none_is_configured(tmp_path: Path) -> None:
+    """The one flush before a hook (the driver's loop hooks and the session's own use it): skipped
+    only when the hooks say the event has none; hooks that cannot say get it."""
+    path = tmp_path / "s.jsonl"
+    writer = TraceWriter(path)
+    writer.write({"type": "a"})  # inside an event loop: flushed when the loop next runs something
+    writer.before_hooks(_Says("Stop"), "PreCompact")
+    assert _types(path) == []
+    writer.before_hooks(_Says("Stop"), "Stop")
+    assert _types(path) == ["a"]
+    writer.write({"type": "b"})
+    writer.before_hooks(object(), "Stop")
+    assert _types(path) == ["a", "b"]
+    writer.close()

@@ -40,3 +40,28 @@ def test_earlier_requests_are_not_changed_by_later_ones() -> None:
     snapshot = [dict(m, content=list(m["content"])) for m in a]
     cache.wire((*first, Message("user", "more")))  # merges into the same wire message
     assert a == snapshot
+
+
+def test_an_alias_is_renamed_on_the_incremental_path_too() -> None:
+    names = {"KillShell": "TaskStop"}
+    cache = WireCache(names)
+    first = (Message("user", "go"), Message("assistant", ({"type": "tool_use", "id": "k", "name": "KillShell",
+                                                           "input": {}},), kind="assistant"))
+    assert cache.wire(first) == normalize(first, names)
+    grown = (*first, Message("user", ({"type": "tool_result", "tool_use_id": "k", "content": "ok"},)),
+             Message("assistant", ({"type": "tool_use", "id": "k2", "name": "KillShell", "input": {}},)))
+    assert cache.wire(grown) == normalize(grown, names)
+
+
+def test_the_unchanged_part_is_reused_not_normalised_again() -> None:
+    """What makes a request cost what is new: the wire messages before the last one are the same
+    objects when the history only grew, or did not change at all."""
+    cache = WireCache()
+    history = (Message("user", "go"), Message("assistant", "a", kind="assistant"), Message("user", "more"))
+    first = cache.wire(history)
+    again = cache.wire(history)
+    assert all(x is y for x, y in zip(first[:-1], again[:-1], strict=True))
+    grown = cache.wire((*history, Message("assistant", "b", kind="assistant")))
+    assert all(x is y for x, y in zip(first[:-1], grown[:2], strict=True))
+    rewritten = cache.wire((Message("user", "go"),))  # a rewritten history is normalised afresh
+    assert rewritten == [{"role": "user", "content": [{"type": "text", "text": "go"}]}]

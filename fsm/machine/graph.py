@@ -491,6 +491,40 @@ def takes_notifications(state: LoopState, limits: Limits) -> bool:
             and not (limits.max_turns is not None and state.turn_count + 1 > limits.max_turns))
 
 
+class NotificationPlace(enum.Enum):
+    """Where a task notification joins the conversation (issue 30)."""
+
+    IN_TOOL_RESULT = "in_tool_result"
+    OWN_MESSAGE = "own_message"
+
+
+#: The kind of a notification message taken while the run goes on (queued input a request carries:
+#: ``open_stream`` takes it) ...
+RUN_NOTIFICATION = "task_notification"
+#: ... and of one that restarted an ended run (the ``task_notification`` move: :func:`notified`).
+PASS_NOTIFICATION = "task_notification_pass"
+
+#: Where a notification goes, by the move that took it in. Claude Code 2.1.332
+#: (tests/fixtures/background/notification_mid_run, json_schema_background): one taken while the run
+#: goes on is appended to the text of the last tool result of the request that carries it, when that
+#: request answers a tool batch (a text block of the result when its content is blocks); one that
+#: restarts an ended run is a user message of its own, even after a batch that ended the run.
+NOTIFICATION_PLACES: Mapping[NotificationPlace, str] = {
+    NotificationPlace.IN_TOOL_RESULT: "taken while the run goes on, by a request that answers a tool batch: "
+                                      "appended to the batch's last tool result",
+    NotificationPlace.OWN_MESSAGE: "restarting an ended run (task_notification), or taken by a request that "
+                                   "answers no tool batch: a user message of its own",
+}
+
+
+def notification_place(kind: str, joined: Iterable[Mapping[str, Any]]) -> NotificationPlace:
+    """Where a notification message of ``kind`` goes in a request: ``joined`` are the blocks of the
+    user message it would join (none when it starts one)."""
+    if kind == RUN_NOTIFICATION and any(b.get("type") == "tool_result" for b in joined):
+        return NotificationPlace.IN_TOOL_RESULT
+    return NotificationPlace.OWN_MESSAGE
+
+
 @_named("settled_completed")
 def settled_completed(s: LoopState, _e: TaskNotified, lim: Limits) -> bool:
     return takes_notifications(s, lim)
@@ -843,10 +877,12 @@ def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[
 
 
 def notified(s: LoopState, e: TaskNotified, _lim: Limits) -> Mapping[str, Any]:
-    """The notifications join the conversation and a new turn starts: the counters declared to reset
-    on a new turn (agentfsm.machine.state.NEW_TURN) start over."""
+    """The notifications join the conversation, as messages that started a pass (their place:
+    :func:`notification_place`), and a new turn starts: the counters declared to reset on a new turn
+    (agentfsm.machine.state.NEW_TURN) start over."""
     t = s.compact_tracking
-    return {**resets("task_notification", s), "messages": (*s.messages, *e.notifications),
+    notes = tuple(attrs.evolve(m, kind=PASS_NOTIFICATION) for m in e.notifications)
+    return {**resets("task_notification", s), "messages": (*s.messages, *notes),
             "turn_count": s.turn_count + 1,
             "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
 
@@ -974,7 +1010,8 @@ REFUSALS: Mapping[tuple[Phase, type], str] = {
     **{(p, ToolsDrained): _ONLY.format("dispatch_tools") for p in (A, C, S, X)},
     **{(p, StopHookVerdict): _ONLY.format("stop (after end_turn)") for p in (*RUNNING, F)},
     **{(p, TaskNotified): "a notification that arrives while the run goes on joins the next request as queued "
-                          "input (StreamOpened); only a run that ended is restarted by one" for p in (*RUNNING, F)},
+                          "input (StreamOpened), where notification_place says; only a run that ended is "
+                          "restarted by one" for p in (*RUNNING, F)},
     (F, Aborted): "feedback decides on the batch's own event, at once: nothing can arrive in between",
     (X, Aborted): "the loop has stopped: there is nothing left to abort",
 }

@@ -66,17 +66,17 @@ from agentfsm.machine.state import LoopState, Message, Phase, TerminalReason, To
 from agentfsm.runtime import phases
 from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError, TakenIds
 from agentfsm.runtime.compact import compact
-from agentfsm.runtime.executor import QUEUED, StreamingToolExecutor
+from agentfsm.runtime.executor import QUEUED, RunCalls, StreamingToolExecutor
 from agentfsm.runtime.pipeline import INTERRUPT_RUN, ToolTable
 from agentfsm.runtime.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.runtime.queue import InputQueue, QueueItem
-from agentfsm.runtime.request import WireCache
+from agentfsm.runtime.request import WireCache, canonical_names
 from agentfsm.runtime.result import Passes, RunAccount, RunResult, build_result
 from agentfsm.runtime.runner import LoopRunner, StepObserver
 from agentfsm.runtime.signals import RunSignals, Stopped
-from agentfsm.runtime.tasks import LOCAL_AGENT
+from agentfsm.runtime.tasks import agent_running
 from agentfsm.runtime.trace import TraceWriter
-from agentfsm.tools.base import TASKS, FileAccess, ToolContext
+from agentfsm.tools.base import TASKS, FileAccess
 
 __all__ = ["DEFERRED_RESULTS", "Driver", "Emit", "StepObserver", "StopBeforeCall"]
 
@@ -120,7 +120,7 @@ class Driver:
                  should_stop_before_next_call: StopBeforeCall | None = None,
                  observers: Sequence[StepObserver] = (),
                  file_access: Callable[[], FileAccess] | None = None,
-                 background: Callable[[], bool] | None = None) -> None:
+                 background: Callable[[], bool] | None = None, read_files: dict[str, float] | None = None) -> None:
         self.options = options
         # whether background work this session started may still report (its tasks and agents)
         self.background: Callable[[], bool] = background or (lambda: False)
@@ -128,8 +128,6 @@ class Driver:
         self.client = client
         # a --json-schema that is not a JSON Schema cannot be offered as a tool: the run's setup fails
         self.registry, self._setup_error = phases.structured_output_setup(registry, options.json_schema)
-        # one table for the run's executors (one per response): each tool's validators compiled once a run
-        self._tools = ToolTable.of(self.registry)
         self.session_id = session_id
         self.system = system
         self.gate = gate
@@ -141,13 +139,14 @@ class Driver:
         # a permission callback's deny with interrupt stops the run like the user's interrupt
         # (held weakly: the driver's own bound method in its services would make a cycle, issue 34)
         self.services.setdefault(INTERRUPT_RUN, weak_method(self.interrupt, gone=None))
-        # the permission settings' file-access policy, one per call; without it file tools deny every path
-        self.file_access = file_access
         self.should_stop_before_next_call: StopBeforeCall | None = (
             should_stop_before_next_call or options.should_stop_before_next_call)
         # tools see the abort signal (ToolContext.abort) and may set it too
         self.signals = RunSignals(session_id)
-        self.read_files: dict[str, float] = {}
+        # each tool call's context and each response's executor (read_files: what Read saw, session-wide)
+        self.calls = RunCalls(ToolTable.of(self.registry), gate, options.cwd, session_id, self.signals.abort_event,
+                              self.services, self.limits.max_tool_concurrency, file_access,
+                              {} if read_files is None else read_files)
         self.log = log.get_logger("agentfsm", session_id=session_id)
         self.observers: tuple[StepObserver, ...] = (self.trace, _LogSteps(self.log), *observers)
         self.account = RunAccount()
@@ -160,7 +159,8 @@ class Driver:
         self._asm: ResponseAssembler | None = None
         self._taken_ids = TakenIds()  # the tool_use ids of the history, as of the last response
         self._shown = phases.ResultsShown(self.emit, session_id)  # each tool result shown once
-        self._wire = WireCache()  # the wire view, built incrementally request by request
+        # the wire view, built incrementally request by request (calls by an alias under the tool's name)
+        self._wire = WireCache(canonical_names(self.registry.tools()))
         self._static: int | None = None  # tokens of the system prompt and tool schemas
         # executors given up on (abort, stream retry): their cancelled calls are awaited at the end
         self._discarded: list[StreamingToolExecutor] = []
@@ -195,7 +195,7 @@ class Driver:
         if self._setup_error is not None:
             setup_failure = SetupFailed(TerminalReason.TURN_SETUP_FAILED, self._setup_error)
         else:
-            self._before_hooks("UserPromptSubmit")
+            self.trace.before_hooks(self.hooks, "UserPromptSubmit")
             first, setup_failure, erased = phases.prompt_verdict(first, await self.hooks.user_prompt_submit(text))
             if not erased:
                 first = phases.with_budget(first, self.limits.max_budget_usd, self.account.cost_usd)
@@ -214,8 +214,6 @@ class Driver:
             await self._close_stream()
             await self._close_executors()
             await self.signals.disarm()
-        for message in phases.closing_messages(state, len(messages), self.account.api_error_status, self.session_id):
-            self.emit(message)
         acct = self.account
         result = self.passes.of(self._result_so_far(state), time.monotonic())
         # the results of earlier passes held back while a background subagent ran come first
@@ -281,14 +279,6 @@ class Driver:
         for block in blocks:
             self._shown.block(block)
 
-    def _before_hooks(self, event: str) -> None:
-        """A hook may read the session file (its ``transcript_path``): what the loop wrote is flushed
-        before the hook starts (a command hook is started before this task next waits). Skipped only
-        when the hooks say none is configured for the event; hooks that cannot say get the flush."""
-        has_hooks = getattr(self.hooks, "has_hooks", None)
-        if has_hooks is None or has_hooks(event):
-            self.trace.flush()
-
     # --- assemble ------------------------------------------------------------------------------
 
     async def assemble(self, state: LoopState) -> Event:
@@ -313,7 +303,7 @@ class Driver:
 
     async def _compact(self, state: LoopState, trigger: str, **logged: Any) -> Compaction | None:
         """The history compacted (``auto`` before a turn, ``reactive`` after a refusal), PreCompact first."""
-        self._before_hooks("PreCompact")
+        self.trace.before_hooks(self.hooks, "PreCompact")
         await self.hooks.pre_compact("auto", None)
         self.log.info("compact.start", trigger=trigger, **logged)
         compaction = await compact(self.client, model=self._model(state), system=self.system, messages=state.messages,
@@ -416,7 +406,8 @@ class Driver:
         # a tool_use id already in the conversation (or twice in this response) is renamed before the
         # block reaches the executor or the session file: the API refuses duplicate ids
         asm = self._asm = ResponseAssembler(taken_ids=self._taken_ids.of(state.messages))
-        executor = self._executor = self.new_executor()
+        # on_ready: a bound method, not a closure over the executor (no executor -> callback -> executor cycle)
+        executor = self._executor = self.calls.executor(self._emit_ready)
         self._shown.reset()
         stream = self._stream
         assert stream is not None
@@ -506,7 +497,7 @@ class Driver:
         phases.account_batch(self.account, ordered)
         post = None
         if not interrupted:
-            self._before_hooks("PostToolBatch")
+            self.trace.before_hooks(self.hooks, "PostToolBatch")
             post = await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
         return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post,
                                     context_layers=executor.context_layers())
@@ -514,24 +505,12 @@ class Driver:
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:
         self._shown.calls(executor.drain_ready())
 
-    def new_executor(self) -> StreamingToolExecutor:
-        def make_ctx(tool_use_id: str) -> ToolContext:
-            return ToolContext(cwd=self.options.cwd, session_id=self.session_id, tool_use_id=tool_use_id,
-                               abort=self.signals.abort_event, read_files=self.read_files, services=self.services,
-                               file_access=self.file_access() if self.file_access is not None else None)
-
-        executor = StreamingToolExecutor(lookup=self._tools, gate=self.gate, ctx_factory=make_ctx,
-                                         max_concurrency=self.limits.max_tool_concurrency)
-        # a bound method, not a closure over the executor: no executor -> callback -> executor cycle
-        executor.on_ready = self._emit_ready
-        return executor
-
     # --- stop ----------------------------------------------------------------------------------
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn: they may block (re-enter) or prevent the
         end. A stop while they run lets the end stand."""
-        self._before_hooks("Stop")
+        self.trace.before_hooks(self.hooks, "Stop")
         try:
             outcome = await self.signals.until_stopped(self.hooks.stop(phases.last_assistant_text(state.messages),
                                                                 state.stop_hook_active))
@@ -545,19 +524,14 @@ class Driver:
         ``take_input``). None when nothing runs, the run is being stopped, or user input is queued
         (the session's next run takes that, with any notification beside it). The pass that ended
         has its result (:class:`Passes`): printed now, or held while a background subagent runs."""
-        ended = None
         if self.background() and not self.stopping():
-            ended = self.passes.of(self._result_so_far(state), time.monotonic())
-            tasks = self.services.get(TASKS)
-            if any(t.running and t.task_type == LOCAL_AGENT for t in getattr(tasks, "tasks", {}).values()):
-                self.passes.held.append(ended)
-            else:
+            ended = self.passes.ended(self._result_so_far(state), time.monotonic(),
+                                      held=agent_running(self.services.get(TASKS)))
+            if ended is not None:
                 self.emit(ended.to_dict())
-                self.passes.last_printed = True
         pending = await self.queue.notifications_after_run(lambda: self.background() and not self.stopping())
         if self.stopping() or not pending:
-            if ended is not None and self.passes.held and self.passes.held[-1] is ended:
-                self.passes.held.pop()  # the run's own result, printed when the run ends
+            self.passes.no_next()
             return None
         self.passes.next(turns=state.turn_count, usage=self.account.usage, now=time.monotonic())
         self._pending_input = pending
@@ -593,7 +567,7 @@ async def _resume_deferred(d: Driver, history: tuple[Message, ...], first: Messa
         gone = [b["name"] for b in calls if d.registry.get(b["name"]) is None]
         d.log.warning("tool.deferred_unavailable", tools=gone)
         return history, unavailable
-    executor = d.new_executor()
+    executor = d.calls.executor(d._emit_ready)
     for block in calls:
         executor.add_tool(block)
     results = await executor.remaining()

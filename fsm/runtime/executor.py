@@ -50,7 +50,7 @@ from agentfsm.runtime.pipeline import (
     synthetic_result,
 )
 from agentfsm.runtime.ports import ToolGate
-from agentfsm.tools.base import InterruptBehavior, Tool, ToolContext
+from agentfsm.tools.base import FileAccess, InterruptBehavior, Tool, ToolContext
 
 log = fsm_log.get_logger("agentfsm.executor")
 
@@ -378,6 +378,35 @@ class StreamingToolExecutor:
             _done, still = await asyncio.wait(pending, timeout=timeout)
             if still:
                 log.warning("executor.tasks_still_running", count=len(still))
+
+
+@attrs.frozen(eq=False)
+class RunCalls:
+    """What every tool call of one run is given, and the executor of each of the run's responses.
+
+    ``table``: the run's tools, each one's validators compiled once a run. ``file_access`` is asked
+    once a call (the permission settings' policy as of then; None denies every path). ``read_files``
+    is shared by the run's calls (Read records what it saw; Edit and Write check it)."""
+
+    table: ToolTable
+    gate: ToolGate
+    cwd: Path
+    session_id: str
+    abort: asyncio.Event
+    services: Mapping[str, Any]
+    max_concurrency: int = 10
+    file_access: Callable[[], FileAccess] | None = None
+    read_files: dict[str, float] = attrs.field(factory=dict)
+
+    def context(self, tool_use_id: str) -> ToolContext:
+        return ToolContext(cwd=self.cwd, session_id=self.session_id, tool_use_id=tool_use_id, abort=self.abort,
+                           read_files=self.read_files, services=self.services,
+                           file_access=self.file_access() if self.file_access is not None else None)
+
+    def executor(self, on_ready: Callable[[StreamingToolExecutor], None] | None = None) -> StreamingToolExecutor:
+        """A new executor for one response's calls (``on_ready``: told when results may be shown)."""
+        return StreamingToolExecutor(lookup=self.table, gate=self.gate, ctx_factory=self.context,
+                                     max_concurrency=self.max_concurrency, on_ready=on_ready)
 
 
 # --- the rules, as pure functions (the executor applies them; so does a Temporal workflow) --------

@@ -38,7 +38,7 @@ from agentfsm.machine.events import (
     StreamEnded,
     ToolsDrained,
 )
-from agentfsm.machine.state import Limits, LoopState, Message, TerminalReason, appended
+from agentfsm.machine.state import Limits, LoopState, Message, TerminalReason, appended, new_id
 from agentfsm.runtime.assembler import StreamProtocolError
 from agentfsm.runtime.compact import chars_of, estimate_tokens
 from agentfsm.runtime.pipeline import CallResult
@@ -399,22 +399,24 @@ def requesting_message(session_id: str) -> dict[str, Any]:
 def api_error_message(status: int, detail: str | None, session_id: str) -> dict[str, Any]:
     """The synthetic assistant message that shows an API error in the stream (Claude Code's form)."""
     return {"type": "assistant", "message": {
-        "id": str(uuid.uuid4()), "type": "message", "role": "assistant", "model": "<synthetic>",
+        "id": str(new_id()), "type": "message", "role": "assistant", "model": "<synthetic>",
         "content": [{"type": "text", "text": api_error_text(status, detail)}], "stop_reason": "stop_sequence",
         "stop_sequence": "", "usage": dict(ZERO_USAGE)}, "parent_tool_use_id": None, "session_id": session_id,
         "error": api_error_kind(status), "is_api_error_message": True, "api_error_status": status}
 
 
-def closing_messages(state: LoopState, started_with: int, api_error_status: int | None,
+def closing_messages(state: LoopState, began_after: str | None, api_error_status: int | None,
                      session_id: str) -> list[dict[str, Any]]:
     """What the client is shown after the loop ended and before the result: Claude Code's synthetic
     assistant message for an API refusal it shows in its generic form, and the marker that closes an
-    interrupted run (``started_with``: how many messages the run's history had when the loop began)."""
+    interrupted run (``began_after``: the uuid of the history's last message when the loop began, so
+    a marker the history already ended with is not shown again, even after a compaction)."""
     shown: list[dict[str, Any]] = []
     if state.terminal_reason is TerminalReason.API_ERROR and shows_api_error(api_error_status):
         shown.append(api_error_message(api_error_status or 0, state.terminal_detail, session_id))
-    if len(state.messages) > started_with and state.messages[-1].kind == "interrupt_marker":
-        shown.append(marker_message(state.messages[-1], session_id))
+    last = state.messages[-1] if state.messages else None
+    if last is not None and last.kind == "interrupt_marker" and last.uuid != began_after:
+        shown.append(marker_message(last, session_id))
     return shown
 
 

@@ -216,6 +216,25 @@ class Passes:
     held: list[RunResult] = attrs.field(factory=list)
     # the last pass's result was printed when the pass ended (the run then ended without another)
     last_printed: bool = False
+    own_held: bool = False  # the last pass's result is the last of ``held``
+
+    def ended(self, run: RunResult, now: float, *, held: bool) -> RunResult | None:
+        """This pass ended and the run waits for background work: its result (``run``: the run so
+        far) to print now, or None when it is ``held`` back to the run's end (a background subagent
+        runs)."""
+        result = self.of(run, now)
+        if held:
+            self.held.append(result)
+            self.own_held = True
+            return None
+        self.last_printed = True
+        return result
+
+    def no_next(self) -> None:
+        """No other pass starts: a result of this pass held back is the run's own, printed at its end."""
+        if self.own_held:
+            self.held.pop()
+            self.own_held = False
 
     def of(self, run: RunResult, now: float) -> RunResult:
         """``run`` (the run so far, as :func:`build_result` makes it) as the result of this pass."""
@@ -231,3 +250,4 @@ class Passes:
         self.index += 1
         self.turns_before, self.usage_before, self.started = turns, dict(usage), now
         self.last_printed = False
+        self.own_held = False

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from types import EllipsisType
 from typing import Any, Protocol
 
 from agentfsm.machine import graph
 from agentfsm.machine.events import Aborted, Event, StopHookVerdict, TaskNotified
 from agentfsm.machine.state import Limits, LoopState, Phase
 from agentfsm.runtime import phases
+from agentfsm.runtime.result import RunAccount
 
 
 class StepObserver(Protocol):
@@ -34,6 +36,7 @@ class Runtime(Protocol):
 
     limits: Limits
     observers: Sequence[StepObserver]
+    account: RunAccount  # the run's account (its last API error's status: what is shown at the end)
 
     def stopping(self) -> bool:
         """The run is being stopped (interrupted or aborted): the next phase is not performed."""
@@ -103,10 +106,15 @@ class LoopRunner:
 when they report after it ended). A cancellation of the run fires the abort
     event first, so the run ends at ``stop`` with everything shown paired."""
 
-    def __init__(self, runtime: Runtime, state: LoopState, session_id: str) -> None:
+    def __init__(self, runtime: Runtime, state: LoopState, session_id: str, *,
+                 began_after: str | EllipsisType | None = ...) -> None:
         self.runtime = runtime
         self.session_id = session_id
         self.machine = graph.LoopMachine(state)
+        # the uuid of the history's last message when the loop began (``state``'s unless given: a
+        # run continued as new passes its first run's), so what is shown at the end is this run's
+        self.began_after = began_after if not isinstance(began_after, EllipsisType) else \
+            (state.messages[-1].uuid if state.messages else None)
 
     @property
     def state(self) -> LoopState:
@@ -122,7 +130,9 @@ when they report after it ended). A cancellation of the run fires the abort
             before = step.state
 
     async def run(self, first: Event | None = None) -> LoopState:
-        """Run to the end (``first``: an event that arrives before any phase, a setup failure)."""
+        """Run to the end (``first``: an event that arrives before any phase, a setup failure), then
+        show what follows the loop (:func:`agentfsm.runtime.phases.closing_messages`: the API error
+        message, the interrupt marker), the same in every runtime."""
         runtime = self.runtime
         try:
             if first is not None:
@@ -151,4 +161,8 @@ when they report after it ended). A cancellation of the run fires the abort
             raise
         finally:
             self.machine.close()
-        return self.machine.state
+        state = self.machine.state
+        for message in phases.closing_messages(state, self.began_after, runtime.account.api_error_status,
+                                               self.session_id):
+            runtime.show(message)
+        return state

@@ -116,6 +116,12 @@ def read_task_records(records: Iterable[Mapping[str, Any]]) -> dict[str, TaskRec
     return out
 
 
+def agent_running(registry: object) -> bool:
+    """A background subagent of ``registry`` (a session's :class:`TaskRegistry`; anything else has
+    none) still runs."""
+    return any(t.running and t.task_type == LOCAL_AGENT for t in getattr(registry, "tasks", {}).values())
+
+
 def command_summary(description: str, status: str, exit_code: int | None) -> str:
     """The ``<summary>`` of a finished background command (Claude Code's words)."""
     if status == COMPLETED:
@@ -458,8 +464,35 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+def _group_running(pgid: int) -> bool:
+    """Whether a process of the group still runs: one not ended, or ended and not reaped (a zombie,
+    which runs nothing) does not count. Read from ``/proc`` where there is one; elsewhere any member
+    the group signal still reaches counts."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
 async def _kill_group(process: asyncio.subprocess.Process) -> None:
-    """SIGTERM the command's process group, SIGKILL what is left after :data:`STOP_GRACE_S`."""
+    """SIGTERM the command's process group, SIGKILL what is left after :data:`STOP_GRACE_S`, and wait
+    (at most :data:`STOP_GRACE_S` more) until no process of the group runs: a signal only marks its
+    target, which ends when it is next scheduled, so the leader's end does not mean its children's."""
     if process.returncode is None:
         _signal_group(process.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
@@ -467,3 +500,6 @@ async def _kill_group(process: asyncio.subprocess.Process) -> None:
     # whatever of the group outlived its leader goes too
     _signal_group(process.pid, signal.SIGKILL)
     await process.wait()
+    deadline = time.monotonic() + STOP_GRACE_S
+    while _group_running(process.pid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)

@@ -180,6 +180,15 @@ class TraceWriter:
             if self._fh is not None:
                 self._fh.flush()
 
+    def before_hooks(self, hooks: object, event: str) -> None:
+        """A hook may read the session file (its ``transcript_path``): what was written is flushed
+        before ``hooks`` run for ``event`` (a command hook is started before the caller next waits).
+        Skipped only when the hooks say none is configured for the event; hooks that cannot say get
+        the flush."""
+        has_hooks = getattr(hooks, "has_hooks", None)
+        if has_hooks is None or has_hooks(event):
+            self.flush()
+
     def session(self, session_id: str, limits: Limits, cwd: str, model: str,
                 parent_session_id: str | None = None, **extra: Any) -> None:
         """The header; ``extra`` adds fields (a workflow-backed session names its workflow)."""

@@ -263,8 +263,8 @@ class Session:
                                        TOOL_RESULTS_DIR: self.sessions_dir / self.session_id / "tool-results"},
                              observers=self.observers,
                              file_access=self.gate.file_access,
-                             background=weak_method(self._background_pending, gone=False))
-        self.driver.read_files = self._read_files
+                             background=weak_method(self._background_pending, gone=False),
+                             read_files=self._read_files)
         if self._interrupted:
             self.driver.interrupt()
         try:
@@ -293,19 +293,13 @@ class Session:
         if start is None or self.options.agent_type is not None:
             return prompt
         source = "resume" if self.resumed else ("fork" if self.options.parent_session_id else "startup")
-        self._before_hooks("SessionStart")
+        self.trace.before_hooks(self.hooks, "SessionStart")
         outcome = await start(source)
         extra = tuple(getattr(outcome, "additional_context", ()) or ())
         if not extra:
             return prompt
         blocks = [{"type": "text", "text": prompt}] if isinstance(prompt, str) else list(prompt)
         return [*blocks, *prompts.reminder_blocks(extra)]
-
-    def _before_hooks(self, event: str) -> None:
-        """A hook may read the session file: what was written is flushed before it starts."""
-        has_hooks = getattr(self.hooks, "has_hooks", None)
-        if has_hooks is None or has_hooks(event):
-            self.trace.flush()
 
     def _driver_emit(self, msg: dict[str, Any]) -> None:
         # Each assistant block is in the session file as soon as it is complete — before its tool
@@ -368,7 +362,7 @@ class Session:
         self.queue.discard()
         end = getattr(self.hooks, "session_end", None)
         if end is not None and self._header_written and self.options.agent_type is None:
-            self._before_hooks("SessionEnd")
+            self.trace.before_hooks(self.hooks, "SessionEnd")
             await end("other")
         self.trace.close()
         if self.sandbox is not None and hasattr(self.sandbox, "close"):

@@ -152,6 +152,8 @@ class Carried:
     read_files: Mapping[str, float] = attrs.field(factory=dict)
     interrupted: bool = False
     aborted: bool = False
+    # the uuid of the history's last message when the run's loop began (agentfsm.runtime.runner.LoopRunner)
+    began_after: str | None = None
 
 
 @attrs.frozen

@@ -246,7 +246,9 @@ class SessionWorkflow:
     async def run(self, inp: SessionInput) -> dict[str, Any]:
         self._fewer_tasks = workflow.patched(FEWER_TASKS)
         first = await self._open(inp) if inp.carried is None else self._restore(inp.carried)
-        self._runner = LoopRunner(self, self._state, self._spec.session_id)
+        # a run continued as new shows at its end what its loop added since its first run began
+        self._runner = LoopRunner(self, self._state, self._spec.session_id,
+                                  began_after=inp.carried.began_after if inp.carried is not None else ...)
         self._state = await self._runner.run(first)
         await self._stop_tasks()
         result = self._result()
@@ -305,6 +307,10 @@ class SessionWorkflow:
     @property
     def limits(self) -> Limits:
         return self._spec.limits
+
+    @property
+    def account(self) -> RunAccount:
+        return self._account
 
     @property
     def observers(self) -> tuple[StepObserver, ...]:
@@ -929,7 +935,8 @@ class SessionWorkflow:
                                     acct.api_error_status),
             seq=self._trace.next_seq, recorded=self._recorded, requests=self._requests,
             out_base=self._out_base + len(self._out) - len(tail), out_tail=tuple(tail), started=self._started,
-            read_files=self._read_files, interrupted=self._interrupted, aborted=self._aborted)
+            read_files=self._read_files, interrupted=self._interrupted, aborted=self._aborted,
+            began_after=self._runner.began_after)
         workflow.continue_as_new(attrs.evolve(self._inp, carried=carried))
 
     def _restore(self, carried: Carried) -> None:
