@@ -83,7 +83,7 @@ DEST: dict[str, Phase] = {
     "fallback_retry": C,
     **dict.fromkeys(("next_turn", "reactive_compact_retry", "max_output_tokens_recovery",
                      "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
-                     "structured_output_retry",
+                     "structured_output_retry", "refusal_retry",
                      "stop_hook_blocking", "task_notification"), A),
     **dict.fromkeys(REASONS, X),
 }
@@ -232,6 +232,21 @@ def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict
                           kind="tool_results"),) if ids else ()
         return "over_budget", {"messages": _kept(s, r, *closed), "terminal_reason": T.BUDGET_EXHAUSTED,
                                "terminal_detail": f"Reached maximum budget (${lim.max_budget_usd:g})"}
+    if r.stop_reason == "refusal":
+        # a safety classifier stopped the response, whatever it showed: once per run it is kept, its calls
+        # answered without running on (a started one "Interrupted", the others "Not run") and the model
+        # asked again; refused again, the run ends api_error and the response is not kept (Claude Code 2.1.332)
+        if s.refusal_retry_count < lim.refusal_retries:
+            ids = [b["id"] for b in r.blocks if b.get("type") == "tool_use"]
+            started = set(e.started) & set(ids)
+            results = tuple(prompts.synthetic_block(i, "refusal_interrupted" if i in started else "refusal_not_run")
+                            for i in ids)
+            reminder = prompts.meta_message(prompts.REFUSAL_RETRY + (prompts.REFUSAL_RETRY_STARTED if started else ""))
+            paired = (Message("user", results, kind="tool_results"),) if ids else ()
+            return "refusal_retry", {"messages": _kept(s, r, *paired, reminder),
+                                     "refusal_retry_count": s.refusal_retry_count + 1}
+        return "recovery_exhausted", {"terminal_reason": T.API_ERROR,
+                                      "terminal_detail": prompts.refusal_exhausted(r.model, r.request_id, r.message_id)}
     if _dispatchable(r):
         return "dispatch", {}
     if r.stop_reason in ("max_tokens", "model_context_window_exceeded"):
@@ -568,6 +583,7 @@ _SHAPES = st.one_of(
     st.tuples(_blocks([BLANK]), st.sampled_from(["end_turn", "stop_sequence", None])),  # an empty answer
     st.tuples(_blocks([TEXT, BLANK, THINK, REDACTED, USE_1, USE_2, SO]),
               st.sampled_from(["end_turn", "tool_use", "max_tokens", "model_context_window_exceeded", None])),
+    st.tuples(_blocks([TEXT, BLANK, THINK], [USE_1], [USE_2]), st.just("refusal")),
 )
 
 
@@ -578,7 +594,8 @@ def stream_ended_st(draw: st.DrawFn) -> StreamEnded:
     ids = tuple(b["id"] for b in blocks if b.get("name") == "StructuredOutput")
     return StreamEnded(ModelResponse(blocks, stop_reason, invalid_tool_inputs=invalid),
                        json_schema=draw(st.booleans()), structured_output_ids=draw(st.sampled_from([(), ids])),
-                       cost_usd=draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])))
+                       cost_usd=draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])),
+                       started=draw(st.sampled_from([(), (USE_1["id"],), (USE_1["id"], USE_2["id"])])))
 
 
 @st.composite
@@ -1211,6 +1228,7 @@ RISES: list[tuple[LoopState, Any, Limits]] = [
     (base(X, stop_hooks_due=False), TaskNotified((NOTE,)), Limits()),
     (base(S), StreamEnded(CUT), Limits()),
     (base(S), StreamEnded(MALFORMED), Limits()),
+    (base(S), StreamEnded(ModelResponse((TEXT,), "refusal")), Limits()),
     (base(S), StreamEnded(ModelResponse((TEXT,), "end_turn"), json_schema=True), Limits()),
     (base(S), CallFailed(BROKE), Limits()),
     (base(C), CallFailed(BROKE, fallback_available=True), Limits()),

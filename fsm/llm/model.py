@@ -56,6 +56,8 @@ class MessageStart:
     model: str = ""
     usage: Mapping[str, Any] = attrs.field(factory=dict)
     message_id: str = ""
+    # the API's ``request-id`` response header (a refusal's result names it, as Claude Code's does)
+    request_id: str = ""
 
 
 @attrs.frozen

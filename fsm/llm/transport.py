@@ -13,6 +13,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
+
 from agentfsm.common.textsafe import scrub
 from agentfsm.llm.model import (
     BlockDelta,
@@ -77,9 +79,12 @@ class AnthropicTransport:
         except (a.APIConnectionError, a.APITimeoutError) as exc:
             raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
         started = False  # an event came: failures after it are the stream's, before it the request's
+        request_id = _request_id(raw)
         try:
             async for ev in raw:
                 mapped = _map_event(ev)
+                if isinstance(mapped, MessageStart) and request_id:
+                    mapped = attrs.evolve(mapped, request_id=request_id)
                 if mapped is not None:
                     started = True
                     yield mapped
@@ -168,6 +173,12 @@ def _stream_error(a: Any, exc: Any) -> ModelError:
     if etype == "":
         return ModelError("connection", message or "stream interrupted", None, True)
     return classify_error(None, etype, message)
+
+
+def _request_id(raw: Any) -> str:
+    """The stream's ``request-id`` response header ("" when the response has none)."""
+    headers = getattr(getattr(raw, "response", None), "headers", None)
+    return str(headers.get("request-id", "")) if headers is not None else ""
 
 
 def _map_event(ev: Any) -> StreamEvent | None:

@@ -55,6 +55,9 @@ class ModelResponse:
     model: str = ""
     invalid_tool_inputs: Mapping[str, str] = attrs.field(factory=dict)
     incomplete_tool_uses: int = 0
+    # the API's ids of the response and of its request (a refusal's result names them)
+    message_id: str = ""
+    request_id: str = ""
 
     def tool_uses(self) -> list[Mapping[str, Any]]:
         return [b for b in self.blocks if b.get("type") == "tool_use"]
@@ -145,12 +148,15 @@ class CallFailed:
 class StreamEnded:
     """The response ended (``message_stop``). ``json_schema``: the run must end with a call of the
     structured-output tool (``--json-schema``); ``structured_output_ids``: this response's calls of it;
-    ``cost_usd``: what the run has spent, this response included (checked against ``max_budget_usd``)."""
+    ``cost_usd``: what the run has spent, this response included (checked against ``max_budget_usd``);
+    ``started``: the response's calls whose tool had started (or finished) while it streamed, a raw fact
+    the route of a refused response reads (a call that started may have done something)."""
 
     response: ModelResponse
     json_schema: bool = False
     structured_output_ids: tuple[str, ...] = ()
     cost_usd: float = 0.0
+    started: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -183,6 +183,10 @@ EDGES: tuple[Edge, ...] = (
           does=_ENDED),
     _edge("structured_output_retry", S, A, "reentry",
           "ended without the required StructuredOutput call; ask for it (count < cap)", does=_ENDED),
+    _edge("refusal_retry", S, A, "reentry",
+          "a safety classifier stopped the response (stop_reason refusal): keep what it showed, answer its calls "
+          "(none runs on), ask once more (count < cap)",
+          does=Does(Shown.PAIR, close_calls=prompts.REFUSAL_INTERRUPTED)),
     _edge("stop_hook_blocking", X, A, "reentry",
           "a Stop hook blocked the end or added context for the model (count < cap)",
           does=Does(stop_feedback=True)),
@@ -211,7 +215,8 @@ EDGES: tuple[Edge, ...] = (
           does=Does(Shown.PAIR, close_calls=prompts.STREAM_FAILED)),
     _edge("end_turn", S, X, "terminal", "no tool call: the answer is final (Stop hooks are due)", T.COMPLETED,
           does=_ENDED),
-    _edge("recovery_exhausted", S, X, "terminal", "a recovery branch reached its cap",
+    _edge("recovery_exhausted", S, X, "terminal",
+          "a recovery branch reached its cap (a refusal: asked again and refused again)",
           T.API_ERROR, T.MALFORMED_TOOL_USE_EXHAUSTED, T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED, does=_ENDED),
     _edge("settle", X, X, "terminal", "Stop hooks ran and did not re-enter: passed, prevented, max_turns, "
           "or the block cap overridden", T.COMPLETED, T.STOP_HOOK_PREVENTED, T.MAX_TURNS),
@@ -593,6 +598,8 @@ def shown_results(step: Step, event: Event) -> tuple[Mapping[str, Any], ...]:
     """The tool results a step shows the client: when its edge pairs what the response showed, the
     results it paired the shown calls with (the same ones its effect put in the history)."""
     does = step.edge.does
+    if does.shown is Shown.PAIR and isinstance(event, StreamEnded):
+        return refused_results(event)
     if does.shown is not Shown.PAIR or not isinstance(event, CallFailed | Aborted) or does.close_calls is None:
         return ()
     _partial, results = pair_shown(event, does.close_calls)
@@ -714,6 +721,34 @@ def budget_spent(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]
               ) if ids else ()
     return _ended({"messages": _kept(s, e, *closed), "terminal_reason": T.BUDGET_EXHAUSTED,
                    "terminal_detail": prompts.budget_reached(lim.max_budget_usd or 0.0)})
+
+
+def refused_results(e: StreamEnded) -> tuple[Mapping[str, Any], ...]:
+    """The results that answer the calls of a refused response: none of them runs on; a call whose tool
+    had started is told it may have done something, one still waiting that it never ran (Claude Code
+    2.1.332's words)."""
+    started = frozenset(e.started)
+    return tuple(prompts.synthetic_block(i, prompts.REFUSAL_INTERRUPTED if i in started else prompts.REFUSAL_NOT_RUN)
+                 for i in e.response.as_message().tool_use_ids())
+
+
+def refusal_retried(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    """What the refused response showed is kept and its calls answered; the model is asked once more,
+    reminded that a safety classifier stopped it (and that a call which had started may have run)."""
+    results = refused_results(e)
+    started = any(b["content"] == prompts.synthetic_text(prompts.REFUSAL_INTERRUPTED) for b in results)
+    text = prompts.REFUSAL_RETRY + (prompts.REFUSAL_RETRY_STARTED if started else "")
+    paired = (Message("user", results, kind="tool_results"),) if results else ()
+    return _ended({"messages": _kept(s, e, *paired, prompts.meta_message(text)),
+                   "refusal_retry_count": s.refusal_retry_count + 1})
+
+
+def refusal_exhausted(_s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+    """Refused again: the run ends ``api_error`` (the second refused response is not kept), its result
+    naming the model and the request and message ids, as Claude Code 2.1.332 does."""
+    r = e.response
+    return _ended({"terminal_reason": T.API_ERROR,
+                   "terminal_detail": prompts.refusal_exhausted(r.model, r.request_id, r.message_id)})
 
 
 def max_tokens_exhausted(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]:
@@ -917,6 +952,9 @@ ROUTES: tuple[Route, ...] = (
     _route((C, S), CallFailed, None, "call_failed", call_failed),
     # the response ended
     _route(S, StreamEnded, over_budget, "over_budget", budget_spent),
+    _route(S, StreamEnded, stop_reason_is("refusal") & under_cap("refusal_retry_count"), "refusal_retry",
+           refusal_retried),
+    _route(S, StreamEnded, stop_reason_is("refusal"), "recovery_exhausted", refusal_exhausted),
     _route(S, StreamEnded, has_tool_calls, "dispatch", dispatching),
     _route(S, StreamEnded, stop_reason_is("max_tokens", "model_context_window_exceeded")
            & under_cap("max_output_tokens_recovery_count"), "max_output_tokens_recovery", max_tokens_recovery),

@@ -41,8 +41,21 @@ def tool_use_error(text: str) -> str:
     return text if text.startswith("<tool_use_error>") else f"<tool_use_error>{text}</tool_use_error>"
 
 
+# the calls of a response a safety classifier stopped (stop_reason ``refusal``): one that had started
+# is told it may have run, one still queued that it never did (Claude Code 2.1.332's words)
+REFUSAL_INTERRUPTED = "refusal_interrupted"
+REFUSAL_NOT_RUN = "refusal_not_run"
+_REFUSAL_TEXTS = {
+    REFUSAL_INTERRUPTED: ("Interrupted: the response that made this tool call was stopped by a safety classifier "
+                          "while the call was running; it may have partially or fully completed."),
+    REFUSAL_NOT_RUN: "Not run: the response that made this tool call was stopped by a safety classifier.",
+}
+
+
 def synthetic_text(reason: str) -> str:
     """The tool_result text of a call that was cancelled or discarded for ``reason``."""
+    if reason in _REFUSAL_TEXTS:
+        return _REFUSAL_TEXTS[reason]
     if reason == USER_INTERRUPTED:
         return REJECT_MESSAGE
     if reason in (STREAMING_FALLBACK, "fallback"):
@@ -130,6 +143,36 @@ def usd(amount: float) -> str:
 
 def budget_reminder(used: float, total: float) -> str:
     return reminder(BUDGET_REMINDER.format(used=usd(used), total=usd(total), remaining=usd(total - used)))
+
+
+# Claude Code 2.1.332 asks once more after a refused response (tests/fidelity/conform/), with this reminder;
+# the exception is added when a call of the refused response had started
+REFUSAL_RETRY = ("Your response above was stopped by a safety classifier — this is not a tool or API error. The "
+                 "rest of it was withheld, and tool calls in it that had not finished did not run. Do not produce "
+                 "that content again, even reworded.")
+REFUSAL_RETRY_STARTED = (" Exception: a tool call whose result reads \"Interrupted\" was already running when the "
+                         "response was stopped; it may have partially or fully completed.")
+REFUSAL_EXHAUSTED = ("API Error: {model} can't help with this. Start a new session to continue.\n\n"
+                     "Learn more: https://www.anthropic.com/legal/aup")
+_MODEL_FAMILY = re.compile(r"claude-(?:(\d+)(?:-(\d))?-)?(opus|sonnet|haiku)(?:-(\d{1,2})(?:-(\d{1,2}))?)?(?:-|$)")
+
+
+def model_name(model: str) -> str:
+    """A model id as Claude Code names it to the user (``claude-sonnet-4-5`` → ``Sonnet 4.5``); an id it
+    does not recognise as itself."""
+    m = _MODEL_FAMILY.match(model)
+    if m is None:
+        return model or "Claude"
+    major, minor = (m.group(4), m.group(5)) if m.group(4) else (m.group(1), m.group(2))
+    version = ".".join(v for v in (major, minor) if v)
+    return f"{m.group(3).capitalize()} {version}".strip()
+
+
+def refusal_exhausted(model: str, request_id: str, message_id: str) -> str:
+    """The result of a run whose response was refused again (Claude Code 2.1.332's words)."""
+    ids = "".join(f"\n\n{label}: {value}" for label, value in (("Request ID", request_id),
+                                                              ("Message ID", message_id)) if value)
+    return REFUSAL_EXHAUSTED.format(model=model_name(model)) + ids
 
 
 def budget_reached(total: float) -> str:

@@ -138,6 +138,8 @@ class Limits:
     empty_response_nudges: int = attrs.field(default=1, validator=_non_negative)
     stop_hook_block_cap: int = _cap(8, _non_negative)
     structured_output_retries: int = _cap(5, _non_negative)
+    # a response refused by a safety classifier is asked for again this many times per run (Claude Code 2.1.332: once)
+    refusal_retries: int = _cap(1, _non_negative)
     max_tool_concurrency: int = attrs.field(default=10, validator=_positive_or_none)
     max_budget_usd: float | None = attrs.field(default=None, validator=_positive_or_none)
     max_output_tokens: int = attrs.field(default=32000, validator=_positive_or_none)
@@ -341,6 +343,11 @@ class LoopState:
     stop_hook_active: bool = counter(False, reset_by=("task_notification",))
     stop_hook_blocking_count: int = counter(0, cap="stop_hook_block_cap", raised_by=("stop_hook_blocking",),
                                             reset_by=NEW_TURN)
+    # a refused response (stop_reason refusal) is asked for once more per run: Claude Code 2.1.332 ends the run
+    # on a second refusal, a tool turn in between or not (tests/fidelity/conform/); like stop_hook_active, it
+    # starts over with a task notification's pass
+    refusal_retry_count: int = counter(0, cap="refusal_retries", raised_by=("refusal_retry",),
+                                       reset_by=("task_notification",))
     # set by end_turn: the loop is at stop and its Stop hooks have not run yet
     stop_hooks_due: bool = False
     transition: str | None = None

@@ -78,6 +78,7 @@ class ResponseAssembler:
         self.usage: dict[str, Any] = {}
         self.model = ""
         self.message_id = ""
+        self.request_id = ""
         self.started = False
         self.stopped = False
 
@@ -87,7 +88,7 @@ class ResponseAssembler:
             if self.started:
                 raise StreamProtocolError("message_start twice in one response")
             self.started = True
-            self.model, self.message_id = event.model, event.message_id
+            self.model, self.message_id, self.request_id = event.model, event.message_id, event.request_id
             self.usage.update(event.usage)
             return None
         if not self.started:
@@ -196,4 +197,6 @@ class ResponseAssembler:
             model=self.model,
             invalid_tool_inputs=dict(self.invalid_tool_inputs),
             incomplete_tool_uses=incomplete,
+            message_id=self.message_id,
+            request_id=self.request_id,
         )

@@ -66,7 +66,7 @@ from agentfsm.machine.state import LoopState, Message, Phase, TerminalReason, To
 from agentfsm.runtime import phases
 from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError, TakenIds
 from agentfsm.runtime.compact import compact
-from agentfsm.runtime.executor import RunCalls, StreamingToolExecutor
+from agentfsm.runtime.executor import QUEUED, RunCalls, StreamingToolExecutor
 from agentfsm.runtime.pipeline import INTERRUPT_RUN, ToolTable
 from agentfsm.runtime.ports import LoopHooks, ToolGate, ToolLookup
 from agentfsm.runtime.queue import InputQueue, QueueItem
@@ -433,8 +433,9 @@ class Driver:
                       tool_uses=len(response.tool_uses()))
         if asm.renamed_ids:
             self.log.warning("model.duplicate_tool_use_ids", renamed=asm.renamed_ids)
+        started = tuple(i for i in executor.tool_use_ids if executor.status(i) != QUEUED)
         return phases.stream_ended(response, json_schema=self.options.json_schema is not None,
-                                   cost_usd=self.account.cost_usd)
+                                   cost_usd=self.account.cost_usd, started=started)
 
     async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
         """The stream was cut by a stop. On the user's interrupt, ``block`` tools the response already

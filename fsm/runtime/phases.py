@@ -224,9 +224,11 @@ def account_response(account: RunAccount, response: ModelResponse, default_model
 # --- stream --------------------------------------------------------------------------------------
 
 
-def stream_ended(response: ModelResponse, *, json_schema: bool, cost_usd: float = 0.0) -> StreamEnded:
+def stream_ended(response: ModelResponse, *, json_schema: bool, cost_usd: float = 0.0,
+                 started: tuple[str, ...] = ()) -> StreamEnded:
     return StreamEnded(response, json_schema=json_schema,
-                       structured_output_ids=calls_of(response.tool_uses(), STRUCTURED_OUTPUT), cost_usd=cost_usd)
+                       structured_output_ids=calls_of(response.tool_uses(), STRUCTURED_OUTPUT), cost_usd=cost_usd,
+                       started=started)
 
 
 # --- dispatch_tools ------------------------------------------------------------------------------

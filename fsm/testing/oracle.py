@@ -333,7 +333,19 @@ def conform_differences(cc: Mapping[str, Any], af: Mapping[str, Any]) -> dict[st
         y = rb[i] if i < len(rb) else None
         if x != y:
             out[f"request[{i}]"] = (x, y)
-    for k in ("exit", "path", "counters"):
+    for k in ("exit", "path"):
         if cc.get(k) != af.get(k):
             out[k] = (cc.get(k), af.get(k))
+    x, y = _common(cc.get("counters"), af.get("counters"))
+    if x != y:
+        out["counters"] = (cc.get("counters"), af.get("counters"))
     return out
+
+
+def _common(x: Any, y: Any) -> tuple[Any, Any]:
+    """Two runs' counters on the counters both know (a run recorded before a counter was declared
+    does not have it); anything else as it is."""
+    if isinstance(x, Mapping) and isinstance(y, Mapping):
+        keys = x.keys() & y.keys()
+        return {k: x[k] for k in keys}, {k: y[k] for k in keys}
+    return x, y

@@ -23,8 +23,8 @@ CLAUDE_CODE_LIMITS = Limits(malformed_tool_use_retries=2, structured_output_retr
 STRUCTURED_OUTPUT_TOOL = "StructuredOutput"
 
 # the loop's hidden user messages, by the start of their text
-MAX_TOKENS, MID_STREAM_CUT, MALFORMED, THINKING_ONLY, ENFORCE, STOP_FEEDBACK = (
-    "max_tokens", "mid_stream_cut", "malformed", "thinking_only", "structured_output", "stop_hook")
+MAX_TOKENS, MID_STREAM_CUT, MALFORMED, THINKING_ONLY, ENFORCE, STOP_FEEDBACK, REFUSED = (
+    "max_tokens", "mid_stream_cut", "malformed", "thinking_only", "structured_output", "stop_hook", "refused")
 META_TEXTS: tuple[tuple[str, str], ...] = (
     ("Output token limit hit. Resume directly", MAX_TOKENS),
     ("Your response above was cut off mid-stream.", MID_STREAM_CUT),
@@ -32,12 +32,18 @@ META_TEXTS: tuple[tuple[str, str], ...] = (
     ("[Your previous response had no visible output.", THINKING_ONLY),
     ("[structured-output-enforce]", ENFORCE),
     ("Stop hook feedback:", STOP_FEEDBACK),
+    ("Your response above was stopped by a safety classifier", REFUSED),
 )
 # the re-entry each hidden message stands for
 REENTRY_OF: Mapping[str, str] = {
     MAX_TOKENS: "max_output_tokens_recovery", MID_STREAM_CUT: "max_output_tokens_recovery",
     MALFORMED: "malformed_tool_use_retry", THINKING_ONLY: "thinking_only_nudge", ENFORCE: "structured_output_retry",
-    STOP_FEEDBACK: "stop_hook_blocking"}
+    STOP_FEEDBACK: "stop_hook_blocking", REFUSED: "refusal_retry"}
+# the result of a run whose response was refused again (Claude Code 2.1.332: ``API Error: <model> can't help...``)
+REFUSED_AGAIN = "can't help with this. Start a new session to continue."
+# the results Claude Code gives the calls of a refused response (stream-json shows no stop reason)
+REFUSED_RESULTS = ("Interrupted: the response that made this tool call was stopped by a safety classifier",
+                   "Not run: the response that made this tool call was stopped by a safety classifier")
 # the user's interrupt (Esc / Ctrl-C), written as a user message ("… for tool use" while tools ran)
 INTERRUPTED = "[Request interrupted by user"
 # user records of local commands (slash commands, ! shell input): no request follows from them

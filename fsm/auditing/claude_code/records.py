@@ -43,6 +43,8 @@ TRANSCRIPT_SYSTEM: Mapping[str, tuple[str, str]] = {
     "stop_hook_summary": (EVENT, "a Stop-hook round: settle, block, prevent or additionalContext"),
     "informational": (EVENT, "the Stop-hook block cap's notice (settle), a UserPromptSubmit block "
                              "(prompt_blocked); otherwise a notice"),
+    "model_refusal_no_fallback": (IGNORED, "a response refused again, with no fallback model: the API-error "
+                                           "answer that follows is the event (recovery_exhausted)"),
     "local_command": (IGNORED, "a local slash command's output"),
     "turn_duration": (IGNORED, "timing"),
 }
@@ -85,6 +87,8 @@ STREAM_SYSTEM: Mapping[str, tuple[str, str]] = {
     "informational": (EVENT, "the Stop-hook block cap's notice (settle), a UserPromptSubmit block "
                              "(prompt_blocked); otherwise a notice"),
     "permission_denied": (FACT, "a tool call the permission check denied (its error result follows)"),
+    "model_refusal_no_fallback": (IGNORED, "a response refused again, with no fallback model: the API-error "
+                                           "answer that follows is the event (recovery_exhausted)"),
     "task_started": (FACT, "a subagent (task) started, for a tool call; in the background or not"),
     "task_progress": (IGNORED, "a running subagent's progress"),
     "task_updated": (FACT, "a subagent's status changed (completed, failed, killed)"),

@@ -16,6 +16,9 @@ from agentfsm.auditing.claude_code.items import (
     META_TEXTS,
     MID_STREAM_CUT,
     REENTRY_OF,
+    REFUSED,
+    REFUSED_AGAIN,
+    REFUSED_RESULTS,
     STOP_FEEDBACK,
     STREAM_JSON,
     STRUCTURED_OUTPUT_TOOL,
@@ -81,6 +84,8 @@ class _Response:
     blocks: list[dict[str, Any]] = attrs.field(factory=list)
     tool_lines: dict[str, int] = attrs.field(factory=dict)
     uuids: list[str] = attrs.field(factory=list)
+    # the results Claude Code wrote for the calls of a refused response (none of them ran on)
+    refused_results: list[dict[str, Any]] = attrs.field(factory=list)
 
     def add(self, line: int, blocks: Sequence[Mapping[str, Any]], uuid: str | None) -> None:
         self.last_line = line
@@ -255,8 +260,11 @@ class Walker:
                       "(a response that calls tools stops with tool_use, or is cut at max_tokens); its tools were "
                       "run")
         response = ModelResponse(tuple(r.blocks), stop_reason or r.stop_reason or "end_turn", model=r.model)
+        # a refused call whose result says it was interrupted had started (graph.refused_results)
+        started = tuple(str(b.get("tool_use_id")) for b in r.refused_results
+                        if str(b.get("content") or "").startswith("Interrupted"))
         self.emit(line, StreamEnded(response, json_schema=json_schema, structured_output_ids=r.structured_ids(),
-                                    cost_usd=cost_usd), trigger)
+                                    cost_usd=cost_usd, started=started), trigger)
         message = r.message()
         for u in r.uuids:
             self.messages_by_uuid[u] = message
@@ -268,6 +276,14 @@ class Walker:
             self.hooks_due_line = line
 
     def add_result(self, line: int, block: Mapping[str, Any], ends_turn: bool, uuid: str | None) -> None:
+        r = self.response
+        if self.phase is Phase.STREAM and r is not None and (
+                r.stop_reason == "refusal" or str(block.get("content") or "").startswith(REFUSED_RESULTS)):
+            # a refused response's calls are answered without being dispatched; the reminder that follows
+            # is the re-entry (refusal_retry)
+            r.refused_results.append(dict(block))
+            r.last_line = line
+            return
         if self.phase is Phase.STREAM and self.response is not None and self.response.tool_uses():
             self.end_response(self.response.last_line, "dispatch",
                               stop_reason=self.response.stop_reason or "tool_use")
@@ -350,6 +366,8 @@ class Walker:
                               stop_reason=self._stop("end_turn"))
         elif kind == ENFORCE:
             self.enforce = line  # what follows says whether the loop re-entered or max_turns ended it
+        elif kind == REFUSED:
+            self.end_response(line, "refusal_retry", stop_reason="refusal")
 
     def on_prompt_blocked(self, line: int, detail: str) -> None:
         """A UserPromptSubmit hook blocked the prompt: the run ends before its first request (the
@@ -477,6 +495,13 @@ class Walker:
         if self.source == STREAM_JSON and not cut and api_error is None \
                 and rec.get("error") == "server_error" and rec.get("api_error_status") is None:
             cut = True
+        if REFUSED_AGAIN in text and self.phase in (Phase.CALL_MODEL, Phase.STREAM):
+            # refused again after the one retry: the run ends (the refused response is not kept)
+            if self.phase is Phase.CALL_MODEL:
+                self.emit(line, StreamOpened(), "open_stream")
+                self.response = None
+            self.end_response(line, "recovery_exhausted", stop_reason="refusal")
+            return
         if api_error in ("max_output_tokens", "malformed_tool_use_exhausted") or cut:
             if self.phase is Phase.CALL_MODEL:
                 self.emit(line, StreamOpened(), "open_stream")
