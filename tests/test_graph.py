@@ -544,3 +544,65 @@ def test_failure_records_of_an_earlier_release_still_read() -> None:
     assert from_record(to_record(event)) == event
     failed = from_record({"type": "CallFailed", "error": {"kind": "api", "message": "x"}, "partial": None})
     assert isinstance(failed, CallFailed) and failed.shown == () and failed.finished == ()
+
+
+def test_every_tuple_field_of_every_event_reads_back_a_tuple() -> None:
+    """Events are compared by value after a trip through their record (the auditor's replay, the
+    Temporal history): a tuple field read back as a list makes an equal event unequal. Checked for
+    every field of every event class declared a tuple, so a field added later is held too — and with
+    the annotations resolved, as cattrs (the Temporal converter) leaves them."""
+    from agentfsm.machine.events import EVENT_TYPES, from_record, to_record
+
+    for kind in EVENT_TYPES:
+        attrs.resolve_types(kind)
+
+    samples = {"tuple[str, ...]": ("toolu_1", "toolu_2"),
+               "tuple[Mapping[str, Any], ...]": ({"type": "tool_use", "id": "toolu_1", "name": "Read"},),
+               "tuple[Message, ...]": (Message("user", ({"type": "text", "text": "…"},), kind="prompt", uuid="u"),)}
+    seen = 0
+    for kind in EVENT_TYPES:
+        tuple_fields = [f for f in attrs.fields(kind) if _type_name(f.type).startswith("tuple[")]
+        for field in tuple_fields:
+            assert _type_name(field.type) in samples, f"{kind.__name__}.{field.name}: no sample for {field.type}"
+            base = {f.name: _sample_for(f) for f in attrs.fields(kind) if f.default is attrs.NOTHING}
+            event = kind(**{**base, field.name: samples[_type_name(field.type)]})
+            back = from_record(to_record(event))
+            assert type(getattr(back, field.name)) is tuple, f"{kind.__name__}.{field.name} came back a list"
+            assert getattr(back, field.name) == getattr(event, field.name)
+            seen += 1
+    assert seen >= 11
+
+
+def _sample_for(field: attrs.Attribute) -> object:  # type: ignore[type-arg]
+    from agentfsm.machine.events import ModelError, ModelResponse
+
+    by_type = {"ModelError": ModelError("api", "x", None, False),
+               "ModelResponse": ModelResponse((), "end_turn", {}, "m", {}, 0),
+               "Message": Message("user", (), kind="tool_results", uuid="u"),
+               "TerminalReason": TerminalReason.COMPLETED, "str": "d", "tuple[Message, ...]": ()}
+    assert _type_name(field.type) in by_type, f"no sample for the required field {field.name}: {field.type}"
+    return by_type[_type_name(field.type)]
+
+
+def _type_name(hint: object) -> str:
+    """An annotation as written, whether still a string or resolved (``tuple[str, ...]``, ``Message``)."""
+    if isinstance(hint, str):
+        return hint
+    if isinstance(hint, type):
+        return hint.__name__
+    return str(hint).replace("agentfsm.machine.state.", "").replace("typing.", "").replace(
+        "collections.abc.", "")
+
+
+def test_every_edge_a_response_ends_on_closes_its_stream_retries() -> None:
+    """``stream_retry_count`` is reset by the edges a stream that ended leaves on
+    (agentfsm.machine.state.RESPONSE_ENDED). The list lives with the counters, below the routes; a
+    route added on ``StreamEnded`` and not listed left the count of an earlier broken stream standing
+    (refusal_retry did, until the kit drew refusals). Terminal edges end the run: nothing is left."""
+    from agentfsm.machine.graph import EDGES, ROUTES
+    from agentfsm.machine.state import RESPONSE_ENDED
+
+    kinds = {e.trigger: e.kind for e in EDGES}
+    routed = {r.edge for r in ROUTES if r.event is StreamEnded}
+    assert {e for e in routed if kinds[e] != "terminal"} <= set(RESPONSE_ENDED)
+    assert set(RESPONSE_ENDED) <= routed, "RESPONSE_ENDED names an edge no ended stream takes"

@@ -378,8 +378,10 @@ def _task_notified(s: LoopState, e: TaskNotified, lim: Limits) -> tuple[str, dic
     if _turn_cap(s, lim):
         raise Refusal("another turn would exceed max_turns")
     t = s.compact_tracking
+    # (marked as the notifications that started a pass: they go as a message of their own)
+    notes = tuple(attrs.evolve(m, kind="task_notification_pass") for m in e.notifications)
     return "task_notification", {
-        "messages": (*s.messages, *e.notifications), "turn_count": s.turn_count + 1,
+        "messages": (*s.messages, *notes), "turn_count": s.turn_count + 1,
         "max_output_tokens_recovery_count": 0, "malformed_tool_use_retry_count": 0,
         "structured_output_retry_count": 0, "has_attempted_reactive_compact": False, "thinking_only_nudged": False,
         "empty_response_nudged": False, "stop_hook_blocking_count": 0, "stop_hook_active": False,

@@ -142,7 +142,7 @@ async def test_background_subagent_notifies_the_parent_through_its_queue(tmp_pat
     last_user = consume.messages[-1]
     assert last_user["role"] == "user"
     note = "".join(b.get("text", "") for b in last_user["content"])
-    assert note.startswith("<system-reminder>\n") and "not user input" in note
+    assert note.startswith("<system-reminder>\n") and "NOT USER INPUT" in note
     assert "<task-notification>" in note and "<result>SUBAGENT_CHILD_RESULT_MARKER</result>" in note
     assert "<status>completed</status>" in note and "<tool-use-id>toolu_agent</tool-use-id>" in note
     assert '<summary>Agent "child task" finished</summary>' in note and "<subagent_tokens>" in note

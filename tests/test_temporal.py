@@ -674,7 +674,8 @@ async def test_a_background_command_notifies_the_model_as_locally(server: DevSer
     assert result["subtype"] == "success" and result["result"] == "it finished"
     path = Path(inp.spec.trace_path or "")
     assert _unvarying(transcript(path)) == _unvarying(transcript(local_file))
-    notes = [c for _r, kind, c in transcript(path) if kind == "task_notification"]
+    # (a notification that started a pass: the graph's PASS_NOTIFICATION kind)
+    notes = [c for _r, kind, c in transcript(path) if kind == "task_notification_pass"]
     assert len(notes) == 1 and "<status>completed</status>" in notes[0][0]["text"]
     [task] = _tasks_of(path).values()
     assert task["status"] == "completed" and task["exit_code"] == 0 and task["notified"]
@@ -770,7 +771,7 @@ def test_a_worker_killed_while_a_background_command_runs(server: DevServer, work
     [task] = _tasks_of(path).values()
     assert task["status"] == "killed" and task["notified"]
     assert task["summary"] == 'Background command "slow work" was cut off: the worker running it was lost'
-    [note] = [c for _r, kind, c in transcript(path) if kind == "task_notification"]
+    [note] = [c for _r, kind, c in transcript(path) if kind == "task_notification_pass"]
     assert "<status>killed</status>" in note[0]["text"] and "was cut off" in note[0]["text"]
     time.sleep(max(0.0, begun[0] + 6.5 - time.monotonic()))
     assert not (ws / "side").exists(), "the lost worker's command ran on"

@@ -330,7 +330,9 @@ def _decode_field(name: str, kind: Any, value: Any) -> Any:
         return ModelError(**value)
     if kind in (TerminalReason, "TerminalReason"):
         return TerminalReason(value)
-    if name in ("deferred_ids", "structured_output_ids", "context"):
+    if kind in ("tuple[str, ...]", tuple[str, ...]):
+        # by declared type, not by name: a string-tuple field added later cannot come back a list (the
+        # annotation is a string until something, such as cattrs, resolves the class's types)
         return tuple(value)
     if name == "context_layers":
         return {k: None for k in value}

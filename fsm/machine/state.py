@@ -215,7 +215,7 @@ def _parse_number(name: str, raw: str, kind: type) -> Any:
 # stream retries, and the next request streams again.
 RESPONSE_ENDED = ("dispatch", "end_turn", "max_output_tokens_recovery", "recovery_exhausted",
                   "malformed_tool_use_retry", "thinking_only_nudge", "empty_response_nudge",
-                  "structured_output_retry")
+                  "structured_output_retry", "refusal_retry")
 # The edges that start a new model turn: after a tool batch, and when a background task's notification
 # starts the next pass after the run had ended. Per-turn counters are reset by both.
 NEW_TURN = ("next_turn", "task_notification")

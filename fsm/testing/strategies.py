@@ -59,6 +59,7 @@ __all__ = [
     "model_behaviours",
     "model_responses",
     "prompt_too_long_errors",
+    "refusal_responses",
     "stream_breaks",
     "text_responses",
     "thinking_only_responses",
@@ -574,6 +575,17 @@ def malformed_responses() -> SearchStrategy[StreamedResponse]:
     return st.one_of(empty, talk)
 
 
+def refusal_responses(tools: Iterable[Tool] = (), *,
+                      inputs: ToolInputs | None = None) -> SearchStrategy[StreamedResponse]:
+    """A response a safety classifier stopped (``stop_reason: refusal``): nothing, some text, or — given
+    tools — calls streamed before the stop. The loop keeps what it showed, answers its calls without
+    running on and asks once more (``refusal_retry``); refused again, the run ends."""
+    tool_list = _tool_list(tools)
+    calls = (st.lists(_valid_call(tool_list, inputs), min_size=0, max_size=2).map(_call_blocks) if tool_list
+             else st.just([]))
+    return _with_preamble(calls).map(lambda blocks: StreamedResponse(blocks=blocks, stop_reason="refusal"))
+
+
 def max_tokens_responses() -> SearchStrategy[StreamedResponse]:
     """A response cut at the output limit: text (maybe empty, maybe after thinking) with
     ``stop_reason`` ``max_tokens`` (or the context-window variant)."""
@@ -678,7 +690,8 @@ def stream_breaks(tools: Iterable[Tool] = (), *, inputs: ToolInputs | None = Non
 
 # The families of model behaviour :func:`model_responses` mixes, with their default weights.
 FAMILY_WEIGHTS: Mapping[str, int] = {"text": 2, "tools": 3, "invalid_tools": 1, "malformed": 1, "max_tokens": 1,
-                                     "thinking": 1, "api_errors": 1, "prompt_too_long": 1, "stream_breaks": 1}
+                                     "thinking": 1, "api_errors": 1, "prompt_too_long": 1, "stream_breaks": 1,
+                                     "refusals": 1}
 
 
 def model_responses(tools: Iterable[Tool] = (), *, inputs: ToolInputs | None = None,
@@ -731,6 +744,7 @@ def _model_responses(tool_list: list[Tool], inputs: ToolInputs | None = None,
         "api_errors": api_errors,
         "prompt_too_long": prompt_too_long_errors,
         "stream_breaks": lambda: stream_breaks(tool_list, inputs=inputs),
+        "refusals": lambda: refusal_responses(tool_list, inputs=inputs),
     }
     kinds: list[SearchStrategy[Any]] = []
     for name, make in families.items():
@@ -787,7 +801,8 @@ def _recoveries(tool_list: list[Tool], inputs: ToolInputs | None = None) -> Sear
     """A response the loop recovers from within the turn (its counter or flag is reset by next_turn,
     or, for a stream break, by the response that ends)."""
     return st.one_of(max_tokens_responses(), malformed_responses(), thinking_only_responses(),
-                     prompt_too_long_errors(), stream_breaks(tool_list, inputs=inputs))
+                     prompt_too_long_errors(), stream_breaks(tool_list, inputs=inputs),
+                     refusal_responses(tool_list, inputs=inputs))
 
 
 def loop_limits(*, max_turns: bool = True) -> SearchStrategy[Limits]:
