@@ -399,3 +399,26 @@ async def test_a_failed_reactive_compaction_ends_the_turn_prompt_too_long(tmp_pa
     result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, summary, text("never sent")])
     assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG
     assert model.count == 4
+
+
+def test_a_reactive_split_summarises_a_single_tool_exchange_whole() -> None:
+    """After one tool turn the API answered prompt-too-long: Claude Code 2.1.332 summarises the whole
+    conversation and keeps none of it (docs/conform.md); an automatic compaction still finds nothing to do."""
+    msgs = [user(), calls("a"), results("a")]
+    assert split_for_compaction(msgs) is None
+    assert split_for_compaction(msgs, whole=True) == (msgs, [])
+    # the first request alone (no response yet) is no more compactable reactively than automatically
+    assert split_for_compaction([user()], whole=True) is None
+    assert split_for_compaction([user(), user()], whole=True) is None
+    # where an earlier answer exists, the reactive split is the usual one
+    longer = [user(), said(), user(), calls("a"), results("a")]
+    assert split_for_compaction(longer, whole=True) == split_for_compaction(longer)
+
+
+async def test_a_reactive_compaction_after_one_tool_turn_keeps_only_the_summary() -> None:
+    msgs = [user(), calls("a"), results("a")]
+    assert (await _compact([text("gist")], messages=msgs))[0] is None
+    got, model, _ = await _compact([text("gist")], messages=msgs, trigger="reactive")
+    assert got is not None and model.count == 1
+    assert [m.kind for m in got.messages] == ["compact_summary"]
+    assert got.messages[0].text() == prompts.COMPACT_SUMMARY_PREFIX + "gist"
