@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentfsm.common.bounded_json import InputRejected, JsonBounds, nesting_depth, parse_object, rejection
+from agentfsm.common.bounded_json import (
+    DEFAULT_BOUNDS,
+    InputRejected,
+    JsonBounds,
+    nesting_depth,
+    parse_object,
+    rejection,
+)
 from agentfsm.llm.model import BlockDelta, BlockStart, BlockStop, MessageStart
 from agentfsm.runtime.assembler import ResponseAssembler
 
@@ -80,6 +87,9 @@ def test_size_is_bounded(length: int, limit: int) -> None:
     ("[1, 2]", "a JSON array, not an object"),
     ('"text"', "a JSON string, not an object"),
     ("null", "a JSON null, not an object"),
+    ("7", "a JSON number, not an object"),
+    ("7.5", "a JSON number, not an object"),
+    ("true", "a JSON boolean, not an object"),
 ])
 def test_what_the_model_is_told(text: str, why: str) -> None:
     assert why in (rejection(text) or "")
@@ -115,3 +125,56 @@ def test_the_assembler_answers_a_deep_input_as_invalid() -> None:
     asm = assemble([deep[i:i + 1000] for i in range(0, len(deep), 1000)], JsonBounds())
     assert asm.blocks[0]["input"] == {} and asm.invalid_tool_inputs["toolu_1"] == deep
     assert asm.finish().invalid_tool_inputs == {"toolu_1": deep}
+
+
+# any JSON value: siblings as well as chains, so a bracket's step is checked where it closes one
+# container and the next opens beside it
+json_values = st.recursive(
+    scalars,
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(tricky, children, max_size=4)),
+    max_leaves=30,
+)
+
+
+@given(json_values)
+def test_the_depth_read_off_any_json_text_is_its_values_depth(value: Any) -> None:
+    """The running sum of +1/-1 steps is the value's nesting depth, for every shape of value: a scalar
+    is 0, and a closed container gives its level back to the sibling after it."""
+    text = json.dumps(value)
+    assert nesting_depth(text) == depth(value)
+    assert nesting_depth(json.dumps(value, indent=1)) == depth(value)
+
+
+@given(json_values, st.integers(0, 6))
+def test_an_object_is_accepted_exactly_when_it_is_within_the_depth(value: Any, limit: int) -> None:
+    obj = {"k": value}
+    text = json.dumps(obj)
+    if depth(obj) <= limit:
+        assert parse_object(text, JsonBounds(max_depth=limit)) == json.loads(text)
+    else:
+        assert f"{depth(obj)} levels deep" in (rejection(text, JsonBounds(max_depth=limit)) or "")
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\t "])
+def test_no_input_at_all_is_the_empty_object(text: str) -> None:
+    """A call with no parameters streams no input JSON (or only blanks): that is ``{}``, not invalid."""
+    assert parse_object(text) == {} and rejection(text) is None
+
+
+def test_the_default_depth_is_64_levels() -> None:
+    assert DEFAULT_BOUNDS.max_depth == 64
+    at_limit = '{"a": ' + "[" * 63 + "]" * 63 + "}"
+    assert parse_object(at_limit)["a"] is not None
+    over = '{"a": ' + "[" * 64 + "]" * 64 + "}"
+    assert rejection(over) == "The tool input nests arrays and objects 65 levels deep (at most 64 are accepted)"
+
+
+def test_the_default_size_is_16_mib_of_text() -> None:
+    """16 × 1024 × 1024 characters are accepted, one more is not (the limit a written file meets)."""
+    limit = 16 * 1024 * 1024
+    assert DEFAULT_BOUNDS.max_chars == limit
+    head, tail = '{"content": "', '"}'
+    text = head + "x" * (limit - len(head) - len(tail)) + tail
+    assert len(text) == limit
+    assert rejection(text) is None
+    assert rejection(text + " ") == f"The tool input is larger than {limit} characters of JSON"
