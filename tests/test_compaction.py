@@ -373,12 +373,23 @@ async def _run(tmp: Path, responses: Sequence[Any], **limits: Any) -> tuple[Any,
     return result, model
 
 
-@pytest.mark.parametrize("before", [0, 1])
-async def test_a_prompt_too_long_with_at_most_one_answer_is_not_compacted(tmp_path: Path, before: int) -> None:
-    responses = [read(f"r{i}") for i in range(before)]
-    result, model = await _run(tmp_path, [*responses, PTL, text("never sent"), text("never sent")])
+async def test_a_prompt_too_long_on_the_first_request_is_not_compacted(tmp_path: Path) -> None:
+    result, model = await _run(tmp_path, [PTL, text("never sent"), text("never sent")])
     assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG and result.is_error
-    assert model.count == before + 1  # no summary request was made
+    assert model.count == 1  # no summary request was made
+
+
+async def test_a_prompt_too_long_after_one_tool_turn_is_compacted_whole(tmp_path: Path) -> None:
+    """Claude Code 2.1.332 compacts once the conversation holds one response (docs/conform.md): the whole
+    conversation is summarised, and the request is sent again with the summary alone."""
+    result, model = await _run(tmp_path, [read("r0"), PTL, text("SUMMARY"), text("done")])
+    assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
+    assert model.count == 4
+    summary_req, retried = model.requests[2], model.requests[3]
+    assert summary_req.tools == ()
+    assert [b.get("id") for m in summary_req.messages for b in m["content"] if b["type"] == "tool_use"] == ["r0"]
+    assert [m["role"] for m in retried.messages] == ["user"]
+    assert retried.messages[0]["content"][0]["text"] == prompts.COMPACT_SUMMARY_PREFIX + "SUMMARY"
 
 
 async def test_a_prompt_too_long_after_two_answers_is_compacted_and_the_turn_goes_on(tmp_path: Path) -> None:
