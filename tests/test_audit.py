@@ -1405,7 +1405,7 @@ def test_a_trace_of_another_declaration_is_checked_but_not_replayed(tool_trace: 
 def test_after_a_move_that_could_not_be_replayed_the_replay_resumes_from_the_recorded_conversation(
         tmp_path: Path) -> None:
     """The move after an unreadable one is replayed from the recorded phase and counters and the
-    conversation the records rebuild: a reactive compaction, which needs two exchanges of history, is
+    conversation the records rebuild: a reactive compaction, which needs a response in the history, is
     still the move the machine makes there."""
     recs = records(write_scenario(tmp_path / "t.jsonl", "reactive_compact"))
     ptl = line_of(recs, is_move("reactive_compact_retry"))

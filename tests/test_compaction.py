@@ -373,12 +373,23 @@ async def _run(tmp: Path, responses: Sequence[Any], **limits: Any) -> tuple[Any,
     return result, model
 
 
-@pytest.mark.parametrize("before", [0, 1])
-async def test_a_prompt_too_long_with_at_most_one_answer_is_not_compacted(tmp_path: Path, before: int) -> None:
-    responses = [read(f"r{i}") for i in range(before)]
-    result, model = await _run(tmp_path, [*responses, PTL, text("never sent"), text("never sent")])
+async def test_a_prompt_too_long_on_the_first_request_is_not_compacted(tmp_path: Path) -> None:
+    result, model = await _run(tmp_path, [PTL, text("never sent"), text("never sent")])
     assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG and result.is_error
-    assert model.count == before + 1  # no summary request was made
+    assert model.count == 1  # no summary request was made
+
+
+async def test_a_prompt_too_long_after_one_tool_turn_is_compacted_whole(tmp_path: Path) -> None:
+    """Claude Code 2.1.332 compacts once the conversation holds one response (docs/conform.md): the whole
+    conversation is summarised, and the request is sent again with the summary alone."""
+    result, model = await _run(tmp_path, [read("r0"), PTL, text("SUMMARY"), text("done")])
+    assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
+    assert model.count == 4
+    summary_req, retried = model.requests[2], model.requests[3]
+    assert summary_req.tools == ()
+    assert [b.get("id") for m in summary_req.messages for b in m["content"] if b["type"] == "tool_use"] == ["r0"]
+    assert [m["role"] for m in retried.messages] == ["user"]
+    assert retried.messages[0]["content"][0]["text"] == prompts.COMPACT_SUMMARY_PREFIX + "SUMMARY"
 
 
 async def test_a_prompt_too_long_after_two_answers_is_compacted_and_the_turn_goes_on(tmp_path: Path) -> None:
@@ -399,3 +410,26 @@ async def test_a_failed_reactive_compaction_ends_the_turn_prompt_too_long(tmp_pa
     result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, summary, text("never sent")])
     assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG
     assert model.count == 4
+
+
+def test_a_reactive_split_summarises_a_single_tool_exchange_whole() -> None:
+    """After one tool turn the API answered prompt-too-long: Claude Code 2.1.332 summarises the whole
+    conversation and keeps none of it (docs/conform.md); an automatic compaction still finds nothing to do."""
+    msgs = [user(), calls("a"), results("a")]
+    assert split_for_compaction(msgs) is None
+    assert split_for_compaction(msgs, whole=True) == (msgs, [])
+    # the first request alone (no response yet) is no more compactable reactively than automatically
+    assert split_for_compaction([user()], whole=True) is None
+    assert split_for_compaction([user(), user()], whole=True) is None
+    # where an earlier answer exists, the reactive split is the usual one
+    longer = [user(), said(), user(), calls("a"), results("a")]
+    assert split_for_compaction(longer, whole=True) == split_for_compaction(longer)
+
+
+async def test_a_reactive_compaction_after_one_tool_turn_keeps_only_the_summary() -> None:
+    msgs = [user(), calls("a"), results("a")]
+    assert (await _compact([text("gist")], messages=msgs))[0] is None
+    got, model, _ = await _compact([text("gist")], messages=msgs, trigger="reactive")
+    assert got is not None and model.count == 1
+    assert [m.kind for m in got.messages] == ["compact_summary"]
+    assert got.messages[0].text() == prompts.COMPACT_SUMMARY_PREFIX + "gist"

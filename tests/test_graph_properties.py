@@ -208,7 +208,7 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
     if (err.retryable or err.kind == "overloaded") and e.fallback_available:
         return "fallback_retry", {"model_index": s.model_index + 1, "stream_retry_count": 0, "non_streaming": False}
     if err.kind == "prompt_too_long" and e.compaction is not None and not s.has_attempted_reactive_compact \
-            and _assistants(s.messages) > 1:
+            and _assistants(s.messages) > 0:
         return "reactive_compact_retry", {"has_attempted_reactive_compact": True, "messages": e.compaction.messages,
                                           "compact_tracking": _compacted(s, rapid_count=None)}
     return "call_failed", {"terminal_reason": ERROR_REASONS.get(err.kind, T.API_ERROR),
@@ -745,13 +745,13 @@ def test_every_cap_on_both_sides(family: str) -> None:
 @pytest.mark.parametrize("attempted", [False, True])
 @pytest.mark.parametrize("phase", [C, S])
 def test_reactive_compaction_needs_history_and_happens_once(exchanges: int, attempted: bool, phase: Phase) -> None:
-    """A prompt-too-long error is answered by compaction only with more than one exchange to summarise,
-    once per turn, and only when the compaction succeeded."""
+    """A prompt-too-long error is answered by compaction only once the conversation holds a response
+    (Claude Code 2.1.332 compacts after one exchange), once per turn, and only when the compaction succeeded."""
     state = base(phase, messages=conversation(exchanges), has_attempted_reactive_compact=attempted)
     ptl = ModelError("prompt_too_long", "prompt is too long", 400)
     for compaction in (None, SUMMARY):
         moved = check(state, CallFailed(ptl, compaction=compaction), Limits())
-        assert moved == (["reactive_compact_retry"] if compaction and exchanges > 1 and not attempted
+        assert moved == (["reactive_compact_retry"] if compaction and exchanges > 0 and not attempted
                          else ["call_failed"])
 
 

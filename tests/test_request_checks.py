@@ -367,3 +367,22 @@ def test_a_reports_json_names_every_part() -> None:
     full = Report("p", "cc", (), None, {}, (), internal=((3, "retry", "why"),), version="2.1.332").to_json()
     assert full["internal"] == [{"line": 3, "action": "retry", "detail": "why"}]
     assert full["client_version"] == "2.1.332"
+
+
+@pytest.mark.parametrize(("roles", "said"), [
+    (["user", "user"], "messages[1] has role 'user' after 'user' where 'assistant' is due"),
+    (["user", "assistant", "assistant"], "messages[2] has role 'assistant' after 'assistant' where 'user' is due"),
+    (["user", "system"], "messages[1] has role 'system' after 'user' where 'assistant' is due"),
+    (["assistant"], "messages[0] has role 'assistant' where 'user' is due"),
+])
+def test_a_role_out_of_order_names_the_message_before_it(roles: list[str], said: str) -> None:
+    [(code, message)] = list(check_request([{"role": r, "content": []} for r in roles]))
+    assert code == "role_order" and message.startswith(said)
+
+
+def test_pairing_reports_a_tool_use_id_used_twice() -> None:
+    use = {"type": "tool_use", "id": "t1", "name": "Read", "input": {}}
+    answer = {"type": "tool_result", "tool_use_id": "t1", "content": "ok"}
+    conversation = [Message("user", ({"type": "text", "text": "go"},)), Message("assistant", (use,)),
+                    Message("user", (answer,)), Message("assistant", (use,)), Message("user", (answer,))]
+    assert [code for code, _ in check_pairs(conversation)] == ["duplicate_tool_use"]

@@ -117,9 +117,16 @@ class Finding:
     record in the file."""
 
     line: int
-    code: str
+    # only a declared code: `agentfsm audit --codes` documents every finding a user can meet, and a
+    # code dropped from CODES (or misspelt where it is raised) fails where it is raised, not in a report
+    code: str = attrs.field()
     message: str
     severity: str = attrs.field()
+
+    @code.validator
+    def _declared(self, _attribute: attrs.Attribute[str], value: str) -> None:
+        if value not in CODES:
+            raise ValueError(f"finding code {value!r} is not declared in agentfsm.auditing.checks.CODES")
 
     @severity.default
     def _severity(self) -> str:

@@ -325,9 +325,10 @@ def rapid_refill_tripped(s: LoopState, e: Assembled, lim: Limits) -> bool:
 
 
 def may_reactive_compact(state: LoopState) -> bool:
-    """A prompt-too-long error may be answered by compaction: once per turn, and only when there is
-    more than a single exchange to summarise (one exchange cannot be compacted)."""
-    return not state.has_attempted_reactive_compact and _exchanges(state.messages) > 1
+    """A prompt-too-long error may be answered by compaction: once per turn, and only when the
+    conversation holds a response to summarise. Claude Code 2.1.332 compacts once there is one
+    (a tool turn, then prompt too long: docs/conform.md); the first request alone cannot be compacted."""
+    return not state.has_attempted_reactive_compact and _exchanges(state.messages) > 0
 
 
 def _exchanges(messages: tuple[Message, ...]) -> int:

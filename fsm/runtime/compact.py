@@ -58,8 +58,13 @@ def estimate_tokens(messages: Sequence[Message], last_usage: Mapping[str, Any] |
     return chars(messages) // CHARS_PER_TOKEN + static_tokens
 
 
-def split_for_compaction(messages: Sequence[Message]) -> tuple[list[Message], list[Message]] | None:
-    """(to summarise, to keep) or None when there is nothing earlier worth summarising."""
+def split_for_compaction(messages: Sequence[Message], *, whole: bool = False
+                         ) -> tuple[list[Message], list[Message]] | None:
+    """(to summarise, to keep) or None when there is nothing earlier worth summarising.
+
+    ``whole`` (a reactive compaction): when nothing before the last exchange holds a response but the
+    conversation does, all of it is summarised and nothing kept, as Claude Code 2.1.332 does after one
+    tool turn answered prompt-too-long (docs/conform.md)."""
     cut = None
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
@@ -72,16 +77,19 @@ def split_for_compaction(messages: Sequence[Message]) -> tuple[list[Message], li
             cut -= 1
     head, tail = list(messages[:cut]), list(messages[cut:])
     if not any(m.role == "assistant" for m in head):
+        if whole and any(m.role == "assistant" for m in tail):
+            return list(messages), []
         return None
     return head, tail
 
 
 def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Mapping[str, Any], ...],
                     max_tokens: int = 8192, custom_instructions: str | None = None,
-                    metadata: Mapping[str, Any] | None = None) -> tuple[ModelRequest, list[Message]] | None:
+                    metadata: Mapping[str, Any] | None = None, whole: bool = False
+                    ) -> tuple[ModelRequest, list[Message]] | None:
     """The summarisation request for ``messages`` (history before the last exchange plus a
     text-only instruction, no tools offered) and the messages it keeps; None when impossible."""
-    split = split_for_compaction(messages)
+    split = split_for_compaction(messages, whole=whole)
     if split is None:
         return None
     head, tail = split
@@ -107,7 +115,8 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
     request's usage so its cost counts towards the budget like any other request.
     """
     built = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
-                            custom_instructions=custom_instructions, metadata=metadata)
+                            custom_instructions=custom_instructions, metadata=metadata,
+                            whole=trigger == "reactive")
     if built is None:
         log.info("compact.impossible", trigger=trigger, messages=len(messages))
         return None

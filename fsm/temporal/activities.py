@@ -752,7 +752,7 @@ class Activities:
         spec = inp.spec
         ctx = self.context(spec)
         messages = self._messages(spec, inp.messages)
-        requested = split_for_compaction(messages) is not None
+        requested = split_for_compaction(messages, whole=inp.trigger == "reactive") is not None
         await ctx.gate.pre_compact("auto", None)
         spent: dict[str, Any] = {}
 
