@@ -432,3 +432,29 @@ async def test_a_stream_unreadable_before_its_first_event_is_asked_again_unstrea
         assert streamed == [True, False]
         assert (run.result.terminal_reason, run.result.result) == (T.COMPLETED, "unstreamed answer")
     assert audit_file(run.trace) == []
+
+
+async def test_budget_reminder_follows_the_last_result_of_every_batch(tmp_path: Path,
+                                                                      agentfsm_workspace: Path) -> None:
+    """With --max-budget-usd larger than the run's spend, Claude Code 2.1.332 appends its ``USD budget:
+    $spent/$max; $left remaining`` reminder to the last tool result of every batch (seen with the oracle:
+    `$0.040578/$100; $99.959422 remaining` after one request); the spend is each client's own."""
+    (agentfsm_workspace / "a.txt").write_text("ALPHA\n")
+    read = use("toolu_01", "Read", {"file_path": str(agentfsm_workspace / "a.txt")})
+    again = use("toolu_02", "Read", {"file_path": str(agentfsm_workspace / "a.txt")})
+    run = await over_the_wire(tmp_path, agentfsm_workspace,
+                              [{"blocks": [read], "stop_reason": "tool_use"},
+                               {"blocks": [again], "stop_reason": "tool_use"}, text("done")],
+                              limits=Limits(max_budget_usd=100.0))
+    assert run.result.terminal_reason is T.COMPLETED and len(run.bodies) == 3
+    for body in run.bodies[1:]:
+        result = body["messages"][-1]["content"][-1]
+        head, _, note = result["content"].partition("\n\n<system-reminder>\nUSD budget: $")
+        assert "ALPHA" in head and note.endswith(" remaining\n</system-reminder>"), result
+        spent, _, rest = note.partition("/$100; $")
+        assert 0 < float(spent) < 100 and abs(float(spent) + float(rest.split(" ")[0]) - 100) < 1e-9
+    # every batch carries the spend so far: the second is larger than the first
+    first = run.bodies[2]["messages"][-3]["content"][-1]["content"]
+    second = run.bodies[2]["messages"][-1]["content"][-1]["content"]
+    assert first == run.bodies[1]["messages"][-1]["content"][-1]["content"]
+    assert float(first.split("USD budget: $")[1].split("/")[0]) < float(second.split("USD budget: $")[1].split("/")[0])

@@ -500,6 +500,7 @@ class Driver:
             self.trace.before_hooks(self.hooks, "PostToolBatch")
             post = await self.hooks.post_tool_batch(phases.post_batch_input(assistant, ordered))
         return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post,
+                                    budget=(self.limits.max_budget_usd, self.account.cost_usd),
                                     context_layers=executor.context_layers())
 
     def _emit_ready(self, executor: StreamingToolExecutor) -> None:

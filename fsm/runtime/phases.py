@@ -262,13 +262,34 @@ def post_batch_input(assistant: Message, ordered: Sequence[CallResult]) -> list[
              "tool_use_id": r.tool_use_id, "tool_response": r.block.get("content")} for r in ordered]
 
 
+def with_budget_result(user: Message, max_budget_usd: float | None, spent_usd: float) -> Message:
+    """The batch's results with the ``--max-budget-usd`` reminder (what is spent and left) appended to the
+    last tool result, as Claude Code 2.1.332 does for every batch (it puts its own ``<total_tokens>``
+    reminder first, which agentfsm does not send); unchanged without a budget."""
+    at = next((i for i in range(len(user.content) - 1, -1, -1)
+               if user.content[i].get("type") == "tool_result"), None)
+    if max_budget_usd is None or at is None:
+        return user
+    note = prompts.budget_reminder(spent_usd, max_budget_usd)
+    last = dict(user.content[at])
+    content = last.get("content")
+    if isinstance(content, str) or content is None:
+        last["content"] = f"{content or ''}\n\n{note}"
+    else:
+        last["content"] = [*content, {"type": "text", "text": note}]
+    return attrs.evolve(user, content=(*user.content[:at], last, *user.content[at + 1:]))
+
+
 def batch_drained(assistant: Message, ordered: Sequence[CallResult], *, interrupted: bool, post: Any,
-                  context_layers: Mapping[str, Any]) -> ToolsDrained:
+                  context_layers: Mapping[str, Any], budget: tuple[float | None, float] = (None, 0.0)
+                  ) -> ToolsDrained:
     """The event of a finished batch. ``interrupted``: the user interrupted while it ran (PostToolBatch
-    did not run: ``post`` is None); ``post``: PostToolBatch's combined answer."""
+    did not run: ``post`` is None); ``post``: PostToolBatch's combined answer; ``budget``: the run's
+    ``--max-budget-usd`` and its spend so far (:func:`with_budget_result`)."""
     user = results_message(ordered)
     if interrupted:
         return ToolsDrained(assistant=assistant, results=user, aborted=True)
+    user = with_budget_result(user, *budget)
     stop = next((r for r in ordered if r.stop), None)
     if post.additional_context:
         user = attrs.evolve(user, content=user.content + prompts.reminder_blocks(post.additional_context))

@@ -601,7 +601,8 @@ class SessionWorkflow:
         for r in ordered:
             if not traits.get(r.tool_use_id, ToolTraits(r.tool_use_id, False, "block")).safe:
                 layers.update(r.context_layers)
-        return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post, context_layers=layers)
+        return phases.batch_drained(assistant, ordered, interrupted=interrupted, post=post, context_layers=layers,
+                                    budget=(self._spec.limits.max_budget_usd, self._account.cost_usd))
 
     async def _run_batch(self, blocks: Sequence[Mapping[str, Any]], traits: Mapping[str, ToolTraits],
                          invalid: Mapping[str, str]) -> tuple[list[CallResult], bool]:
