@@ -282,3 +282,166 @@ async def test_a_file_of_exactly_the_size_cap_is_edited_and_one_byte_more_is_ref
     with at_cap.open("rb") as fh:
         assert fh.read(3) == b"HI\n"
     assert at_cap.stat().st_size == MAX_EDIT_BYTES - 3
+
+
+# --- what the model and an SDK user receive (the survivors of the full campaign run, issue 35) -----
+
+CURRENT = " (file state is current in your context \u2014 no need to Read it back)"
+
+
+async def call(ctx: ToolContext, path: Path, old: str, new: str, **kw: Any) -> Any:
+    return await EditTool().call({"file_path": str(path), "old_string": old, "new_string": new, **kw}, ctx)
+
+
+async def test_the_structured_result_of_an_edit(ctx: ToolContext, src: Path) -> None:
+    from agentfsm.tools.patch import structured_patch
+
+    before = src.read_text()
+    out = await call(ctx, src, "def g():", "def h():")
+    assert out.structured == {
+        "filePath": str(src), "oldString": "def g():", "newString": "def h():", "originalFile": before,
+        "structuredPatch": structured_patch(before, src.read_text()), "userModified": False,
+        "replaceAll": False, "contentNotInModelContext": True}
+    assert out.structured["structuredPatch"] != []
+    out = await call(ctx, src, "return 1", "return 2", replace_all=True)
+    assert out.structured["replaceAll"] is True and out.structured["originalFile"] == before.replace("g()", "h()")
+
+
+async def test_the_structured_patch_of_a_crlf_file_is_of_the_bytes_written(ctx: ToolContext, tmp_path: Path) -> None:
+    from agentfsm.tools.patch import structured_patch
+
+    path = tmp_path / "w.txt"
+    path.write_bytes(b"one\r\ntwo\r\n")
+    await read_first(ctx, path)
+    out = await call(ctx, path, "two", "2")
+    assert out.structured["originalFile"] == "one\r\ntwo\r\n"
+    assert out.structured["structuredPatch"] == structured_patch("one\r\ntwo\r\n", "one\r\n2\r\n")
+
+
+async def test_the_user_modified_text_and_result(ctx: ToolContext, src: Path) -> None:
+    ctx.user_modified = True
+    out = await call(ctx, src, "def g():", "def h():")
+    assert out.data == (f"The file {src} has been updated successfully.  The user modified your proposed "
+                        "changes before accepting them. .")
+    assert out.structured["userModified"] is True and out.structured["newString"] == "def h():"
+
+
+async def test_creating_a_file_in_new_directories_writes_lf_and_says_the_state_is_current(
+        ctx: ToolContext, tmp_path: Path) -> None:
+    from agentfsm.tools.patch import structured_patch
+
+    for path in (tmp_path / "made.txt", tmp_path / "a" / "b" / "made.txt"):
+        out = await call(ctx, path, "", "x\ny\n")
+        assert path.read_bytes() == b"x\ny\n"
+        assert out.data == f"The file {path} has been updated successfully.{CURRENT}"
+        assert out.structured["originalFile"] is None
+        assert out.structured["structuredPatch"] == structured_patch("", "x\ny\n") != []
+
+
+async def test_filling_an_empty_file(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "empty.txt"
+    path.write_bytes(b" \n")
+    out = await call(ctx, path, "", "x\ny\n")
+    assert path.read_bytes() == b"x\ny\n"
+    assert out.data == f"The file {path} has been updated successfully.{CURRENT}"
+    assert out.structured["originalFile"] == " \n"
+
+
+async def test_a_failed_write_in_the_systems_words(ctx: ToolContext, tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("a file, not a directory")
+    target = tmp_path / "plain" / "sub" / "new.txt"
+    verdict = await EditTool().validate_input({"file_path": str(target), "old_string": "", "new_string": "x"}, ctx)
+    assert verdict.ok  # the trouble shows only when writing
+    with pytest.raises(ToolError) as err:
+        await call(ctx, target, "", "x")
+    assert str(err.value) in (f"Could not write {target}: File exists", f"Could not write {target}: Not a directory")
+
+
+async def test_a_directory_is_refused_in_words(ctx: ToolContext, tmp_path: Path) -> None:
+    assert await edit_error(ctx, tmp_path, "a", "b") == f"{tmp_path} is a directory; Edit needs a file path."
+
+
+async def test_a_file_that_is_not_utf8_is_refused(ctx: ToolContext, tmp_path: Path) -> None:
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"caf\xe9 au lait\n")
+    from agentfsm.tools.read import record_read
+
+    record_read(ctx, path)
+    assert await edit_error(ctx, path, "au", "with") == (
+        f"File {path} is not valid UTF-8, so Edit will not change it: use a shell command that keeps its encoding.")
+    assert path.read_bytes() == b"caf\xe9 au lait\n"
+
+
+async def test_the_size_cap_is_64_mb_and_said_so(ctx: ToolContext, tmp_path: Path) -> None:
+    from agentfsm.tools.read import record_read
+
+    sizes = {"at_cap": 64 * 1024 * 1024, "over": 64 * 1024 * 1024 + 1, "big": 100 * 1024 * 1024}
+    for name, size in sizes.items():
+        with (tmp_path / name).open("wb") as fh:
+            fh.write(b"HELLO\n")
+            fh.truncate(size)
+        record_read(ctx, tmp_path / name)
+    for name, shown in (("over", "64.0"), ("big", "100.0")):
+        assert await edit_error(ctx, tmp_path / name, "HELLO", "HI") == (
+            f"File is too large to edit ({shown} MB; Edit changes files up to 64 MB). Use a shell command such "
+            "as sed instead.")
+    await edit(ctx, tmp_path / "at_cap", "HELLO", "HI")
+
+
+def test_replace_all_defaults_to_false_in_the_input_everyone_sees() -> None:
+    from agentfsm.runtime.phases import complete_tool_input
+
+    block = {"type": "tool_use", "name": "Edit", "input": {"file_path": "/f", "old_string": "a", "new_string": "b"}}
+    complete_tool_input(block, {"Edit": EditTool()})
+    assert block["input"] == {"replace_all": False, "file_path": "/f", "old_string": "a", "new_string": "b"}
+
+
+def test_the_schema_the_model_is_shown() -> None:
+    props = EditTool().input_schema["properties"]
+    assert EditTool().input_schema["type"] == "object"
+    assert {k: v["type"] for k, v in props.items()} == {
+        "file_path": "string", "old_string": "string", "new_string": "string", "replace_all": "boolean"}
+    assert all(isinstance(v["description"], str) and v["description"] for v in props.values())
+
+
+# --- typographic quotes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("in_file", "typed", "new", "written"), [
+    ("\u2018a\u2019", "'a'", "'b'", "\u2018b\u2019"),
+    ("\u201ca\u201d", '"a"', '"b"', "\u201cb\u201d"),
+    ("\u2018a", "'a", "'b", "\u2018b"),      # only an opening quote in the file
+    ("a\u2019", "a'", "b'", "b\u2019"),      # only a closing one
+    ("\u201ca", '"a', '"b', "\u201cb"),
+    ("a\u201d", 'a"', 'b"', "b\u201d"),
+    ("\u2018a\u2019", "'a'", "say 'hi' X\"", "say \u2018hi\u2019 X\""),
+    ("\u2018a\u2019", "'a'", "'hello", "\u2018hello"),
+    ("\u2018a\u2019", "'a'", "dogs'", "dogs\u2019"),
+    ("\u2018a\u2019", "'a'", "it's", "it\u2019s"),
+    ("\u2018a\u2019", "'a'", "don't (x 'y') a'", "don\u2019t (x \u2018y\u2019) a\u2019"),
+    ("\u201ca\u201d", '"a"', 'X"y" (\u2014"z"', "X\u201dy\u201d (\u2014\u201cz\u201d"),
+    ("\u201ca\u201d", '"a"', 'a"', "a\u201d"),
+])
+def test_straight_quotes_typed_take_the_files_typographic_style(in_file: str, typed: str, new: str,
+                                                                written: str) -> None:
+    text = f"x {in_file} y\n"
+    assert apply_edit(text, typed, new, False)[0] == f"x {written} y\n"
+
+
+def test_an_exact_match_is_preferred_to_a_typographic_one() -> None:
+    text = '\u201ca\u201d and "a"\n'
+    assert apply_edit(text, '"a"', '"b"', False)[0] == '\u201ca\u201d and "b"\n'
+
+
+def test_a_typographic_old_string_keeps_the_new_strings_straight_quotes() -> None:
+    assert apply_edit("x \u201ca\u201d\n", "\u201ca\u201d", '"b"', False)[0] == 'x "b"\n'
+
+
+@given(body=st.text(alphabet="ab \n", max_size=8), new=st.text(alphabet="ab \n", max_size=6))
+def test_quote_free_texts_are_replaced_as_typed(body: str, new: str) -> None:
+    for curly, straight in (("\u2018", "'"), ("\u2019", "'"), ("\u201c", '"'), ("\u201d", '"')):
+        text = f"{body}{curly}{body}"
+        result, anchor = apply_edit(text, f"{straight}{body}", f"{new}!", False) if body.count(
+            f"{curly}{body}") <= 1 and text.count(f"{curly}{body}") == 1 else (None, None)
+        if result is not None:
+            assert result == text.replace(f"{curly}{body}", f"{new}!", 1) and anchor == len(body)
