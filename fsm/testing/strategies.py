@@ -638,16 +638,16 @@ def api_errors(statuses: Sequence[int] = (400, 429, 500, 529)) -> SearchStrategy
 
 
 def prompt_too_long_errors() -> SearchStrategy[HttpErrorResponse]:
-    """The API's prompt-too-long answer (a 400; a 413 says the request is too large, which Claude Code
-    2.1.332 does not compact: it ends the run ``image_error``)."""
+    """The API's prompt-too-long answer: a 400, or a 413 for a request too large (which Claude Code 2.1.332
+    does not compact: it ends the run ``image_error``, and so does agentfsm)."""
     assert PROMPT_TOO_LONG_MARKERS[0] == "prompt is too long"  # the phrase classify_error looks for
     return st.builds(
         lambda status, n: HttpErrorResponse(
             status,
-            "invalid_request_error",
+            "invalid_request_error" if status == 400 else "request_too_large",
             f"prompt is too long: {n} tokens > 200000 maximum",
         ),
-        st.just(400),
+        st.sampled_from([400, 400, 413]),
         st.integers(200_001, 400_000),
     )
 
