@@ -256,6 +256,24 @@ async def test_sse_error_event_mid_stream(sse: str, retried: bool | str, tmp_pat
     assert audit_file(run.trace) == []
 
 
+@pytest.mark.parametrize("sse", ["overloaded_error", "api_error"])
+async def test_sse_error_event_after_a_complete_tool_call_runs_it(sse: str, tmp_path: Path,
+                                                                  agentfsm_workspace: Path) -> None:
+    """Claude Code 2.1.332 keeps a response an overloaded_error or api_error event cut after a complete
+    tool_use block, runs the call and sends its result with the next request
+    (tests/fidelity/conform/conform-3ef694a5db.json); agentfsm requested the response again."""
+    (agentfsm_workspace / "a.txt").write_text("ALPHA\n")
+    cut = {"blocks": [use("toolu_01", "Read", {"file_path": str(agentfsm_workspace / "a.txt")})],
+           "stop_reason": "tool_use", "break_after": 1, "sse_error": sse}
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [cut, text("done")])
+    assert len(run.bodies) == 2 and run.result.terminal_reason is T.COMPLETED and run.result.result == "done"
+    last = run.bodies[1]["messages"]
+    assert [b["type"] for b in last[-2]["content"]] == ["tool_use"]
+    assert last[-1]["content"][0]["tool_use_id"] == "toolu_01" and "ALPHA" in json.dumps(last[-1]["content"][0])
+    assert run.system("tombstone") == []
+    assert audit_file(run.trace) == []
+
+
 async def test_stream_retries_exhausted_then_fallback(tmp_path: Path, agentfsm_workspace: Path) -> None:
     broken = {"blocks": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}], "break_after": 1}
     run = await over_the_wire(tmp_path, agentfsm_workspace, [broken, broken, text("fallback answer")],

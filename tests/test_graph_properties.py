@@ -187,6 +187,18 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
     # a stream that broke mid-way, or dropped before its first event, is requested again while retries
     # are left; never one that came garbled, and never once the loop fell back to a plain request
     dropped, garbled = err.kind == "stream_dropped", err.kind == "stream_garbled"
+    # an overloaded_error or api_error event after complete blocks (Claude Code 2.1.332): a complete call
+    # shown runs, as if the response had ended with tool_use; a complete text alone is kept and resumed from
+    if s.phase is S and err.kind in ("overloaded", "stream_api_error"):
+        if any(b.get("type") == "tool_use" for b in e.shown):
+            return "dispatch", {"stream_retry_count": 0, "non_streaming": False}
+        if any(b.get("type") == "text" and str(b.get("text", "")).strip() for b in e.shown) \
+                and s.max_output_tokens_recovery_count < lim.max_output_tokens_recoveries:
+            return "max_output_tokens_recovery", {
+                "stream_retry_count": 0, "non_streaming": False,
+                "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1,
+                "messages": (*s.messages, Message("assistant", e.shown, kind="assistant"),
+                             prompts.meta_message(prompts.MID_STREAM_RESUME))}
     if (s.phase is S or dropped) and err.retryable and not garbled and not s.non_streaming \
             and s.stream_retry_count < lim.stream_retries:
         return "stream_retry", {"stream_retry_count": s.stream_retry_count + 1}
@@ -915,7 +927,13 @@ def _agrees(state: LoopState, event: CallFailed | Aborted, lim: Limits) -> str:
     step = graph.advance(state, event, lim)[0]
     does = step.edge.does
     shown_ids = [b["id"] for b in event.shown if b.get("type") == "tool_use"]
-    if step.trigger in WITHDRAWN_BY:
+    if step.trigger == "dispatch":
+        # an error event after a complete call (overloaded_error, api_error): the response is kept and its
+        # calls run (Claude Code 2.1.332); nothing is closed, withdrawn or paired by the move itself
+        assert isinstance(event, CallFailed) and event.error.kind in ("overloaded", "stream_api_error")
+        assert does.shown is graph.Shown.KEEP and does.close_calls is None and shown_ids
+        assert graph.shown_results(step, event) == () and step.state.messages == state.messages
+    elif step.trigger in WITHDRAWN_BY:
         assert does.shown is graph.Shown.WITHDRAW and does.close_calls is not None
         assert graph.shown_results(step, event) == ()
         assert all(b not in m.content for m in step.state.messages for b in event.shown)

@@ -165,7 +165,8 @@ EDGES: tuple[Edge, ...] = (
           does=Does(compacts=True)),
     _edge("open_stream", C, S, "forward", "the request was accepted and the response is streaming",
           does=Does(take_input=True)),
-    _edge("dispatch", S, D, "forward", "the response ended with complete tool_use blocks"),
+    _edge("dispatch", S, D, "forward", "the response ended with complete tool_use blocks (or an overloaded/api "
+          "error event cut it after one: its calls run, as Claude Code 2.1.332)"),
     _edge("collect", D, F, "forward", "every tool of the batch has exactly one result"),
     # labelled re-entries (the transition reasons recorded in LoopState.transition)
     _edge("next_turn", F, A, "reentry", "tool results appended; next model turn"),
@@ -367,6 +368,16 @@ def cut_after_text(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
     return (s.phase is S and e.error.kind in ("overloaded", "stream_api_error") and bool(shown)
             and any(b.get("type") == "text" and str(b.get("text", "")).strip() for b in shown)
             and not any(b.get("type") == "tool_use" for b in shown))
+
+
+@_named("cut_after_tool_use")
+def cut_after_tool_use(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
+    """The API sent an ``overloaded_error`` or ``api_error`` event in the middle of a response that had
+    already shown a complete tool_use block: Claude Code 2.1.332 keeps the response and runs its calls, as
+    if it had ended with ``tool_use`` (tests/fidelity/conform/conform-3ef694a5db.json). A dropped or garbled
+    stream is still requested again as a whole."""
+    return (s.phase is S and e.error.kind in ("overloaded", "stream_api_error")
+            and any(b.get("type") == "tool_use" for b in e.shown))
 
 
 @_named("over_budget")
@@ -702,7 +713,7 @@ def mid_stream_resume(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str,
                    "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1})
 
 
-def dispatching(_s: LoopState, _e: StreamEnded, _lim: Limits) -> Mapping[str, Any]:
+def dispatching(_s: LoopState, _e: StreamEnded | CallFailed, _lim: Limits) -> Mapping[str, Any]:
     return _ended({})
 
 
@@ -946,6 +957,7 @@ ROUTES: tuple[Route, ...] = (
     _route(C, Refused, None, "refuse", stop_with_event_reason),
     _route(C, StreamOpened, None, "open_stream", stream_opened),
     # a failed call, before or during the stream
+    _route(S, CallFailed, cut_after_tool_use, "dispatch", dispatching),
     _route(S, CallFailed, cut_after_text & under_cap("max_output_tokens_recovery_count"),
            "max_output_tokens_recovery", mid_stream_resume),
     _route((C, S), CallFailed, stream_retry_left, "stream_retry", stream_retried),

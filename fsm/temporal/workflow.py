@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         CallFailed,
         Event,
         ModelError,
+        ModelResponse,
         SetupFailed,
         StopHookVerdict,
         StreamOpened,
@@ -572,8 +573,9 @@ class SessionWorkflow:
 
     async def dispatch_tools(self, state: LoopState) -> Event:
         o = self._outcome
-        assert o is not None and o.response is not None
-        response = o.response
+        assert o is not None
+        # a response an error event cut after complete tool_use blocks runs them (graph.cut_after_tool_use)
+        response = o.response if o.response is not None else ModelResponse(tuple(o.blocks), "tool_use", model=o.model)
         assistant = response.as_message()
         traits = {t.tool_use_id: t for t in o.traits}
         try:

@@ -502,6 +502,12 @@ class Walker:
                 self.response = None
             self.end_response(line, "recovery_exhausted", stop_reason="refusal")
             return
+        if cut and api_error is None and self.phase is Phase.STREAM and self.response is not None \
+                and self.response.tool_uses():
+            # an error event cut the response after complete tool_use blocks: Claude Code 2.1.332 keeps it and
+            # runs its calls, as if it had ended with tool_use (graph.cut_after_tool_use)
+            self.end_response(self.response.last_line, "dispatch", stop_reason="tool_use")
+            return
         if api_error in ("max_output_tokens", "malformed_tool_use_exhausted") or cut:
             if self.phase is Phase.CALL_MODEL:
                 self.emit(line, StreamOpened(), "open_stream")
