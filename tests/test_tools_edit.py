@@ -445,3 +445,24 @@ def test_quote_free_texts_are_replaced_as_typed(body: str, new: str) -> None:
             f"{curly}{body}") <= 1 and text.count(f"{curly}{body}") == 1 else (None, None)
         if result is not None:
             assert result == text.replace(f"{curly}{body}", f"{new}!", 1) and anchor == len(body)
+
+
+async def test_a_file_that_grows_past_the_cap_after_its_size_is_taken_is_refused_not_cut_short(
+        ctx: ToolContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentfsm.tools.edit as edit_module
+    from agentfsm.tools.read import record_read
+
+    path = tmp_path / "growing.txt"
+    with path.open("wb") as fh:
+        fh.write(b"HELLO\n")
+        fh.truncate(64 * 1024 * 1024 + 1)
+    record_read(ctx, path)
+    real_fstat = os.fstat
+
+    def fstat_before_growth(fd: int) -> Any:  # what fstat saw before a writer appended the last byte
+        st = real_fstat(fd)
+        return os.stat_result((*st[:6], 6, *st[7:10]))
+
+    monkeypatch.setattr(edit_module.os, "fstat", fstat_before_growth)
+    assert "File is too large to edit (64.0 MB" in await edit_error(ctx, path, "HELLO", "HI")
+    assert path.stat().st_size == 64 * 1024 * 1024 + 1

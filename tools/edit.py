@@ -135,10 +135,13 @@ def plan_edit(ctx: ToolContext, input: Mapping[str, Any]) -> PlannedEdit:
         raise ToolError(not_found_message(ctx, path))
     with open_regular(ctx, path) as fh:
         size = os.fstat(fh.fileno()).st_size
+        if size <= MAX_EDIT_BYTES:
+            raw = fh.read(MAX_EDIT_BYTES + 1)
+            # a file that grew past the cap after fstat would be cut short by the write: refused as well
+            size = max(size, len(raw))
         if size > MAX_EDIT_BYTES:
             raise ToolError(f"File is too large to edit ({size / 1024 / 1024:.1f} MB; Edit changes files up to "
                             f"{MAX_EDIT_BYTES // 1024 // 1024} MB). Use a shell command such as sed instead.")
-        raw = fh.read(MAX_EDIT_BYTES + 1)
     bom = raw.startswith(b"\xef\xbb\xbf")
     body = raw[3 if bom else 0:]
     if old == "":
