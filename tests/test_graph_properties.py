@@ -219,6 +219,8 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
 def _failure_text(s: LoopState, err: ModelError) -> str:
     """The API's message; a prompt too long before any response (nothing to compact) in Claude Code 2.1.332's
     words, with the sizes when the API's message states them."""
+    if err.kind == "image" and err.status == 413:  # request_too_large, in Claude Code 2.1.332's words
+        return prompts.request_too_large(str(err.message))
     if err.kind != "prompt_too_long" or _assistants(s.messages) > 0:
         return err.message
     sizes = re.search(r"(\d+) tokens > (\d+)", err.message)
