@@ -433,3 +433,17 @@ async def test_a_reactive_compaction_after_one_tool_turn_keeps_only_the_summary(
     assert got is not None and model.count == 1
     assert [m.kind for m in got.messages] == ["compact_summary"]
     assert got.messages[0].text() == prompts.COMPACT_SUMMARY_PREFIX + "gist"
+
+
+@pytest.mark.parametrize("message, shown", [
+    ("prompt is too long: 250000 tokens > 200000 maximum", prompts.REQUEST_TOO_LARGE_PROMPT),
+    ("Request exceeds the maximum size", prompts.REQUEST_TOO_LARGE),
+])
+async def test_a_413_is_not_compacted_and_ends_image_error(tmp_path: Path, message: str, shown: str) -> None:
+    """A 413 (request_too_large), also after a tool turn: Claude Code 2.1.332 makes no summary request and
+    ends ``image_error`` with its own words (docs/conform.md)."""
+    too_large = {"status": 413, "error_type": "request_too_large", "message": message}
+    result, model = await _run(tmp_path, [read("r0"), too_large, text("never sent"), text("never sent")])
+    assert result.terminal_reason is TerminalReason.IMAGE_ERROR and result.is_error
+    assert result.result == shown
+    assert model.count == 2

@@ -28,13 +28,13 @@ PTL = "prompt is too long: 212345 tokens > 200000 maximum"
 
 @pytest.mark.parametrize("status, error_type, message, kind, retryable", [
     (400, "invalid_request_error", PTL, "prompt_too_long", False),
-    (413, "request_too_large", "Prompt too long", "prompt_too_long", False),
+    (413, "request_too_large", "Prompt too long", "image", False),  # Claude Code 2.1.332: image_error
     (400, "invalid_request_error", "input length and `max_tokens` exceed context limit: 1 + 2 > 3",
      "prompt_too_long", False),
-    (401, "authentication_error", PTL, "api", False),  # the text alone is not enough: 400 or 413
+    (401, "authentication_error", PTL, "api", False),  # the text alone is not enough: a 400
     (500, "api_error", PTL, "api", True),
     (400, "invalid_request_error", "Image too large", "image", False),
-    (413, "request_too_large", "image too large", "api", False),  # image only on 400
+    (413, "request_too_large", "image too large", "image", False),  # every 413 is request_too_large
     (529, "overloaded_error", "Overloaded", "overloaded", True),
     (529, "api_error", "x", "overloaded", True),
     (200, "overloaded_error", "Overloaded", "overloaded", True),

@@ -284,7 +284,11 @@ PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "prompt too long", "context win
 def classify_error(status: int | None, error_type: str, message: str) -> ModelError:
     """Map an HTTP/API error onto the loop's error kinds (shared by every transport)."""
     low = message.lower()
-    if status in (400, 413) and any(m in low for m in PROMPT_TOO_LONG_MARKERS):
+    # a 413 (request_too_large) is no prompt-too-long error to compact: Claude Code 2.1.332 ends the run
+    # image_error, whatever the message (docs/conform.md); the graph words the result
+    if status == 413:
+        return ModelError("image", message, status, False)
+    if status == 400 and any(m in low for m in PROMPT_TOO_LONG_MARKERS):
         return ModelError("prompt_too_long", message, status, False)
     if status == 400 and "image" in low:
         return ModelError("image", message, status, False)

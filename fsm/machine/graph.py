@@ -682,6 +682,8 @@ def _failure_detail(s: LoopState, error: Any) -> str:
     own words, with the request's size from the API's message and its estimate of the conversation's."""
     if error.kind == "prompt_too_long" and _exchanges(s.messages) == 0:
         return prompts.single_exchange_too_long(error.message, prompts.rough_tokens(s.messages))
+    if error.kind == "image" and error.status == 413:  # request_too_large: Claude Code's own words
+        return prompts.request_too_large(str(error.message))
     return str(error.message)
 
 

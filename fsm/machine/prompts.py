@@ -114,6 +114,12 @@ PTL_SINGLE_EXCHANGE_SIZED = (
 PTL_SINGLE_EXCHANGE = (
     "Prompt is too long · this conversation is a single exchange and cannot be compacted — the request size "
     "comes mostly from system prompt, tool definitions, or attachments.")
+# a 413 (request_too_large), in Claude Code 2.1.332's words: the short text when the API's message says the
+# prompt is too long, the request-size text otherwise
+REQUEST_TOO_LARGE_PROMPT = "Prompt is too long"
+REQUEST_TOO_LARGE = (
+    "Request too large (max 32MB). Accumulated images and attachments in the conversation pushed the request "
+    "over the limit. Remove older images or compact the conversation.")
 _PTL_SIZES = re.compile(r"(\d+) tokens > (\d+)")
 
 
@@ -295,3 +301,10 @@ def task_notification(*, task_id: str, tool_use_id: str | None, output_file: str
         parts.append("<usage>" + "".join(f"<{k}>{_xml(str(v))}</{k}>" for k, v in usage.items()) + "</usage>")
     body = "\n".join(("<task-notification>", *parts, "</task-notification>"))
     return reminder(f"{TASK_NOTIFICATION_HEAD}\n\n{body}")
+
+
+def request_too_large(api_message: str) -> str:
+    """The result of a run a 413 ended (Claude Code 2.1.332's words, docs/conform.md)."""
+    low = api_message.lower()
+    said_too_long = "prompt is too long" in low or "prompt too long" in low
+    return REQUEST_TOO_LARGE_PROMPT if said_too_long else REQUEST_TOO_LARGE

@@ -638,7 +638,8 @@ def api_errors(statuses: Sequence[int] = (400, 429, 500, 529)) -> SearchStrategy
 
 
 def prompt_too_long_errors() -> SearchStrategy[HttpErrorResponse]:
-    """The API's prompt-too-long answer (400, or 413 for a request too large)."""
+    """The API's prompt-too-long answer: a 400, or a 413 for a request too large (which Claude Code 2.1.332
+    does not compact: it ends the run ``image_error``, and so does agentfsm)."""
     assert PROMPT_TOO_LONG_MARKERS[0] == "prompt is too long"  # the phrase classify_error looks for
     return st.builds(
         lambda status, n: HttpErrorResponse(
