@@ -886,11 +886,13 @@ class Activities:
         def on_usage(model: str, usage: Mapping[str, Any]) -> None:
             spent.update(model=model, usage=dict(usage))
 
+        why: list[str] = []
         async with _heartbeats(lambda: {"request_no": inp.request_no}):
             compaction = await compact(self._model_client(spec, inp.request_no), model=inp.model, system=inp.system,
                                        messages=messages, trigger=inp.trigger,
-                                       metadata=phases.request_metadata(spec.session_id), on_usage=on_usage)
-        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}))
+                                       metadata=phases.request_metadata(spec.session_id), on_usage=on_usage,
+                                       on_failure=why.append)
+        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}), "".join(why[-1:]))
 
     # --- tools -------------------------------------------------------------------------------------
 

@@ -115,6 +115,7 @@ class AccountSnapshot:
     model_usage: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     stop_reason: str | None = None
     api_error_status: int | None = None
+    api_error_endpoint: str = ""
 
 
 # the loop's own hook points a workflow asks through an activity
@@ -399,12 +400,14 @@ class CompactInput:
 
 @attrs.frozen
 class CompactOutcome:
-    """``requested``: a summary request was sent (it used up a scripted response)."""
+    """``requested``: a summary request was sent (it used up a scripted response); ``failure``: why that
+    request failed (:attr:`agentfsm.machine.events.CallFailed.compaction_failure`)."""
 
     compaction: Compaction | None
     requested: bool
     model: str = ""
     usage: Mapping[str, Any] = attrs.field(factory=dict)
+    failure: str = ""
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ cancelled, ``block`` tools finish) and ``abort`` (everything stops at once) — 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -471,7 +471,7 @@ class SessionWorkflow:
             return SetupFailed(TerminalReason.TURN_SETUP_FAILED, f"Turn setup failed: {_cause(exc)}")
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
-    async def _compact(self, state: LoopState, trigger: str) -> Any:
+    async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None) -> Any:
         await self._flush()
         n = self._requests
         timing = self._inp.timing
@@ -485,6 +485,8 @@ class SessionWorkflow:
             self._requests += 1
         if out.usage:
             self._account.spend(out.model or self._spec.model, out.usage)
+        if out.failure and on_failure is not None:
+            on_failure(out.failure)
         return out.compaction
 
     # --- call_model and stream -----------------------------------------------------------------------
@@ -581,11 +583,13 @@ class SessionWorkflow:
         compacts (:func:`agentfsm.machine.graph.compaction_wanted`)."""
         event = CallFailed(error, fallback_available=phases.has_fallback(self._spec.models, state), shown=shown)
         if graph.compaction_wanted(state, event, self._spec.limits):
+            why: list[str] = []
             try:
-                event = attrs.evolve(event, compaction=await self._compact(state, "reactive"))
+                event = attrs.evolve(event, compaction=await self._compact(state, "reactive", why.append))
             except (_Stopped, ActivityError):
                 pass
-        self._account.api_error_status = error.status
+            event = attrs.evolve(event, compaction_failure="".join(why[-1:]))
+        self._account.api_error_status, self._account.api_error_endpoint = error.status, error.endpoint
         return event
 
     # --- dispatch_tools ------------------------------------------------------------------------------
@@ -1072,7 +1076,7 @@ class SessionWorkflow:
             account=AccountSnapshot(acct.usage, acct.cost_usd, acct.api_ms, tuple(acct.denials), tuple(acct.warnings),
                                     acct.structured_output, acct.last_usage, acct.counted_upto,
                                     {m: dict(u) for m, u in acct.model_usage.items()}, acct.stop_reason,
-                                    acct.api_error_status),
+                                    acct.api_error_status, acct.api_error_endpoint),
             seq=self._trace.next_seq, recorded=self._recorded, requests=self._requests,
             out_base=self._out_base + len(self._out) - len(tail), out_tail=tuple(tail), started=self._started,
             read_files=self._read_files, interrupted=self._interrupted, aborted=self._aborted,
@@ -1087,7 +1091,8 @@ class SessionWorkflow:
         a = carried.account
         self._account = RunAccount(dict(a.usage), a.cost_usd, a.api_ms, list(a.denials), list(a.warnings),
                                    a.structured_output, a.last_usage, a.counted_upto,
-                                   {m: dict(u) for m, u in a.model_usage.items()}, a.stop_reason, a.api_error_status)
+                                   {m: dict(u) for m, u in a.model_usage.items()}, a.stop_reason, a.api_error_status,
+                                   a.api_error_endpoint)
         self._trace = self._writer(carried.seq)
         return None
 
