@@ -268,6 +268,13 @@ class _WorkerTasks:
     async def stop(self, task_id: str) -> TaskStopped | None:
         return None  # TaskStop is not offered on workers: the workflow stops its tasks
 
+    async def ended(self, task_id: str) -> None:
+        # the end is recorded on this worker; the workflow's watch_task activity reports it
+        bg = self.acts.background.get(task_id)
+        if bg is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(bg.ended)
+
 
 async def _watch_background(bg: _Background, timeout_ms: float, on_exit: Callable[[], None] | None) -> None:
     """Wait for the command; stop it after its background timeout; record how it ended (and append its
