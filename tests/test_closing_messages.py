@@ -43,14 +43,19 @@ def test_a_marker_after_a_compaction_that_shortened_the_history_is_shown() -> No
     assert len(closing_messages(_state(summary, marker), history[-1].uuid, None, "s")) == 1
 
 
-def test_the_api_error_message_is_shown_for_a_refusal_claude_code_shows_in_the_generic_form() -> None:
+def test_the_api_error_message_is_shown_for_every_refusal_in_claude_codes_words() -> None:
     state = _state(PROMPT, reason=TerminalReason.API_ERROR, detail="bad request")
     [error] = closing_messages(state, PROMPT.uuid, 400, "s")
     assert error["is_api_error_message"] and error["api_error_status"] == 400
     assert "bad request" in error["message"]["content"][0]["text"]
-    # a 429 and a 5xx are worded specially, and a run that ended otherwise shows none
-    assert closing_messages(state, PROMPT.uuid, 429, "s") == []
-    assert closing_messages(state, PROMPT.uuid, 529, "s") == []
+    # a 429 and a 5xx too, each in its own words and kind (Claude Code 2.1.332: docs/conform.md)
+    [limited] = closing_messages(state, PROMPT.uuid, 429, "s")
+    assert limited["error"] == "rate_limit"
+    assert limited["message"]["content"][0]["text"] == "API Error: Request rejected (429) \u00b7 bad request"
+    [server] = closing_messages(state, PROMPT.uuid, 529, "s", "gw:9")
+    assert server["error"] == "server_error" and server["message"]["content"][0]["text"].endswith("(gw:9).")
+    # no status (the call never reached the API), or a run that ended otherwise: none
+    assert closing_messages(state, PROMPT.uuid, None, "s") == []
     assert closing_messages(_state(PROMPT, reason=TerminalReason.COMPLETED), PROMPT.uuid, 400, "s") == []
 
 

@@ -22,6 +22,8 @@ from agentfsm.machine import prompts
 from agentfsm.machine.state import Limits, Message, TerminalReason
 from agentfsm.runtime.compact import (
     CHARS_PER_TOKEN,
+    EMPTY_SUMMARY,
+    NO_SUMMARY_MESSAGE,
     chars_of,
     compact,
     estimate_tokens,
@@ -303,9 +305,24 @@ async def test_the_summary_usage_is_charged_to_the_model_that_answered() -> None
     {"blocks": [{"type": "tool_use", "id": "x", "name": "Read", "input": {}}], "stop_reason": "tool_use"},
 ])
 async def test_a_summary_without_text_is_a_failed_compaction(answer: dict[str, Any]) -> None:
-    got, model, usage = await _compact([answer])
+    why: list[str] = []
+    got, model, usage = await _compact([answer], on_failure=why.append)
     assert got is None and model.count == 1
     assert usage  # its cost still counts
+    assert why == [EMPTY_SUMMARY]  # a response came, with no text in it
+
+
+async def test_a_summary_of_no_blocks_is_no_message() -> None:
+    why: list[str] = []
+    got, _, _ = await _compact([{"blocks": [], "stop_reason": "end_turn"}], on_failure=why.append)
+    assert got is None and why == [NO_SUMMARY_MESSAGE]
+
+
+async def test_a_compaction_that_succeeds_or_asks_nothing_reports_no_failure() -> None:
+    why: list[str] = []
+    assert (await _compact([text("gist")], on_failure=why.append))[0] is not None
+    assert (await _compact([text("x")], messages=[user(), calls("a"), results("a")], on_failure=why.append))[0] is None
+    assert why == []
 
 
 @pytest.mark.parametrize("answer", [
@@ -316,8 +333,13 @@ async def test_a_summary_without_text_is_a_failed_compaction(answer: dict[str, A
     {"blocks": [{"type": "text", "text": "cut off"}], "sse_error": "overloaded_error"},
 ])
 async def test_an_error_or_a_broken_stream_is_a_failed_compaction(answer: dict[str, Any]) -> None:
-    got, model, _ = await _compact([answer, text("never asked")])
+    why: list[str] = []
+    got, model, _ = await _compact([answer, text("never asked")], on_failure=why.append)
     assert got is None and model.count == 1
+    # one reason, naming the API's status when it answered with one
+    assert len(why) == 1 and why[0]
+    if "status" in answer:
+        assert why[0].startswith(f"API Error: {answer['status']} ")
 
 
 async def test_a_retried_summary_request_still_compacts() -> None:
@@ -410,6 +432,24 @@ async def test_a_failed_reactive_compaction_ends_the_turn_prompt_too_long(tmp_pa
     result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, summary, text("never sent")])
     assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG
     assert model.count == 4
+    assert result.result.startswith("Prompt is too long \u00b7 automatic compaction failed: ")
+
+
+# why the summary failed, as Claude Code 2.1.332 names it in the run's result (compared with it on the same
+# scripted server: docs/conform.md); the scripted model is no gateway, so a 5xx points to the status page
+@pytest.mark.parametrize("summary,why", [
+    (text(""), EMPTY_SUMMARY),
+    ({"blocks": [{"type": "thinking", "thinking": "hmm", "signature": "s"}], "stop_reason": "end_turn"}, EMPTY_SUMMARY),
+    ({"blocks": [], "stop_reason": "end_turn"}, NO_SUMMARY_MESSAGE),
+    ({"status": 500, "error_type": "api_error", "message": "Internal server error", "should_retry": False},
+     "API Error: 500 Internal server error. This is a server-side issue, usually temporary \u2014 try again in a "
+     "moment. If it persists, check https://status.claude.com."),
+])
+async def test_a_failed_reactive_compaction_says_why_in_the_result(tmp_path: Path, summary: dict[str, Any],
+                                                                   why: str) -> None:
+    result, model = await _run(tmp_path, [read("r0"), PTL, summary, text("never sent")])
+    assert (result.terminal_reason, model.count) == (TerminalReason.PROMPT_TOO_LONG, 3)
+    assert result.result == f"Prompt is too long \u00b7 automatic compaction failed: {why}"
 
 
 def test_a_reactive_split_summarises_a_single_tool_exchange_whole() -> None:

@@ -68,6 +68,7 @@ class WireRun:
     out: list[dict[str, Any]]
     history: tuple[Message, ...]
     trace: Path
+    gateway: str = ""  # host:port of the scripted server
 
     @property
     def requests(self) -> list[list[str]]:
@@ -105,7 +106,7 @@ async def over_the_wire(tmp: Path, ws: Path, responses: Sequence[Any], *, limits
     finally:
         await server.stop_async()
     assert session.trace_path is not None
-    return WireRun(result, server.requests, out, session.history, session.trace_path)
+    return WireRun(result, server.requests, out, session.history, session.trace_path, url.split("://", 1)[-1])
 
 
 def text(t: str, **kw: Any) -> dict[str, Any]:
@@ -154,7 +155,27 @@ async def test_retries_exhausted_without_fallback_is_api_error(tmp_path: Path,
     run = await over_the_wire(tmp_path, agentfsm_workspace, [err] * 3, limits=Limits(api_max_retries=2))
     assert len(run.bodies) == 3
     res = run.result
-    assert (res.terminal_reason, res.is_error, res.result) == (T.API_ERROR, True, "Overloaded")
+    gateway = run.gateway
+    # Claude Code 2.1.332's words for a 5xx: the status, the message, whose fault, where to look (the
+    # gateway the base URL names); shown first as its synthetic assistant message
+    said = (f"API Error: 529 Overloaded. This is a server-side issue, usually temporary \u2014 try again in a "
+            f"moment. If it persists, check your inference gateway ({gateway}).")
+    assert (res.terminal_reason, res.is_error, res.result) == (T.API_ERROR, True, said)
+    shown = [m for m in run.out if m["type"] == "assistant" and m.get("is_api_error_message")]
+    assert [(m["message"]["content"][0]["text"], m["error"], m["api_error_status"]) for m in shown] == \
+        [(said, "server_error", 529)]
+
+
+@pytest.mark.parametrize("message,said", [("Internal server error.", "500 Internal server error"),
+                                          ("Down!", "500 Down"), ("busy\u2026", "500 busy")])
+async def test_a_final_5xx_is_worded_as_claude_code_words_it(message: str, said: str, tmp_path: Path,
+                                                             agentfsm_workspace: Path) -> None:
+    err = {"status": 500, "error_type": "api_error", "message": message, "should_retry": False}
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [err, text("never sent")])
+    assert len(run.bodies) == 1  # the API said not to retry
+    assert run.result.result.startswith(f"API Error: {said}. This is a server-side issue")
+    assert run.result.result.endswith(f"check your inference gateway ({run.gateway}).")
+    assert audit_file(run.trace) == []
 
 
 async def test_non_retryable_4xx_is_api_error_with_the_apis_message(tmp_path: Path,

@@ -212,15 +212,18 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
         return "reactive_compact_retry", {"has_attempted_reactive_compact": True, "messages": e.compaction.messages,
                                           "compact_tracking": _compacted(s, rapid_count=None)}
     return "call_failed", {"terminal_reason": ERROR_REASONS.get(err.kind, T.API_ERROR),
-                           "terminal_detail": _failure_text(s, err),
+                           "terminal_detail": _failure_text(s, err, e.compaction_failure),
                            "messages": _paired(s.messages, e, "stream_failed")}
 
 
-def _failure_text(s: LoopState, err: ModelError) -> str:
+def _failure_text(s: LoopState, err: ModelError, compaction_failure: str = "") -> str:
     """The API's message; a prompt too long before any response (nothing to compact) in Claude Code 2.1.332's
-    words, with the sizes when the API's message states them."""
+    words, with the sizes when the API's message states them; a prompt too long whose compaction failed
+    names why (Claude Code 2.1.332)."""
     if err.kind == "image" and err.status == 413:  # request_too_large, in Claude Code 2.1.332's words
         return prompts.request_too_large(str(err.message))
+    if err.kind == "prompt_too_long" and _assistants(s.messages) > 0 and compaction_failure:
+        return f"Prompt is too long \u00b7 automatic compaction failed: {compaction_failure}"
     if err.kind != "prompt_too_long" or _assistants(s.messages) > 0:
         return err.message
     sizes = re.search(r"(\d+) tokens > (\d+)", err.message)
@@ -572,7 +575,8 @@ def call_failed_st(draw: st.DrawFn) -> CallFailed:
     shown, finished = draw(shown_facts)
     return CallFailed(draw(errors), compaction=draw(st.one_of(st.none(), compaction_st)),
                       fallback_available=draw(st.booleans()), non_streaming_available=draw(st.booleans()),
-                      shown=shown, finished=finished)
+                      shown=shown, finished=finished,
+                      compaction_failure=draw(st.sampled_from(["", "summarization produced empty response"])))
 
 
 @st.composite

@@ -740,6 +740,77 @@ async def test_the_stop_hook_is_told_of_running_tasks(server: DevServer, worker:
         [{"task_id": "TASK", "task_type": "local_bash", "description": "a nap"}], []]
 
 
+def _stopping(ws: Path) -> Any:
+    """A model that starts a background command, stops it by KillShell (``shell_id``) once the command
+    runs, then asks TaskStop to stop it again (it no longer runs), and ends."""
+
+    def answer(request: Any, n: int) -> dict[str, Any]:
+        if n == 0:
+            return _background(f"echo $$ > {ws / 'pid'}; exec sleep 30", description="a long nap")
+        if n in (1, 2):
+            [task_id] = set(re.findall(r"with ID: (b[a-z0-9]{8})", json.dumps(request.messages)))
+            deadline = time.monotonic() + 10
+            while not (ws / "pid").exists() or not (ws / "pid").read_text().strip():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            name, key = ("KillShell", "shell_id") if n == 1 else ("TaskStop", "task_id")
+            return {"blocks": [{"type": "tool_use", "id": f"toolu_stop{n}", "name": name,
+                                "input": {key: task_id}}], "stop_reason": "tool_use"}
+        return _text("stopped it")
+
+    return ScriptedModel(answer)
+
+
+def _task_messages(shown: list[Mapping[str, Any]]) -> list[str]:
+    """The client's task messages, without ids and times."""
+    return [re.sub(r'"(end|start)_time": \d+', "TIME", _unvarying({k: v for k, v in m.items()
+                                                                  if k not in ("session_id", "uuid")}))
+            for m in shown if m["type"] == "system" and str(m.get("subtype")).startswith(("task_", "background_"))]
+
+
+async def test_task_stop_stops_a_background_command_as_locally(server: DevServer, queue: str, ws: Path,
+                                                                home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TaskStop (here by its alias KillShell) on a worker: the call runs on the worker that runs the
+    command, which is killed; its answer, the task's record and the client's task messages are a local
+    run's, and the model is not notified. A second stop of the same task: ``No task found``."""
+    tools = ("Bash", "TaskStop")
+    sid = str(uuid.uuid4())
+    local = [m async for m in query("go", options=options(ws, home, session_id=sid, tools=tools, sandbox=False),
+                                    client=_stopping(ws))]
+    local_file = home / "sessions" / f"{sid}.jsonl"
+    (ws / "pid").unlink()
+    monkeypatch.setenv("HOME", str(home))
+    client = await connect(server.address)
+    shown: list[Mapping[str, Any]] = []
+    async with build_worker(client, task_queue=queue, activities=Activities(client=_stopping(ws))):
+        inp = session_input(options(ws, home, tools=tools, sandbox=False), "go")
+        result = await run_session(client, inp, shown.append, task_queue=queue)
+        history = await client.get_workflow_handle(f"agentfsm-session-{inp.spec.session_id}").fetch_history()
+    assert result["subtype"] == "success" and result["result"] == "stopped it"
+    # the stop ran on the queue of the worker running the command (the second, of no running task, as
+    # the local activity a read-only call is)
+    calls = [(e.activity_task_scheduled_event_attributes.activity_type.name,
+              e.activity_task_scheduled_event_attributes.task_queue.name) for e in history.events
+             if e.HasField("activity_task_scheduled_event_attributes")]
+    [watch_queue] = [q for name, q in calls if name == "agentfsm.watch_task"]
+    assert ".own." in watch_queue and [q for name, q in calls if name == "agentfsm.run_tool"] == [queue, watch_queue]
+    assert not Path(f"/proc/{int((ws / 'pid').read_text())}").exists(), "the stopped command runs on"
+    path = Path(inp.spec.trace_path or "")
+    assert _unvarying(transcript(path)) == _unvarying(transcript(local_file))
+    results = [c[0] for role, kind, c in transcript(path) if kind == "tool_results"]
+    stopped = json.loads(results[1]["content"])
+    assert stopped["message"].startswith("Successfully stopped task: ") and stopped["task_type"] == "local_bash"
+    assert results[2]["is_error"] and "No task found with ID: " in results[2]["content"]
+    assert "task_notification" not in [kind for _r, kind, _c in transcript(path)]
+    [task] = _tasks_of(path).values()
+    [theirs] = _tasks_of(local_file).values()
+    assert (task["status"], task["summary"], task["notified"]) == (theirs["status"], theirs["summary"], False)
+    assert task["status"] == "killed" and task["summary"] == "a long nap"
+    assert _task_messages(shown) == _task_messages(local)
+    assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["stopped"]
+    assert_audits_clean(path)
+
+
 def test_a_worker_killed_while_a_background_command_runs(server: DevServer, workers: Workers, ws: Path,
                                                          home: Path) -> None:
     """The worker running a background command dies: the command dies with it (what is left of its

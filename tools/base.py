@@ -281,6 +281,12 @@ class Tool:
         None (the default): the pipeline's ``InputValidationError`` listing."""
         return None
 
+    def task_target(self, input: Mapping[str, Any]) -> str | None:
+        """The id of the session's background task this call acts on (TaskStop's), None for a call that
+        acts on none (the default). A runtime whose tasks run elsewhere runs such a call where the task
+        runs (docs/temporal.md, "Background commands")."""
+        return None
+
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         """What permission rules' specifiers match (a path for file tools, the command for Bash)."""
         for key in ("file_path", "path", "command", "pattern", "url"):

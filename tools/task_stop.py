@@ -49,6 +49,9 @@ class TaskStopTool(Tool):
     def permission_subject(self, input: Mapping[str, Any]) -> str | None:
         return _task_id(input)
 
+    def task_target(self, input: Mapping[str, Any]) -> str | None:
+        return _task_id(input)
+
     async def validate_input(self, input: Mapping[str, Any], ctx: ToolContext) -> ValidationResult:
         if _task_id(input) is None:
             return ValidationResult.invalid("Missing required parameter: task_id")

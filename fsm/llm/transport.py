@@ -10,6 +10,7 @@ the SDK's own retries are off. What still fails is classified once into a
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -57,6 +58,7 @@ class AnthropicTransport:
                 "endpoint), or pass --scripted SCENARIO.json to use the scripted model")
         self._anthropic = anthropic
         self.max_retries = max_retries
+        self.endpoint = gateway(url)
         self.client = anthropic.AsyncAnthropic(api_key=key or "not-needed", base_url=url,
                                                max_retries=0, timeout=timeout)
 
@@ -75,7 +77,7 @@ class AnthropicTransport:
             raw = await self.client.messages.create(**body, stream=True)
         except a.APIStatusError as exc:
             should, after = _retry_headers(exc)
-            raise ModelCallError(_status_error(exc), should_retry=should, retry_after_s=after) from exc
+            raise ModelCallError(self._at(_status_error(exc)), should_retry=should, retry_after_s=after) from exc
         except (a.APIConnectionError, a.APITimeoutError) as exc:
             raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
         started = False  # an event came: failures after it are the stream's, before it the request's
@@ -91,7 +93,7 @@ class AnthropicTransport:
         except a.APIError as exc:
             # mid-stream the SDK raises APIError for an SSE `error` event (an APIStatusError carrying
             # the 200 of the stream's response) and for a dropped connection
-            error = _stream_error(a, exc)
+            error = self._at(_stream_error(a, exc))
             if not started and error.kind in ("connection", "stream_api_error"):
                 error = ModelError("stream_dropped", error.message, None, True)
             raise ModelCallError(error) from exc
@@ -119,7 +121,7 @@ class AnthropicTransport:
         try:
             message = await self.client.messages.create(**body)
         except a.APIStatusError as exc:
-            raise ModelCallError(_status_error(exc)) from exc
+            raise ModelCallError(self._at(_status_error(exc))) from exc
         except (a.APIConnectionError, a.APITimeoutError) as exc:
             raise ModelCallError(ModelError("connection", f"Connection error: {exc}", None, True)) from exc
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
@@ -130,6 +132,20 @@ class AnthropicTransport:
             return message_events(_dump(message))
         except RecursionError as exc:
             raise ModelCallError(ModelError("model", "Malformed response from the API: nested too deeply")) from exc
+
+
+    def _at(self, error: ModelError) -> ModelError:
+        """The error with the gateway that gave it (Claude Code's text for a 5xx names it)."""
+        return attrs.evolve(error, endpoint=self.endpoint) if self.endpoint else error
+
+
+def gateway(base_url: str | None) -> str:
+    """``host[:port]`` of a base URL other than the Anthropic API's; "" for the API itself."""
+    if not base_url:
+        return ""
+    # the user and password a URL may carry are never shown
+    host = (urllib.parse.urlsplit(base_url).netloc or base_url).rsplit("@", 1)[-1]
+    return "" if host.lower() in ("api.anthropic.com", "api.anthropic.com:443") else host
 
 
 def _retry_headers(exc: Any) -> tuple[bool | None, float | None]:

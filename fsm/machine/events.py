@@ -33,6 +33,9 @@ class ModelError:
     message: str
     status: int | None = None
     retryable: bool = False
+    # the gateway that answered: ``host[:port]`` of a base URL other than the Anthropic API's, "" for the
+    # API itself or an in-process model (Claude Code's text for a 5xx says which to check)
+    endpoint: str = ""
 
     @property
     def answered(self) -> bool:
@@ -134,6 +137,8 @@ class CallFailed:
     ``shown`` / ``finished`` are the raw facts of a response that broke part-way: the complete
     blocks it showed, and the results of the tool calls among them that had finished. What becomes
     of them (kept and paired, or withdrawn) is the route's declared consequence, not the runtime's.
+    ``compaction_failure``: why a reactive compaction that was tried failed (the summary came back
+    empty, or its request failed), in the words the run's result gives.
     """
 
     error: ModelError
@@ -142,6 +147,7 @@ class CallFailed:
     non_streaming_available: bool = False
     shown: tuple[Mapping[str, Any], ...] = ()
     finished: tuple[Mapping[str, Any], ...] = ()
+    compaction_failure: str = ""
 
 
 @attrs.frozen

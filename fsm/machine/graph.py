@@ -676,19 +676,23 @@ def _error_reason(kind: str) -> TerminalReason:
             "stream_garbled": T.MODEL_ERROR}.get(kind, T.API_ERROR)
 
 
-def _failure_detail(s: LoopState, error: Any) -> str:
+def _failure_detail(s: LoopState, error: Any, compaction_failure: str = "") -> str:
     """What the run's result says of a failure: the API's message, except for a prompt too long in a
     conversation of a single exchange, which no compaction can shrink: Claude Code 2.1.332 says so in its
-    own words, with the request's size from the API's message and its estimate of the conversation's."""
+    own words, with the request's size from the API's message and its estimate of the conversation's;
+    and for a prompt too long whose compaction was tried and failed, which it names with why."""
     if error.kind == "prompt_too_long" and _exchanges(s.messages) == 0:
         return prompts.single_exchange_too_long(error.message, prompts.rough_tokens(s.messages))
+    if error.kind == "prompt_too_long" and compaction_failure:
+        return prompts.compaction_failed(compaction_failure)
     if error.kind == "image" and error.status == 413:  # request_too_large: Claude Code's own words
         return prompts.request_too_large(str(error.message))
     return str(error.message)
 
 
 def call_failed(s: LoopState, e: CallFailed, _lim: Limits) -> Mapping[str, Any]:
-    return {"terminal_reason": _error_reason(e.error.kind), "terminal_detail": _failure_detail(s, e.error),
+    return {"terminal_reason": _error_reason(e.error.kind),
+            "terminal_detail": _failure_detail(s, e.error, e.compaction_failure),
             "messages": _with_pair(s.messages, e, "call_failed")}
 
 

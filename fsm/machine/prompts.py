@@ -128,6 +128,12 @@ def rough_tokens(messages: Iterable[Message]) -> int:
     return sum(len(json.dumps(list(m.content), ensure_ascii=False)) for m in messages) // 4
 
 
+def compaction_failed(why: str) -> str:
+    """The result of a run whose prompt was too long and whose compaction failed (Claude Code 2.1.332's
+    words: docs/conform.md)."""
+    return f"{REQUEST_TOO_LARGE_PROMPT} \u00b7 automatic compaction failed: {why}"
+
+
 def single_exchange_too_long(api_message: str, conversation_tokens: int) -> str:
     sizes = _PTL_SIZES.search(api_message)
     if sizes is None:

@@ -21,6 +21,7 @@ from agentfsm.machine.events import Compaction
 from agentfsm.machine.state import Message
 from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError
 from agentfsm.runtime.request import normalize
+from agentfsm.runtime.result import api_error_text
 
 log = fsm_log.get_logger("agentfsm.compact")
 
@@ -102,17 +103,26 @@ def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Ma
     return request, tail
 
 
+# Why a summary failed, in Claude Code 2.1.332's words (the run's result after a prompt-too-long that
+# could not be compacted says "Prompt is too long · automatic compaction failed: <why>")
+NO_SUMMARY_MESSAGE = "no assistant message in summarization response"
+EMPTY_SUMMARY = "summarization produced empty response"
+FailureSink = Callable[[str], None]
+
+
 async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str, Any], ...],
                   messages: Sequence[Message], trigger: str, max_tokens: int = 8192,
                   custom_instructions: str | None = None,
                   metadata: Mapping[str, Any] | None = None,
-                  on_usage: UsageSink | None = None) -> Compaction | None:
+                  on_usage: UsageSink | None = None,
+                  on_failure: FailureSink | None = None) -> Compaction | None:
     """Summarise the history before the last exchange; None when that is impossible or fails.
 
     A failed summarisation (API error, broken or malformed stream, no visible text) is not an
     exception: the caller decides what a failed compaction means (a counted auto-compact failure,
     or ``prompt_too_long`` for a reactive one). ``on_usage(model, usage)`` receives the summary
-    request's usage so its cost counts towards the budget like any other request.
+    request's usage so its cost counts towards the budget like any other request; ``on_failure(why)``
+    why a summary request that was sent failed, in the words the run's result gives.
     """
     built = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
                             custom_instructions=custom_instructions, metadata=metadata,
@@ -122,22 +132,31 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
         return None
     request, tail = built
     asm = ResponseAssembler()
+
+    def failed(why: str, logged: str) -> None:
+        log.warning("compact.failed", trigger=trigger, error=logged)
+        if on_failure is not None:
+            on_failure(why)
+
     try:
         async for ev in client.stream(request):
             if not isinstance(ev, RetryNotice):  # the transport retrying the summary request
                 asm.feed(ev)
     except (ModelCallError, StreamProtocolError) as exc:
-        log.warning("compact.failed", trigger=trigger, error=str(exc))
+        error = exc.error if isinstance(exc, ModelCallError) else None
+        failed(api_error_text(error.status, error.message, error.endpoint)
+               if error is not None and error.status is not None else str(exc), str(exc))
         return None
     finally:
         if on_usage is not None and asm.usage:
             on_usage(asm.model or model, dict(asm.usage))
     if not asm.stopped:
-        log.warning("compact.failed", trigger=trigger, error="summary stream ended before message_stop")
+        failed(NO_SUMMARY_MESSAGE if not asm.blocks else EMPTY_SUMMARY, "summary stream ended before message_stop")
         return None
-    summary = asm.finish().visible_text()
+    response = asm.finish()
+    summary = response.visible_text()
     if not summary:
-        log.warning("compact.failed", trigger=trigger, error="the summary response had no text")
+        failed(EMPTY_SUMMARY if response.blocks else NO_SUMMARY_MESSAGE, "the summary response had no text")
         return None
     summary_msg = Message("user", prompts.COMPACT_SUMMARY_PREFIX + summary, kind="compact_summary")
     pre = estimate_tokens(messages)

@@ -301,13 +301,16 @@ class Driver:
         compaction = await self._compact(state, "auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
-    async def _compact(self, state: LoopState, trigger: str, **logged: Any) -> Compaction | None:
-        """The history compacted (``auto`` before a turn, ``reactive`` after a refusal), PreCompact first."""
+    async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None,
+                       **logged: Any) -> Compaction | None:
+        """The history compacted (``auto`` before a turn, ``reactive`` after a refusal), PreCompact first;
+        ``on_failure(why)`` when the summary request failed."""
         self.trace.before_hooks(self.hooks, "PreCompact")
         await self.hooks.pre_compact("auto", None)
         self.log.info("compact.start", trigger=trigger, **logged)
         compaction = await compact(self.client, model=self._model(state), system=self.system, messages=state.messages,
-                                   trigger=trigger, metadata=self._metadata(), on_usage=self.account.spend)
+                                   trigger=trigger, metadata=self._metadata(), on_usage=self.account.spend,
+                                   on_failure=on_failure)
         self.log.info("compact.end", trigger=trigger, ok=compaction is not None)
         return compaction
 
@@ -394,10 +397,12 @@ class Driver:
         event = CallFailed(error, fallback_available=phases.has_fallback(self.options.models, state),
                            non_streaming_available=can_unstream(self.client), shown=tuple(shown))
         if graph.compaction_wanted(state, event, self.limits):
-            event = attrs.evolve(event, compaction=await self._compact(state, "reactive", error=error.message))
+            why: list[str] = []
+            compaction = await self._compact(state, "reactive", why.append, error=error.message)
+            event = attrs.evolve(event, compaction=compaction, compaction_failure="".join(why[-1:]))
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
-        self.account.api_error_status = error.status
+        self.account.api_error_status, self.account.api_error_endpoint = error.status, error.endpoint
         return attrs.evolve(event, finished=_finished(self._executor)) if shown else event
 
     # --- stream --------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ def account_response(account: RunAccount, response: ModelResponse, default_model
                      request_messages: int) -> None:
     """Spend a finished response's usage and anchor the next estimate on it."""
     account.spend(response.model or default_model, response.usage)
-    account.stop_reason, account.api_error_status = response.stop_reason, None
+    account.stop_reason, account.api_error_status, account.api_error_endpoint = response.stop_reason, None, ""
     account.anchor(response.usage, request_messages)
 
 
@@ -417,24 +417,24 @@ def requesting_message(session_id: str) -> dict[str, Any]:
     return {"type": "system", "subtype": "status", "status": "requesting", "session_id": session_id}
 
 
-def api_error_message(status: int, detail: str | None, session_id: str) -> dict[str, Any]:
+def api_error_message(status: int, detail: str | None, session_id: str, endpoint: str = "") -> dict[str, Any]:
     """The synthetic assistant message that shows an API error in the stream (Claude Code's form)."""
     return {"type": "assistant", "message": {
         "id": str(new_id()), "type": "message", "role": "assistant", "model": "<synthetic>",
-        "content": [{"type": "text", "text": api_error_text(status, detail)}], "stop_reason": "stop_sequence",
+        "content": [{"type": "text", "text": api_error_text(status, detail, endpoint)}], "stop_reason": "stop_sequence",
         "stop_sequence": "", "usage": dict(ZERO_USAGE)}, "parent_tool_use_id": None, "session_id": session_id,
         "error": api_error_kind(status), "is_api_error_message": True, "api_error_status": status}
 
 
 def closing_messages(state: LoopState, began_after: str | None, api_error_status: int | None,
-                     session_id: str) -> list[dict[str, Any]]:
+                     session_id: str, endpoint: str = "") -> list[dict[str, Any]]:
     """What the client is shown after the loop ended and before the result: Claude Code's synthetic
     assistant message for an API refusal it shows in its generic form, and the marker that closes an
     interrupted run (``began_after``: the uuid of the history's last message when the loop began, so
     a marker the history already ended with is not shown again, even after a compaction)."""
     shown: list[dict[str, Any]] = []
     if state.terminal_reason is TerminalReason.API_ERROR and shows_api_error(api_error_status):
-        shown.append(api_error_message(api_error_status or 0, state.terminal_detail, session_id))
+        shown.append(api_error_message(api_error_status or 0, state.terminal_detail, session_id, endpoint))
     last = state.messages[-1] if state.messages else None
     if last is not None and last.kind == "interrupt_marker" and last.uuid != began_after:
         shown.append(marker_message(last, session_id))

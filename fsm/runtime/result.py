@@ -17,15 +17,33 @@ ZERO_USAGE: Mapping[str, int] = {"input_tokens": 0, "cache_creation_input_tokens
                                  "output_tokens": 0}
 
 
-def api_error_text(status: int, detail: str | None) -> str:
-    """Claude Code's words for a request the API refused: the status, then the API's message."""
-    return f"API Error: {status} {detail or ''}".rstrip()
+# Claude Code 2.1.332's words for a request the API answered with a 5xx: the status and message, that the
+# fault is the server's, and where to look (the API's status page, or the gateway the base URL names)
+SERVER_SIDE = "This is a server-side issue, usually temporary \u2014 try again in a moment."
+STATUS_PAGE = "https://status.claude.com"
+CAPACITY = "this may be a temporary capacity issue."  # a 429 with no message of its own
+_CLOSING_MARKS = ".!?\u2026"  # the message's own closing marks give way to the note's full stop
+
+
+def api_error_text(status: int, detail: str | None, endpoint: str = "") -> str:
+    """Claude Code's words for a request the API refused: the status, then the API's message; a 429 as a
+    rejected request (its message, or that it may be a passing capacity issue); a 5xx also says it is the
+    server's fault, and for both what to check if it persists (``endpoint``: the gateway that answered,
+    "" for the API itself)."""
+    where = f"your inference gateway ({endpoint})" if endpoint else STATUS_PAGE
+    if status == 429:
+        said = detail or f"{CAPACITY} If it persists, check {where}."
+        return f"API Error: Request rejected (429) \u00b7 {said}"
+    text = f"API Error: {status} {detail or ''}".rstrip()
+    if status < 500:
+        return text
+    return f"{text.rstrip(_CLOSING_MARKS)}. {SERVER_SIDE} If it persists, check {where}."
 
 
 def shows_api_error(status: int | None) -> bool:
-    """A refusal Claude Code shows in its generic form (``API Error: 400 <message>``, observed for a
-    400): the 4xx statuses other than 429, whose texts it words specially (as it does 5xx overloads)."""
-    return status is not None and 400 <= status < 500 and status != 429
+    """A refusal Claude Code shows in its own form (a synthetic assistant message, and the result's
+    text), observed for a 400, a 429 and the 5xx statuses: every status the API refuses with."""
+    return status is not None and status >= 400
 
 
 def api_error_kind(status: int) -> str:
@@ -60,6 +78,8 @@ class RunAccount:
     # later call succeeded)
     stop_reason: str | None = None
     api_error_status: int | None = None
+    # the gateway that gave that failure (:attr:`agentfsm.machine.events.ModelError.endpoint`)
+    api_error_endpoint: str = ""
 
     def spend(self, model: str, usage: Mapping[str, Any]) -> None:
         self.usage = add_usage(self.usage, usage)
@@ -172,7 +192,7 @@ def build_result(state: LoopState, *, session_id: str, duration_ms: int, duratio
         # stopped before any request (UserPromptSubmit): the hook's reason is all there is to say
         text = f"Operation stopped by hook: {state.terminal_detail or ''}".rstrip()
     elif reason is TerminalReason.API_ERROR and account is not None and shows_api_error(account.api_error_status):
-        text = api_error_text(account.api_error_status or 0, state.terminal_detail)
+        text = api_error_text(account.api_error_status or 0, state.terminal_detail, account.api_error_endpoint)
     elif info.is_error:
         text = state.terminal_detail or reason.value
     else:

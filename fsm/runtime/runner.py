@@ -163,6 +163,6 @@ when they report after it ended). A cancellation of the run fires the abort
             self.machine.close()
         state = self.machine.state
         for message in phases.closing_messages(state, self.began_after, runtime.account.api_error_status,
-                                               self.session_id):
+                                               self.session_id, runtime.account.api_error_endpoint):
             runtime.show(message)
         return state

@@ -178,6 +178,17 @@ def _read_only(tool: Any, block: Mapping[str, Any], invalid_json: str | None) ->
         return False
 
 
+def _task_target(tool: Any, block: Mapping[str, Any], invalid_json: str | None) -> str | None:
+    """The background task the call acts on, as the tool says (None: none, or it cannot judge)."""
+    if tool is None or invalid_json is not None:
+        return None
+    try:
+        target = tool.task_target(dict(block.get("input") or {}))
+    except Exception:
+        return None
+    return target if isinstance(target, str) else None
+
+
 def _kill_stale(details: Mapping[str, Any]) -> list[int]:
     """Kill the process groups a lost attempt left on this host; the ones it killed."""
     if details.get("host") != HOST or details.get("boot_id") != BOOT_ID:
@@ -230,6 +241,8 @@ class _Background:
     process: asyncio.subprocess.Process
     output: Path
     ended: asyncio.Future[TaskEnd]
+    session_id: str = ""
+    command: str = ""  # what TaskStop's answer names: the command (its description when it has none)
     watcher: asyncio.Task[None] | None = None
     stopping: bool = False
 
@@ -238,11 +251,14 @@ class _WorkerTasks:
     """The Bash tool's task host (:class:`agentfsm.tools.base.TaskHost`) inside one ``run_tool``
     activity: a command it adopts runs on in this worker process, and the call's outcome names it
     (:class:`TaskStart`) so the workflow starts its ``watch_task`` activity on this worker's own queue.
-    The workflow owns the task record and the notification."""
+    A TaskStop call of a task of the session runs on the task's worker's own queue (the workflow sends
+    it there): :meth:`stop` stops the command here, and the call's outcome names it (``stopped``). The
+    workflow owns the task record and the notification."""
 
     def __init__(self, acts: Activities, session_id: str) -> None:
         self.acts, self.session_id = acts, session_id
         self.started: list[TaskStart] = []
+        self.stopped: list[str] = []
 
     def adopt_command(self, process: asyncio.subprocess.Process, output_path: Path, *, command: str,
                       description: str, tool_use_id: str, timeout_ms: float,
@@ -258,7 +274,7 @@ class _WorkerTasks:
         except OSError:
             target = output_path  # another file system: the output stays where it is being written
         loop = asyncio.get_running_loop()
-        bg = _Background(process, target, loop.create_future())
+        bg = _Background(process, target, loop.create_future(), self.session_id, command or description)
         self.acts.background[task_id] = bg
         bg.watcher = loop.create_task(_watch_background(bg, timeout_ms, on_exit), name=f"task:{task_id}")
         self.started.append(TaskStart(task_id, tool_use_id, description or command, str(target), command,
@@ -266,7 +282,20 @@ class _WorkerTasks:
         return TaskStarted(task_id, str(target))
 
     async def stop(self, task_id: str) -> TaskStopped | None:
-        return None  # TaskStop is not offered on workers: the workflow stops its tasks
+        """Stop a running command of this session that runs on this worker, as a local session's
+        registry does (SIGTERM to its group, SIGKILL after the grace; its watch then reports it
+        ``killed``). None when no such command runs here: it is not the session's, it ended, or it runs
+        on another worker (the workflow sends a call naming a running task to the task's worker)."""
+        bg = self.acts.background.get(task_id)
+        if bg is None or bg.session_id != self.session_id or bg.ended.done() or bg.stopping:
+            return None
+        bg.stopping = True
+        await _kill_group(bg.process)
+        if bg.watcher is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(bg.watcher)
+        self.stopped.append(task_id)
+        return TaskStopped(task_id, LOCAL_BASH, bg.command)
 
     async def ended(self, task_id: str) -> None:
         # the end is recorded on this worker; the workflow's watch_task activity reports it
@@ -296,7 +325,7 @@ async def _watch_background(bg: _Background, timeout_ms: float, on_exit: Callabl
                 on_exit()
     code = _exit_code(process.returncode)
     if timed_out or bg.stopping:
-        end = TaskEnd(KILLED, code, timed_out=timed_out)
+        end = TaskEnd(KILLED, code, timed_out=timed_out, stopped=bg.stopping and not timed_out)
     else:
         with contextlib.suppress(OSError):
             with bg.output.open("a", encoding="utf-8") as fh:
@@ -473,8 +502,9 @@ class Activities:
                 self.post_batch, self.close_run, self.reap_task]
 
     def own(self) -> list[Callable[..., Awaitable[Any]]]:
-        """The activities that run on this worker's own queue only."""
-        return [self.watch_task]
+        """The activities of this worker's own queue: the watches of the commands it runs, and the tool
+        calls that act on one of them (TaskStop)."""
+        return [self.watch_task, self.run_tool]
 
     # --- helpers -----------------------------------------------------------------------------------
 
@@ -492,11 +522,9 @@ class Activities:
         except Exception as exc:  # settings that cannot be used: the session cannot run anywhere
             raise ApplicationError(f"the session's settings cannot be used: {exc}", type=NON_RETRYABLE,
                                    non_retryable=True) from exc
-        if registry.get("Agent") is not None or registry.get("TaskStop") is not None:
-            # a subagent would be a loop of its own inside one tool call, and TaskStop would stop a
-            # task of another worker's (background commands run and are watched where they started,
-            # and the workflow stops them when the run ends): neither is offered on workers yet
-            registry = registry.without(["Agent", "TaskStop"])
+        if registry.get("Agent") is not None:
+            # a subagent would be a loop of its own inside one tool call: not offered on workers yet
+            registry = registry.without(["Agent"])
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         made = _Context(options, registry, ToolTable.of(registry), gate, error)
         sandbox = getattr(gate, "sandbox", None)
@@ -750,7 +778,8 @@ class Activities:
         for block in response.tool_uses():
             invalid = response.invalid_tool_inputs.get(block["id"])
             tool, safe, _prepared, interrupt = call_traits(ctx.table, block, invalid)
-            traits.append(ToolTraits(block["id"], safe, interrupt, _read_only(tool, block, invalid)))
+            traits.append(ToolTraits(block["id"], safe, interrupt, _read_only(tool, block, invalid),
+                                     _task_target(tool, block, invalid)))
         return outcome(opened=True, response=response, traits=tuple(traits))
 
     @activity.defn(name="agentfsm.compact")
@@ -766,11 +795,13 @@ class Activities:
         def on_usage(model: str, usage: Mapping[str, Any]) -> None:
             spent.update(model=model, usage=dict(usage))
 
+        why: list[str] = []
         async with _heartbeats(lambda: {"request_no": inp.request_no}):
             compaction = await compact(self._model_client(spec, inp.request_no), model=inp.model, system=inp.system,
                                        messages=messages, trigger=inp.trigger,
-                                       metadata=phases.request_metadata(spec.session_id), on_usage=on_usage)
-        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}))
+                                       metadata=phases.request_metadata(spec.session_id), on_usage=on_usage,
+                                       on_failure=why.append)
+        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}), "".join(why[-1:]))
 
     # --- tools -------------------------------------------------------------------------------------
 
@@ -905,7 +936,8 @@ class Activities:
             ctx.sandbox_records.pop(tool_use_id, None)
         changed = {k: v for k, v in read_files.items() if inp.read_files.get(k) != v}
         return ToolCallOutcome(_portable(result), changed, attempt=activity.info().attempt,
-                               sandbox=tuple(_json(r) for r in kept), tasks=tuple(host.started))
+                               sandbox=tuple(_json(r) for r in kept), tasks=tuple(host.started),
+                               stopped=tuple(host.stopped))
 
     # --- background tasks --------------------------------------------------------------------------
 

@@ -106,6 +106,7 @@ class AccountSnapshot:
     model_usage: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     stop_reason: str | None = None
     api_error_status: int | None = None
+    api_error_endpoint: str = ""
 
 
 # the loop's own hook points a workflow asks through an activity
@@ -220,12 +221,15 @@ def message_digest(role: str, kind: str, content: Any) -> str:
 class ToolTraits:
     """What scheduling needs to know of a call (the worker's registry answers it): the concurrency
     verdict, the interrupt behaviour, and whether the tool says the call only reads (``read_only``: it
-    may run again after its worker died, so it runs as a local activity on the workflow's worker)."""
+    may run again after its worker died, so it runs as a local activity on the workflow's worker);
+    ``task``: the background task of the session the call acts on (TaskStop's), so the call runs on the
+    worker that runs the task."""
 
     tool_use_id: str
     safe: bool
     interrupt: str
     read_only: bool = False
+    task: str | None = None
 
 
 @attrs.frozen
@@ -298,6 +302,8 @@ class ToolCallOutcome:
     # the background tasks the call started (a command run in the background, or moved there by its
     # timeout): each runs on in the worker that started it, watched by a `watch_task` activity
     tasks: tuple[TaskStart, ...] = ()
+    # the background tasks the call stopped (TaskStop): the workflow records them stopped by the model
+    stopped: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -344,11 +350,13 @@ class TaskStart:
 @attrs.frozen
 class TaskEnd:
     """How a background command ended (``status``: ``completed``, ``failed``, or ``killed`` when its
-    background timeout or a stop ended it; ``timed_out``: its timeout did)."""
+    background timeout or a stop ended it; ``timed_out``: its timeout did; ``stopped``: the model's
+    TaskStop did)."""
 
     status: str
     exit_code: int | None = None
     timed_out: bool = False
+    stopped: bool = False
 
 
 @attrs.frozen
@@ -363,12 +371,14 @@ class CompactInput:
 
 @attrs.frozen
 class CompactOutcome:
-    """``requested``: a summary request was sent (it used up a scripted response)."""
+    """``requested``: a summary request was sent (it used up a scripted response); ``failure``: why that
+    request failed (:attr:`agentfsm.machine.events.CallFailed.compaction_failure`)."""
 
     compaction: Compaction | None
     requested: bool
     model: str = ""
     usage: Mapping[str, Any] = attrs.field(factory=dict)
+    failure: str = ""
 
 
 @attrs.frozen

@@ -23,7 +23,7 @@ cancelled, ``block`` tools finish) and ``abort`` (everything stops at once) — 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -134,6 +134,7 @@ class _Call:
     interrupt: str
     invalid_json: str | None
     local: bool = False  # a read-only call run as a local activity
+    queue: str | None = None  # a call acting on a running background task: that task's worker's own queue
     status: str = QUEUED
     handle: Any = None
     result: CallResult | None = None
@@ -181,6 +182,8 @@ class SessionWorkflow:
         # ones being stopped, and the notifications not yet taken into the conversation
         self._tasks: dict[str, TaskRecord] = {}
         self._watches: dict[str, tuple[Any, asyncio.Task[None]]] = {}
+        self._queues: dict[str, str] = {}  # each task's worker's own queue
+        self._ended_watches: list[asyncio.Task[None]] = []  # of tasks recorded ended before their watch said so
         self._stopping_tasks: set[str] = set()
         self._notes: list[Message] = []
         self._sending: tuple[Message, ...] = ()
@@ -452,7 +455,7 @@ class SessionWorkflow:
             return SetupFailed(TerminalReason.TURN_SETUP_FAILED, f"Turn setup failed: {_cause(exc)}")
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
-    async def _compact(self, state: LoopState, trigger: str) -> Any:
+    async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None) -> Any:
         await self._flush()
         n = self._requests
         timing = self._inp.timing
@@ -466,6 +469,8 @@ class SessionWorkflow:
             self._requests += 1
         if out.usage:
             self._account.spend(out.model or self._spec.model, out.usage)
+        if out.failure and on_failure is not None:
+            on_failure(out.failure)
         return out.compaction
 
     # --- call_model and stream -----------------------------------------------------------------------
@@ -562,11 +567,13 @@ class SessionWorkflow:
         compacts (:func:`agentfsm.machine.graph.compaction_wanted`)."""
         event = CallFailed(error, fallback_available=phases.has_fallback(self._spec.models, state), shown=shown)
         if graph.compaction_wanted(state, event, self._spec.limits):
+            why: list[str] = []
             try:
-                event = attrs.evolve(event, compaction=await self._compact(state, "reactive"))
+                event = attrs.evolve(event, compaction=await self._compact(state, "reactive", why.append))
             except (_Stopped, ActivityError):
                 pass
-        self._account.api_error_status = error.status
+            event = attrs.evolve(event, compaction_failure="".join(why[-1:]))
+        self._account.api_error_status, self._account.api_error_endpoint = error.status, error.endpoint
         return event
 
     # --- dispatch_tools ------------------------------------------------------------------------------
@@ -614,8 +621,11 @@ class SessionWorkflow:
         calls = []
         for b in blocks:
             t = traits.get(str(b.get("id", "")))
+            # a call acting on a running background task (TaskStop) runs on the worker that runs it
+            queue = self._queues.get(t.task) if t is not None and t.task in self._watches else None
             calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id")),
-                               local=self._fewer_tasks and t is not None and t.read_only))
+                               local=self._fewer_tasks and t is not None and t.read_only and queue is None,
+                               queue=queue))
         if (len(calls) > 1 and self._fewer_tasks
                 and all(not c.local and not c.safe and c.interrupt == "block" for c in calls)
                 and workflow.patched(TOOL_BATCHES)):
@@ -653,11 +663,15 @@ class SessionWorkflow:
                             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
                         continue
                     self._tools_ran = True
+                    # on a task's worker's queue: when that worker is gone, no one takes the call
+                    where: dict[str, Any] = {} if c.queue is None else dict(
+                        task_queue=c.queue, schedule_to_start_timeout=timedelta(
+                            seconds=max(5.0, timing.tool_heartbeat_s * 3)))
                     c.handle = workflow.start_activity(
                         "agentfsm.run_tool", ToolCallInput(self._spec, c.block, c.invalid_json, dict(layers),
                                                            dict(self._read_files)),
                         result_type=ToolCallOutcome, start_to_close_timeout=timedelta(minutes=15),
-                        heartbeat_timeout=timedelta(seconds=timing.tool_heartbeat_s),
+                        heartbeat_timeout=timedelta(seconds=timing.tool_heartbeat_s), **where,
                         # attempt 2 exists to answer "interrupted" (or to run a read-only call again)
                         retry_policy=RetryPolicy(initial_interval=timedelta(seconds=timing.retry_s),
                                                  maximum_attempts=2, non_retryable_error_types=[NON_RETRYABLE]),
@@ -686,8 +700,7 @@ class SessionWorkflow:
             for rec in out.sandbox:
                 # how the call's commands ran, as a local session records them (agentfsm audit)
                 self._trace.write(rec)
-            for start in out.tasks:
-                self._task_started(start)
+            self._call_tasks(out)
             result = out.result
             if c.cancel_reason is not None and result.cancel_reason is not None:
                 result = synthetic_result(c.tool_use_id, result.tool_name, c.cancel_reason, result.tool_input)
@@ -762,8 +775,7 @@ class SessionWorkflow:
             self._settled.append(c.tool_use_id)
             for rec in o.sandbox:
                 self._trace.write(rec)
-            for start in o.tasks:
-                self._task_started(start)
+            self._call_tasks(o)
             result = o.result
             if cancelled and result.cancel_reason is not None:
                 result = synthetic_result(c.tool_use_id, result.tool_name, USER_INTERRUPTED, result.tool_input)
@@ -819,6 +831,22 @@ class SessionWorkflow:
     def _now_ms(self) -> int:
         return int(workflow.now().timestamp() * 1000)
 
+    def _call_tasks(self, out: ToolCallOutcome) -> None:
+        """The background tasks a call started, and those it stopped (TaskStop): stopped by the model,
+        each is recorded ``killed`` and the client told ``stopped`` (its description as the summary),
+        the model not notified (the call's result tells it), as a local session's registry does. Its
+        watch's report, which follows, is then left unsaid."""
+        for start in out.tasks:
+            self._task_started(start)
+        for task_id in out.stopped:
+            rec = self._tasks.get(task_id)
+            if rec is None or not rec.running:
+                continue  # it ended meanwhile: that end stands
+            watch = self._watches.get(task_id)
+            if watch is not None:
+                self._ended_watches.append(watch[1])
+            self._task_finished(task_id, KILLED, None, rec.description, notify=False, client_status="stopped")
+
     def _task_started(self, start: TaskStart) -> None:
         """A tool call started a background command on its worker: record it, tell the client, and watch
         it with an activity on that worker's own queue (heartbeats: a lost worker is noticed)."""
@@ -838,6 +866,7 @@ class SessionWorkflow:
             schedule_to_start_timeout=timedelta(seconds=max(5.0, heartbeat * 3)),
             heartbeat_timeout=timedelta(seconds=heartbeat), retry_policy=RetryPolicy(maximum_attempts=1),
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+        self._queues[rec.task_id] = start.task_queue
         self._watches[rec.task_id] = (handle, asyncio.create_task(self._watch(start, handle)))
 
     async def _watch(self, start: TaskStart, handle: Any) -> None:
@@ -846,6 +875,8 @@ class SessionWorkflow:
         try:
             end: TaskEnd = await handle
         except (asyncio.CancelledError, ActivityError) as exc:
+            if not self._tasks[start.task_id].running:  # recorded ended already (the model stopped it)
+                return
             if start.task_id in self._stopping_tasks:  # stopped: the run ended (no one is left to tell)
                 self._task_finished(start.task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
                 return
@@ -859,19 +890,25 @@ class SessionWorkflow:
                 pass
             self._task_finished(start.task_id, KILLED, None, prompts.task_lost_summary(rec), notify=True)
             return
+        if not self._tasks[start.task_id].running:  # recorded ended already (the model stopped it)
+            return
+        if end.stopped:  # the model's TaskStop, whose outcome the workflow has not seen yet
+            self._task_finished(start.task_id, KILLED, None, rec.description, notify=False, client_status="stopped")
+            return
         summary = (prompts.background_timeout_summary(rec.description) if end.timed_out
                    else command_summary(rec.description, end.status, end.exit_code))
         self._task_finished(start.task_id, end.status, end.exit_code, summary, notify=True)
 
     def _task_finished(self, task_id: str, status: str, exit_code: int | None, summary: str, *,
-                       notify: bool) -> None:
+                       notify: bool, client_status: str | None = None) -> None:
         rec = attrs.evolve(self._tasks[task_id], status=status, exit_code=exit_code, ended_ms=self._now_ms(),
                            summary=summary, notified=notify)
         self._tasks[task_id] = rec
         self._watches.pop(task_id, None)
         assert self._trace is not None
         self._trace.write(rec.to_record())
-        for msg in finished_messages(rec, running_list(self._tasks.values()), status=status, summary=summary):
+        for msg in finished_messages(rec, running_list(self._tasks.values()), status=client_status or status,
+                                     summary=summary):
             self._emit({**msg, "session_id": self._spec.session_id})
         if notify:
             text = prompts.task_notification(task_id=task_id, tool_use_id=rec.tool_use_id,
@@ -885,8 +922,10 @@ class SessionWorkflow:
         for task_id, (handle, _) in watches:
             self._stopping_tasks.add(task_id)
             handle.cancel()
-        if watches:
-            await workflow.wait_condition(lambda: all(w.done() for _, (_, w) in watches))
+        ended = self._ended_watches
+        if watches or ended:
+            await workflow.wait_condition(lambda: all(w.done() for _, (_, w) in watches)
+                                          and all(w.done() for w in ended))
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
@@ -935,7 +974,7 @@ class SessionWorkflow:
             account=AccountSnapshot(acct.usage, acct.cost_usd, acct.api_ms, tuple(acct.denials), tuple(acct.warnings),
                                     acct.structured_output, acct.last_usage, acct.counted_upto,
                                     {m: dict(u) for m, u in acct.model_usage.items()}, acct.stop_reason,
-                                    acct.api_error_status),
+                                    acct.api_error_status, acct.api_error_endpoint),
             seq=self._trace.next_seq, recorded=self._recorded, requests=self._requests,
             out_base=self._out_base + len(self._out) - len(tail), out_tail=tuple(tail), started=self._started,
             read_files=self._read_files, interrupted=self._interrupted, aborted=self._aborted,
@@ -950,7 +989,8 @@ class SessionWorkflow:
         a = carried.account
         self._account = RunAccount(dict(a.usage), a.cost_usd, a.api_ms, list(a.denials), list(a.warnings),
                                    a.structured_output, a.last_usage, a.counted_upto,
-                                   {m: dict(u) for m, u in a.model_usage.items()}, a.stop_reason, a.api_error_status)
+                                   {m: dict(u) for m, u in a.model_usage.items()}, a.stop_reason, a.api_error_status,
+                                   a.api_error_endpoint)
         self._trace = self._writer(carried.seq)
         return None
 

@@ -29,6 +29,7 @@ import re
 import struct
 import subprocess
 import sys
+import urllib.parse
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -101,7 +102,8 @@ def subst(value: Any, paths: Mapping[str, str]) -> Any:
 
 
 def normalise(value: Any, paths: Mapping[str, str]) -> Any:
-    """The reverse of :func:`subst`: the run's directories written ``$WS``, ``$OUT``, ``$HOME``."""
+    """The reverse of :func:`subst`: the run's directories written ``$WS``, ``$OUT``, ``$HOME`` (and the
+    scripted server's address ``$SERVER``)."""
     if isinstance(value, str):
         for k, v in sorted(paths.items(), key=lambda kv: -len(kv[1])):
             value = value.replace(v, k)
@@ -184,6 +186,8 @@ def run_client(case: Mapping[str, Any], client: str, rd: Path, *, claude: str | 
         env["PYTHONPATH"] = pythonpath
     with ScriptedServer(subst(case["responses"], paths), ws=ws) as server:
         env["ANTHROPIC_BASE_URL"] = server.base_url
+        # the server's address, which a 5xx's text names, is each run's own: written $SERVER
+        paths = {**paths, "$SERVER": urllib.parse.urlsplit(server.base_url).netloc}
         try:
             done = subprocess.run(argv, cwd=ws, env=env, capture_output=True, text=True,
                                   timeout=case.get("timeout", 180), stdin=subprocess.DEVNULL)

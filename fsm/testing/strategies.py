@@ -630,11 +630,15 @@ _API_ERRORS: Mapping[int, tuple[str, tuple[str, ...]]] = {
 
 def api_errors(statuses: Sequence[int] = (400, 429, 500, 529)) -> SearchStrategy[HttpErrorResponse]:
     """An HTTP error answered instead of a stream: 400 invalid request (or a bad image), 429 rate
-    limit, 500 internal error, 529 overloaded. Other statuses get a generic ``api_error``."""
+    limit, 500 internal error, 529 overloaded. Other statuses get a generic ``api_error``. A status the
+    SDK retries sometimes says not to (``x-should-retry: false``), so the error a run ends with, and the
+    words it is shown in, are drawn too, not only the retries."""
 
     def make(status: int) -> SearchStrategy[HttpErrorResponse]:
         etype, messages = _API_ERRORS.get(status, ("api_error", (f"HTTP {status}",)))
-        return st.sampled_from(messages).map(lambda m: HttpErrorResponse(status, etype, m))
+        final = st.just(None) if status < 500 and status != 429 else st.sampled_from([None, None, False])
+        return st.builds(lambda m, should: HttpErrorResponse(status, etype, m, should_retry=should),
+                         st.sampled_from(messages), final)
 
     return st.sampled_from(list(statuses)).flatmap(make)
 
