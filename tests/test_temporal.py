@@ -171,7 +171,7 @@ READ_PROBE = [
 async def test_a_session_shows_and_records_what_a_local_run_does(server: DevServer, worker: None, queue: str,
                                                                   ws: Path, home: Path) -> None:
     scenario = scenario_text(READ_PROBE)
-    tools = ("Bash", "Glob", "Grep", "Read", "Edit", "Write")  # workers do not offer Agent
+    tools = ("Bash", "Glob", "Grep", "Read", "Edit", "Write")
     local, local_file = await local_run(ws, home, scenario, tools=tools)
     shown: list[Mapping[str, Any]] = []
     client = await connect(server.address)
@@ -809,6 +809,145 @@ async def test_task_stop_stops_a_background_command_as_locally(server: DevServer
     assert _task_messages(shown) == _task_messages(local)
     assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["stopped"]
     assert_audits_clean(path)
+
+
+# --- background agents (issue 30) -----------------------------------------------------------------------
+
+_UUIDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _agent_call(tid: str = "toolu_ag") -> dict[str, Any]:
+    return {"blocks": [{"type": "tool_use", "id": tid, "name": "Agent",
+                        "input": {"description": "look around", "prompt": "SUBTASK",
+                                  "subagent_type": "general-purpose"}}], "stop_reason": "tool_use"}
+
+
+def _agents_model(ws: Path, *, stop: bool = False) -> Any:
+    """A model that launches a background agent and, when ``stop``, stops it with TaskStop while it
+    answers slowly; else the agent reads a file and reports, and the parent ends on its notification.
+    Each request is answered from what it holds (two sessions ask it, in any order)."""
+
+    def answer(request: Any, n: int) -> dict[str, Any]:
+        last = json.dumps(request.messages[-1])
+        if not any(t["name"] == "Agent" for t in request.tools):  # the agent's own session
+            if stop:
+                return _text("NEVER", delay_s=30)
+            if "tool_result" in last:
+                return _text("CHILD_REPORT", delay_s=0.3)
+            return {"blocks": [{"type": "tool_use", "id": "toolu_child_read", "name": "Read",
+                                "input": {"file_path": str(ws / "probe-fixture.txt")}}], "stop_reason": "tool_use"}
+        if "Async agent launched" in last:  # (its text names the <task-notification> to come)
+            if not stop:
+                return _text("WAITING")
+            agent_id = re.search(r"agentId: (\S+)", last).group(1)  # type: ignore[union-attr]
+            return {"blocks": [{"type": "tool_use", "id": "toolu_stop", "name": "TaskStop",
+                                "input": {"task_id": agent_id}}], "stop_reason": "tool_use", "delay_s": 0.3}
+        if "<task-notification>" in last:
+            return _text("DONE")
+        if "Successfully stopped task" in last:
+            return _text("STOPPED_IT")
+        return _agent_call()
+
+    return ScriptedModel(answer, per_session=True)
+
+
+def _agent_unvarying(value: Any) -> str:
+    return re.sub(r"<duration_ms>\d+</duration_ms>", "<duration_ms/>", _UUIDS.sub("ID", json.dumps(value)))
+
+
+async def _agents_run(server: DevServer, queue: str, ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch,
+                      *, stop: bool, **kw: Any) -> tuple[dict[str, Any], list[Mapping[str, Any]], Path, Any]:
+    tools = ("Agent", "Read", "TaskStop")
+    monkeypatch.setenv("HOME", str(home))
+    client = await connect(server.address)
+    shown: list[Mapping[str, Any]] = []
+    async with build_worker(client, task_queue=queue, activities=Activities(client=_agents_model(ws, stop=stop))):
+        inp = session_input(options(ws, home, tools=tools, sandbox=False, **kw), "go")
+        result = await run_session(client, inp, shown.append, task_queue=queue)
+        history = await client.get_workflow_handle(f"agentfsm-session-{inp.spec.session_id}").fetch_history()
+    return result, shown, Path(inp.spec.trace_path or ""), history
+
+
+async def test_a_background_agent_runs_as_a_child_workflow_and_notifies_as_locally(
+        server: DevServer, queue: str, ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Agent tool on a worker: the agent is a session of its own run by a child workflow (its own
+    session file, audited clean); the call answers at once, and the agent's end reaches the model as a
+    task notification (its report and usage) through the declared route, as in a local run."""
+    sid = str(uuid.uuid4())
+    local = [m async for m in query("go", options=options(ws, home, session_id=sid, tools=("Agent", "Read", "TaskStop"),
+                                                          sandbox=False), client=_agents_model(ws))]
+    local_file = home / "sessions" / f"{sid}.jsonl"
+    result, shown, path, history = await _agents_run(server, queue, ws, home, monkeypatch, stop=False)
+    assert result["subtype"] == "success" and result["result"] == "DONE"
+    assert any(e.HasField("start_child_workflow_execution_initiated_event_attributes") for e in history.events)
+    assert _agent_unvarying(transcript(path)) == _agent_unvarying(transcript(local_file))
+    [task] = _tasks_of(path).values()
+    [theirs] = _tasks_of(local_file).values()
+    assert task["task_type"] == "local_agent" and task["status"] == "completed" and task["notified"]
+    assert task["summary"] == theirs["summary"] == 'Agent "look around" finished'
+    [note] = [c for _r, kind, c in transcript(path) if kind == "task_notification_pass"]
+    assert "<result>CHILD_REPORT</result>" in note[0]["text"] and "<tool_uses>1</tool_uses>" in note[0]["text"]
+    child = Path(task["output_file"])
+    assert child.name == f"{task['task_id']}.jsonl" and child.parent.name == "subagents"
+    assert [kind for _r, kind, _c in transcript(child)] == ["prompt", "assistant", "tool_results", "assistant"]
+    assert_audits_clean(child)
+    assert [_agent_unvarying(m) for m in _task_messages(shown)] == [_agent_unvarying(m) for m in _task_messages(local)]
+    started = next(m for m in shown if m.get("subtype") == "task_started")
+    assert started["subagent_type"] == "general-purpose" and started["prompt"] == "SUBTASK"
+    assert [m["summary"] for m in shown if m.get("subtype") == "task_notification"] == ["CHILD_REPORT"]
+    assert [kind for _r, kind, _c in transcript(path)] == ["prompt", "assistant", "tool_results", "assistant",
+                                                          "task_notification_pass", "assistant"]
+    assert_audits_clean(path)
+
+
+async def test_task_stop_stops_a_background_agent_as_locally(
+        server: DevServer, queue: str, ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TaskStop of a background agent on a worker: the agent's workflow is interrupted and ends; the
+    answer, the task's record and the client's messages are a local run's; the model is not notified."""
+    sid = str(uuid.uuid4())
+    local = [m async for m in query("go", options=options(ws, home, session_id=sid, tools=("Agent", "Read", "TaskStop"),
+                                                          sandbox=False), client=_agents_model(ws, stop=True))]
+    local_file = home / "sessions" / f"{sid}.jsonl"
+    result, shown, path, _history = await _agents_run(server, queue, ws, home, monkeypatch, stop=True)
+    assert result["subtype"] == "success" and result["result"] == "STOPPED_IT"
+    assert _agent_unvarying(transcript(path)) == _agent_unvarying(transcript(local_file))
+    [task] = _tasks_of(path).values()
+    assert task["task_type"] == "local_agent" and task["status"] == "killed" and not task["notified"]
+    assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["stopped"]
+    assert [_agent_unvarying(m) for m in _task_messages(shown)] == [_agent_unvarying(m) for m in _task_messages(local)]
+    assert_audits_clean(path)
+
+
+async def test_the_end_of_a_run_stops_its_background_agents(
+        server: DevServer, queue: str, ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that cannot take notifications (max turns) stops the agent still running: its workflow is
+    aborted (its session file ends with its result), the task recorded killed and not notified."""
+    result, shown, path, _history = await _agents_run(server, queue, ws, home, monkeypatch, stop=True,
+                                                      limits=Limits(max_turns=1))
+    assert result["terminal_reason"] == "max_turns"
+    [task] = _tasks_of(path).values()
+    assert task["status"] == "killed" and not task["notified"]
+    assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["killed"]
+    child = Path(task["output_file"])
+    assert [r for r in read_records(child) if r["type"] == "result"][-1]["subtype"] != "success"
+    assert_audits_clean(child)
+
+
+async def test_a_foreground_agent_is_refused_on_workers(ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent's loop cannot run inside one tool call's activity: ``run_in_background: false`` is
+    refused with an error that says so; an unknown type is refused as a local session refuses it."""
+    from agentfsm.temporal.activities import _WorkerAgents
+    from agentfsm.tools.agent import SubagentRequest
+    from agentfsm.tools.base import ToolError
+
+    monkeypatch.setenv("HOME", str(home))
+    spec = session_input(options(ws, home, tools=("Agent", "Read")), "go").spec
+    agents = _WorkerAgents(spec, Activities().context(spec))
+    with pytest.raises(ToolError, match="run_in_background: false is not available"):
+        await agents(SubagentRequest("d", "p", "general-purpose", background=False))
+    with pytest.raises(ToolError, match="Agent type 'nope' not found"):
+        await agents(SubagentRequest("d", "p", "nope", background=True))
+    assert agents.launched == []
 
 
 def test_a_worker_killed_while_a_background_command_runs(server: DevServer, workers: Workers, ws: Path,

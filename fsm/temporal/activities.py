@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -61,7 +62,9 @@ from agentfsm.runtime.tasks import (
     COMPLETED,
     FAILED,
     KILLED,
+    LOCAL_AGENT,
     LOCAL_BASH,
+    STOP_GRACE_S,
     _exit_code,
     _kill_group,
     new_task_id,
@@ -69,11 +72,12 @@ from agentfsm.runtime.tasks import (
 )
 from agentfsm.runtime.trace import read_records
 from agentfsm.sessions.resume import heal_tail, load_history
-from agentfsm.temporal import NON_RETRYABLE
+from agentfsm.temporal import NON_RETRYABLE, workflow_id
 from agentfsm.temporal.convert import CONVERTER, spec_digest
 from agentfsm.temporal.records import (
     HOOK_EVENTS,
     SEND_WHOLE,
+    AgentStart,
     CompactInput,
     CompactOutcome,
     MessageRef,
@@ -97,7 +101,7 @@ from agentfsm.temporal.records import (
     message_digest,
     spec_file,
 )
-from agentfsm.tools.base import TASKS, TaskStarted, TaskStopped, ToolContext
+from agentfsm.tools.base import TASKS, TaskStarted, TaskStopped, ToolContext, ToolError
 from agentfsm.tools.bash import PROCESS_GUARD
 from agentfsm.tools.sandbox import SANDBOX
 
@@ -255,10 +259,12 @@ class _WorkerTasks:
     it there): :meth:`stop` stops the command here, and the call's outcome names it (``stopped``). The
     workflow owns the task record and the notification."""
 
-    def __init__(self, acts: Activities, session_id: str) -> None:
+    def __init__(self, acts: Activities, session_id: str, agents: Mapping[str, str] | None = None) -> None:
         self.acts, self.session_id = acts, session_id
         self.started: list[TaskStart] = []
         self.stopped: list[str] = []
+        # the session's running background agents this call may stop (the workflow says which)
+        self.agents = dict(agents or {})
 
     def adopt_command(self, process: asyncio.subprocess.Process, output_path: Path, *, command: str,
                       description: str, tool_use_id: str, timeout_ms: float,
@@ -285,7 +291,13 @@ class _WorkerTasks:
         """Stop a running command of this session that runs on this worker, as a local session's
         registry does (SIGTERM to its group, SIGKILL after the grace; its watch then reports it
         ``killed``). None when no such command runs here: it is not the session's, it ended, or it runs
-        on another worker (the workflow sends a call naming a running task to the task's worker)."""
+        on another worker (the workflow sends a call naming a running task to the task's worker).
+        A background agent of the session (its workflow a child of the session's) is interrupted and,
+        after the same grace, aborted, as a local session's registry stops one."""
+        if task_id in self.agents:
+            await _stop_agent(task_id)
+            self.stopped.append(task_id)
+            return TaskStopped(task_id, LOCAL_AGENT, self.agents[task_id])
         bg = self.acts.background.get(task_id)
         if bg is None or bg.session_id != self.session_id or bg.ended.done() or bg.stopping:
             return None
@@ -303,6 +315,89 @@ class _WorkerTasks:
         if bg is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(bg.ended)
+
+
+async def _stop_agent(agent_id: str) -> None:
+    """Stop a background agent's session workflow: interrupted (it ends its turn as the user's Ctrl-C
+    ends one), aborted when it has not ended after :data:`STOP_GRACE_S`, cancelled after twice that."""
+    handle = activity.client().get_workflow_handle(workflow_id(agent_id))
+    for signal_name, grace in (("interrupt", STOP_GRACE_S), ("abort", STOP_GRACE_S * 2)):
+        try:
+            await handle.signal(signal_name)
+            await asyncio.wait_for(handle.result(), grace)
+            return
+        except TimeoutError:
+            continue
+        except Exception:  # it ended meanwhile (a signal to an ended workflow fails), or failed
+            return
+    with contextlib.suppress(Exception):
+        await handle.cancel()
+
+
+class _WorkerAgents:
+    """The Agent tool's ``run_subagent`` service inside one tool call's activity on a worker: a
+    background agent is a session of its own, set up here as a local session sets one up
+    (:mod:`agentfsm.sessions.subagents`: its options, its tools, the parent's SubagentStart hooks) and
+    named in the call's outcome (:class:`AgentStart`); the workflow runs it as a child workflow and owns
+    its task record and notification."""
+
+    def __init__(self, spec: SessionSpec, ctx: _Context) -> None:
+        self.spec, self.ctx = spec, ctx
+        self.launched: list[AgentStart] = []
+
+    async def __call__(self, request: Any) -> Any:
+        from agentfsm.machine.options import PERMISSION_MODES, AgentDefinition
+        from agentfsm.machine.prompts import reminder_blocks
+        from agentfsm.runtime.trace import sessions_dir
+        from agentfsm.sessions.subagents import MAX_AGENT_DEPTH
+        from agentfsm.tools.agent import SubagentOutcome, builtin_agents
+        from agentfsm.tools.structured_output import NAME as STRUCTURED_OUTPUT
+
+        spec = self.spec
+        definitions = {name: AgentDefinition(description=desc, prompt=prompt)
+                       for name, (desc, prompt) in builtin_agents().items()}
+        definitions.update(spec.agents)
+        definition = definitions.get(request.subagent_type)
+        if definition is None:
+            raise ToolError(f"Agent type '{request.subagent_type}' not found. Available agents: "
+                            f"{', '.join(definitions)}")
+        if spec.depth + 1 > MAX_AGENT_DEPTH:
+            raise ToolError(f"Agents may nest at most {MAX_AGENT_DEPTH} deep; do this task yourself.")
+        if not request.background:
+            raise ToolError("An agent runs in the background on a Temporal worker: run_in_background: false "
+                            "is not available there. Launch it in the background and end your turn to wait "
+                            "for its notification.")
+        agent_id = str(uuid.uuid4())
+        mode = getattr(self.ctx.gate, "permission_mode", None)
+        names = tuple(n for n in self.ctx.registry.names() if n != STRUCTURED_OUTPUT and (
+            (definition.tools is None and n != "Agent") or (definition.tools is not None and n in definition.tools)))
+        base = Path(spec.trace_path).parent if spec.trace_path else sessions_dir(spec.options())
+        folder = base / spec.session_id / "subagents"
+        trace = str(folder / f"{agent_id}.jsonl") if spec.trace_path else None
+        child = attrs.evolve(
+            spec, session_id=agent_id, model=definition.model or spec.model,
+            fallback_models=() if definition.model else spec.fallback_models, tools=names,
+            permission_mode=mode if mode in PERMISSION_MODES else spec.permission_mode,
+            limits=definition.limits or spec.limits, system_prompt=definition.prompt, append_system_prompt=None,
+            json_schema=None, sessions_dir=str(folder), trace_path=trace, parent_session_id=spec.session_id,
+            agent_type=request.subagent_type, depth=spec.depth + 1, parent_trace_path=spec.trace_path)
+        start = getattr(self.ctx.gate, "subagent_start", None)
+        extra = tuple(await start(agent_id=agent_id, agent_type=request.subagent_type)) if start is not None else ()
+        blocks = ({"type": "text", "text": request.prompt}, *reminder_blocks(extra))
+        self.launched.append(AgentStart(agent_id, request.tool_use_id, request.description, request.prompt,
+                                        request.subagent_type, trace or "", child, blocks))
+        return SubagentOutcome(agent_id=agent_id, launched=True, transcript_path=trace or "")
+
+
+class _ParentIds:
+    """What a subagent's hook inputs name of the session that launched it (a local subagent's gate
+    reads them from its parent's gate: agentfsm.hooks.gate.HookGate._common)."""
+
+    def __init__(self, session_id: str, transcript_path: str) -> None:
+        self.session_id, self.transcript_path = session_id, transcript_path
+
+    def _common(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "prompt_id": None}
 
 
 async def _watch_background(bg: _Background, timeout_ms: float, on_exit: Callable[[], None] | None) -> None:
@@ -522,9 +617,10 @@ class Activities:
         except Exception as exc:  # settings that cannot be used: the session cannot run anywhere
             raise ApplicationError(f"the session's settings cannot be used: {exc}", type=NON_RETRYABLE,
                                    non_retryable=True) from exc
-        if registry.get("Agent") is not None:
-            # a subagent would be a loop of its own inside one tool call: not offered on workers yet
-            registry = registry.without(["Agent"])
+        if spec.agent_type is not None and hasattr(gate, "agent"):
+            # a subagent's hook inputs name it, under the ids of the session that launched it
+            gate.agent = (spec.session_id, spec.agent_type)
+            gate.parent = _ParentIds(spec.parent_session_id or "", spec.parent_trace_path or "")
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         made = _Context(options, registry, ToolTable.of(registry), gate, error)
         sandbox = getattr(gate, "sandbox", None)
@@ -679,7 +775,8 @@ class Activities:
                         recorded[m.uuid] = digest
                 next_seq = max((r.get("seq", -1) for r in read_records(source)), default=-1) + 1
         prompt: Any = list(inp.prompt)
-        start = getattr(ctx.gate, "session_start", None)
+        # (a subagent's session starts no session: SessionStart is the launching session's)
+        start = getattr(ctx.gate, "session_start", None) if spec.agent_type is None else None
         if start is not None:
             source_kind = "resume" if inp.resumed else ("fork" if spec.parent_session_id else "startup")
             extra = tuple(getattr(await start(source_kind), "additional_context", ()) or ())
@@ -697,7 +794,8 @@ class Activities:
             # an API error of the model: the worker's configuration is what is missing
             failed = SetupFailed(TerminalReason.TURN_SETUP_FAILED, no_model)
         else:
-            first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
+            if spec.agent_type is None:  # a subagent's prompt is the parent model's tool input: no hook
+                first, failed, erased = phases.prompt_verdict(first, await ctx.gate.user_prompt_submit(text))
             if not erased:
                 first = phases.with_budget(first, spec.limits.max_budget_usd, 0.0)
         if failed is None and phases.deferred_calls(history):
@@ -913,8 +1011,9 @@ class Activities:
         spec, block = inp.spec, inp.block
         tool_use_id = str(block.get("id", ""))
         read_files = dict(inp.read_files)
-        host = _WorkerTasks(self, spec.session_id)
-        services: dict[str, Any] = {PROCESS_GUARD: guard, TASKS: host}
+        host = _WorkerTasks(self, spec.session_id, inp.agents)
+        agents = _WorkerAgents(spec, ctx)
+        services: dict[str, Any] = {PROCESS_GUARD: guard, TASKS: host, "run_subagent": agents}
         # the model's commands run in the session's kernel sandbox here too
         sandbox = getattr(ctx.gate, "sandbox", None)
         if sandbox is not None:
@@ -937,7 +1036,7 @@ class Activities:
         changed = {k: v for k, v in read_files.items() if inp.read_files.get(k) != v}
         return ToolCallOutcome(_portable(result), changed, attempt=activity.info().attempt,
                                sandbox=tuple(_json(r) for r in kept), tasks=tuple(host.started),
-                               stopped=tuple(host.stopped))
+                               stopped=tuple(host.stopped), agents=tuple(agents.launched))
 
     # --- background tasks --------------------------------------------------------------------------
 
@@ -978,6 +1077,11 @@ class Activities:
         ctx = self.context(inp.spec)
         if hasattr(ctx.gate, "background_tasks"):  # what the workflow says runs (as a local session's registry)
             ctx.gate.background_tasks = lambda: list(inp.background_tasks)
+        spec = inp.spec
+        if spec.agent_type is not None:  # a subagent's end runs SubagentStop where a session's runs Stop
+            return phases.stop_verdict(await ctx.gate.subagent_stop(
+                agent_id=spec.session_id, agent_type=spec.agent_type, agent_transcript_path=spec.trace_path or "",
+                last_assistant_message=inp.last_assistant_text, stop_hook_active=inp.stop_hook_active))
         return phases.stop_verdict(await ctx.gate.stop(inp.last_assistant_text, inp.stop_hook_active))
 
     @activity.defn(name="agentfsm.post_batch")

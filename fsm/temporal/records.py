@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 
 from agentfsm.machine.events import Compaction, ModelError, ModelResponse, SetupFailed
-from agentfsm.machine.options import Options
+from agentfsm.machine.options import AgentDefinition, Options
 from agentfsm.machine.state import Limits, LoopState, Message
 from agentfsm.runtime.pipeline import CallResult
 
@@ -50,6 +50,13 @@ class SessionSpec:
     scripted: str | None = None
     # Options.sandbox: False runs the model's commands outside the kernel sandbox (--no-sandbox)
     sandbox: bool = True
+    # the subagent types the Agent tool may launch besides the built-in ones (Options.agents)
+    agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
+    # a subagent's session: its type, how deep it nests, and the session file of the session that
+    # launched it (its hook inputs name that session, as a local subagent's do)
+    agent_type: str | None = None
+    depth: int = 0
+    parent_trace_path: str | None = None
 
     @classmethod
     def of(cls, options: Options, *, session_id: str, trace_path: Path | None,
@@ -63,7 +70,8 @@ class SessionSpec:
                    json_schema=options.json_schema,
                    sessions_dir=str(options.sessions_dir) if options.sessions_dir else None,
                    trace_path=str(trace_path) if trace_path else None,
-                   parent_session_id=options.parent_session_id, scripted=scripted, sandbox=options.sandbox)
+                   parent_session_id=options.parent_session_id, scripted=scripted, sandbox=options.sandbox,
+                   agents=dict(options.agents), agent_type=options.agent_type)
 
     def options(self) -> Options:
         return Options(model=self.model, fallback_models=self.fallback_models, tools=self.tools,
@@ -73,7 +81,8 @@ class SessionSpec:
                        setting_sources=self.setting_sources, session_id=self.session_id,
                        sessions_dir=Path(self.sessions_dir) if self.sessions_dir else None,
                        json_schema=self.json_schema, write_trace=self.trace_path is not None,
-                       parent_session_id=self.parent_session_id, sandbox=self.sandbox)
+                       parent_session_id=self.parent_session_id, sandbox=self.sandbox, agents=dict(self.agents),
+                       agent_type=self.agent_type)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -110,7 +119,7 @@ class AccountSnapshot:
 
 
 # the loop's own hook points a workflow asks through an activity
-HOOK_EVENTS = ("Stop", "PostToolBatch", "SessionEnd")
+HOOK_EVENTS = ("Stop", "PostToolBatch", "SessionEnd", "SubagentStop")
 
 
 @attrs.frozen
@@ -286,6 +295,8 @@ class ToolCallInput:
     invalid_json: str | None = None
     layers: Mapping[str, Any] = attrs.field(factory=dict)
     read_files: Mapping[str, float] = attrs.field(factory=dict)
+    # the running background agents of the session the call may stop (TaskStop): id -> description
+    agents: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -304,6 +315,8 @@ class ToolCallOutcome:
     tasks: tuple[TaskStart, ...] = ()
     # the background tasks the call stopped (TaskStop): the workflow records them stopped by the model
     stopped: tuple[str, ...] = ()
+    # the background agents the call launched (Agent): each runs as a child workflow of the session's
+    agents: tuple[AgentStart, ...] = ()
 
 
 @attrs.frozen
@@ -345,6 +358,22 @@ class TaskStart:
     host: str = ""
     boot_id: str = ""
     pgid: int = 0
+
+
+@attrs.frozen
+class AgentStart:
+    """A background agent an Agent call launched: its task record's facts, and the run of its own
+    session (``spec``, the prompt ``blocks`` with what the SubagentStart hooks added), which the
+    workflow starts as a child workflow."""
+
+    task_id: str  # the agent's session id
+    tool_use_id: str
+    description: str
+    prompt: str
+    subagent_type: str
+    output_file: str  # the agent's session file
+    spec: SessionSpec
+    blocks: tuple[Mapping[str, Any], ...]
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.exceptions import ActivityError, CancelledError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     import json
@@ -56,7 +56,10 @@ with workflow.unsafe.imports_passed_through():
     from agentfsm.runtime.result import RunAccount, build_result
     from agentfsm.runtime.runner import LoopRunner, StepObserver
     from agentfsm.runtime.tasks import (
+        COMPLETED,
+        FAILED,
         KILLED,
+        LOCAL_AGENT,
         LOCAL_BASH,
         TaskRecord,
         command_summary,
@@ -65,11 +68,12 @@ with workflow.unsafe.imports_passed_through():
         started_messages,
     )
     from agentfsm.runtime.trace import TraceWriter
-    from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME
+    from agentfsm.temporal import NON_RETRYABLE, WORKFLOW_NAME, workflow_id
     from agentfsm.temporal.convert import spec_digest
     from agentfsm.temporal.records import (
         SEND_WHOLE,
         AccountSnapshot,
+        AgentStart,
         Carried,
         CompactInput,
         CompactOutcome,
@@ -135,6 +139,7 @@ class _Call:
     invalid_json: str | None
     local: bool = False  # a read-only call run as a local activity
     queue: str | None = None  # a call acting on a running background task: that task's worker's own queue
+    agent: str | None = None  # a call acting on a running background agent (TaskStop): the agent's id
     status: str = QUEUED
     handle: Any = None
     result: CallResult | None = None
@@ -184,6 +189,13 @@ class SessionWorkflow:
         self._watches: dict[str, tuple[Any, asyncio.Task[None]]] = {}
         self._queues: dict[str, str] = {}  # each task's worker's own queue
         self._ended_watches: list[asyncio.Task[None]] = []  # of tasks recorded ended before their watch said so
+        # background agents: each one's child workflow, the calls now acting on one (TaskStop) and the
+        # end of one that ended while such a call ran (recorded when the call says it did not stop it),
+        # and what the agents spent (added to the run's result, as a local session adds it)
+        self._agents: dict[str, Any] = {}
+        self._agent_calls: dict[str, int] = {}
+        self._agent_ends: dict[str, tuple[str, str, Mapping[str, Any] | None]] = {}
+        self._agent_cost = 0.0
         self._stopping_tasks: set[str] = set()
         self._notes: list[Message] = []
         self._sending: tuple[Message, ...] = ()
@@ -257,13 +269,17 @@ class SessionWorkflow:
         await self._stop_tasks()
         result = self._result()
         await self._flush(final=True)
-        if self._hooked("SessionEnd"):
+        if self._hooked("SessionEnd") and self._spec.agent_type is None:  # (a subagent ends no session)
             try:
                 await self._activity("agentfsm.close_run", self._spec, None, timeout=timedelta(minutes=2), local=True)
             except ActivityError as exc:
                 workflow.logger.warning("SessionEnd hooks failed: %s", exc)
         self._done = True
         await workflow.wait_condition(workflow.all_handlers_finished)
+        if self._spec.agent_type is not None:
+            # a background agent's run: the launching session's notification counts its tool uses
+            uses = sum(len(m.tool_use_ids()) for m in self._state.messages if m.role == "assistant")
+            return {**result, "tool_uses": uses}
         return result
 
     async def _open(self, inp: SessionInput) -> SetupFailed | None:
@@ -621,11 +637,16 @@ class SessionWorkflow:
         calls = []
         for b in blocks:
             t = traits.get(str(b.get("id", "")))
-            # a call acting on a running background task (TaskStop) runs on the worker that runs it
-            queue = self._queues.get(t.task) if t is not None and t.task in self._watches else None
+            # a call acting on a running background task (TaskStop) runs on the worker that runs it; one
+            # acting on a background agent runs as a remote activity (it signals the agent's workflow)
+            target = t.task if t is not None and t.task in self._watches else None
+            queue = self._queues.get(target) if target is not None else None
+            agent = target if target is not None and self._tasks[target].task_type == LOCAL_AGENT else None
             calls.append(_Call(b, t.safe if t else False, t.interrupt if t else "block", invalid.get(b.get("id")),
-                               local=self._fewer_tasks and t is not None and t.read_only and queue is None,
-                               queue=queue))
+                               local=self._fewer_tasks and t is not None and t.read_only and target is None,
+                               queue=queue, agent=agent))
+            if agent is not None:
+                self._agent_calls[agent] = self._agent_calls.get(agent, 0) + 1
         if (len(calls) > 1 and self._fewer_tasks
                 and all(not c.local and not c.safe and c.interrupt == "block" for c in calls)
                 and workflow.patched(TOOL_BATCHES)):
@@ -639,6 +660,8 @@ class SessionWorkflow:
             c.result, c.status = result, DONE
             if not c.safe:
                 layers.update(result.context_layers)
+            if c.agent is not None:
+                self._agent_call_done(c.agent)
 
         def pump() -> None:
             for c in calls:
@@ -667,9 +690,10 @@ class SessionWorkflow:
                     where: dict[str, Any] = {} if c.queue is None else dict(
                         task_queue=c.queue, schedule_to_start_timeout=timedelta(
                             seconds=max(5.0, timing.tool_heartbeat_s * 3)))
+                    agents = {} if c.agent is None else {c.agent: self._tasks[c.agent].description}
                     c.handle = workflow.start_activity(
                         "agentfsm.run_tool", ToolCallInput(self._spec, c.block, c.invalid_json, dict(layers),
-                                                           dict(self._read_files)),
+                                                           dict(self._read_files), agents),
                         result_type=ToolCallOutcome, start_to_close_timeout=timedelta(minutes=15),
                         heartbeat_timeout=timedelta(seconds=timing.tool_heartbeat_s), **where,
                         # attempt 2 exists to answer "interrupted" (or to run a read-only call again)
@@ -838,6 +862,8 @@ class SessionWorkflow:
         watch's report, which follows, is then left unsaid."""
         for start in out.tasks:
             self._task_started(start)
+        for agent in out.agents:
+            self._agent_started(agent)
         for task_id in out.stopped:
             rec = self._tasks.get(task_id)
             if rec is None or not rec.running:
@@ -868,6 +894,70 @@ class SessionWorkflow:
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
         self._queues[rec.task_id] = start.task_queue
         self._watches[rec.task_id] = (handle, asyncio.create_task(self._watch(start, handle)))
+
+    def _agent_started(self, start: AgentStart) -> None:
+        """An Agent call launched a background agent: record its task, tell the client (with the
+        agent's type and prompt), and run its session as a child workflow (the same workflow: its loop
+        is the same LoopRunner). A lost worker does not cut it off: its workflow goes on on another
+        worker, each of its tool calls answered as any call of a lost worker is."""
+        rec = TaskRecord(start.task_id, LOCAL_AGENT, start.tool_use_id, start.description, start.output_file,
+                         started_ms=self._now_ms())
+        self._tasks[rec.task_id] = rec
+        assert self._trace is not None
+        self._trace.write(rec.to_record())
+        extra = {"subagent_type": start.subagent_type, "prompt": start.prompt}
+        for msg in started_messages(rec, running_list(self._tasks.values()), extra):
+            self._emit({**msg, "session_id": self._spec.session_id})
+        self._watches[rec.task_id] = (None, asyncio.create_task(self._run_agent(start)))
+
+    async def _run_agent(self, start: AgentStart) -> None:
+        """The agent's run, to its end: what its result says is reported as a local session's
+        registry reports an agent's end (agentfsm.runtime.tasks.TaskRegistry.agent_finished)."""
+        task_id = start.task_id
+        status, text, usage = FAILED, "", None
+        try:
+            handle = await workflow.start_child_workflow(
+                WORKFLOW_NAME, SessionInput(start.spec, start.blocks, live=False, timing=self._inp.timing),
+                id=workflow_id(task_id), result_type=dict, task_queue=workflow.info().task_queue)
+            self._agents[task_id] = handle
+            result: Mapping[str, Any] = await handle
+            self._agent_cost += float(result.get("total_cost_usd") or 0.0)
+            status = FAILED if result.get("is_error") else COMPLETED
+            text = str(result.get("result") or "; ".join(map(str, result.get("errors") or ())))
+            tokens = sum(v for k, v in (result.get("usage") or {}).items()
+                         if k.endswith("tokens") and isinstance(v, int))
+            # the usage element of the notification of a finished agent (Claude Code's)
+            usage = {"subagent_tokens": tokens, "tool_uses": int(result.get("tool_uses") or 0),
+                     "duration_ms": int(result.get("duration_ms") or 0)}
+        except (ChildWorkflowError, asyncio.CancelledError) as exc:  # a crashed agent is still reported
+            workflow.logger.warning("background agent %s failed: %s", task_id, exc)
+            text = _cause(exc)
+        if not self._tasks[task_id].running:
+            return
+        if task_id in self._stopping_tasks:  # stopped: the run ended (no one is left to tell)
+            self._task_finished(task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
+        elif self._agent_calls.get(task_id):  # a TaskStop call acts on it: its outcome says what ended it
+            self._agent_ends[task_id] = (status, text, usage)
+        else:
+            self._agent_finished(task_id, status, text, usage)
+
+    def _agent_finished(self, task_id: str, status: str, text: str, usage: Mapping[str, Any] | None) -> None:
+        rec = self._tasks[task_id]
+        summary = f'Agent "{rec.description}" {"finished" if status == COMPLETED else status}'
+        self._task_finished(task_id, status, None, summary, notify=True, result=text, usage=usage,
+                            client_summary=text)
+
+    def _agent_call_done(self, task_id: str) -> None:
+        """A call acting on a background agent ended (its outcome, if any, was taken): an end of the
+        agent that arrived meanwhile and that the call did not cause is reported now."""
+        left = self._agent_calls.get(task_id, 1) - 1
+        if left > 0:
+            self._agent_calls[task_id] = left
+            return
+        self._agent_calls.pop(task_id, None)
+        end = self._agent_ends.pop(task_id, None)
+        if end is not None and self._tasks[task_id].running:
+            self._agent_finished(task_id, *end)
 
     async def _watch(self, start: TaskStart, handle: Any) -> None:
         """How the task ended, as the local session's registry reports it (agentfsm.runtime.tasks)."""
@@ -900,7 +990,8 @@ class SessionWorkflow:
         self._task_finished(start.task_id, end.status, end.exit_code, summary, notify=True)
 
     def _task_finished(self, task_id: str, status: str, exit_code: int | None, summary: str, *,
-                       notify: bool, client_status: str | None = None) -> None:
+                       notify: bool, client_status: str | None = None, result: str | None = None,
+                       usage: Mapping[str, Any] | None = None, client_summary: str | None = None) -> None:
         rec = attrs.evolve(self._tasks[task_id], status=status, exit_code=exit_code, ended_ms=self._now_ms(),
                            summary=summary, notified=notify)
         self._tasks[task_id] = rec
@@ -908,20 +999,30 @@ class SessionWorkflow:
         assert self._trace is not None
         self._trace.write(rec.to_record())
         for msg in finished_messages(rec, running_list(self._tasks.values()), status=client_status or status,
-                                     summary=summary):
+                                     summary=client_summary or summary):
             self._emit({**msg, "session_id": self._spec.session_id})
         if notify:
             text = prompts.task_notification(task_id=task_id, tool_use_id=rec.tool_use_id,
-                                             output_file=rec.output_file, status=status, summary=summary)
+                                             output_file=rec.output_file, status=status, summary=summary,
+                                             result=result, usage=usage)
             self._notes.append(Message("user", ({"type": "text", "text": text},), kind="task_notification"))
 
     async def _stop_tasks(self) -> None:
         """The run ended: every background task still running is stopped (its watch is cancelled, which
         kills its command) and recorded ``killed``; nothing a run started outlives it."""
         watches = list(self._watches.items())
-        for task_id, (handle, _) in watches:
+        for task_id, (handle, watcher) in watches:
             self._stopping_tasks.add(task_id)
-            handle.cancel()
+            if handle is not None:
+                handle.cancel()
+            else:  # a background agent: its session is aborted (it ends its run and writes its file)
+                await workflow.wait_condition(lambda t=task_id, w=watcher: t in self._agents or w.done())
+                child = self._agents.get(task_id)
+                if child is not None and not watcher.done():
+                    try:
+                        await child.signal("abort")
+                    except Exception as exc:  # it ended meanwhile
+                        workflow.logger.info("background agent %s not aborted: %s", task_id, exc)
         ended = self._ended_watches
         if watches or ended:
             await workflow.wait_condition(lambda: all(w.done() for _, (_, w) in watches)
@@ -929,7 +1030,7 @@ class SessionWorkflow:
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
-        if not self._hooked("Stop"):
+        if not self._hooked("Stop" if self._spec.agent_type is None else "SubagentStop"):
             return StopHookVerdict()
         try:
             return await self._activity(  # type: ignore[no-any-return]
@@ -946,7 +1047,8 @@ class SessionWorkflow:
         acct = self._account
         duration_ms = int((workflow.now().timestamp() - self._started) * 1000)
         result = build_result(self._state, session_id=self._spec.session_id, duration_ms=duration_ms,
-                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd, usage=acct.usage,
+                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd + self._agent_cost,
+                              usage=acct.usage,
                               denials=tuple(acct.denials), structured_output=acct.structured_output,
                               warnings=tuple(acct.warnings), account=acct)
         record = result.to_dict()

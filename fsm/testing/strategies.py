@@ -662,7 +662,8 @@ def stream_breaks(tools: Iterable[Tool] = (), *, inputs: ToolInputs | None = Non
     """A stream that fails part-way: the connection drops after some complete blocks (maybe in the
     middle of the next one), or the API sends an SSE ``error`` event (``overloaded_error`` and
     ``api_error`` run the complete calls shown, else resume from a complete text, else are retried as a
-    whole request; ``invalid_request_error`` is final). Complete
+    whole request; another type, ``invalid_request_error`` here, runs the complete calls shown, is retried
+    when nothing complete was shown, and is final otherwise). Complete
     tool_use blocks before the cut have valid input, so their tools may already have started."""
     tool_list = _tool_list(tools)
     block = st.one_of(_VISIBLE.map(TextBlock), _THINKING.map(lambda t: ThinkingBlock(t, "sig")))
