@@ -543,7 +543,9 @@ def background_work_responses(*, seconds: float = 1.0,
       notification comes after the turn ended: ``-p`` waits for it and runs the notification pass),
       or at once (its notification joins a later request of the run);
     * a foreground Bash command that outruns its ``timeout`` (``seconds``; the command takes 4× that):
-      it moves to the background instead of being killed;
+      it moves to the background instead of being killed (answered no sooner than 2 s after it started,
+      ``agentfsm.tools.bash.MOVED_ANSWER_AFTER_MS``: a command over by then is answered as a background
+      task, with its notification);
     * TaskStop (or its alias KillShell) of a task id that names no task (an error result: the ids are
       the client's own, which a script cannot know beforehand).
 
