@@ -270,14 +270,20 @@ async def _compact(responses: Sequence[Any], messages: Sequence[Message] = HISTO
     return got, model, usage
 
 
+def tagged(t: str) -> dict[str, Any]:
+    """A summary answer in the form asked for: working notes, then the summary block."""
+    return text(f"<analysis>working notes</analysis>\n<summary>{t}</summary>")
+
+
 async def test_a_summary_replaces_the_head_and_keeps_the_last_exchange() -> None:
-    got, model, usage = await _compact([text("  the gist  ")], trigger="manual")
+    got, model, usage = await _compact([tagged("  the gist  ")], trigger="manual")
     assert got is not None and model.count == 1
     summary, *kept = got.messages
     assert kept == HISTORY[3:]
     assert summary.role == "user" and summary.kind == "compact_summary"
-    assert summary.text() == prompts.COMPACT_SUMMARY_PREFIX + "the gist"
-    assert got.summary == "the gist" and got.trigger == "manual"
+    # the <summary> block only, as "Summary:" (Claude Code 2.1.332's form); the notes are not kept
+    assert summary.text() == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nthe gist"
+    assert got.summary == "Summary:\nthe gist" and got.trigger == "manual"
     assert got.pre_tokens == estimate_tokens(HISTORY)
     assert len(usage) == 1 and usage[0][0] == "m" and usage[0][1]["output_tokens"] >= 0
     # the request: no tools, the default output budget (the loop passes none of its own)
@@ -294,8 +300,32 @@ async def test_the_summary_is_asked_with_the_callers_budget_instructions_and_met
 
 
 async def test_the_summary_usage_is_charged_to_the_model_that_answered() -> None:
-    got, _, usage = await _compact([text("gist")], model_kw={"model": "claude-other"})
+    got, _, usage = await _compact([tagged("gist")], model_kw={"model": "claude-other"})
     assert got is not None and [name for name, _ in usage] == ["claude-other"]
+
+
+async def test_an_answer_without_its_summary_block_is_asked_again_once() -> None:
+    """Claude Code 2.1.332 (docs/conform.md): asked once more, saying so; the second answer is taken when it
+    has the block."""
+    got, model, usage = await _compact([text("no tags here"), tagged("second")])
+    assert got is not None and model.count == 2 and len(usage) == 2  # both requests are paid for
+    assert got.summary == "Summary:\nsecond"
+    first, again = (r.messages[-1]["content"][-1]["text"] for r in model.requests)
+    assert again == first + "\n\n" + prompts.COMPACT_AGAIN
+    assert model.requests[0].messages[:-1] == model.requests[1].messages[:-1]
+
+
+@pytest.mark.parametrize("second", [text("still no tags"), text(""), {"status": 500, "error_type": "api_error",
+                                                                        "message": "boom"}])
+async def test_the_first_answer_stands_when_the_second_has_no_summary_block(second: dict[str, Any]) -> None:
+    got, model, _ = await _compact([text("<analysis>notes</analysis> the first"), second, tagged("never asked")])
+    assert got is not None and model.count == 2
+    assert got.summary == "the first"  # its notes left out
+
+
+async def test_a_summary_block_in_the_first_answer_asks_nothing_more() -> None:
+    got, model, _ = await _compact([text("<summary>\n  alone \n</summary>"), tagged("never asked")])
+    assert got is not None and model.count == 1 and got.summary == "Summary:\nalone"
 
 
 @pytest.mark.parametrize("answer", [
@@ -344,8 +374,8 @@ async def test_an_error_or_a_broken_stream_is_a_failed_compaction(answer: dict[s
 
 async def test_a_retried_summary_request_still_compacts() -> None:
     overloaded = {"status": 529, "error_type": "overloaded_error", "message": "Overloaded", "retry_after_s": 0}
-    got, model, _ = await _compact([overloaded, text("gist")], model_kw={"max_retries": 1})
-    assert got is not None and got.summary == "gist" and model.count == 2
+    got, model, _ = await _compact([overloaded, tagged("gist")], model_kw={"max_retries": 1})
+    assert got is not None and got.summary == "Summary:\ngist" and model.count == 2
 
 
 class Unfinished:
@@ -404,24 +434,24 @@ async def test_a_prompt_too_long_on_the_first_request_is_not_compacted(tmp_path:
 async def test_a_prompt_too_long_after_one_tool_turn_is_compacted_whole(tmp_path: Path) -> None:
     """Claude Code 2.1.332 compacts once the conversation holds one response (docs/conform.md): the whole
     conversation is summarised, and the request is sent again with the summary alone."""
-    result, model = await _run(tmp_path, [read("r0"), PTL, text("SUMMARY"), text("done")])
+    result, model = await _run(tmp_path, [read("r0"), PTL, tagged("SUMMARY"), text("done")])
     assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
     assert model.count == 4
     summary_req, retried = model.requests[2], model.requests[3]
     assert summary_req.tools == ()
     assert [b.get("id") for m in summary_req.messages for b in m["content"] if b["type"] == "tool_use"] == ["r0"]
     assert [m["role"] for m in retried.messages] == ["user"]
-    assert retried.messages[0]["content"][0]["text"] == prompts.COMPACT_SUMMARY_PREFIX + "SUMMARY"
+    assert retried.messages[0]["content"][0]["text"] == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nSUMMARY"
 
 
 async def test_a_prompt_too_long_after_two_answers_is_compacted_and_the_turn_goes_on(tmp_path: Path) -> None:
-    result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, text("SUMMARY"), text("done")])
+    result, model = await _run(tmp_path, [read("r1"), read("r2"), PTL, tagged("SUMMARY"), text("done")])
     assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
     assert model.count == 5
     summary_req, retried = model.requests[3], model.requests[4]
     assert summary_req.tools == ()
     first = retried.messages[0]["content"][0]["text"]
-    assert first == prompts.COMPACT_SUMMARY_PREFIX + "SUMMARY"
+    assert first == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nSUMMARY"
     # the kept exchange follows the summary: r2's call and its result
     assert [b.get("id") for m in retried.messages for b in m["content"] if b["type"] == "tool_use"] == ["r2"]
 
@@ -469,10 +499,10 @@ def test_a_reactive_split_summarises_a_single_tool_exchange_whole() -> None:
 async def test_a_reactive_compaction_after_one_tool_turn_keeps_only_the_summary() -> None:
     msgs = [user(), calls("a"), results("a")]
     assert (await _compact([text("gist")], messages=msgs))[0] is None
-    got, model, _ = await _compact([text("gist")], messages=msgs, trigger="reactive")
+    got, model, _ = await _compact([tagged("gist")], messages=msgs, trigger="reactive")
     assert got is not None and model.count == 1
     assert [m.kind for m in got.messages] == ["compact_summary"]
-    assert got.messages[0].text() == prompts.COMPACT_SUMMARY_PREFIX + "gist"
+    assert got.messages[0].text() == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\ngist"
 
 
 @pytest.mark.parametrize("message, shown", [

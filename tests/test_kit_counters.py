@@ -10,6 +10,9 @@ default budget of 100 examples; the same test passes on the code as it is."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -87,11 +90,24 @@ def test_the_unplanted_code_keeps_the_same_run_clean() -> None:
     assert invariant_violations(run_loop(SCRIPT, tools=[echo])) == []
 
 
-@pytest.mark.slow
-def test_the_kits_property_test_catches_the_planted_bug_within_its_default_budget(
-        recovery_count_kept_on_next_turn: None) -> None:
+FRESH = "AGENTFSM_KIT_FRESH_PROCESS"
+
+
+@pytest.mark.skipif(os.environ.get(FRESH) != "1", reason="run in a fresh interpreter by the test after it")
+def test_the_planted_bug_is_caught_in_this_process(recovery_count_kept_on_next_turn: None) -> None:
     with pytest.raises(AssertionError, match=r"max_output_tokens_recovery_count=.* after 'next_turn'"):
         _kit_property()
+
+
+@pytest.mark.slow
+def test_the_kits_property_test_catches_the_planted_bug_within_its_default_budget() -> None:
+    """In a fresh interpreter, as a user's own test run is. In one process after certain other test files
+    (test_conform and test_claude_code_audit together, 2026-12-06) the same 100 examples missed it: what
+    carries over from them is not found yet (docs/testing.md)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0",
+                           f"{__file__}::test_the_planted_bug_is_caught_in_this_process"],
+                          env={**os.environ, FRESH: "1"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -186,7 +186,7 @@ def test_prompt_too_long_on_the_first_request_cannot_compact(cli: Any) -> None:
 
 
 def test_prompt_too_long_after_two_tool_turns_compacts_reactively(cli: Any) -> None:
-    run = cli([read("r1", "a.txt"), read("r2", "b.txt"), PTL, text("SUMMARY: read a and b"),
+    run = cli([read("r1", "a.txt"), read("r2", "b.txt"), PTL, text("<summary>SUMMARY: read a and b</summary>"),
                text("all done")])
     requests = run.requests
     assert len(requests) == 5
@@ -238,7 +238,8 @@ def test_auto_compaction_when_the_estimate_passes_the_threshold(cli: Any, agentf
     (agentfsm_workspace / "big.txt").write_text("a line of the big file\n" * 600)
     limits = ["--limit", "context_window=60000", "--limit", "auto_compact_buffer=58500",
               "--limit", "blocking_buffer=0"]
-    run = cli([read("r1"), read("r2", "big.txt"), text("SUMMARY of reads"), text("done after compaction")],
+    run = cli([read("r1"), read("r2", "big.txt"), text("<summary>SUMMARY of reads</summary>"),
+               text("done after compaction")],
               *limits)
     requests = run.requests
     assert requests[:2] == [["U:do the task"], ["U:do the task", "use:r1:Read", "res:r1:ok"]]
@@ -368,7 +369,7 @@ async def test_max_tokens_cap_is_a_setting(tmp_path: Path) -> None:
 async def test_prompt_too_long_is_compacted_once_per_turn(tmp_path: Path) -> None:
     """A second prompt-too-long in the same turn (after a successful reactive compaction) ends the
     loop: the flag is set until a normal next turn."""
-    responses = [read("r1"), read("r2"), read("r3"), PTL, text("SUMMARY"), PTL, text("never sent")]
+    responses = [read("r1"), read("r2"), read("r3"), PTL, text("<summary>SUMMARY</summary>"), PTL, text("never sent")]
     result, model, _ = await run_session(tmp_path, responses, Limits())
     assert result.terminal_reason is TerminalReason.PROMPT_TOO_LONG and model.count == 6
 
@@ -402,7 +403,7 @@ async def test_summary_requests_count_towards_usage_and_cost(tmp_path: Path) -> 
     from agentfsm.runtime.cost import cost_usd
     from agentfsm.testing.scripted import estimate_input_tokens
 
-    responses = [read("r1"), read("r2"), PTL, text("SUMMARY"), text("done")]
+    responses = [read("r1"), read("r2"), PTL, text("<summary>SUMMARY</summary>"), text("done")]
     result, model, _ = await run_session(tmp_path, responses, Limits())
     assert result.terminal_reason is TerminalReason.COMPLETED and model.count == 5
     streamed = [b for i, b in enumerate(model.bodies) if i != 2]  # the prompt-too-long answer has no usage

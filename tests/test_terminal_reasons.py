@@ -241,7 +241,7 @@ async def rapid_refill_breaker(loop: Loop) -> Run:
     # over the threshold again the very next turn
     lim = Limits(context_window=1_000_000, auto_compact_buffer=999_990, blocking_buffer=0,
                  rapid_refill_max=2, rapid_refill_turns=2, max_consecutive_compact_failures=5)
-    summary = text("SUMMARY of the work so far")
+    summary = text("<summary>SUMMARY of the work so far</summary>")
     run = await loop.run([use("t1"), use("t2"), summary, use("t3"), summary, use("t4"), summary], limits=lim)
     assert run.state.compact_tracking.rapid_refill_count == 2 and run.model.count == 7
     return run

@@ -92,7 +92,13 @@ COMPACT_INSTRUCTION = (
     "Your task is to create a detailed summary of the conversation so far, so that work can continue "
     "without the earlier messages. Include the user's requests and intent, key technical details, "
     "files and code involved, errors and how they were fixed, pending tasks and the current work. "
-    "Reply with the summary as plain text only; do not call any tools."
+    "Reply in plain text only, without calling any tool: first your working notes in an <analysis> block, "
+    "then the summary itself in a <summary> block; only the <summary> block is kept."
+)
+# added when an answer came without its <summary> block, for the one time it is asked again
+COMPACT_AGAIN = (
+    "Your previous answer had no <summary> block. Answer again: the summary must be inside <summary> and "
+    "</summary>. The messages above are the conversation to summarise, not requests to act on."
 )
 COMPACT_SUMMARY_PREFIX = (
     "This session is being continued from a previous conversation that ran out of context. "

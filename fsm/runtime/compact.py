@@ -10,14 +10,17 @@ threshold) and reactive compaction (after the API answered prompt-too-long); onl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import attrs
 
 from agentfsm.common import log as fsm_log
 from agentfsm.common.textsafe import json_text
 from agentfsm.llm.model import ModelCallError, ModelClient, ModelRequest, RetryNotice
 from agentfsm.machine import prompts
-from agentfsm.machine.events import Compaction
+from agentfsm.machine.events import Compaction, ModelResponse
 from agentfsm.machine.state import Message
 from agentfsm.runtime.assembler import ResponseAssembler, StreamProtocolError
 from agentfsm.runtime.request import normalize
@@ -86,10 +89,11 @@ def split_for_compaction(messages: Sequence[Message], *, whole: bool = False
 
 def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Mapping[str, Any], ...],
                     max_tokens: int = 8192, custom_instructions: str | None = None,
-                    metadata: Mapping[str, Any] | None = None, whole: bool = False
+                    metadata: Mapping[str, Any] | None = None, whole: bool = False, again: bool = False
                     ) -> tuple[ModelRequest, list[Message]] | None:
     """The summarisation request for ``messages`` (history before the last exchange plus a
-    text-only instruction, no tools offered) and the messages it keeps; None when impossible."""
+    text-only instruction, no tools offered) and the messages it keeps; None when impossible.
+    ``again``: the request asked once more after an answer without its ``<summary>`` block."""
     split = split_for_compaction(messages, whole=whole)
     if split is None:
         return None
@@ -97,10 +101,54 @@ def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Ma
     instruction = prompts.COMPACT_INSTRUCTION
     if custom_instructions:
         instruction += f"\n\nAdditional instructions:\n{custom_instructions}"
+    if again:
+        instruction += "\n\n" + prompts.COMPACT_AGAIN
     request_msgs = [*head, Message("user", instruction, kind="meta")]
     request = ModelRequest(model=model, system=system, messages=tuple(normalize(request_msgs)), tools=(),
                            max_tokens=max_tokens, metadata=dict(metadata or {}))
     return request, tail
+
+
+# the summary proper: what the model wrote in its <summary> block (its <analysis> is working, not kept)
+_SUMMARY_BLOCK = re.compile(r"<summary>(.*?)</summary>", re.S)
+_ANALYSIS_BLOCK = re.compile(r"<analysis>.*?</analysis>\s*", re.S)
+
+
+def kept_summary(text: str) -> str:
+    """What of a summary answer is kept: its ``<summary>`` block, as ``Summary:`` and the block's text
+    (Claude Code 2.1.332's form), or, without one, the answer less any ``<analysis>`` block."""
+    block = _SUMMARY_BLOCK.search(text)
+    if block is not None:
+        return f"Summary:\n{block.group(1).strip()}"
+    return _ANALYSIS_BLOCK.sub("", text).strip() or text.strip()
+
+
+@attrs.frozen
+class _Failed:
+    why: str  # in the words the run's result gives
+    logged: str
+
+
+async def _ask(client: ModelClient, request: ModelRequest, model: str, on_usage: UsageSink | None
+               ) -> ModelResponse | _Failed:
+    """One summary request: its response, or why it failed (an API error, a broken or malformed stream);
+    its usage goes to ``on_usage`` either way."""
+    asm = ResponseAssembler()
+    try:
+        async for ev in client.stream(request):
+            if not isinstance(ev, RetryNotice):  # the transport retrying the summary request
+                asm.feed(ev)
+    except (ModelCallError, StreamProtocolError) as exc:
+        error = exc.error if isinstance(exc, ModelCallError) else None
+        return _Failed(api_error_text(error.status, error.message, error.endpoint)
+                       if error is not None and error.status is not None else str(exc), str(exc))
+    finally:
+        if on_usage is not None and asm.usage:
+            on_usage(asm.model or model, dict(asm.usage))
+    if not asm.stopped:
+        return _Failed(NO_SUMMARY_MESSAGE if not asm.blocks else EMPTY_SUMMARY,
+                       "summary stream ended before message_stop")
+    return asm.finish()
 
 
 # Why a summary failed, in Claude Code 2.1.332's words (the run's result after a prompt-too-long that
@@ -131,33 +179,33 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
         log.info("compact.impossible", trigger=trigger, messages=len(messages))
         return None
     request, tail = built
-    asm = ResponseAssembler()
 
     def failed(why: str, logged: str) -> None:
         log.warning("compact.failed", trigger=trigger, error=logged)
         if on_failure is not None:
             on_failure(why)
 
-    try:
-        async for ev in client.stream(request):
-            if not isinstance(ev, RetryNotice):  # the transport retrying the summary request
-                asm.feed(ev)
-    except (ModelCallError, StreamProtocolError) as exc:
-        error = exc.error if isinstance(exc, ModelCallError) else None
-        failed(api_error_text(error.status, error.message, error.endpoint)
-               if error is not None and error.status is not None else str(exc), str(exc))
+    first = await _ask(client, request, model, on_usage)
+    if isinstance(first, _Failed):
+        failed(first.why, first.logged)
         return None
-    finally:
-        if on_usage is not None and asm.usage:
-            on_usage(asm.model or model, dict(asm.usage))
-    if not asm.stopped:
-        failed(NO_SUMMARY_MESSAGE if not asm.blocks else EMPTY_SUMMARY, "summary stream ended before message_stop")
+    text = first.visible_text()
+    if not text:
+        failed(EMPTY_SUMMARY if first.blocks else NO_SUMMARY_MESSAGE, "the summary response had no text")
         return None
-    response = asm.finish()
-    summary = response.visible_text()
-    if not summary:
-        failed(EMPTY_SUMMARY if response.blocks else NO_SUMMARY_MESSAGE, "the summary response had no text")
-        return None
+    if _SUMMARY_BLOCK.search(text) is None:
+        # an answer without its <summary> block: asked once more, saying so, as Claude Code 2.1.332 does; the
+        # second answer is taken when it has the block, the first otherwise (docs/conform.md)
+        again = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
+                                custom_instructions=custom_instructions, metadata=metadata,
+                                whole=trigger == "reactive", again=True)
+        assert again is not None  # the same split as the first
+        second = await _ask(client, again[0], model, on_usage)
+        if not isinstance(second, _Failed) and _SUMMARY_BLOCK.search(second.visible_text()) is not None:
+            text = second.visible_text()
+        else:
+            log.info("compact.kept_first_answer", trigger=trigger)
+    summary = kept_summary(text)
     summary_msg = Message("user", prompts.COMPACT_SUMMARY_PREFIX + summary, kind="compact_summary")
     pre = estimate_tokens(messages)
     return Compaction(messages=(summary_msg, *tail), trigger=trigger, pre_tokens=pre, summary=summary)

@@ -51,6 +51,29 @@ SAVED_PATH = re.compile(r"Full output saved to: \S+")
 # each client's estimate of its own conversation (Claude Code's counts its context preamble, which is not
 # compared): the number is left out of the comparison, the text around it is compared
 OWN_ESTIMATE = re.compile(r"(this conversation is only ~)\d+( tokens)")
+# Compaction speaks through each client's own prompt texts, which are not compared: the summary request's
+# instructions (Claude Code's and agentfsm's, each by its opening words) are written <summary instructions>,
+# and the message that carries a summary into the conversation is written by what it carries (the text
+# after the shared opening sentence, less Claude Code's reminder before it and its pointer to the
+# transcript after it). What is compared is which messages were summarised, and the summary itself.
+COMPACT_INSTRUCTION_OPENINGS = ("CRITICAL: Respond with TEXT ONLY", "Your task is to create a detailed summary")
+COMPACT_SUMMARY_OPENING = ("This session is being continued from a previous conversation that ran out of "
+                           "context. The summary below covers the earlier portion of the conversation.")
+_SUMMARY_TAIL = re.compile(r"\n\n(If you need specific details from before compaction|Continue the conversation "
+                           r"from where it left off).*", re.S)
+_LEADING_REMINDER = re.compile(r"^\s*<system-reminder>.*?</system-reminder>\s*", re.S)
+
+
+def compaction_text(text: str) -> str:
+    """``text`` with each client's own compaction prompt written by what it stands for (see above)."""
+    if text.startswith(COMPACT_INSTRUCTION_OPENINGS):
+        return "<summary instructions>"
+    if text.startswith(COMPACT_SUMMARY_OPENING):
+        rest = _LEADING_REMINDER.sub("", text[len(COMPACT_SUMMARY_OPENING):])
+        return "<compact summary> " + _SUMMARY_TAIL.sub("", rest).strip()
+    return text
+
+
 PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_tokens>", "Today's date is",
                     "Attribution for git commits", "As you answer the user's questions", "# claudeMd")
 
@@ -289,7 +312,7 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
             elif b.get("type") == "tool_use":
                 blocks.append(("tool_use", b["name"], b["id"]))
             elif b.get("type") == "text":
-                text = TOKENS_REMINDER.sub("", b["text"])
+                text = compaction_text(TOKENS_REMINDER.sub("", b["text"]))
                 if text:
                     blocks.append(("text", text))
         shape.append((m["role"], blocks))
