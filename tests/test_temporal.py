@@ -873,11 +873,22 @@ async def test_a_background_agent_runs_as_a_child_workflow_and_notifies_as_local
     """The Agent tool on a worker: the agent is a session of its own run by a child workflow (its own
     session file, audited clean); the call answers at once, and the agent's end reaches the model as a
     task notification (its report and usage) through the declared route, as in a local run."""
+    record = (f"import json, sys; d = json.load(sys.stdin); "
+              f"open({str(ws / 'hooks')!r}, 'a').write(json.dumps(d, sort_keys=True) + chr(10))")
+    command = {"type": "command", "command": f"{sys.executable} -c \"{record}\""}
+    hooks = json.dumps({"hooks": {e: [{"hooks": [command]}] for e in ("SubagentStart", "SubagentStop")}})
     sid = str(uuid.uuid4())
     local = [m async for m in query("go", options=options(ws, home, session_id=sid, tools=("Agent", "Read", "TaskStop"),
-                                                          sandbox=False), client=_agents_model(ws))]
+                                                          sandbox=False, settings=hooks), client=_agents_model(ws))]
     local_file = home / "sessions" / f"{sid}.jsonl"
-    result, shown, path, history = await _agents_run(server, queue, ws, home, monkeypatch, stop=False)
+    theirs = (ws / "hooks").read_text().splitlines()
+    (ws / "hooks").unlink()
+    result, shown, path, history = await _agents_run(server, queue, ws, home, monkeypatch, stop=False,
+                                                     settings=hooks)
+    # the session's SubagentStart and SubagentStop hooks ran with a local run's inputs
+    ours = (ws / "hooks").read_text().splitlines()
+    assert [json.loads(line)["hook_event_name"] for line in ours] == ["SubagentStart", "SubagentStop"]
+    assert [_UUIDS.sub("ID", line) for line in ours] == [_UUIDS.sub("ID", line) for line in theirs]
     assert result["subtype"] == "success" and result["result"] == "DONE"
     assert any(e.HasField("start_child_workflow_execution_initiated_event_attributes") for e in history.events)
     assert _agent_unvarying(transcript(path)) == _agent_unvarying(transcript(local_file))

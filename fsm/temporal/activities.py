@@ -373,7 +373,8 @@ class _WorkerAgents:
             permission_mode=mode if mode in PERMISSION_MODES else spec.permission_mode,
             limits=definition.limits or spec.limits, system_prompt=definition.prompt, append_system_prompt=None,
             json_schema=None, sessions_dir=str(folder), trace_path=trace, parent_session_id=spec.session_id,
-            agent_type=request.subagent_type, depth=spec.depth + 1, parent_trace_path=spec.trace_path)
+            agent_type=request.subagent_type, depth=spec.depth + 1, parent_trace_path=spec.trace_path,
+            parent_prompt_id=getattr(self.ctx.gate, "prompt_id", None))
         start = getattr(self.ctx.gate, "subagent_start", None)
         extra = tuple(await start(agent_id=agent_id, agent_type=request.subagent_type)) if start is not None else ()
         blocks = ({"type": "text", "text": request.prompt}, *reminder_blocks(extra))
@@ -386,11 +387,11 @@ class _ParentIds:
     """What a subagent's hook inputs name of the session that launched it (a local subagent's gate
     reads them from its parent's gate: agentfsm.hooks.gate.HookGate._common)."""
 
-    def __init__(self, session_id: str, transcript_path: str) -> None:
-        self.session_id, self.transcript_path = session_id, transcript_path
+    def __init__(self, session_id: str, transcript_path: str, prompt_id: str | None) -> None:
+        self.session_id, self.transcript_path, self.prompt_id = session_id, transcript_path, prompt_id
 
     def _common(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "prompt_id": None}
+        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "prompt_id": self.prompt_id}
 
 
 async def _watch_background(bg: _Background, timeout_ms: float, on_exit: Callable[[], None] | None) -> None:
@@ -613,7 +614,7 @@ class Activities:
         if spec.agent_type is not None and hasattr(gate, "agent"):
             # a subagent's hook inputs name it, under the ids of the session that launched it
             gate.agent = (spec.session_id, spec.agent_type)
-            gate.parent = _ParentIds(spec.parent_session_id or "", spec.parent_trace_path or "")
+            gate.parent = _ParentIds(spec.parent_session_id or "", spec.parent_trace_path or "", spec.parent_prompt_id)
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         made = _Context(options, registry, ToolTable.of(registry), gate, error)
         sandbox = getattr(gate, "sandbox", None)

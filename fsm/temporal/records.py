@@ -52,11 +52,12 @@ class SessionSpec:
     sandbox: bool = True
     # the subagent types the Agent tool may launch besides the built-in ones (Options.agents)
     agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
-    # a subagent's session: its type, how deep it nests, and the session file of the session that
-    # launched it (its hook inputs name that session, as a local subagent's do)
+    # a subagent's session: its type, how deep it nests, and the session file and prompt id of the
+    # session that launched it (its hook inputs name that session, as a local subagent's do)
     agent_type: str | None = None
     depth: int = 0
     parent_trace_path: str | None = None
+    parent_prompt_id: str | None = None
 
     @classmethod
     def of(cls, options: Options, *, session_id: str, trace_path: Path | None,
