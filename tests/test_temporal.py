@@ -811,6 +811,41 @@ async def test_task_stop_stops_a_background_command_as_locally(server: DevServer
     assert_audits_clean(path)
 
 
+async def test_a_resumed_session_reports_the_tasks_its_last_run_left_running(
+        server: DevServer, worker: None, queue: str, ws: Path, home: Path) -> None:
+    """A session file says a task was running when its process ended (a local run that crashed, here:
+    the file closed and the command killed behind the session's back). Resumed on Temporal, the task is
+    recorded killed, the client told (``stopped``, before ``init``) and the run's first request carries
+    its notification, as a local resume reports it."""
+    from agentfsm.sessions.session import Session
+
+    script = [_background("sleep 30", description="long job"), _text("WAITING")]
+    first = Session(options(ws, home, tools=("Bash",), sandbox=False, limits=Limits(max_turns=2)),
+                    client=ScriptedModel(lambda r, n: script[n] if n < 2 else _text("X")))
+    await first.run("GO")
+    (task_id,) = first.tasks.running
+    process = first.tasks._live[task_id].process
+    assert process is not None and first.trace_path is not None
+    first.trace.close()  # the process "ends": its file stays as it was
+    os.killpg(process.pid, signal.SIGKILL)
+    path = first.trace_path
+    again = session_input(options(ws, home, tools=("Bash",), sandbox=False), "NEXT", session_id=first.session_id,
+                          resume_path=path, resumed=True, scripted=scenario_text([_text("RESUMED")]))
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(await connect(server.address), again, shown.append, task_queue=queue)
+    await first.aclose()
+    assert result["result"] == "RESUMED"
+    subtypes = [m.get("subtype") for m in shown if m["type"] == "system"]
+    assert subtypes.index("task_notification") < subtypes.index("init")
+    assert [(m["task_id"], m["status"]) for m in shown if m.get("subtype") == "task_notification"] == \
+        [(task_id, "stopped")]
+    assert [r["status"] for r in read_records(path) if r["type"] == "task"] == ["running", "killed"]
+    [note] = [c for _r, kind, c in transcript(path) if kind == "task_notification"]
+    assert f"<task-id>{task_id}</task-id>" in note[0]["text"] and "<status>stopped</status>" in note[0]["text"]
+    assert "Background shell command didn't finish before the previous session ended" in note[0]["text"]
+    assert_audits_clean(path)
+
+
 # --- background agents (issue 30) -----------------------------------------------------------------------
 
 _UUIDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -67,7 +67,9 @@ from agentfsm.runtime.tasks import (
     STOP_GRACE_S,
     _exit_code,
     _kill_group,
+    cut_off,
     new_task_id,
+    read_task_records,
     tasks_dir,
 )
 from agentfsm.runtime.trace import read_records
@@ -754,11 +756,14 @@ class Activities:
         history: tuple[Message, ...] = ()
         next_seq = 0
         recorded: dict[str, str] = {}
+        left_running: tuple[Any, ...] = ()
         if inp.resume_path is not None:
             source = Path(inp.resume_path)
             if inp.resumed:
                 heal_tail(source)
             history = load_history(source)
+            # (as a local session's resume reads them: agentfsm.sessions.resume.open_session)
+            left_running = cut_off(read_task_records(read_records(source)))
             if inp.resumed:
                 index = _MessageIndex(source)
                 index.refresh()
@@ -799,7 +804,7 @@ class Activities:
         return RunSetup(system=tuple(system), tool_names=tuple(ctx.registry.names()),
                         static_tokens=phases.static_tokens(system, ctx.registry.api_schemas()), permission_mode=mode,
                         init=init, first=first, history=history, setup_failed=failed, erased=erased,
-                        next_seq=next_seq, recorded=recorded, hook_events=hooked)
+                        next_seq=next_seq, recorded=recorded, hook_events=hooked, cut_off=left_running)
 
     @activity.defn(name="agentfsm.close_run")
     async def close_run(self, spec: SessionSpec) -> None:

@@ -21,6 +21,7 @@ from agentfsm.machine.events import Compaction, ModelError, ModelResponse, Setup
 from agentfsm.machine.options import AgentDefinition, Options
 from agentfsm.machine.state import Limits, LoopState, Message
 from agentfsm.runtime.pipeline import CallResult
+from agentfsm.runtime.tasks import TaskRecord
 
 
 @attrs.frozen
@@ -144,6 +145,9 @@ class RunSetup:
     recorded: Mapping[str, str] = attrs.field(factory=dict)
     # the hook events the session has hooks for (asking the others is skipped)
     hook_events: tuple[str, ...] = HOOK_EVENTS
+    # the background tasks the resumed session's file says were running when its last run ended: they
+    # were cut off with it (agentfsm.runtime.tasks.cut_off), and this run reports them
+    cut_off: tuple[TaskRecord, ...] = ()
 
 
 @attrs.frozen
