@@ -216,7 +216,10 @@ class _Builder:
         current = Path(parts[0])
         for i, part in enumerate(parts[1:], start=1):
             nxt = current / part
-            if not os.path.lexists(nxt):
+            # a placeholder another running command mounted is still a missing component: one made
+            # inside it would keep it from being removed when that command ends
+            if not os.path.lexists(nxt) or (PLACEHOLDERS.any_made()
+                                              and PLACEHOLDERS.made(os.path.join(_real(str(current)), part))):
                 parent = _real(str(current))
                 target = os.path.join(parent, part)
                 if self.in_writable(target) and not self.covered(target):

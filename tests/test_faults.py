@@ -166,6 +166,18 @@ async def test_retries_exhausted_without_fallback_is_api_error(tmp_path: Path,
         [(said, "server_error", 529)]
 
 
+async def test_a_request_sent_again_after_a_broken_stream_is_not_refused_by_the_budget(
+        tmp_path: Path, agentfsm_workspace: Path) -> None:
+    """The stream broke after message_start, whose usage already spent the budget: Claude Code 2.1.332 sends
+    the request again all the same, and ends over budget on the response it brings (docs/conform.md)."""
+    broken = {"blocks": [], "stop_reason": "end_turn", "break_after": 0}
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [broken, text("whole answer"), text("never sent")],
+                              limits=Limits(max_budget_usd=0.0001))
+    assert len(run.bodies) == 2
+    assert run.result.terminal_reason is T.BUDGET_EXHAUSTED
+    assert audit_file(run.trace) == []
+
+
 @pytest.mark.parametrize("message,said", [("Internal server error.", "500 Internal server error"),
                                           ("Down!", "500 Down"), ("busy\u2026", "500 busy")])
 async def test_a_final_5xx_is_worded_as_claude_code_words_it(message: str, said: str, tmp_path: Path,
@@ -258,7 +270,7 @@ async def test_broken_stream_with_no_retry_left_pairs_every_started_tool(tmp_pat
 
 
 @pytest.mark.parametrize("sse,retried", [("overloaded_error", "resumed"), ("api_error", "resumed"),
-                                         ("invalid_request_error", False)])
+                                         ("invalid_request_error", False), ("rate_limit_error", False)])
 async def test_sse_error_event_mid_stream(sse: str, retried: bool | str, tmp_path: Path,
                                           agentfsm_workspace: Path) -> None:
     failing = text("half an answ", sse_error=sse)
@@ -271,13 +283,28 @@ async def test_sse_error_event_mid_stream(sse: str, retried: bool | str, tmp_pat
         assert "half an answ" in sent and "cut off mid-stream" in sent
         assert run.system("tombstone") == []
     else:
+        # another type of error event after a complete text block ends the run, in Claude Code's generic
+        # words (2.1.332: docs/conform.md)
         assert len(run.bodies) == 1 and run.result.terminal_reason is T.API_ERROR
+        assert run.result.result == f"API Error: {sse}"  # the scripted server's message: the type
         # what was shown is kept as the answer's partial text, not withdrawn
         assert run.history[-1].text() == "half an answ"
     assert audit_file(run.trace) == []
 
 
-@pytest.mark.parametrize("sse", ["overloaded_error", "api_error"])
+@pytest.mark.parametrize("sse", ["invalid_request_error", "rate_limit_error", "authentication_error"])
+async def test_an_sse_error_event_before_anything_complete_is_asked_again(sse: str, tmp_path: Path,
+                                                                          agentfsm_workspace: Path) -> None:
+    """Claude Code 2.1.332 asks again after an SSE error event of any type that came before any complete
+    block (docs/conform.md), where agentfsm used to end the run on the API's message."""
+    failing = {**text("never whole"), "break_after": 0, "sse_error": {"type": sse, "message": "stream failed"}}
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [failing, text("whole answer")])
+    assert len(run.bodies) == 2 and run.result.terminal_reason is T.COMPLETED
+    assert run.result.result == "whole answer"
+    assert audit_file(run.trace) == []
+
+
+@pytest.mark.parametrize("sse", ["overloaded_error", "api_error", "invalid_request_error"])
 async def test_sse_error_event_after_a_complete_tool_call_runs_it(sse: str, tmp_path: Path,
                                                                   agentfsm_workspace: Path) -> None:
     """Claude Code 2.1.332 keeps a response an overloaded_error or api_error event cut after a complete

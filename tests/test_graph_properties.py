@@ -189,9 +189,10 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
     dropped, garbled = err.kind == "stream_dropped", err.kind == "stream_garbled"
     # an overloaded_error or api_error event after complete blocks (Claude Code 2.1.332): a complete call
     # shown runs, as if the response had ended with tool_use; a complete text alone is kept and resumed from
+    if s.phase is S and err.kind in ("overloaded", "stream_api_error", "stream_error") \
+            and any(b.get("type") == "tool_use" for b in e.shown):
+        return "dispatch", {"stream_retry_count": 0, "non_streaming": False}
     if s.phase is S and err.kind in ("overloaded", "stream_api_error"):
-        if any(b.get("type") == "tool_use" for b in e.shown):
-            return "dispatch", {"stream_retry_count": 0, "non_streaming": False}
         if any(b.get("type") == "text" and str(b.get("text", "")).strip() for b in e.shown) \
                 and s.max_output_tokens_recovery_count < lim.max_output_tokens_recoveries:
             return "max_output_tokens_recovery", {
@@ -199,6 +200,11 @@ def _call_failed(s: LoopState, e: CallFailed, lim: Limits) -> tuple[str, dict[st
                 "max_output_tokens_recovery_count": s.max_output_tokens_recovery_count + 1,
                 "messages": (*s.messages, Message("assistant", e.shown, kind="assistant"),
                              prompts.meta_message(prompts.MID_STREAM_RESUME))}
+    # an SSE error event of another type (Claude Code 2.1.332): asked again only while nothing complete was
+    # shown; after a complete block it ends the run, in its generic words
+    if err.kind == "stream_error" and e.shown:
+        return "call_failed", {"terminal_reason": T.API_ERROR, "terminal_detail": f"API Error: {err.message}",
+                               "messages": _paired(s.messages, e, "stream_failed")}
     if (s.phase is S or dropped) and err.retryable and not garbled and not s.non_streaming \
             and s.stream_retry_count < lim.stream_retries:
         return "stream_retry", {"stream_retry_count": s.stream_retry_count + 1}
@@ -222,6 +228,8 @@ def _failure_text(s: LoopState, err: ModelError, compaction_failure: str = "") -
     names why (Claude Code 2.1.332)."""
     if err.kind == "image" and err.status == 413:  # request_too_large, in Claude Code 2.1.332's words
         return prompts.request_too_large(str(err.message))
+    if err.kind == "stream_error":
+        return f"API Error: {err.message}"
     if err.kind == "prompt_too_long" and _assistants(s.messages) > 0 and compaction_failure:
         return f"Prompt is too long \u00b7 automatic compaction failed: {compaction_failure}"
     if err.kind != "prompt_too_long" or _assistants(s.messages) > 0:
@@ -554,7 +562,8 @@ def state_st(draw: st.DrawFn, phase: Phase, lim: Limits) -> LoopState:
 compaction_st = st.builds(Compaction, messages=st.just((Message("user", "summary", kind="compact_summary"),
                                                         Message("user", "q-last"))),
                           trigger=st.sampled_from(["auto", "reactive"]))
-KINDS = ["prompt_too_long", "image", "api", "model", "overloaded", "connection", "stream_api_error", "stream_dropped",
+KINDS = ["prompt_too_long", "image", "api", "model", "overloaded", "connection", "stream_api_error", "stream_error",
+         "stream_dropped",
          "stream_garbled"]
 errors = st.builds(ModelError, kind=st.sampled_from(KINDS),
                    message=st.sampled_from(["boom", "prompt is too long"]),
@@ -898,17 +907,20 @@ def test_auto_compaction_is_due_over_the_threshold_until_it_failed_too_often(
 
 @given(background=st.sampled_from([None, False, True, "the host said so"]),
        budget=st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0])), cost=st.sampled_from([0.0, 0.99, 1.0, 1.5]),
-       tokens=st.integers(0, 400), window=st.integers(100, 300), buffer=st.integers(0, 100))
+       tokens=st.integers(0, 400), window=st.integers(100, 300), buffer=st.integers(0, 100),
+       retries=st.sampled_from([None, 0, 1, 2]))
 def test_the_preflight_refuses_in_order(background: Any, budget: float | None, cost: float, tokens: int,
-                                        window: int, buffer: int) -> None:
-    """Moved to the background, then the budget spent (cost ≥ budget), then over the blocking limit."""
+                                        window: int, buffer: int, retries: int | None) -> None:
+    """Moved to the background, then the budget spent (cost ≥ budget; not for a request sent again after
+    its stream broke, which Claude Code 2.1.332 does not check), then over the blocking limit."""
     lim = Limits(max_budget_usd=budget, context_window=window, blocking_buffer=buffer)
+    state = None if retries is None else LoopState(phase=C, stream_retry_count=retries)
     for t in (tokens, window - buffer, window - buffer + 1):
-        refused = graph.preflight_refusal(background=background, cost_usd=cost, tokens=t, limits=lim)
+        refused = graph.preflight_refusal(background=background, cost_usd=cost, tokens=t, limits=lim, state=state)
         if background:
             assert refused == Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                                       else "Moved to the background before the next request")
-        elif budget is not None and cost >= budget:
+        elif budget is not None and cost >= budget and not retries:
             assert refused == Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${budget:g})")
         elif t > window - buffer:
             assert refused is not None and refused.reason is T.BLOCKING_LIMIT
@@ -934,9 +946,9 @@ def _agrees(state: LoopState, event: CallFailed | Aborted, lim: Limits) -> str:
     does = step.edge.does
     shown_ids = [b["id"] for b in event.shown if b.get("type") == "tool_use"]
     if step.trigger == "dispatch":
-        # an error event after a complete call (overloaded_error, api_error): the response is kept and its
-        # calls run (Claude Code 2.1.332); nothing is closed, withdrawn or paired by the move itself
-        assert isinstance(event, CallFailed) and event.error.kind in ("overloaded", "stream_api_error")
+        # an error event after a complete call (any SSE error type): the response is kept and its calls run
+        # (Claude Code 2.1.332); nothing is closed, withdrawn or paired by the move itself
+        assert isinstance(event, CallFailed) and event.error.kind in ("overloaded", "stream_api_error", "stream_error")
         assert does.shown is graph.Shown.KEEP and does.close_calls is None and shown_ids
         assert graph.shown_results(step, event) == () and step.state.messages == state.messages
     elif step.trigger in WITHDRAWN_BY:

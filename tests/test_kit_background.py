@@ -15,6 +15,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from agentfsm.testing.oracle import task_ids_numbered
 from agentfsm.testing.scenario import StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.stateful import wire_problems
+from agentfsm.tools import bash as bash_tool
 
 FAST = 0.2  # the strategy's unit of time here: commands of 0.4 s, timeouts of 0.2 s
 
@@ -64,7 +66,9 @@ async def _run(responses: list[Any], ws: Path) -> tuple[Session, list[dict[str, 
     session = Session(options, client=ScriptedModel(answer), emit=lambda _m: None)
     pids: list[int] = []
     try:
-        result = await session.run("go")
+        # a moved command is answered no sooner than 2 s after it started (Claude Code's); scaled as FAST is
+        with mock.patch.object(bash_tool, "MOVED_ANSWER_AFTER_MS", 2 * FAST * 1000):
+            result = await session.run("go")
         pids = [live.process.pid for live in session.tasks._live.values() if live.process is not None]
     finally:
         await session.aclose()

@@ -215,6 +215,30 @@ async def test_background_commands_run_sandboxed_and_release_their_placeholders(
 
 
 @needs_bwrap
+async def test_commands_that_overlap_leave_no_placeholder_behind(ws: Path) -> None:
+    """A placeholder one running command mounted (for the missing ``.claude``) is still a missing path to
+    a second one: it mounts its own there, not inside it, so the last to end removes it, whichever
+    ends first (conform-1672508d24 left an empty ``.claude/`` in the workspace)."""
+    from agentfsm.tools.bash import BACKGROUND_JOBS
+
+    sandbox = _sandbox(ws)
+    jobs = []
+    for seconds in (0.2, 0.5):  # the second starts while the first runs, and outlives it
+        out = await _bash(ws, sandbox, f"sleep {seconds}", run_in_background=True)
+        jobs.append(BACKGROUND_JOBS.pop(out.split("ID: ")[1].split(".")[0]))
+        for _ in range(100):  # its placeholders, once bwrap has set them up
+            if (ws / ".claude").is_dir():
+                break
+            await asyncio.sleep(0.01)
+    assert all(job.process.wait(timeout=30) == 0 for job in jobs)
+    for _ in range(100):  # the placeholder goes when the watcher sees the last job end
+        if not (ws / ".claude").exists():
+            break
+        await asyncio.sleep(0.05)
+    assert not (ws / ".claude").exists()
+
+
+@needs_bwrap
 async def test_what_would_run_outside_the_sandbox_later_cannot_be_written(ws: Path) -> None:
     (ws / ".git" / "hooks").mkdir(parents=True)
     (ws / ".git" / "config").write_text("[core]\n")

@@ -181,6 +181,7 @@ async def test_sse_errors_classified() -> None:
             {"blocks": [{"type": "text", "text": "a"}], "sse_error": "overloaded_error"},
             {"blocks": [], "sse_error": {"type": "api_error", "message": "Internal server error"}},
             {"blocks": [], "sse_error": {"type": "invalid_request_error", "message": "prompt is too long"}},
+            {"blocks": [], "sse_error": {"type": "rate_limit_error", "message": "slow down"}},
         ]
     )
     events, err = await collect_error(model)
@@ -188,8 +189,10 @@ async def test_sse_errors_classified() -> None:
     assert (err.error.kind, err.error.retryable) == ("overloaded", True)
     _, err = await collect_error(model)
     assert (err.error.kind, err.error.retryable) == ("stream_api_error", True)
-    _, err = await collect_error(model)
-    assert err.error.kind == "api"
+    # any other type is a stream_error (the graph asks again only while nothing complete was shown)
+    for message in ("prompt is too long", "slow down"):
+        _, err = await collect_error(model)
+        assert (err.error.kind, err.error.message, err.error.retryable) == ("stream_error", message, True)
 
 
 async def test_max_retries_consumes_retryable_errors_like_the_sdk() -> None:

@@ -22,6 +22,7 @@ from agentfsm.runtime.tasks import COMPLETED, FAILED, KILLED, TaskRecord, TaskRe
 from agentfsm.runtime.trace import read_records
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools import bash as bash_tool
 from agentfsm.tools.base import TASKS, ToolContext
 from agentfsm.tools.bash import BashTool, moved_to_background
 from agentfsm.tools.task_stop import TaskStopTool
@@ -108,23 +109,55 @@ async def test_a_failing_background_command_is_reported_failed_with_its_code(tmp
     assert Path(rec.output_file).read_text() == f"X\n\n[exited with code {code}]\n"
 
 
-async def test_a_foreground_command_that_outruns_its_timeout_moves_to_the_background(tmp_path: Path) -> None:
+async def test_a_foreground_command_that_outruns_its_timeout_moves_to_the_background(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Claude Code 2.1.332 answers no sooner than 2 s after the start (bash.MOVED_ANSWER_AFTER_MS); shorter here
+    monkeypatch.setattr(bash_tool, "MOVED_ANSWER_AFTER_MS", 400)
     host = registry(tmp_path)
-    out = await BashTool().call({"command": "echo SLOW_START; sleep 1.5; echo SLOW_END", "description": "slow",
-                                 "timeout": 500}, ctx(tmp_path, host, "toolu_slow"))
+    began = time.monotonic()
+    out = await BashTool().call({"command": "echo SLOW_START; sleep 1; echo SLOW_END", "description": "slow",
+                                 "timeout": 200}, ctx(tmp_path, host, "toolu_slow"))
+    assert time.monotonic() - began >= 0.4
     assert not out.is_error
     (task_id,) = host.running
     rec = host.get(task_id)
     assert rec is not None and rec.tool_use_id == "toolu_slow"
-    assert out.data.startswith("SLOW_START\nCommand did not complete within its 0.5s timeout and was moved to the "
+    # the timeout is named in whole seconds, at least one (Claude Code's words)
+    assert out.data.startswith("SLOW_START\nCommand did not complete within its 1s timeout and was moved to the "
                                f"background (ID: {task_id}). Output is being written to: {rec.output_file}.")
-    assert out.data == moved_to_background("SLOW_START", 500, host_started(rec))
+    assert out.data == moved_to_background("SLOW_START", 200, host_started(rec))
     await wait_until(lambda: not host.running)
     done = host.get(task_id)
     assert done is not None and done.status == COMPLETED
     # the command kept writing to the same file after it was moved
     assert Path(done.output_file).read_text() == "SLOW_START\nSLOW_END\n\n[exited with code 0]\n"
     assert "<tool-use-id>toolu_slow</tool-use-id>" in host.queue.pending[0].text()
+
+
+async def test_a_moved_command_that_ends_before_the_answer_is_answered_as_a_background_task(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conform-1672508d24: a command its timeout moved that ends before the answer is due gets its whole
+    output and the background-task wording, and its notification is queued before the call returns (the
+    next request carries it in this call's result)."""
+    monkeypatch.setattr(bash_tool, "MOVED_ANSWER_AFTER_MS", 3000)
+    host = registry(tmp_path)
+    began = time.monotonic()
+    out = await BashTool().call({"command": "echo A; sleep 0.4; echo B", "description": "quick",
+                                 "timeout": 100}, ctx(tmp_path, host, "toolu_q"))
+    assert time.monotonic() - began < 2.5  # answered when it ended, not at the floor
+    assert not out.is_error and not host.running
+    (rec,) = host.tasks.values()
+    assert rec.status == COMPLETED and rec.notified
+    assert out.data == "A\nB\n" + bash_tool.running_in_background(host_started(rec))
+    (item,) = host.queue.pending
+    assert "<tool-use-id>toolu_q</tool-use-id>" in item.text() and "<status>completed</status>" in item.text()
+
+
+@pytest.mark.parametrize(("ms", "shown"), [(300, "1s"), (500, "1s"), (1200, "1s"), (1500, "2s"), (2200, "2s"),
+                                           (3000, "3s"), (59_400, "59s"), (90_000, "1m 30s")])
+def test_a_moved_commands_timeout_is_named_in_whole_seconds(ms: int, shown: str) -> None:
+    # Claude Code 2.1.332's texts for 0.3, 0.5, 1.2, 1.5, 2.2 and 3 s timeouts
+    assert bash_tool.whole_seconds(ms) == shown
 
 
 def host_started(rec: TaskRecord) -> Any:

@@ -156,6 +156,11 @@ class TaskHost(Protocol):
         """Stop a running task; None when no running task has this id."""
         ...
 
+    async def ended(self, task_id: str) -> None:
+        """Return once the end of a task whose process has exited is reported (its notification, if
+        any, queued); at once for a task that is not running."""
+        ...
+
 
 @attrs.frozen
 class ToolOutput:

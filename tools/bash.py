@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import secrets
@@ -19,6 +20,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,11 @@ MAX_TIMEOUT_MS = 600_000
 #: How long a background command may run unless its call says (Claude Code 2.1.332: 10 minutes), and at most.
 BACKGROUND_TIMEOUT_MS = 600_000
 MAX_BACKGROUND_TIMEOUT_MS = 7_200_000
+#: A foreground command its timeout moved to the background is answered no sooner than this long after
+#: it started (Claude Code 2.1.332, tests/fidelity/conform/conform-1672508d24.json and tests/test_tasks.py:
+#: a 0.5 s, 1 s or 1.5 s timeout answers at about 2 s, a 3 s one at 3 s). One that ends in between is answered
+#: with its whole output as a background task, and its notification joins the same result.
+MOVED_ANSWER_AFTER_MS = 2_000
 MAX_OUTPUT_CHARS = 30_000
 KILL_GRACE_S = 2.0
 ABORTED = "<error>Command was aborted before completion</error>"
@@ -391,9 +398,23 @@ def _minutes(ms: float) -> str:
     return f"{int(ms // 60_000)}m" if ms >= 60_000 and ms % 60_000 == 0 else format_duration(ms)
 
 
+def whole_seconds(ms: float) -> str:
+    """A timeout as Claude Code 2.1.332 names it in the moved-to-the-background text: under a minute, in
+    whole seconds rounded half up, at least one (0.3 s, 0.5 s and 1.2 s are ``1s``, 1.5 s is ``2s``), else
+    as :func:`format_duration` does."""
+    return f"{max(1, math.floor(ms / 1000 + 0.5))}s" if ms < 60_000 else format_duration(ms)
+
+
+def running_in_background(started: TaskStarted) -> str:
+    """What the model is told of a command that runs as a background task (Claude Code's words)."""
+    return (f"Command running in background with ID: {started.task_id}. Output is being written to: "
+            f"{started.output_file}. You will be notified when it completes. To check interim output, use "
+            "Read on that file path.")
+
+
 def moved_to_background(so_far: str, timeout_ms: float, started: TaskStarted) -> str:
     """What the model is told of a command its timeout moved to the background (Claude Code's words)."""
-    note = (f"Command did not complete within its {format_duration(timeout_ms)} timeout and was moved to the "
+    note = (f"Command did not complete within its {whole_seconds(timeout_ms)} timeout and was moved to the "
             f"background (ID: {started.task_id}). Output is being written to: {started.output_file}. You will "
             "be notified when it completes. If it is still running after "
             f"{_minutes(BACKGROUND_TIMEOUT_MS)} in the background, it will be stopped and you will be "
@@ -415,15 +436,15 @@ async def _run_prepared(command: str, prepared: Prepared, ctx: ToolContext, time
         waiter = asyncio.ensure_future(proc.wait())
         aborted = asyncio.ensure_future(ctx.abort.wait())
         try:
+            started_at = time.monotonic()
             done, _ = await asyncio.wait({waiter, aborted}, timeout=timeout_ms / 1000,
                                          return_when=asyncio.FIRST_COMPLETED)
             if not done and host is not None:
-                so_far = await asyncio.to_thread(read_output, out_path, None)
                 adopted = host.adopt_command(proc, out_path, command=command, description=description or command,
                                              tool_use_id=ctx.tool_use_id, timeout_ms=BACKGROUND_TIMEOUT_MS,
                                              on_exit=on_exit)
-                waiter.cancel()
-                return ToolOutput(moved_to_background(so_far, timeout_ms, adopted)), True
+                return await _answer_moved(proc, waiter, aborted, host, adopted, timeout_ms,
+                                           MOVED_ANSWER_AFTER_MS / 1000 - (time.monotonic() - started_at)), True
         finally:
             aborted.cancel()
             if adopted is None and proc.returncode is None:
@@ -445,6 +466,29 @@ async def _run_prepared(command: str, prepared: Prepared, ctx: ToolContext, time
     # what an SDK user receives (Claude Code's fields): the command's output, stderr merged into it
     return ToolOutput(text or NO_OUTPUT, structured={"stdout": text, "stderr": "", "interrupted": False,
                                                      "isImage": False, "noOutputExpected": False}), False
+
+
+async def _answer_moved(proc: asyncio.subprocess.Process, waiter: asyncio.Future[int],
+                        aborted: asyncio.Future[Any], host: TaskHost, adopted: TaskStarted, timeout_ms: float,
+                        wait_s: float) -> ToolOutput:
+    """The answer to a command its timeout moved to the background (``adopted``), given no sooner than
+    :data:`MOVED_ANSWER_AFTER_MS` after it started (``wait_s`` more): one still running is told moved,
+    with its output so far; one that ended meanwhile is answered as a background task with its whole
+    output, once its end is reported (its notification then joins this result, where
+    ``agentfsm.machine.graph.notification_place`` puts it)."""
+    try:
+        if wait_s > 0:
+            await asyncio.wait({waiter, aborted}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        if waiter.done() and not waiter.cancelled():
+            await host.ended(adopted.task_id)
+            text = await asyncio.to_thread(read_output, Path(adopted.output_file), None)
+            # the task's exit line, which its file gets on exit, is not part of what the command printed
+            text = text.removesuffix(f"\n[exited with code {_exit_code(proc.returncode)}]").rstrip("\n")
+            return ToolOutput("\n".join(p for p in (text, running_in_background(adopted)) if p))
+        so_far = await asyncio.to_thread(read_output, Path(adopted.output_file), None)
+        return ToolOutput(moved_to_background(so_far, timeout_ms, adopted))
+    finally:
+        waiter.cancel()
 
 
 async def run_background(command: str, ctx: ToolContext, host: TaskHost, timeout_ms: float, *,
@@ -471,9 +515,7 @@ async def run_background(command: str, ctx: ToolContext, host: TaskHost, timeout
         raise
     started = host.adopt_command(proc, Path(name), command=command, description=description or command,
                                  tool_use_id=ctx.tool_use_id, timeout_ms=timeout_ms, on_exit=finished)
-    return ToolOutput(f"Command running in background with ID: {started.task_id}. Output is being written to: "
-                      f"{started.output_file}. You will be notified when it completes. To check interim "
-                      "output, use Read on that file path.")
+    return ToolOutput(running_in_background(started))
 
 
 def _found_nothing(command: str, cwd: str) -> bool:

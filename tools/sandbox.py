@@ -177,6 +177,17 @@ class _Placeholders:
                 self._dir = holder
             return self._dir, os.path.join(self._dir, "empty"), os.path.join(self._dir, "emptydir")
 
+    def made(self, path: str) -> bool:
+        """Whether ``path`` is a mount point bwrap made for a command still running (it stands for a
+        path that does not exist: another command's placeholder goes there too, not inside it)."""
+        with self._lock:
+            return path in self._ours
+
+    def any_made(self) -> bool:
+        """Whether any placeholder is mounted now (when none is, :meth:`made` need not be asked)."""
+        with self._lock:
+            return bool(self._ours)
+
     def acquire(self, paths: Iterable[tuple[str, bool]]) -> None:
         with self._lock:
             for path, _is_dir in paths:

@@ -281,6 +281,17 @@ PROMPT_TOO_LONG_MARKERS = ("prompt is too long", "prompt too long", "context win
                            "input length and `max_tokens` exceed context limit")
 
 
+def sse_error(error_type: str, message: str) -> ModelError:
+    """An SSE ``error`` event of a type other than ``overloaded_error``/``api_error`` part-way through a
+    stream (shared by every transport): a ``stream_error``, which Claude Code 2.1.332 requests again when
+    nothing complete was shown, and otherwise ends on (docs/conform.md) — unless its message says the
+    prompt was too long or an image was refused, which are the API errors they name."""
+    named = classify_error(None, error_type, message)
+    if named.kind in ("prompt_too_long", "image"):
+        return named
+    return ModelError("stream_error", message, None, True)
+
+
 def classify_error(status: int | None, error_type: str, message: str) -> ModelError:
     """Map an HTTP/API error onto the loop's error kinds (shared by every transport)."""
     low = message.lower()

@@ -30,6 +30,7 @@ from agentfsm.llm.model import (
     StreamEvent,
     classify_error,
     message_events,
+    sse_error,
     with_retries,
 )
 from agentfsm.machine.events import ModelError
@@ -174,8 +175,8 @@ def _stream_error(a: Any, exc: Any) -> ModelError:
     does for the in-process model: an SSE ``overloaded_error`` is an overload (as a 529), an SSE
     ``api_error`` (the server failed part-way) a retryable ``stream_api_error``, a dropped connection a
     retryable connection error — the whole response is requested again, unless a complete text was
-    already shown (:func:`agentfsm.machine.graph.cut_after_text`) — and any other SSE error type is
-    classified like the API error it names."""
+    already shown (:func:`agentfsm.machine.graph.cut_after_text`) — and any other SSE error type is a
+    ``stream_error`` (:func:`agentfsm.llm.model.sse_error`)."""
     if isinstance(exc, a.APIConnectionError):
         return ModelError("connection", f"Stream interrupted: {exc}", None, True)
     body = getattr(exc, "body", None)
@@ -188,7 +189,7 @@ def _stream_error(a: Any, exc: Any) -> ModelError:
         return ModelError("stream_api_error", message, None, True)
     if etype == "":
         return ModelError("connection", message or "stream interrupted", None, True)
-    return classify_error(None, etype, message)
+    return sse_error(etype, message)
 
 
 def _request_id(raw: Any) -> str:

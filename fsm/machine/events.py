@@ -24,7 +24,9 @@ class ModelError:
     kind: ``prompt_too_long`` | ``image`` | ``api`` (a structured API error) | ``model`` (malformed
     stream, invariant broken) | ``overloaded`` | ``connection`` | ``stream_api_error`` (the API sent an
     ``api_error`` event part-way through a stream: retried like a dropped connection, except that a
-    complete text already shown is resumed from) | ``stream_dropped`` (the connection
+    complete text already shown is resumed from) | ``stream_error`` (an SSE ``error`` event of another
+    type part-way through a stream: requested again while nothing complete was shown, its complete calls
+    run, otherwise final, shown as ``API Error: <message>``) | ``stream_dropped`` (the connection
     closed before the first event) | ``stream_garbled`` (what came was not a stream: invalid event
     JSON, an HTML page, bytes that are not SSE, before any content block).
     """

@@ -344,7 +344,10 @@ def _retry_edge(state: LoopState, e: CallFailed, limits: Limits) -> str | None:
     # a stream that broke mid-way is requested again as a whole (its partial blocks discarded); so is
     # one whose connection closed before its first event
     dropped = error.kind == "stream_dropped"
-    if (error.retryable and (state.phase is S or dropped) and error.kind != "stream_garbled"
+    # an SSE error event of another type is asked again only while nothing complete was shown: after a
+    # complete block Claude Code 2.1.332 runs the calls shown, or ends (docs/conform.md)
+    settled = error.kind == "stream_error" and bool(e.shown)
+    if (error.retryable and (state.phase is S or dropped) and error.kind != "stream_garbled" and not settled
             and not state.non_streaming and state.stream_retry_count < limits.stream_retries):
         return "stream_retry"
     # a stream still dropping, or one that came garbled (not SSE, not JSON, an HTML page) before any
@@ -353,7 +356,7 @@ def _retry_edge(state: LoopState, e: CallFailed, limits: Limits) -> str | None:
             and e.non_streaming_available):
         return "non_streaming_retry"
     # the transport's own retries are spent: move down the fallback chain
-    if (error.retryable or error.kind == "overloaded") and e.fallback_available:
+    if (error.retryable or error.kind == "overloaded") and e.fallback_available and not settled:
         return "fallback_retry"
     return None
 
@@ -372,11 +375,11 @@ def cut_after_text(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
 
 @_named("cut_after_tool_use")
 def cut_after_tool_use(s: LoopState, e: CallFailed, _lim: Limits) -> bool:
-    """The API sent an ``overloaded_error`` or ``api_error`` event in the middle of a response that had
-    already shown a complete tool_use block: Claude Code 2.1.332 keeps the response and runs its calls, as
-    if it had ended with ``tool_use`` (tests/fidelity/conform/conform-3ef694a5db.json). A dropped or garbled
-    stream is still requested again as a whole."""
-    return (s.phase is S and e.error.kind in ("overloaded", "stream_api_error")
+    """The API sent an SSE ``error`` event (of any type) in the middle of a response that had already shown
+    a complete tool_use block: Claude Code 2.1.332 keeps the response and runs its calls, as if it had
+    ended with ``tool_use`` (tests/fidelity/conform/conform-3ef694a5db.json; docs/conform.md). A dropped or
+    garbled stream is still requested again as a whole."""
+    return (s.phase is S and e.error.kind in ("overloaded", "stream_api_error", "stream_error")
             and any(b.get("type") == "tool_use" for b in e.shown))
 
 
@@ -687,6 +690,8 @@ def _failure_detail(s: LoopState, error: Any, compaction_failure: str = "") -> s
         return prompts.compaction_failed(compaction_failure)
     if error.kind == "image" and error.status == 413:  # request_too_large: Claude Code's own words
         return prompts.request_too_large(str(error.message))
+    if error.kind == "stream_error":  # an SSE error event it ended on, in Claude Code's generic form
+        return f"API Error: {error.message}"
     return str(error.message)
 
 
@@ -1462,13 +1467,23 @@ def should_auto_compact(state: LoopState, tokens: int, limits: Limits) -> bool:
             and state.compact_tracking.consecutive_failures < limits.max_consecutive_compact_failures)
 
 
-def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: Limits) -> Refused | None:
+def sends_again(state: LoopState) -> bool:
+    """The next request is one whose stream broke, sent again (``stream_retry`` raised its count, and no
+    response has ended since): the same request, not a new one. Claude Code 2.1.332 does not check the
+    budget before it; the response it brings is checked, by ``over_budget`` (docs/conform.md)."""
+    return state.stream_retry_count > 0
+
+
+def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: Limits,
+                      state: LoopState | None = None) -> Refused | None:
     """Reasons not to send the next request at all, in order: moved to the background (the host's
-    answer; a string is the reason), the budget spent, the context over the blocking limit."""
+    answer; a string is the reason), the budget spent (unless the request is sent again,
+    :func:`sends_again`), the context over the blocking limit."""
     if background:
         return Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                        else "Moved to the background before the next request")
-    if limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd:
+    if (limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd
+            and not (state is not None and sends_again(state))):
         return Refused(T.BUDGET_EXHAUSTED, prompts.budget_reached(limits.max_budget_usd))
     if tokens > limits.blocking_limit:
         return Refused(T.BLOCKING_LIMIT, f"Prompt is too long: about {tokens} tokens, over the blocking limit "

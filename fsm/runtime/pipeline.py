@@ -248,6 +248,11 @@ class ToolTable:
             return None
         return None
 
+    def same_but_case(self, name: str) -> str | None:
+        """The offered tool whose name is ``name`` in other letters' case (``read`` for Read), if any."""
+        low = name.lower()
+        return next((n for n in self.names() if n.lower() == low and n != name), None)
+
     def suggest(self, name: str) -> str | None:
         """The closest known tool name (aliases count, the canonical name is returned)."""
         closest = getattr(self._source, "closest", None)
@@ -519,14 +524,19 @@ class _Call:
         with clock.step(1, "lookup"):
             tool = self.table.lookup(self.name)
             if tool is None:
-                hint = self.table.suggest(self.name)
-                self.log.warning("tool.unknown", suggestion=hint)
-                # a tool Claude Code has but this session does not offer: said to be off for good, in
-                # Claude Code's words (the model stops trying it); any other name: just unknown
-                off = (f". {self.name} is disabled for this session, in subagents as well as here."
-                       if self.name in KNOWN_TOOL_NAMES else "")
-                text = f"<tool_use_error>Error: No such tool available: {self.name}{off}</tool_use_error>"
-                return self.error(text + (f" Did you mean {hint}?" if hint else ""))
+                same = self.table.same_but_case(self.name)
+                self.log.warning("tool.unknown", suggestion=same or self.table.suggest(self.name))
+                # In Claude Code 2.1.332's words (docs/conform.md): a tool offered under the same name in
+                # other letters' case is named; a tool it has but this session does not offer is said to
+                # be off for good (the model stops trying it); any other name is just unknown (no guess at
+                # a near miss: the model chooses from the tools it was given)
+                if same is not None:
+                    why = f". Tool names are case-sensitive: call {same} instead."
+                elif self.name in KNOWN_TOOL_NAMES:
+                    why = f". {self.name} is disabled for this session, in subagents as well as here."
+                else:
+                    why = ""
+                return self.error(f"<tool_use_error>Error: No such tool available: {self.name}{why}</tool_use_error>")
             self.tool = tool
             plan = self.plan = self.table.plan(tool, self.gate)
             if tool.name != self.name:  # called by an alias: hooks and rules see the canonical name

@@ -247,6 +247,14 @@ class TaskRegistry:
             self._watch_command(task_id, live, target, timeout_ms), name=f"task:{task_id}")
         return TaskStarted(task_id, str(target))
 
+    async def ended(self, task_id: str) -> None:
+        """Return once the task's watcher has reported its end (its notification queued): the Bash tool
+        waits for it before answering a call whose command ended after its timeout moved it here."""
+        live = self._live.get(task_id)
+        if live is not None and live.watcher is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(live.watcher)
+
     def adopt_agent(self, task_id: str, task: asyncio.Future[Any], *, description: str, tool_use_id: str,
                     output_file: str, subagent_type: str = "", prompt: str = "",
                     interrupt: Callable[[], None] | None = None) -> TaskRecord:

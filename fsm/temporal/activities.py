@@ -311,6 +311,13 @@ class _WorkerTasks:
         self.stopped.append(task_id)
         return TaskStopped(task_id, LOCAL_BASH, bg.command)
 
+    async def ended(self, task_id: str) -> None:
+        # the end is recorded on this worker; the workflow's watch_task activity reports it
+        bg = self.acts.background.get(task_id)
+        if bg is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(bg.ended)
+
 
 async def _stop_agent(agent_id: str) -> None:
     """Stop a background agent's session workflow: interrupted (it ends its turn as the user's Ctrl-C

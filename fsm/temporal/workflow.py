@@ -499,7 +499,7 @@ class SessionWorkflow:
         sent = tuple(self._notes)
         outgoing = (*state.messages, *sent) if sent else state.messages
         refused = graph.preflight_refusal(background=None, cost_usd=self._account.cost_usd,
-                                          tokens=self._estimate(outgoing), limits=limits)
+                                          tokens=self._estimate(outgoing), limits=limits, state=state)
         if refused is not None:
             return refused
         model = phases.model_for(spec.models, state)

@@ -16,7 +16,15 @@ from typing import Any
 
 import attrs
 
-from agentfsm.llm.model import ModelCallError, ModelRequest, RetryNotice, StreamEvent, classify_error, with_retries
+from agentfsm.llm.model import (
+    ModelCallError,
+    ModelRequest,
+    RetryNotice,
+    StreamEvent,
+    classify_error,
+    sse_error,
+    with_retries,
+)
 from agentfsm.machine.events import ModelError
 from agentfsm.testing.scenario import (
     HttpErrorResponse,
@@ -91,7 +99,7 @@ def estimate_input_tokens(body: Mapping[str, Any]) -> int:
 def stream_error(resp: StreamedResponse) -> ModelError:
     """What the SDK transport makes of a cut stream (kept in step with :mod:`agentfsm.llm.transport`): an SSE
     ``overloaded_error`` is an overload (as a 529), an SSE ``api_error`` a retryable ``stream_api_error``,
-    a dropped connection a retryable ``connection`` error, any other SSE error is classified like an API error."""
+    a dropped connection a retryable ``connection`` error, any other SSE error a ``stream_error``."""
     if resp.fault is not None:
         if resp.fault == "drop":
             return ModelError("stream_dropped", "Stream interrupted: the connection closed before the first event",
@@ -101,7 +109,9 @@ def stream_error(resp: StreamedResponse) -> ModelError:
         etype, message = resp.sse_error.type, resp.sse_error.message
         if etype == "api_error":
             return ModelError("stream_api_error", message, None, True)
-        return classify_error(529 if etype == "overloaded_error" else None, etype, message)
+        if etype == "overloaded_error":
+            return classify_error(529, etype, message)
+        return sse_error(etype, message)
     return ModelError("connection", "stream ended before message_stop (connection closed)", None, True)
 
 

@@ -543,7 +543,9 @@ def background_work_responses(*, seconds: float = 1.0,
       notification comes after the turn ended: ``-p`` waits for it and runs the notification pass),
       or at once (its notification joins a later request of the run);
     * a foreground Bash command that outruns its ``timeout`` (``seconds``; the command takes 4× that):
-      it moves to the background instead of being killed;
+      it moves to the background instead of being killed (answered no sooner than 2 s after it started,
+      ``agentfsm.tools.bash.MOVED_ANSWER_AFTER_MS``: a command over by then is answered as a background
+      task, with its notification);
     * TaskStop (or its alias KillShell) of a task id that names no task (an error result: the ids are
       the client's own, which a script cannot know beforehand).
 
@@ -660,7 +662,8 @@ def stream_breaks(tools: Iterable[Tool] = (), *, inputs: ToolInputs | None = Non
     """A stream that fails part-way: the connection drops after some complete blocks (maybe in the
     middle of the next one), or the API sends an SSE ``error`` event (``overloaded_error`` and
     ``api_error`` run the complete calls shown, else resume from a complete text, else are retried as a
-    whole request; ``invalid_request_error`` is final). Complete
+    whole request; another type, ``invalid_request_error`` here, runs the complete calls shown, is retried
+    when nothing complete was shown, and is final otherwise). Complete
     tool_use blocks before the cut have valid input, so their tools may already have started."""
     tool_list = _tool_list(tools)
     block = st.one_of(_VISIBLE.map(TextBlock), _THINKING.map(lambda t: ThinkingBlock(t, "sig")))

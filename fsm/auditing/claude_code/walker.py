@@ -502,7 +502,10 @@ class Walker:
                 self.response = None
             self.end_response(line, "recovery_exhausted", stop_reason="refusal")
             return
-        if cut and api_error is None and self.phase is Phase.STREAM and self.response is not None \
+        # an SSE error event of another type (invalid_request_error, ...) is shown as a generic API error
+        # (``error: unknown``) with no cut cause
+        generic = rec.get("error") == "unknown" and rec.get("apiErrorStatus", rec.get("api_error_status")) is None
+        if (cut or generic) and api_error is None and self.phase is Phase.STREAM and self.response is not None \
                 and self.response.tool_uses():
             # an error event cut the response after complete tool_use blocks: Claude Code 2.1.332 keeps it and
             # runs its calls, as if it had ended with tool_use (graph.cut_after_tool_use)
