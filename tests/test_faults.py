@@ -168,6 +168,18 @@ async def test_retries_exhausted_without_fallback_is_api_error(tmp_path: Path,
         [(said, "server_error", 529)]
 
 
+async def test_a_request_sent_again_after_a_broken_stream_is_not_refused_by_the_budget(
+        tmp_path: Path, agentfsm_workspace: Path) -> None:
+    """The stream broke after message_start, whose usage already spent the budget: Claude Code 2.1.332 sends
+    the request again all the same, and ends over budget on the response it brings (docs/conform.md)."""
+    broken = {"blocks": [], "stop_reason": "end_turn", "break_after": 0}
+    run = await over_the_wire(tmp_path, agentfsm_workspace, [broken, text("whole answer"), text("never sent")],
+                              limits=Limits(max_budget_usd=0.0001))
+    assert len(run.bodies) == 2
+    assert run.result.terminal_reason is T.BUDGET_EXHAUSTED
+    assert audit_file(run.trace) == []
+
+
 @pytest.mark.parametrize("message,said", [("Internal server error.", "500 Internal server error"),
                                           ("Down!", "500 Down"), ("busy\u2026", "500 busy")])
 async def test_a_final_5xx_is_worded_as_claude_code_words_it(message: str, said: str, tmp_path: Path,

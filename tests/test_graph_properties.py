@@ -909,17 +909,20 @@ def test_auto_compaction_is_due_over_the_threshold_until_it_failed_too_often(
 
 @given(background=st.sampled_from([None, False, True, "the host said so"]),
        budget=st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0])), cost=st.sampled_from([0.0, 0.99, 1.0, 1.5]),
-       tokens=st.integers(0, 400), window=st.integers(100, 300), buffer=st.integers(0, 100))
+       tokens=st.integers(0, 400), window=st.integers(100, 300), buffer=st.integers(0, 100),
+       retries=st.sampled_from([None, 0, 1, 2]))
 def test_the_preflight_refuses_in_order(background: Any, budget: float | None, cost: float, tokens: int,
-                                        window: int, buffer: int) -> None:
-    """Moved to the background, then the budget spent (cost ≥ budget), then over the blocking limit."""
+                                        window: int, buffer: int, retries: int | None) -> None:
+    """Moved to the background, then the budget spent (cost ≥ budget; not for a request sent again after
+    its stream broke, which Claude Code 2.1.332 does not check), then over the blocking limit."""
     lim = Limits(max_budget_usd=budget, context_window=window, blocking_buffer=buffer)
+    state = None if retries is None else LoopState(phase=C, stream_retry_count=retries)
     for t in (tokens, window - buffer, window - buffer + 1):
-        refused = graph.preflight_refusal(background=background, cost_usd=cost, tokens=t, limits=lim)
+        refused = graph.preflight_refusal(background=background, cost_usd=cost, tokens=t, limits=lim, state=state)
         if background:
             assert refused == Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                                       else "Moved to the background before the next request")
-        elif budget is not None and cost >= budget:
+        elif budget is not None and cost >= budget and not retries:
             assert refused == Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${budget:g})")
         elif t > window - buffer:
             assert refused is not None and refused.reason is T.BLOCKING_LIMIT

@@ -1474,13 +1474,23 @@ def should_auto_compact(state: LoopState, tokens: int, limits: Limits) -> bool:
             and state.compact_tracking.consecutive_failures < limits.max_consecutive_compact_failures)
 
 
-def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: Limits) -> Refused | None:
+def sends_again(state: LoopState) -> bool:
+    """The next request is one whose stream broke, sent again (``stream_retry`` raised its count, and no
+    response has ended since): the same request, not a new one. Claude Code 2.1.332 does not check the
+    budget before it; the response it brings is checked, by ``over_budget`` (docs/conform.md)."""
+    return state.stream_retry_count > 0
+
+
+def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: Limits,
+                      state: LoopState | None = None) -> Refused | None:
     """Reasons not to send the next request at all, in order: moved to the background (the host's
-    answer; a string is the reason), the budget spent, the context over the blocking limit."""
+    answer; a string is the reason), the budget spent (unless the request is sent again,
+    :func:`sends_again`), the context over the blocking limit."""
     if background:
         return Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                        else "Moved to the background before the next request")
-    if limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd:
+    if (limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd
+            and not (state is not None and sends_again(state))):
         return Refused(T.BUDGET_EXHAUSTED, prompts.budget_reached(limits.max_budget_usd))
     if tokens > limits.blocking_limit:
         return Refused(T.BLOCKING_LIMIT, f"Prompt is too long: about {tokens} tokens, over the blocking limit "

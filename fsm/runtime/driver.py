@@ -340,7 +340,8 @@ class Driver:
         outgoing = (*state.messages, *sent) if sent else state.messages
         background = self.should_stop_before_next_call(state) if self.should_stop_before_next_call else None
         refused = graph.preflight_refusal(background=background, cost_usd=self.account.cost_usd,
-                                          tokens=self._estimate(outgoing), limits=self.limits)
+                                          tokens=self._estimate(outgoing), limits=self.limits,
+                                          state=state)
         if refused is not None:
             self.log.info("model.refused", reason=refused.reason.value, detail=refused.detail)
             return refused

@@ -302,6 +302,7 @@ class SessionWorkflow:
                                 workflow_id=info.workflow_id, run_id=info.run_id)
             for m in setup.history:
                 self._trace.message(m)
+        self._announce_cut_off(setup.cut_off)
         self._emit(dict(setup.init))
         first = setup.first
         self._trace.message(phases.recorded_prompt(first, setup.erased))
@@ -498,7 +499,7 @@ class SessionWorkflow:
         sent = tuple(self._notes)
         outgoing = (*state.messages, *sent) if sent else state.messages
         refused = graph.preflight_refusal(background=None, cost_usd=self._account.cost_usd,
-                                          tokens=self._estimate(outgoing), limits=limits)
+                                          tokens=self._estimate(outgoing), limits=limits, state=state)
         if refused is not None:
             return refused
         model = phases.model_for(spec.models, state)
@@ -894,6 +895,28 @@ class SessionWorkflow:
             cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
         self._queues[rec.task_id] = start.task_queue
         self._watches[rec.task_id] = (handle, asyncio.create_task(self._watch(start, handle)))
+
+    def _announce_cut_off(self, cut: Sequence[TaskRecord]) -> None:
+        """The tasks a resumed session's last run left running were cut off with it: each is recorded
+        ``killed``, the client told (``stopped``, before the run's ``init``) and the model notified
+        with the run's first request, as a local session's resume reports them
+        (agentfsm.runtime.tasks.TaskRegistry.restore and announce_cut_off)."""
+        assert self._trace is not None
+        for rec in cut:
+            ended = attrs.evolve(rec, status=KILLED, ended_ms=self._now_ms(), summary=prompts.task_cut_off_summary(rec))
+            self._tasks[rec.task_id] = ended
+            self._trace.write(ended.to_record())
+        for rec in sorted(cut, key=lambda r: r.task_type == LOCAL_BASH):  # agents first, as Claude Code
+            ended = self._tasks[rec.task_id]
+            agent = rec.task_type != LOCAL_BASH
+            self._emit({"type": "system", "subtype": "task_notification", "task_id": rec.task_id,
+                        "tool_use_id": rec.tool_use_id, "status": "stopped", "output_file": rec.output_file,
+                        "summary": ended.summary, "session_id": self._spec.session_id})
+            text = prompts.task_notification(
+                task_id=rec.task_id, tool_use_id=None if agent else rec.tool_use_id,
+                output_file=rec.output_file if agent else None, status="stopped", summary=ended.summary,
+                note=prompts.TASK_CUT_OFF_NOTE_AGENT if agent else prompts.TASK_CUT_OFF_NOTE_COMMAND)
+            self._notes.append(Message("user", ({"type": "text", "text": text},), kind="task_notification"))
 
     def _agent_started(self, start: AgentStart) -> None:
         """An Agent call launched a background agent: record its task, tell the client (with the
