@@ -21,7 +21,9 @@ import pytest
 from agentfsm.auditing.audit import audit_file
 from agentfsm.llm.model import ModelCallError, ModelRequest
 from agentfsm.llm.transport import AnthropicTransport
+from agentfsm.machine import prompts
 from agentfsm.machine.events import ModelError
+from agentfsm.machine.graph import BUDGET_CLOSED
 from agentfsm.machine.options import Options
 from agentfsm.machine.state import Limits, Message, TerminalReason
 from agentfsm.runtime.result import RunResult
@@ -479,6 +481,28 @@ async def test_a_stream_unreadable_before_its_first_event_is_asked_again_unstrea
     else:
         assert streamed == [True, False]
         assert (run.result.terminal_reason, run.result.result) == (T.COMPLETED, "unstreamed answer")
+    assert audit_file(run.trace) == []
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.6])
+async def test_over_budget_keeps_the_results_of_calls_that_finished_while_the_response_streamed(
+        tmp_path: Path, agentfsm_workspace: Path, pause: float) -> None:
+    """A response that brings the spend to --max-budget-usd ends the run; a call of it that finished while
+    it streamed keeps its result (it ran), one that had not never runs. Claude Code 2.1.332 starts each call
+    as its block ends and records what finished (tests/fixtures/claude_code/budget_finished_calls,
+    budget_partial_calls)."""
+    (agentfsm_workspace / "a.txt").write_text("ALPHA\n")
+    read = use("toolu_01", "Read", {"file_path": str(agentfsm_workspace / "a.txt")})
+    run = await over_the_wire(tmp_path, agentfsm_workspace,
+                              [{"blocks": [read], "stop_reason": "tool_use", "block_delay_s": pause}, text("no")],
+                              limits=Limits(max_budget_usd=1e-9))
+    assert run.result.terminal_reason is T.BUDGET_EXHAUSTED and len(run.bodies) == 1
+    (result,) = run.history[-1].content
+    assert result["tool_use_id"] == "toolu_01"
+    if pause:
+        assert "ALPHA" in str(result["content"]) and not result.get("is_error")
+    else:
+        assert result == prompts.synthetic_block("toolu_01", BUDGET_CLOSED)
     assert audit_file(run.trace) == []
 
 

@@ -250,11 +250,13 @@ def _stream_ended(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[
 def _response_rule(s: LoopState, e: StreamEnded, lim: Limits) -> tuple[str, dict[str, Any]]:
     r = e.response
     if lim.max_budget_usd is not None and e.cost_usd >= lim.max_budget_usd:
-        # over budget once the response is paid for: it is kept, none of its calls runs (each answered as
-        # not run), and the run ends, whatever the response was (Claude Code 2.1.332)
+        # over budget once the response is paid for: it is kept, its calls that finished while it streamed
+        # keep their results, the others never run (each answered as not run), and the run ends, whatever
+        # the response was (Claude Code 2.1.332)
         ids = [b["id"] for b in r.blocks if b.get("type") == "tool_use"]
-        closed = (Message("user", tuple(prompts.synthetic_block(i, "budget_exhausted") for i in ids),
-                          kind="tool_results"),) if ids else ()
+        done = {b["tool_use_id"]: b for b in e.finished}
+        closed = (Message("user", tuple(done[i] if i in done else prompts.synthetic_block(i, "budget_exhausted")
+                                        for i in ids), kind="tool_results"),) if ids else ()
         return "over_budget", {"messages": _kept(s, r, *closed), "terminal_reason": T.BUDGET_EXHAUSTED,
                                "terminal_detail": f"Reached maximum budget (${lim.max_budget_usd:g})"}
     if r.stop_reason == "refusal":

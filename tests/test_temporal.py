@@ -812,6 +812,41 @@ async def test_task_stop_stops_a_background_command_as_locally(server: DevServer
     assert_audits_clean(path)
 
 
+async def test_a_resumed_session_reports_the_tasks_its_last_run_left_running(
+        server: DevServer, worker: None, queue: str, ws: Path, home: Path) -> None:
+    """A session file says a task was running when its process ended (a local run that crashed, here:
+    the file closed and the command killed behind the session's back). Resumed on Temporal, the task is
+    recorded killed, the client told (``stopped``, before ``init``) and the run's first request carries
+    its notification, as a local resume reports it."""
+    from agentfsm.sessions.session import Session
+
+    script = [_background("sleep 30", description="long job"), _text("WAITING")]
+    first = Session(options(ws, home, tools=("Bash",), sandbox=False, limits=Limits(max_turns=2)),
+                    client=ScriptedModel(lambda r, n: script[n] if n < 2 else _text("X")))
+    await first.run("GO")
+    (task_id,) = first.tasks.running
+    process = first.tasks._live[task_id].process
+    assert process is not None and first.trace_path is not None
+    first.trace.close()  # the process "ends": its file stays as it was
+    os.killpg(process.pid, signal.SIGKILL)
+    path = first.trace_path
+    again = session_input(options(ws, home, tools=("Bash",), sandbox=False), "NEXT", session_id=first.session_id,
+                          resume_path=path, resumed=True, scripted=scenario_text([_text("RESUMED")]))
+    shown: list[Mapping[str, Any]] = []
+    result = await run_session(await connect(server.address), again, shown.append, task_queue=queue)
+    await first.aclose()
+    assert result["result"] == "RESUMED"
+    subtypes = [m.get("subtype") for m in shown if m["type"] == "system"]
+    assert subtypes.index("task_notification") < subtypes.index("init")
+    assert [(m["task_id"], m["status"]) for m in shown if m.get("subtype") == "task_notification"] == \
+        [(task_id, "stopped")]
+    assert [r["status"] for r in read_records(path) if r["type"] == "task"] == ["running", "killed"]
+    [note] = [c for _r, kind, c in transcript(path) if kind == "task_notification"]
+    assert f"<task-id>{task_id}</task-id>" in note[0]["text"] and "<status>stopped</status>" in note[0]["text"]
+    assert "Background shell command didn't finish before the previous session ended" in note[0]["text"]
+    assert_audits_clean(path)
+
+
 # --- background agents (issue 30) -----------------------------------------------------------------------
 
 _UUIDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -874,11 +909,22 @@ async def test_a_background_agent_runs_as_a_child_workflow_and_notifies_as_local
     """The Agent tool on a worker: the agent is a session of its own run by a child workflow (its own
     session file, audited clean); the call answers at once, and the agent's end reaches the model as a
     task notification (its report and usage) through the declared route, as in a local run."""
+    record = (f"import json, sys; d = json.load(sys.stdin); "
+              f"open({str(ws / 'hooks')!r}, 'a').write(json.dumps(d, sort_keys=True) + chr(10))")
+    command = {"type": "command", "command": f"{sys.executable} -c \"{record}\""}
+    hooks = json.dumps({"hooks": {e: [{"hooks": [command]}] for e in ("SubagentStart", "SubagentStop")}})
     sid = str(uuid.uuid4())
     local = [m async for m in query("go", options=options(ws, home, session_id=sid, tools=("Agent", "Read", "TaskStop"),
-                                                          sandbox=False), client=_agents_model(ws))]
+                                                          sandbox=False, settings=hooks), client=_agents_model(ws))]
     local_file = home / "sessions" / f"{sid}.jsonl"
-    result, shown, path, history = await _agents_run(server, queue, ws, home, monkeypatch, stop=False)
+    theirs = (ws / "hooks").read_text().splitlines()
+    (ws / "hooks").unlink()
+    result, shown, path, history = await _agents_run(server, queue, ws, home, monkeypatch, stop=False,
+                                                     settings=hooks)
+    # the session's SubagentStart and SubagentStop hooks ran with a local run's inputs
+    ours = (ws / "hooks").read_text().splitlines()
+    assert [json.loads(line)["hook_event_name"] for line in ours] == ["SubagentStart", "SubagentStop"]
+    assert [_UUIDS.sub("ID", line) for line in ours] == [_UUIDS.sub("ID", line) for line in theirs]
     assert result["subtype"] == "success" and result["result"] == "DONE"
     assert any(e.HasField("start_child_workflow_execution_initiated_event_attributes") for e in history.events)
     assert _agent_unvarying(transcript(path)) == _agent_unvarying(transcript(local_file))

@@ -79,9 +79,6 @@ CODES: Mapping[str, str] = {
                             "max_output_tokens_recovery",
     "cc_structured_output_once": "Claude Code asks for the StructuredOutput call once per run; a later answer "
                                  "without it ends the run completed (the graph would retry up to its cap)",
-    "cc_budget_answered_rejected_calls": "Claude Code stopped over --max-budget-usd after a response whose calls were "
-                                         "all rejected before their tools ran, and still recorded their error "
-                                         "results; followed as over_budget (none of them ran)",
     "cc_structured_output_max_turns": "Claude Code counts the structured-output request as a turn and ended at "
                                       "max_turns instead of re-entering; followed as end_turn then settle",
     # remarks: how an ambiguous record was read (neither a problem nor counted)
@@ -101,7 +98,7 @@ CODES: Mapping[str, str] = {
 WARNING_CODES: frozenset[str] = frozenset(
     {"graph_changed", "no_replay", "torn_last_line", "no_session_record", "incomplete_run", "unknown_record",
      "unsandboxed_command", "cc_unmodelled_retry", "cc_mid_stream_resume", "cc_structured_output_once",
-     "cc_structured_output_max_turns", "cc_budget_answered_rejected_calls"})
+     "cc_structured_output_max_turns"})
 INFO_CODES: frozenset[str] = frozenset(
     {"read_as_stream_retry", "read_as_empty_answer", "read_as_reactive_compaction", "read_as_stop_hook_context",
      "read_as_subagent_answer", "client_version"})

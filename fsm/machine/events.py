@@ -158,13 +158,15 @@ class StreamEnded:
     structured-output tool (``--json-schema``); ``structured_output_ids``: this response's calls of it;
     ``cost_usd``: what the run has spent, this response included (checked against ``max_budget_usd``);
     ``started``: the response's calls whose tool had started (or finished) while it streamed, a raw fact
-    the route of a refused response reads (a call that started may have done something)."""
+    the route of a refused response reads (a call that started may have done something); ``finished``:
+    the results of those that had finished by the response's end (a response over the budget keeps them)."""
 
     response: ModelResponse
     json_schema: bool = False
     structured_output_ids: tuple[str, ...] = ()
     cost_usd: float = 0.0
     started: tuple[str, ...] = ()
+    finished: tuple[Mapping[str, Any], ...] = ()
 
 
 @attrs.frozen

@@ -207,7 +207,8 @@ EDGES: tuple[Edge, ...] = (
           T.TURN_SETUP_FAILED, T.RAPID_REFILL_BREAKER, T.TOOL_DEFERRED_UNAVAILABLE, T.TOOL_DEFERRED),
     _edge("prompt_blocked", A, X, "terminal", "a UserPromptSubmit hook blocked the prompt", T.HOOK_STOPPED),
     _edge("over_budget", S, X, "terminal",
-          "the response ended with the run's spend at --max-budget-usd; none of its calls runs", T.BUDGET_EXHAUSTED,
+          "the response ended with the run's spend at --max-budget-usd; its calls that finished while it streamed "
+          "keep their results, the others never run", T.BUDGET_EXHAUSTED,
           does=Does(close_calls=BUDGET_CLOSED)),
     _edge("refuse", C, X, "terminal", "preflight refused the request",
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
@@ -737,11 +738,17 @@ def max_tokens_recovery(s: LoopState, e: StreamEnded, _lim: Limits) -> Mapping[s
 
 
 def budget_spent(s: LoopState, e: StreamEnded, lim: Limits) -> Mapping[str, Any]:
-    """The response is kept; its calls, which never run, are answered with a synthetic result so the history
-    stays pairable (Claude Code 2.1.332 leaves them unanswered in its transcript)."""
+    """The response is kept. Its calls that finished while it streamed (``StreamEnded.finished``) keep their
+    results: they ran, or were rejected before their tool (an unknown tool, input failing the schema, a
+    TaskStop of no task). Claude Code 2.1.332 records those too: it starts each call as its block ends,
+    and what finished before the response ended stays (a Write given 1.5 s wrote its file; the rule is
+    timing, not the tool: tests/fixtures/claude_code/budget_finished_calls, docs/conform.md). The others
+    never run; they are answered with a synthetic result so the history stays pairable (Claude Code
+    leaves them unanswered in its transcript)."""
     ids = e.response.as_message().tool_use_ids()
-    closed = (Message("user", tuple(prompts.synthetic_block(i, BUDGET_CLOSED) for i in ids), kind="tool_results"),
-              ) if ids else ()
+    finished = {b.get("tool_use_id"): b for b in e.finished}
+    closed = (Message("user", tuple(finished[i] if i in finished else prompts.synthetic_block(i, BUDGET_CLOSED)
+                                    for i in ids), kind="tool_results"),) if ids else ()
     return _ended({"messages": _kept(s, e, *closed), "terminal_reason": T.BUDGET_EXHAUSTED,
                    "terminal_detail": prompts.budget_reached(lim.max_budget_usd or 0.0)})
 

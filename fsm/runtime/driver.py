@@ -441,7 +441,7 @@ class Driver:
             self.log.warning("model.duplicate_tool_use_ids", renamed=asm.renamed_ids)
         started = tuple(i for i in executor.tool_use_ids if executor.status(i) != QUEUED)
         return phases.stream_ended(response, json_schema=self.options.json_schema is not None,
-                                   cost_usd=self.account.cost_usd, started=started)
+                                   cost_usd=self.account.cost_usd, started=started, finished=_finished(executor))
 
     async def _stopped_mid_stream(self, state: LoopState) -> Aborted:
         """The stream was cut by a stop. On the user's interrupt, ``block`` tools the response already

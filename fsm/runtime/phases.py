@@ -225,10 +225,10 @@ def account_response(account: RunAccount, response: ModelResponse, default_model
 
 
 def stream_ended(response: ModelResponse, *, json_schema: bool, cost_usd: float = 0.0,
-                 started: tuple[str, ...] = ()) -> StreamEnded:
+                 started: tuple[str, ...] = (), finished: tuple[Mapping[str, Any], ...] = ()) -> StreamEnded:
     return StreamEnded(response, json_schema=json_schema,
                        structured_output_ids=calls_of(response.tool_uses(), STRUCTURED_OUTPUT), cost_usd=cost_usd,
-                       started=started)
+                       started=started, finished=finished)
 
 
 # --- dispatch_tools ------------------------------------------------------------------------------

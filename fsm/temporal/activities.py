@@ -67,7 +67,9 @@ from agentfsm.runtime.tasks import (
     STOP_GRACE_S,
     _exit_code,
     _kill_group,
+    cut_off,
     new_task_id,
+    read_task_records,
     tasks_dir,
 )
 from agentfsm.runtime.trace import read_records
@@ -380,7 +382,8 @@ class _WorkerAgents:
             permission_mode=mode if mode in PERMISSION_MODES else spec.permission_mode,
             limits=definition.limits or spec.limits, system_prompt=definition.prompt, append_system_prompt=None,
             json_schema=None, sessions_dir=str(folder), trace_path=trace, parent_session_id=spec.session_id,
-            agent_type=request.subagent_type, depth=spec.depth + 1, parent_trace_path=spec.trace_path)
+            agent_type=request.subagent_type, depth=spec.depth + 1, parent_trace_path=spec.trace_path,
+            parent_prompt_id=getattr(self.ctx.gate, "prompt_id", None))
         start = getattr(self.ctx.gate, "subagent_start", None)
         extra = tuple(await start(agent_id=agent_id, agent_type=request.subagent_type)) if start is not None else ()
         blocks = ({"type": "text", "text": request.prompt}, *reminder_blocks(extra))
@@ -393,11 +396,11 @@ class _ParentIds:
     """What a subagent's hook inputs name of the session that launched it (a local subagent's gate
     reads them from its parent's gate: agentfsm.hooks.gate.HookGate._common)."""
 
-    def __init__(self, session_id: str, transcript_path: str) -> None:
-        self.session_id, self.transcript_path = session_id, transcript_path
+    def __init__(self, session_id: str, transcript_path: str, prompt_id: str | None) -> None:
+        self.session_id, self.transcript_path, self.prompt_id = session_id, transcript_path, prompt_id
 
     def _common(self) -> dict[str, Any]:
-        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "prompt_id": None}
+        return {"session_id": self.session_id, "transcript_path": self.transcript_path, "prompt_id": self.prompt_id}
 
 
 async def _watch_background(bg: _Background, timeout_ms: float, on_exit: Callable[[], None] | None) -> None:
@@ -620,7 +623,7 @@ class Activities:
         if spec.agent_type is not None and hasattr(gate, "agent"):
             # a subagent's hook inputs name it, under the ids of the session that launched it
             gate.agent = (spec.session_id, spec.agent_type)
-            gate.parent = _ParentIds(spec.parent_session_id or "", spec.parent_trace_path or "")
+            gate.parent = _ParentIds(spec.parent_session_id or "", spec.parent_trace_path or "", spec.parent_prompt_id)
         registry, error = phases.structured_output_setup(registry, options.json_schema)
         made = _Context(options, registry, ToolTable.of(registry), gate, error)
         sandbox = getattr(gate, "sandbox", None)
@@ -760,11 +763,14 @@ class Activities:
         history: tuple[Message, ...] = ()
         next_seq = 0
         recorded: dict[str, str] = {}
+        left_running: tuple[Any, ...] = ()
         if inp.resume_path is not None:
             source = Path(inp.resume_path)
             if inp.resumed:
                 heal_tail(source)
             history = load_history(source)
+            # (as a local session's resume reads them: agentfsm.sessions.resume.open_session)
+            left_running = cut_off(read_task_records(read_records(source)))
             if inp.resumed:
                 index = _MessageIndex(source)
                 index.refresh()
@@ -805,7 +811,7 @@ class Activities:
         return RunSetup(system=tuple(system), tool_names=tuple(ctx.registry.names()),
                         static_tokens=phases.static_tokens(system, ctx.registry.api_schemas()), permission_mode=mode,
                         init=init, first=first, history=history, setup_failed=failed, erased=erased,
-                        next_seq=next_seq, recorded=recorded, hook_events=hooked)
+                        next_seq=next_seq, recorded=recorded, hook_events=hooked, cut_off=left_running)
 
     @activity.defn(name="agentfsm.close_run")
     async def close_run(self, spec: SessionSpec) -> None:

@@ -21,6 +21,7 @@ from agentfsm.machine.events import Compaction, ModelError, ModelResponse, Setup
 from agentfsm.machine.options import AgentDefinition, Options
 from agentfsm.machine.state import Limits, LoopState, Message
 from agentfsm.runtime.pipeline import CallResult
+from agentfsm.runtime.tasks import TaskRecord
 
 
 @attrs.frozen
@@ -52,11 +53,12 @@ class SessionSpec:
     sandbox: bool = True
     # the subagent types the Agent tool may launch besides the built-in ones (Options.agents)
     agents: Mapping[str, AgentDefinition] = attrs.field(factory=dict)
-    # a subagent's session: its type, how deep it nests, and the session file of the session that
-    # launched it (its hook inputs name that session, as a local subagent's do)
+    # a subagent's session: its type, how deep it nests, and the session file and prompt id of the
+    # session that launched it (its hook inputs name that session, as a local subagent's do)
     agent_type: str | None = None
     depth: int = 0
     parent_trace_path: str | None = None
+    parent_prompt_id: str | None = None
 
     @classmethod
     def of(cls, options: Options, *, session_id: str, trace_path: Path | None,
@@ -143,6 +145,9 @@ class RunSetup:
     recorded: Mapping[str, str] = attrs.field(factory=dict)
     # the hook events the session has hooks for (asking the others is skipped)
     hook_events: tuple[str, ...] = HOOK_EVENTS
+    # the background tasks the resumed session's file says were running when its last run ended: they
+    # were cut off with it (agentfsm.runtime.tasks.cut_off), and this run reports them
+    cut_off: tuple[TaskRecord, ...] = ()
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, CancelledError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, CancelledError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     import json
@@ -302,6 +302,7 @@ class SessionWorkflow:
                                 workflow_id=info.workflow_id, run_id=info.run_id)
             for m in setup.history:
                 self._trace.message(m)
+        self._announce_cut_off(setup.cut_off)
         self._emit(dict(setup.init))
         first = setup.first
         self._trace.message(phases.recorded_prompt(first, setup.erased))
@@ -895,6 +896,28 @@ class SessionWorkflow:
         self._queues[rec.task_id] = start.task_queue
         self._watches[rec.task_id] = (handle, asyncio.create_task(self._watch(start, handle)))
 
+    def _announce_cut_off(self, cut: Sequence[TaskRecord]) -> None:
+        """The tasks a resumed session's last run left running were cut off with it: each is recorded
+        ``killed``, the client told (``stopped``, before the run's ``init``) and the model notified
+        with the run's first request, as a local session's resume reports them
+        (agentfsm.runtime.tasks.TaskRegistry.restore and announce_cut_off)."""
+        assert self._trace is not None
+        for rec in cut:
+            ended = attrs.evolve(rec, status=KILLED, ended_ms=self._now_ms(), summary=prompts.task_cut_off_summary(rec))
+            self._tasks[rec.task_id] = ended
+            self._trace.write(ended.to_record())
+        for rec in sorted(cut, key=lambda r: r.task_type == LOCAL_BASH):  # agents first, as Claude Code
+            ended = self._tasks[rec.task_id]
+            agent = rec.task_type != LOCAL_BASH
+            self._emit({"type": "system", "subtype": "task_notification", "task_id": rec.task_id,
+                        "tool_use_id": rec.tool_use_id, "status": "stopped", "output_file": rec.output_file,
+                        "summary": ended.summary, "session_id": self._spec.session_id})
+            text = prompts.task_notification(
+                task_id=rec.task_id, tool_use_id=None if agent else rec.tool_use_id,
+                output_file=rec.output_file if agent else None, status="stopped", summary=ended.summary,
+                note=prompts.TASK_CUT_OFF_NOTE_AGENT if agent else prompts.TASK_CUT_OFF_NOTE_COMMAND)
+            self._notes.append(Message("user", ({"type": "text", "text": text},), kind="task_notification"))
+
     def _agent_started(self, start: AgentStart) -> None:
         """An Agent call launched a background agent: record its task, tell the client (with the
         agent's type and prompt), and run its session as a child workflow (the same workflow: its loop
@@ -929,7 +952,8 @@ class SessionWorkflow:
             # the usage element of the notification of a finished agent (Claude Code's)
             usage = {"subagent_tokens": tokens, "tool_uses": int(result.get("tool_uses") or 0),
                      "duration_ms": int(result.get("duration_ms") or 0)}
-        except (ChildWorkflowError, asyncio.CancelledError) as exc:  # a crashed agent is still reported
+        except (ChildWorkflowError, WorkflowAlreadyStartedError, asyncio.CancelledError) as exc:
+            # an agent that could not start or crashed is still reported
             workflow.logger.warning("background agent %s failed: %s", task_id, exc)
             text = _cause(exc)
         if not self._tasks[task_id].running:
@@ -1027,6 +1051,10 @@ class SessionWorkflow:
         if watches or ended:
             await workflow.wait_condition(lambda: all(w.done() for _, (_, w) in watches)
                                           and all(w.done() for w in ended))
+        for task_id, _ in watches:
+            # (an agent that ended while a TaskStop call the stop left unstarted was to say what ended it)
+            if self._tasks[task_id].running:
+                self._task_finished(task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""

@@ -570,30 +570,28 @@ class Walker:
 
     # -- the end ------------------------------------------------------------------------------------
 
-    def _rejected_only(self, batch: _Batch) -> bool:
-        """Every call of the batch has a result, each an error, and the observation that dispatched it is
-        the last move (nothing after it)."""
-        uses = [str(u.get("id")) for u in batch.response.tool_uses()]
+    def _answered_in_stream(self, batch: _Batch) -> bool:
+        """Some calls of the batch have their results and the observation that dispatched it is the last
+        move (nothing after it): the calls that finished while the response streamed, before the client
+        stopped over budget."""
         last = next((i for i in reversed(self.items) if isinstance(i, Observation)), None)
-        return (bool(uses) and all(batch.results.get(u) and all(b.get("is_error") for _, b in batch.results[u])
-                                   for u in uses)
-                and last is not None and last.observed == ("dispatch",))
+        return bool(batch.results) and last is not None and last.observed == ("dispatch",)
 
     def on_over_budget(self, line: int, cost_usd: float) -> None:
         """The client ended the run over its --max-budget-usd (spent ``cost_usd``) right after a response: the
         response takes ``over_budget``; none of its tool calls ran."""
         batch = self.batch
-        if self.phase is Phase.DISPATCH_TOOLS and batch is not None and self._rejected_only(batch):
-            # every call of the response was rejected before its tool ran (input failing its schema, a
-            # task that does not exist): Claude Code recorded their errors, then stopped over budget
+        if self.phase is Phase.DISPATCH_TOOLS and batch is not None and self._answered_in_stream(batch):
+            # calls that finished while the response streamed (rejected before their tool, or run to the
+            # end) have their results recorded, the others none: over_budget keeps the finished ones
             at = next(i for i in range(len(self.items) - 1, -1, -1)
                       if isinstance(self.items[i], Observation) and self.items[i].observed == ("dispatch",))
             ended = self.items[at]
             assert isinstance(ended, Observation) and isinstance(ended.event, StreamEnded)
-            self.items[at] = Observation(ended.line, attrs.evolve(ended.event, cost_usd=cost_usd), ("over_budget",))
-            self.find(line, "cc_budget_answered_rejected_calls",
-                      f"{len(batch.results)} call(s) rejected before their tools ran were answered, then the run "
-                      "stopped over budget; followed as over_budget")
+            finished = tuple(results[0][1] for u in batch.response.tool_uses()
+                             if (results := batch.results.get(str(u.get("id")))))
+            self.items[at] = Observation(ended.line, attrs.evolve(ended.event, cost_usd=cost_usd, finished=finished),
+                                         ("over_budget",))
             self.phase, self.batch, self.response = Phase.STOP, None, None
             return
         if self.phase is Phase.ASSEMBLE:
