@@ -132,8 +132,8 @@ async def drive(tmp: Path, behaviour: list[Response], limits: Limits, *, retries
     assert not late, f"requests {late} were sent after the result"
     assert result.terminal_reason not in ERROR_REASONS_NEVER_EXPECTED, (result.terminal_reason, result.errors)
     # bounded: each request takes one scripted answer, and only blocking Stop hooks add requests past
-    # the script's end (up to their cap)
-    assert model.count <= len(behaviour) + limits.stop_hook_block_cap + 2
+    # the script's end (up to their cap), and a summary answer without its <summary> block one more
+    assert model.count <= len(behaviour) + limits.stop_hook_block_cap + 3
     # counters within their caps at the end (the auditor checks every step of the trace)
     state = session.last_state
     counters = state.counters()
@@ -185,6 +185,10 @@ def shown_follows_the_moves(out: list[dict[str, Any]], records: list[dict[str, A
             if does.shown is graph.Shown.WITHDRAW:
                 assert call in tombstoned and call not in history, (rec["trigger"], call)
                 assert not any("stream_failed" in str(c) for c in shown.get(call, ())), (rec["trigger"], call)
+            elif does.shown is graph.Shown.KEEP:
+                # an error event after a complete call: the response is kept and the call runs
+                # (cut_after_tool_use); its result is in the history, and nothing is withdrawn
+                assert rec["trigger"] == "dispatch" and call not in tombstoned, (rec["trigger"], call)
             else:
                 assert does.shown is graph.Shown.PAIR and call not in tombstoned, (rec["trigger"], call)
                 assert shown[call] == [history[call]], (rec["trigger"], call)
