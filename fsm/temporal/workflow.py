@@ -29,7 +29,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, CancelledError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, CancelledError, ChildWorkflowError, WorkflowAlreadyStartedError
 
 with workflow.unsafe.imports_passed_through():
     import json
@@ -952,7 +952,8 @@ class SessionWorkflow:
             # the usage element of the notification of a finished agent (Claude Code's)
             usage = {"subagent_tokens": tokens, "tool_uses": int(result.get("tool_uses") or 0),
                      "duration_ms": int(result.get("duration_ms") or 0)}
-        except (ChildWorkflowError, asyncio.CancelledError) as exc:  # a crashed agent is still reported
+        except (ChildWorkflowError, WorkflowAlreadyStartedError, asyncio.CancelledError) as exc:
+            # an agent that could not start or crashed is still reported
             workflow.logger.warning("background agent %s failed: %s", task_id, exc)
             text = _cause(exc)
         if not self._tasks[task_id].running:
@@ -1050,6 +1051,10 @@ class SessionWorkflow:
         if watches or ended:
             await workflow.wait_condition(lambda: all(w.done() for _, (_, w) in watches)
                                           and all(w.done() for w in ended))
+        for task_id, _ in watches:
+            # (an agent that ended while a TaskStop call the stop left unstarted was to say what ended it)
+            if self._tasks[task_id].running:
+                self._task_finished(task_id, KILLED, None, prompts.BACKGROUND_SESSION_ENDED, notify=False)
 
     async def stop_hooks(self, state: LoopState) -> StopHookVerdict:
         """Stop hooks are due after a completed end of turn; a stop while they run lets the end stand."""
