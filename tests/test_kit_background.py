@@ -32,7 +32,7 @@ from agentfsm.testing.scripted import ScriptedModel
 from agentfsm.testing.stateful import wire_problems
 from agentfsm.tools import bash as bash_tool
 
-FAST = 0.2  # the strategy's unit of time here: commands of 0.4 s, timeouts of 0.2 s
+FAST = 0.15  # the strategy's unit of time here: commands of 0.15, 0.45 and 0.75 s, timeouts of 0.15 s
 
 # tool turns of background work (a final answer after them ends the turn; -p then waits for the work)
 _turns = st.lists(kit.background_work_responses(seconds=FAST), min_size=1, max_size=4).map(kit.unique_tool_ids)

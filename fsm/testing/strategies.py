@@ -539,10 +539,10 @@ def background_work_responses(*, seconds: float = 1.0,
                               tool_use_id: str = "toolu_bg") -> SearchStrategy[StreamedResponse]:
     """A tool turn that starts or stops background work (issue 30), as Claude Code 2.1.332's model may:
 
-    * Bash with ``run_in_background``: a command that succeeds or fails after ``2 × seconds`` (its
-      notification comes after the turn ended: ``-p`` waits for it and runs the notification pass),
-      or at once (its notification joins a later request of the run);
-    * a foreground Bash command that outruns its ``timeout`` (``seconds``; the command takes 4× that):
+    * Bash with ``run_in_background``: a command that succeeds or fails after ``3 × seconds``, or ends
+      after ``seconds`` (its notification joins the result of a moved command below when one is
+      waiting, else comes after the turn ended: ``-p`` waits for it and runs the notification pass);
+    * a foreground Bash command that outruns its ``timeout`` (``seconds``; the command takes 5× that):
       it moves to the background instead of being killed (answered no sooner than 2 s after it started,
       ``agentfsm.tools.bash.MOVED_ANSWER_AFTER_MS``: a command over by then is answered as a background
       task, with its notification);
@@ -552,15 +552,19 @@ def background_work_responses(*, seconds: float = 1.0,
     Commands only print and sleep, so a run that draws them leaves nothing behind when it ends.
     """
     # long enough that the instant scripted turns after them are over first (when they end is then
-    # the same for every client: after the turn, while ``-p`` waits), except the one that ends at once
+    # the same for every client). A moved command's call is answered 2 × seconds after it started
+    # (MOVED_ANSWER_AFTER_MS, at the default seconds): requests then come at even multiples of
+    # ``seconds``, and every command here ends at an odd one, a whole ``seconds`` from any request. (A
+    # command that ends at once, or one ending on a request, races the next request: conform-933b018b08
+    # ended at 2 s with a request at 2 s, conform-338ecef2b2's `echo` before or after the next request.)
     background = st.builds(
         lambda cmd, desc: ToolUseBlock(tool_use_id, "Bash", {"command": cmd, "description": desc,
                                                              "run_in_background": True}),
-        st.sampled_from([f"sleep {2 * seconds:g}; echo BG_DONE", "echo BG_AT_ONCE",
-                         f"sleep {2 * seconds:g}; echo BG_FAILED >&2; exit 3"]),
+        st.sampled_from([f"sleep {3 * seconds:g}; echo BG_DONE", f"sleep {seconds:g}; echo BG_SOON",
+                         f"sleep {3 * seconds:g}; echo BG_FAILED >&2; exit 3"]),
         st.sampled_from(["background work", "slow check"]))
     timed_out = st.just(ToolUseBlock(tool_use_id, "Bash", {
-        "command": f"echo SLOW_START; sleep {4 * seconds:g}; echo SLOW_END", "description": "slow",
+        "command": f"echo SLOW_START; sleep {5 * seconds:g}; echo SLOW_END", "description": "slow",
         "timeout": max(1, int(seconds * 1000))}))
     stop = st.sampled_from([("TaskStop", "task_id"), ("KillShell", "shell_id")]).map(
         lambda t: ToolUseBlock(tool_use_id, t[0], {t[1]: "no_such_task"}))
