@@ -395,14 +395,16 @@ def _stop_hooks(s: LoopState, e: StopHookVerdict, lim: Limits) -> tuple[str, dic
 
 
 def _task_notified(s: LoopState, e: TaskNotified, lim: Limits) -> tuple[str, dict[str, Any]]:
-    # a run that ended completed (its Stop hooks run), on an API error, a prompt or request too long, or at
-    # max_turns — even with no turn left — goes on when its background work reports (Claude Code 2.1.332);
-    # the notifications join the history and a new turn starts: the per-turn counters and flags start
-    # over, and so does stop_hook_active (a new pass of the loop)
+    # a run that ended completed (its Stop hooks run), on an API error, or a prompt or request too long
+    # goes on when its background work reports (Claude Code 2.1.332) — while another turn fits under
+    # max_turns; the notifications join the history and a new turn starts: the per-turn counters and
+    # flags start over, and so does stop_hook_active (a new pass of the loop)
     if s.stop_hooks_due:
         raise Refusal("the Stop hooks have not run yet")
-    if s.terminal_reason not in (T.COMPLETED, T.API_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR, T.MAX_TURNS):
+    if s.terminal_reason not in (T.COMPLETED, T.API_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR):
         raise Refusal(f"a run that ended {s.terminal_reason} is not continued by a notification")
+    if _turn_cap(s, lim):
+        raise Refusal("another turn would exceed max_turns")
     t = s.compact_tracking
     # (marked as the notifications that started a pass: they go as a message of their own)
     notes = tuple(attrs.evolve(m, kind="task_notification_pass") for m in e.notifications)
