@@ -134,7 +134,6 @@ class AnthropicTransport:
         except RecursionError as exc:
             raise ModelCallError(ModelError("model", "Malformed response from the API: nested too deeply")) from exc
 
-
     def _at(self, error: ModelError) -> ModelError:
         """The error with the gateway that gave it (Claude Code's text for a 5xx names it)."""
         return attrs.evolve(error, endpoint=self.endpoint) if self.endpoint else error

@@ -89,24 +89,30 @@ def split_for_compaction(messages: Sequence[Message], *, whole: bool = False
 
 def summary_request(messages: Sequence[Message], *, model: str, system: tuple[Mapping[str, Any], ...],
                     max_tokens: int = 8192, custom_instructions: str | None = None,
-                    metadata: Mapping[str, Any] | None = None, whole: bool = False, again: bool = False
+                    metadata: Mapping[str, Any] | None = None, whole: bool = False
                     ) -> tuple[ModelRequest, list[Message]] | None:
     """The summarisation request for ``messages`` (history before the last exchange plus a
-    text-only instruction, no tools offered) and the messages it keeps; None when impossible.
-    ``again``: the request asked once more after an answer without its ``<summary>`` block."""
+    text-only instruction, no tools offered) and the messages it keeps; None when impossible."""
     split = split_for_compaction(messages, whole=whole)
     if split is None:
         return None
     head, tail = split
-    instruction = prompts.COMPACT_INSTRUCTION
+    return _request(head, _instruction(custom_instructions), model=model, system=system, max_tokens=max_tokens,
+                    metadata=metadata), tail
+
+
+def _instruction(custom_instructions: str | None) -> str:
     if custom_instructions:
-        instruction += f"\n\nAdditional instructions:\n{custom_instructions}"
-    if again:
-        instruction += "\n\n" + prompts.COMPACT_AGAIN
+        return f"{prompts.COMPACT_INSTRUCTION}\n\nAdditional instructions:\n{custom_instructions}"
+    return prompts.COMPACT_INSTRUCTION
+
+
+def _request(head: Sequence[Message], instruction: str, *, model: str, system: tuple[Mapping[str, Any], ...],
+             max_tokens: int, metadata: Mapping[str, Any] | None) -> ModelRequest:
+    """``head`` to summarise, then the instruction; no tools offered."""
     request_msgs = [*head, Message("user", instruction, kind="meta")]
-    request = ModelRequest(model=model, system=system, messages=tuple(normalize(request_msgs)), tools=(),
-                           max_tokens=max_tokens, metadata=dict(metadata or {}))
-    return request, tail
+    return ModelRequest(model=model, system=system, messages=tuple(normalize(request_msgs)), tools=(),
+                        max_tokens=max_tokens, metadata=dict(metadata or {}))
 
 
 # the summary proper: what the model wrote in its <summary> block (its <analysis> is working, not kept)
@@ -172,20 +178,23 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
     request's usage so its cost counts towards the budget like any other request; ``on_failure(why)``
     why a summary request that was sent failed, in the words the run's result gives.
     """
-    built = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
-                            custom_instructions=custom_instructions, metadata=metadata,
-                            whole=trigger == "reactive")
-    if built is None:
+    split = split_for_compaction(messages, whole=trigger == "reactive")
+    if split is None:
         log.info("compact.impossible", trigger=trigger, messages=len(messages))
         return None
-    request, tail = built
+    head, tail = split
+    instruction = _instruction(custom_instructions)
+
+    async def ask(instruction: str) -> ModelResponse | _Failed:
+        return await _ask(client, _request(head, instruction, model=model, system=system, max_tokens=max_tokens,
+                                           metadata=metadata), model, on_usage)
 
     def failed(why: str, logged: str) -> None:
         log.warning("compact.failed", trigger=trigger, error=logged)
         if on_failure is not None:
             on_failure(why)
 
-    first = await _ask(client, request, model, on_usage)
+    first = await ask(instruction)
     if isinstance(first, _Failed):
         failed(first.why, first.logged)
         return None
@@ -196,13 +205,10 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
     if _SUMMARY_BLOCK.search(text) is None:
         # an answer without its <summary> block: asked once more, saying so, as Claude Code 2.1.332 does; the
         # second answer is taken when it has the block, the first otherwise (docs/conform.md)
-        again = summary_request(messages, model=model, system=system, max_tokens=max_tokens,
-                                custom_instructions=custom_instructions, metadata=metadata,
-                                whole=trigger == "reactive", again=True)
-        assert again is not None  # the same split as the first
-        second = await _ask(client, again[0], model, on_usage)
-        if not isinstance(second, _Failed) and _SUMMARY_BLOCK.search(second.visible_text()) is not None:
-            text = second.visible_text()
+        second = await ask(f"{instruction}\n\n{prompts.COMPACT_AGAIN}")
+        again = "" if isinstance(second, _Failed) else second.visible_text()
+        if _SUMMARY_BLOCK.search(again) is not None:
+            text = again
         else:
             log.info("compact.kept_first_answer", trigger=trigger)
     summary = kept_summary(text)

@@ -400,7 +400,7 @@ class Driver:
         if graph.compaction_wanted(state, event, self.limits):
             why: list[str] = []
             compaction = await self._compact(state, "reactive", why.append, error=error.message)
-            event = attrs.evolve(event, compaction=compaction, compaction_failure="".join(why[-1:]))
+            event = attrs.evolve(event, compaction=compaction, compaction_failure=why[0] if why else "")
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
         self.account.api_error_status, self.account.api_error_endpoint = error.status, error.endpoint

@@ -905,7 +905,8 @@ class Activities:
                                        messages=messages, trigger=inp.trigger,
                                        metadata=phases.request_metadata(spec.session_id), on_usage=on_usage,
                                        on_failure=why.append)
-        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}), "".join(why[-1:]))
+        return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}),
+                              why[0] if why else "")
 
     # --- tools -------------------------------------------------------------------------------------
 

@@ -589,7 +589,7 @@ class SessionWorkflow:
                 event = attrs.evolve(event, compaction=await self._compact(state, "reactive", why.append))
             except (_Stopped, ActivityError):
                 pass
-            event = attrs.evolve(event, compaction_failure="".join(why[-1:]))
+            event = attrs.evolve(event, compaction_failure=why[0] if why else "")
         self._account.api_error_status, self._account.api_error_endpoint = error.status, error.endpoint
         return event
 

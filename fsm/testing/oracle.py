@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agentfsm.auditing.audit import NotATrace, audit_report
+from agentfsm.machine import prompts
 from agentfsm.testing.server import ScriptedServer
 
 MODEL = "claude-sonnet-4-5"
@@ -56,9 +57,8 @@ OWN_ESTIMATE = re.compile(r"(this conversation is only ~)\d+( tokens)")
 # and the message that carries a summary into the conversation is written by what it carries (the text
 # after the shared opening sentence, less Claude Code's reminder before it and its pointer to the
 # transcript after it). What is compared is which messages were summarised, and the summary itself.
-COMPACT_INSTRUCTION_OPENINGS = ("CRITICAL: Respond with TEXT ONLY", "Your task is to create a detailed summary")
-COMPACT_SUMMARY_OPENING = ("This session is being continued from a previous conversation that ran out of "
-                           "context. The summary below covers the earlier portion of the conversation.")
+COMPACT_INSTRUCTION_OPENINGS = ("CRITICAL: Respond with TEXT ONLY", prompts.COMPACT_INSTRUCTION[:40])
+COMPACT_SUMMARY_OPENING = prompts.COMPACT_SUMMARY_PREFIX.rstrip()  # the same sentence in both clients
 _SUMMARY_TAIL = re.compile(r"\n\n(If you need specific details from before compaction|Continue the conversation "
                            r"from where it left off).*", re.S)
 _LEADING_REMINDER = re.compile(r"^\s*<system-reminder>.*?</system-reminder>\s*", re.S)
