@@ -24,6 +24,7 @@ import pytest
 
 from agentfsm.llm.model import ModelRequest
 from agentfsm.machine.options import Options
+from agentfsm.machine.state import Limits
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
 
@@ -41,9 +42,16 @@ def _recorder() -> Any:
 
 RECORD = _recorder()
 REPLAYED = ("bash_background_read", "bash_timeout_background", "task_stop", "notification_after_turn",
-            "subagent_background", "notification_mid_run", "json_schema_background")
+            "subagent_background", "notification_mid_run", "json_schema_background",
+            # the ends after which a notification still starts a pass (graph.NOTIFIED_AFTER), and a pass's
+            # own turns against --max-turns
+            "notified_after_max_turns", "pass_counts_its_own_turns", "notified_after_hook_stopped",
+            "notified_after_stop_hook_prevented", "notified_after_budget")
 
 _BUDGET = re.compile(r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>")
+# the USD budget's figures: what a request costs follows its size, and each client's system prompt and tools
+# are its own (the reminder's place and form are still compared)
+_SPENT = re.compile(r"USD budget: \$[\d.]+/\$([\d.]+); \$[\d.]+ remaining")
 # a notification with the system reminder that heads it (its header is Claude Code's protocol text)
 _NOTE = re.compile(r"<system-reminder>\n[^<]*<task-notification>.*?</task-notification>\n</system-reminder>", re.S)
 # what a run measures differs from run to run: a subagent's wall-clock time in its notification's usage
@@ -106,7 +114,8 @@ def features(bodies: Sequence[Mapping[str, Any]], prompt: str) -> list[list[Any]
             for b in blocks:
                 if b.get("type") == "tool_result":
                     seen.append(["result", b["tool_use_id"], bool(b.get("is_error")),
-                                 norm(_BUDGET.sub("", _text(b.get("content", "")))).rstrip()])
+                                 _SPENT.sub(r"USD budget: $N/$\1; $N remaining",
+                                            norm(_BUDGET.sub("", _text(b.get("content", ""))))).rstrip()])
                 elif b.get("type") == "text":
                     seen += [["notification", norm(n)] for n in _NOTE.findall(b["text"])]
         out.append(seen)
@@ -131,9 +140,11 @@ async def our_bodies(case: str, ws: Path) -> tuple[list[dict[str, Any]], list[di
         return RECORD.text("ok") if conv == "side" else spec["route"](request, conv)
 
     seen: list[dict[str, Any]] = []
+    given = dict(spec.get("options", {}))  # the case's flags (its "args"), as our options
+    limits = Limits(**{k: given.pop(k) for k in ("max_turns", "max_budget_usd") if k in given})
     options = Options(permission_mode="bypassPermissions", cwd=ws, sessions_dir=ws.parent / "sessions",
                       setting_sources=(), tools=tuple(spec["tools"].split(",")), sandbox=False,
-                      json_schema=spec.get("json_schema"))
+                      json_schema=spec.get("json_schema"), limits=limits, **given)
     session = Session(options, client=ScriptedModel(answer), emit=seen.append)
     try:
         result = await session.run(spec["prompt"])
@@ -249,7 +260,9 @@ def test_the_client_sees_claude_codes_task_messages(case: str, replayed: Callabl
 # Claude Code counts 1 + the tool results of a pass; we count its requests (accepted.json, result.num_turns):
 # the two differ where a response made parallel calls. (index among the compared entries, ours, Claude Code's)
 KNOWN_TURNS: Mapping[str, tuple[tuple[int, int, int], ...]] = {"notification_after_turn": ((0, 2, 3),),
-                                                                 "json_schema_background": ((0, 2, 3), (2, 1, 2))}
+                                                                 "json_schema_background": ((0, 2, 3), (2, 1, 2)),
+                                                                 "notified_after_max_turns": ((0, 1, 2), (2, 1, 2)),
+                                                                 "notified_after_hook_stopped": ((0, 2, 3),)}
 assert {c for c, v in ACCEPTED.items() if "result.num_turns" in v} == set(KNOWN_TURNS)
 
 
@@ -259,7 +272,7 @@ def _results_among_task_messages(msgs: Sequence[Mapping[str, Any]]) -> list[tupl
     out: list[tuple[Any, ...]] = []
     for m in msgs:
         if m.get("type") == "result":
-            out.append(("result", m["subtype"], m["result"], m["num_turns"]))
+            out.append(("result", m["subtype"], m.get("result"), m["num_turns"]))
         else:
             out += _task_messages([m])
     return [o for o in out if o[0] not in ("task_started", "background_tasks_changed")]
@@ -281,7 +294,7 @@ def test_a_result_per_pass_where_claude_codes_come(case: str, replayed: Callable
     assert ours == theirs
     # the run's result is its last pass's
     last = [m for m in seen if m.get("type") == "result"][-1]
-    assert (result.result, result.num_turns) == (last["result"], last["num_turns"])
+    assert (result.to_dict().get("result"), result.num_turns) == (last.get("result"), last["num_turns"])
 
 
 @pytest.mark.skipif(not os.environ.get("AGENTFSM_CLAUDE"), reason="set AGENTFSM_CLAUDE to the reference client "
@@ -411,6 +424,7 @@ def test_the_auditor_reads_a_notification_pass_as_the_same_run_in_either_clients
     assert len(theirs.runs) == 1, [r.cause for r in theirs.runs]  # (our session file's report lists none)
     for report in (theirs, ours):
         assert [m.label for m in report.moves].count("task_notification") == passes - 1 >= 0
-        assert report.terminal_reason == "completed"
+        # the last pass's end, as Claude Code's last result says it
+        assert report.terminal_reason == [m for m in _stream(case) if m.get("type") == "result"][-1]["terminal_reason"]
         assert not [f for f in report.findings if f.severity == "error"], report.findings
     assert [m.label for m in theirs.moves] == [m.label for m in ours.moves]

@@ -395,21 +395,20 @@ def _stop_hooks(s: LoopState, e: StopHookVerdict, lim: Limits) -> tuple[str, dic
 
 
 def _task_notified(s: LoopState, e: TaskNotified, lim: Limits) -> tuple[str, dict[str, Any]]:
-    # a run that ended completed (its Stop hooks run), on an API error, or a prompt or request too long
-    # goes on when its background work reports (Claude Code 2.1.332) — while another turn fits under
-    # max_turns; the notifications join the history and a new turn starts: the per-turn counters and
-    # flags start over, and so does stop_hook_active (a new pass of the loop)
+    # a run that ended any way but interrupted or moved to the background by its host goes on when its
+    # background work reports (Claude Code 2.1.332: completed, API errors, max_turns even with no turn
+    # left, the budget, hooks' `continue: false`, a deferred call, structured output exhausted), once its
+    # Stop hooks have run; the notifications join the history and a new pass starts: the per-turn counters
+    # and flags start over, stop_hook_active too, and the pass counts its own turns from the first
     if s.stop_hooks_due:
         raise Refusal("the Stop hooks have not run yet")
-    if s.terminal_reason not in (T.COMPLETED, T.API_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR):
+    if s.terminal_reason in (T.ABORTED_STREAMING, T.ABORTED_TOOLS, T.BACKGROUND_REQUESTED):
         raise Refusal(f"a run that ended {s.terminal_reason} is not continued by a notification")
-    if _turn_cap(s, lim):
-        raise Refusal("another turn would exceed max_turns")
     t = s.compact_tracking
     # (marked as the notifications that started a pass: they go as a message of their own)
     notes = tuple(attrs.evolve(m, kind="task_notification_pass") for m in e.notifications)
     return "task_notification", {
-        "messages": (*s.messages, *notes), "turn_count": s.turn_count + 1,
+        "messages": (*s.messages, *notes), "turn_count": 1,
         "max_output_tokens_recovery_count": 0, "malformed_tool_use_retry_count": 0,
         "structured_output_retry_count": 0, "has_attempted_reactive_compact": False, "thinking_only_nudged": False,
         "empty_response_nudged": False, "stop_hook_blocking_count": 0, "stop_hook_active": False,
@@ -898,14 +897,22 @@ def test_a_guard_is_its_name_and_a_route_its_declaration() -> None:
 
 
 @given(tokens=st.integers(0, 400), window=st.integers(100, 300), buffer=st.integers(0, 100),
-       failures=st.integers(0, 4), max_failures=st.integers(1, 3), auto=st.booleans())
-def test_auto_compaction_is_due_over_the_threshold_until_it_failed_too_often(
-        tokens: int, window: int, buffer: int, failures: int, max_failures: int, auto: bool) -> None:
+       failures=st.integers(0, 4), max_failures=st.integers(1, 3), auto=st.booleans(),
+       budget=st.one_of(st.none(), st.sampled_from([0.5, 1.0])), cost=st.sampled_from([0.0, 0.99, 1.0, 1.5]),
+       retries=st.sampled_from([0, 1]))
+def test_auto_compaction_is_due_over_the_threshold_until_it_failed_too_often_or_the_budget_is_spent(
+        tokens: int, window: int, buffer: int, failures: int, max_failures: int, auto: bool,
+        budget: float | None, cost: float, retries: int) -> None:
     lim = Limits(context_window=window, auto_compact_buffer=buffer, auto_compact=auto,
-                 max_consecutive_compact_failures=max_failures)
-    state = LoopState(compact_tracking=CompactTracking(consecutive_failures=failures))
-    for t in (tokens, window - buffer - 1, window - buffer, window - buffer + 1):
-        assert graph.should_auto_compact(state, t, lim) == (auto and t > window - buffer and failures < max_failures)
+                 max_consecutive_compact_failures=max_failures, max_budget_usd=budget)
+    state = LoopState(compact_tracking=CompactTracking(consecutive_failures=failures), stream_retry_count=retries)
+    # a spent budget refuses the next new request (a stream sent again is not new): no summary before it;
+    # the cost exactly at the budget too, on both sides
+    for c in (cost, *(() if budget is None else (budget, budget - 0.01))):
+        spent = budget is not None and c >= budget and not retries
+        for t in (tokens, window - buffer - 1, window - buffer, window - buffer + 1):
+            assert graph.should_auto_compact(state, t, lim, cost_usd=c) == (
+                auto and t > window - buffer and failures < max_failures and not spent)
 
 
 @given(background=st.sampled_from([None, False, True, "the host said so"]),
@@ -918,12 +925,14 @@ def test_the_preflight_refuses_in_order(background: Any, budget: float | None, c
     its stream broke, which Claude Code 2.1.332 does not check), then over the blocking limit."""
     lim = Limits(max_budget_usd=budget, context_window=window, blocking_buffer=buffer)
     state = None if retries is None else LoopState(phase=C, stream_retry_count=retries)
-    for t in (tokens, window - buffer, window - buffer + 1):
-        refused = graph.preflight_refusal(background=background, cost_usd=cost, tokens=t, limits=lim, state=state)
+    # the generated cost, and the cost exactly at the budget and just under it
+    for spent, t in itertools.product((cost, *(() if budget is None else (budget, budget - 0.01))),
+                                      (tokens, window - buffer, window - buffer + 1)):
+        refused = graph.preflight_refusal(background=background, cost_usd=spent, tokens=t, limits=lim, state=state)
         if background:
             assert refused == Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                                       else "Moved to the background before the next request")
-        elif budget is not None and cost >= budget and not retries:
+        elif budget is not None and spent >= budget and not retries:
             assert refused == Refused(T.BUDGET_EXHAUSTED, f"Reached maximum budget (${budget:g})")
         elif t > window - buffer:
             assert refused is not None and refused.reason is T.BLOCKING_LIMIT

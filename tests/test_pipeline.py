@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import structlog
 
@@ -398,6 +399,27 @@ async def test_pre_hook_stop_marks_stop_but_the_call_runs() -> None:
     read = FakeRead()
     r = await run(use(), read, gate=Recorder(pre=PreToolOutcome(stop=True, stop_reason="enough")))
     assert r.stop and r.stop_reason == "enough" and not r.is_error and len(read.calls) == 1
+    # the model is told inside the result (a pass that task notifications start shows it: Claude Code 2.1.332)
+    assert content(r) == ("1\tcontents of /a.txt\n\n<system-reminder>\nPreToolUse:Read hook stopped continuation: "
+                          "enough\n</system-reminder>") and r.after == ()
+
+
+@pytest.mark.parametrize(("event", "words"), [("PreToolUse", "Execution stopped by hook"),
+                                              ("PostToolUse", "Execution stopped by PostToolUse hook")])
+async def test_a_hook_stop_without_a_reason_is_told_in_claude_codes_words(event: str, words: str) -> None:
+    outcome = {"pre": PreToolOutcome(stop=True)} if event == "PreToolUse" else {"post": PostToolOutcome(stop=True)}
+    r = await run(use(), gate=Recorder(**outcome))
+    assert r.stop and content(r) == (f"1\tcontents of /a.txt\n\n<system-reminder>\n{event}:Read hook stopped "
+                                     f"continuation: {words}\n</system-reminder>")
+
+
+async def test_a_pre_hook_stop_after_its_context_is_a_block_after_it() -> None:
+    r = await run(use(), gate=Recorder(pre=PreToolOutcome(stop=True, stop_reason="halt", additional_context=("c1",))))
+    assert content(r) == "1\tcontents of /a.txt"
+    assert r.after == ({"type": "text", "text": "<system-reminder>\nPreToolUse:Read hook additional context: c1\n"
+                                                "</system-reminder>"},
+                       {"type": "text", "text": "<system-reminder>\nPreToolUse:Read hook stopped continuation: halt\n"
+                                                "</system-reminder>\n"})
 
 
 async def test_pre_hook_additional_context_follows_the_results() -> None:
@@ -662,11 +684,16 @@ async def test_post_hook_blocked_reason_and_context_are_appended_and_stop_marked
                            stop=True, stop_reason="halt")
     gate = Recorder(post=post)
     r = await run(use(), gate=gate)
-    # inside the result, each in a labelled reminder (Claude Code's form)
-    assert content(r) == ("1\tcontents of /a.txt\n\n<system-reminder>\nPostToolUse:Read hook additional context: "
-                          "ctx one\n</system-reminder>\n\n<system-reminder>\nPostToolUse:Read hook blocking error: "
-                          "looks wrong\n</system-reminder>")
+    # `continue: false` is all the model is told of the answer: its context and block are dropped (Claude
+    # Code 2.1.332); without it, each is inside the result in a labelled reminder
+    assert content(r) == ("1\tcontents of /a.txt\n\n<system-reminder>\nPostToolUse:Read hook stopped continuation: "
+                          "halt\n</system-reminder>")
     assert r.stop and r.stop_reason == "halt" and not r.is_error
+    kept = await run(use(), gate=Recorder(post=attrs.evolve(post, stop=False, stop_reason="")))
+    assert content(kept) == ("1\tcontents of /a.txt\n\n<system-reminder>\nPostToolUse:Read hook additional context: "
+                             "ctx one\n</system-reminder>\n\n<system-reminder>\nPostToolUse:Read hook blocking error: "
+                             "looks wrong\n</system-reminder>")
+    assert not kept.stop
     name, response, duration = gate.events[-1][1]
     assert (name, response) == ("Read", "1\tcontents of /a.txt") and duration >= 0
 

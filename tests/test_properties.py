@@ -31,7 +31,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, run_state_machine_as_test
 
 from agentfsm.hooks import HookBlockingError, HookMatcher
+from agentfsm.machine import prompts
 from agentfsm.machine.options import Options
+from agentfsm.machine.prompts import HOOK_STOPPED_SEEN
 from agentfsm.machine.state import Limits, TerminalReason
 from agentfsm.testing import RawToolJsonBlock, Response, StreamedResponse, TextBlock, ToolUseBlock
 from agentfsm.testing.stateful import AgentLoopStateMachine, LoopRun, assert_invariants, run_loop
@@ -242,7 +244,14 @@ def check_tool_properties(run: LoopRun, tools: Sequence[Tool] = TOOLS) -> None:
         if block is not None and not expected_validity(block, tools):
             assert ex.is_error, f"invalid call {block!r} got a non-error result {ex.result!r}"
         if ex.name == "Echo" and not ex.is_error:
-            assert ex.text == str(ex.input["text"]) * int(ex.input.get("times", 1)), ex
+            echoed = str(ex.input["text"]) * int(ex.input.get("times", 1))
+            notes = HOOK_STOPPED_SEEN.findall(ex.text)
+            if notes:
+                # a hook that stopped the run says so after the output (right-trimmed, as for any reminder)
+                noted = [prompts.reminder(prompts.HOOK_STOPPED_NOTE.format(event="PreToolUse", tool="Echo",
+                                                                            reason=why)) for why in notes]
+                echoed = "\n\n".join([echoed.rstrip(), *noted] if echoed else noted)
+            assert ex.text == echoed, ex
         if tid in denied:
             assert ex.is_error, f"denied call {tid} has a non-error result"
     exchanged = {str(ex.use.get("id")) for ex in run.tool_exchanges()}

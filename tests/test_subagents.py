@@ -261,10 +261,12 @@ async def test_teardown_stops_background_agents(tmp_path: Path) -> None:
         return text("NEVER", delay_s=30)
 
     rec = Recorder([agent_call("bg", background=True), text("I launched it")], [slow_child])
-    session = Session(options(tmp_path, limits=Limits(max_turns=1)),
+    # the host moves the run to the background before its second request: an end after which the run
+    # does not wait for its background work (graph.NOT_NOTIFIED_AFTER), so the agent still runs
+    session = Session(options(tmp_path, should_stop_before_next_call=lambda s: "moved" if s.turn_count > 1 else None),
                       client=ScriptedModel(rec, per_session=True))
-    result = await session.run("go")  # max_turns ends the run: no waiting for the agent
-    assert result.terminal_reason.value == "max_turns"
+    result = await session.run("go")
+    assert result.terminal_reason.value == "background_requested"
     await asyncio.wait_for(started.wait(), 5)
     assert len(session.background_agents) == 1
     await asyncio.wait_for(session.aclose(), 10)

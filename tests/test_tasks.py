@@ -449,17 +449,18 @@ async def test_the_notification_is_a_declared_move_and_the_run_audits_clean(tmp_
     assert [(f.code, f.severity) for f in findings if f.severity != "info"] == [("unsandboxed_command", "warning")]
 
 
-async def test_no_notification_pass_past_max_turns(tmp_path: Path) -> None:
-    """At max_turns the run does not wait for its background work: the notification would need a turn
-    the limit does not leave."""
+async def test_a_notification_pass_runs_past_max_turns(tmp_path: Path) -> None:
+    """At max_turns the run still waits for its background work and answers its notification, as Claude
+    Code 2.1.332 does (docs/conform.md): the limit ends the turns of a pass, not the session's passes."""
     from agentfsm.machine.state import Limits
 
-    script = [bash("toolu_bg", command="sleep 30", run_in_background=True), text("WAITING"), text("NOT_ASKED")]
+    script = [bash("toolu_bg", command="sleep 0.3; echo BG_DONE", run_in_background=True), text("WAITING"),
+              text("AFTER_THE_PASS")]
     opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
                    setting_sources=(), tools=("Bash",), sandbox=False, limits=Limits(max_turns=2))
     session = Session(opts, client=ScriptedModel(lambda r, n: script[n] if n < 3 else text("X")))
     result = await asyncio.wait_for(session.run("GO"), 20)
-    assert result.result == "WAITING" and session.tasks.running
+    assert result.result == "AFTER_THE_PASS"
     await session.aclose()
     assert session.tasks.running == ()
 
@@ -593,10 +594,13 @@ async def test_a_resumed_session_reports_the_tasks_its_last_process_left_running
     from agentfsm.machine.state import Limits
     from agentfsm.sessions.resume import open_session
 
+    # the host moves the run to the background before its second request: an end after which it does not
+    # wait for its background work (graph.NOTIFIED_AFTER), so the task is still running when it returns
     script = [bash("toolu_bg", command="sleep 30", description="long job", run_in_background=True),
               text("WAITING")]
     opts = Options(permission_mode="bypassPermissions", cwd=tmp_path, sessions_dir=tmp_path / "sessions",
-                   setting_sources=(), tools=("Bash",), sandbox=False, limits=Limits(max_turns=2))
+                   setting_sources=(), tools=("Bash",), sandbox=False, limits=Limits(),
+                   should_stop_before_next_call=lambda state: "moved" if state.turn_count > 1 else None)
     first = Session(opts, client=ScriptedModel(lambda r, n: script[n] if n < 2 else text("X")))
     await first.run("GO")
     (task_id,) = first.tasks.running

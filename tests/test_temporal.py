@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -686,6 +686,10 @@ async def test_a_background_command_notifies_the_model_as_locally(server: DevSer
                                                                      "task_notification"]
     theirs = [m.get("subtype") for m in local if m["type"] == "system" and str(m.get("subtype")).startswith("task_")]
     assert theirs == ["task_started", "task_updated", "task_notification"]
+    # a result per pass, each with the pass's own turns, as a local run (and Claude Code) shows them
+    def results(msgs: list[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(m["subtype"], m.get("result"), m["num_turns"]) for m in msgs if m["type"] == "result"]
+    assert results(shown) == results(local) == [("success", "started it", 2), ("success", "it finished", 1)]
     assert_audits_clean(path)
 
 
@@ -708,12 +712,15 @@ async def test_a_notification_goes_with_the_next_request_while_the_run_goes_on(
 
 async def test_the_end_of_a_run_stops_its_background_commands(server: DevServer, worker: None, queue: str,
                                                                ws: Path, home: Path) -> None:
-    """A run that cannot take notifications (max turns) stops what still runs: killed, not notified."""
-    scenario = scenario_text([_background("sleep 30; echo late > $WS/late"), _text("never")])
-    inp = session_input(options(ws, home, tools=("Bash",), limits=Limits(max_turns=1)), "go", scripted=scenario)
+    """A run that will not take notifications — the user interrupts it while it waits for its background
+    work (graph.NOT_NOTIFIED_AFTER) — stops what still runs: killed, not notified."""
+    scenario = scenario_text([_background("sleep 30; echo late > $WS/late"), _text("waiting")])
+    inp = session_input(options(ws, home, tools=("Bash",)), "go", scripted=scenario)
     shown: list[Mapping[str, Any]] = []
-    result = await run_session(await connect(server.address), inp, shown.append, task_queue=queue)
-    assert result["terminal_reason"] == "max_turns"
+    # the answer that ends the run is shown: the run ends and waits for its command (or is about to)
+    result = await _interrupted_run(await connect(server.address), inp, shown, queue,
+                                    lambda m: m.get("type") == "assistant" and "waiting" in json.dumps(m))
+    assert result["terminal_reason"] == "completed" and result["result"] == "waiting"
     [task] = _tasks_of(Path(inp.spec.trace_path or "")).values()
     assert task["status"] == "killed" and not task["notified"]
     assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["killed"]
@@ -821,7 +828,10 @@ async def test_a_resumed_session_reports_the_tasks_its_last_run_left_running(
     from agentfsm.sessions.session import Session
 
     script = [_background("sleep 30", description="long job"), _text("WAITING")]
-    first = Session(options(ws, home, tools=("Bash",), sandbox=False, limits=Limits(max_turns=2)),
+    # the host moves the run to the background before its second request: an end after which it does not
+    # wait for its background work (graph.NOT_NOTIFIED_AFTER), so the task is still running when it returns
+    first = Session(options(ws, home, tools=("Bash",), sandbox=False,
+                            should_stop_before_next_call=lambda state: "moved" if state.turn_count > 1 else None),
                     client=ScriptedModel(lambda r, n: script[n] if n < 2 else _text("X")))
     await first.run("GO")
     (task_id,) = first.tasks.running
@@ -887,19 +897,35 @@ def _agents_model(ws: Path, *, stop: bool = False) -> Any:
     return ScriptedModel(answer, per_session=True)
 
 
+async def _interrupted_run(client: Any, inp: Any, shown: list[Mapping[str, Any]], queue: str,
+                           interrupt_on: Callable[[Mapping[str, Any]], bool] | None) -> dict[str, Any]:
+    """Follow the session to its result, signalling ``interrupt`` (the user's Ctrl-C) once a shown
+    message satisfies ``interrupt_on``."""
+    handle = await start(client, inp, task_queue=queue)
+    sent: list[asyncio.Future[None]] = []
+
+    def emit(msg: Mapping[str, Any]) -> None:
+        shown.append(msg)
+        if interrupt_on is not None and not sent and interrupt_on(msg):
+            sent.append(asyncio.ensure_future(handle.signal("interrupt")))
+
+    return await asyncio.wait_for(follow(client, handle, emit), 60)
+
+
 def _agent_unvarying(value: Any) -> str:
     return re.sub(r"<duration_ms>\d+</duration_ms>", "<duration_ms/>", _UUIDS.sub("ID", json.dumps(value)))
 
 
 async def _agents_run(server: DevServer, queue: str, ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch,
-                      *, stop: bool, **kw: Any) -> tuple[dict[str, Any], list[Mapping[str, Any]], Path, Any]:
+                      *, stop: bool, interrupt_on: Callable[[Mapping[str, Any]], bool] | None = None,
+                      **kw: Any) -> tuple[dict[str, Any], list[Mapping[str, Any]], Path, Any]:
     tools = ("Agent", "Read", "TaskStop")
     monkeypatch.setenv("HOME", str(home))
     client = await connect(server.address)
     shown: list[Mapping[str, Any]] = []
     async with build_worker(client, task_queue=queue, activities=Activities(client=_agents_model(ws, stop=stop))):
         inp = session_input(options(ws, home, tools=tools, sandbox=False, **kw), "go")
-        result = await run_session(client, inp, shown.append, task_queue=queue)
+        result = await _interrupted_run(client, inp, shown, queue, interrupt_on)
         history = await client.get_workflow_handle(f"agentfsm-session-{inp.spec.session_id}").fetch_history()
     return result, shown, Path(inp.spec.trace_path or ""), history
 
@@ -967,11 +993,13 @@ async def test_task_stop_stops_a_background_agent_as_locally(
 
 async def test_the_end_of_a_run_stops_its_background_agents(
         server: DevServer, queue: str, ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run that cannot take notifications (max turns) stops the agent still running: its workflow is
-    aborted (its session file ends with its result), the task recorded killed and not notified."""
-    result, shown, path, _history = await _agents_run(server, queue, ws, home, monkeypatch, stop=True,
-                                                      limits=Limits(max_turns=1))
-    assert result["terminal_reason"] == "max_turns"
+    """A run that will not take notifications (the user interrupts it once its agent runs: in its turn or
+    while it waits, graph.NOT_NOTIFIED_AFTER) stops the agent still running: its workflow is aborted (its
+    session file ends with its result), the task recorded killed and not notified."""
+    result, shown, path, _history = await _agents_run(
+        server, queue, ws, home, monkeypatch, stop=True, limits=Limits(max_turns=1),
+        interrupt_on=lambda m: m.get("subtype") == "task_started")
+    assert result["terminal_reason"] in ("max_turns", "aborted_tools", "aborted_streaming")
     [task] = _tasks_of(path).values()
     assert task["status"] == "killed" and not task["notified"]
     assert [m["status"] for m in shown if m.get("subtype") == "task_notification"] == ["killed"]

@@ -58,6 +58,7 @@ from agentfsm.machine.graph import DECLARED_MOVES, EDGES_BY_TRIGGER, Edge, Step,
 from agentfsm.machine.state import (
     COUNTER_CAPS,
     COUNTERS,
+    COUNTERS_BY_KEY,
     RAISED_BY,
     TERMINAL_INFO,
     Limits,
@@ -452,9 +453,10 @@ class _Auditor:
             elif new > old and trigger not in raisers:
                 self.add(line, "counter_without_edge",
                          f"counter {name} rose {old} → {new} on {what}; only {', '.join(sorted(raisers))} raise it")
-            elif new < old and new != 0:
+            elif new < old and new != (initial := COUNTERS_BY_KEY[name].default):
+                # a counter goes back only to where it starts (its field's declared default)
                 self.add(line, "counter_backwards", f"counter {name} went back {old} → {new} on {what} "
-                                                    "(counters only reset to 0)")
+                                                    f"(counters only reset, to {initial})")
 
     def _check_caps(self, line: int, what: str, counters: Mapping[str, Any]) -> None:
         # a counter stays over its cap on every move until it resets: report the move that took it

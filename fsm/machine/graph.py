@@ -500,20 +500,20 @@ def stop_hooks_due(s: LoopState, _e: Any, _lim: Limits) -> bool:
     return s.stop_hooks_due
 
 
-# The ends after which a background task's report starts another pass. Claude Code 2.1.332 (oracle runs and
-# the 500-example conform nightly, docs/conform.md) goes on after a completed run and after an API error (a
-# 4xx, a 5xx, a prompt too long, a request too large); an interrupted run stops its tasks instead, and the
-# other ends were not seen going on. (It also goes on at --max-turns with no turn left; agentfsm does not
-# yet: docs/conform.md lists it open.)
-NOTIFIED_AFTER = frozenset({T.COMPLETED, T.API_ERROR, T.PROMPT_TOO_LONG, T.IMAGE_ERROR})
+# The ends after which a background task's report starts another pass: all but an interrupt (which stops
+# the run's tasks) and the host's move to the background (the run goes on elsewhere). Claude Code 2.1.332 goes
+# on after every other end tried (oracle runs, 2026-12-06, docs/conform.md): completed, an API error (a 4xx, a
+# 5xx, a prompt or request too long), --max-turns even with no turn left, --max-budget-usd (whose budget then
+# refuses the pass's request), a PreToolUse hook's `continue: false`, a deferred call, a Stop hook's
+# `continue: false`, structured-output retries exhausted.
+NOT_NOTIFIED_AFTER = frozenset({T.ABORTED_STREAMING, T.ABORTED_TOOLS, T.BACKGROUND_REQUESTED})
+NOTIFIED_AFTER = frozenset(T) - NOT_NOTIFIED_AFTER
 
 
 def takes_notifications(state: LoopState, limits: Limits) -> bool:
     """The run ended and may go on when a background task reports: it ended as :data:`NOTIFIED_AFTER`
-    lists, its Stop hooks (if any were due) having run, and another turn fits under max_turns. The
-    runtime waits for notifications only then."""
-    return (state.phase is X and not state.stop_hooks_due and state.terminal_reason in NOTIFIED_AFTER
-            and not (limits.max_turns is not None and state.turn_count + 1 > limits.max_turns))
+    lists, its Stop hooks (if any were due) having run. The runtime waits for notifications only then."""
+    return state.phase is X and not state.stop_hooks_due and state.terminal_reason in NOTIFIED_AFTER
 
 
 class NotificationPlace(enum.Enum):
@@ -917,12 +917,12 @@ def verdict_passed(_s: LoopState, _e: StopHookVerdict, _lim: Limits) -> Mapping[
 
 def notified(s: LoopState, e: TaskNotified, _lim: Limits) -> Mapping[str, Any]:
     """The notifications join the conversation, as messages that started a pass (their place:
-    :func:`notification_place`), and a new turn starts: the counters declared to reset on a new turn
-    (agentfsm.machine.state.NEW_TURN) start over."""
+    :func:`notification_place`), and a new pass starts: the counters declared to reset on a new turn
+    (agentfsm.machine.state.NEW_TURN) start over, and so does ``turn_count`` (a pass counts its own turns
+    against max_turns, as Claude Code 2.1.332's does: its result's ``num_turns`` is the pass's)."""
     t = s.compact_tracking
     notes = tuple(attrs.evolve(m, kind=PASS_NOTIFICATION) for m in e.notifications)
     return {**resets("task_notification", s), "messages": (*s.messages, *notes),
-            "turn_count": s.turn_count + 1,
             "compact_tracking": attrs.evolve(t, turns_since_compact=t.turns_since_compact + 1)}
 
 
@@ -1477,10 +1477,19 @@ def compaction_wanted(state: LoopState, event: CallFailed, limits: Limits) -> bo
     return route is not None and EDGES_BY_TRIGGER[route.edge].does.compacts
 
 
-def should_auto_compact(state: LoopState, tokens: int, limits: Limits) -> bool:
-    """Compact before the next request: over the threshold, and compaction has not failed too often."""
+def should_auto_compact(state: LoopState, tokens: int, limits: Limits, *, cost_usd: float = 0.0) -> bool:
+    """Compact before the next request: over the threshold, compaction has not failed too often, and the
+    budget is not spent (the next request would be refused: a summary would only spend past it; Claude
+    Code 2.1.332 makes none, tests/fixtures/background/notified_after_budget)."""
     return (limits.auto_compact and tokens > limits.auto_compact_threshold
-            and state.compact_tracking.consecutive_failures < limits.max_consecutive_compact_failures)
+            and state.compact_tracking.consecutive_failures < limits.max_consecutive_compact_failures
+            and not out_of_budget(cost_usd, limits, state))
+
+
+def out_of_budget(cost_usd: float, limits: Limits, state: LoopState | None = None) -> bool:
+    """``--max-budget-usd`` is reached and the next request is a new one (not :func:`sends_again`)."""
+    return (limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd
+            and not (state is not None and sends_again(state)))
 
 
 def sends_again(state: LoopState) -> bool:
@@ -1498,8 +1507,7 @@ def preflight_refusal(*, background: Any, cost_usd: float, tokens: int, limits: 
     if background:
         return Refused(T.BACKGROUND_REQUESTED, background if isinstance(background, str)
                        else "Moved to the background before the next request")
-    if (limits.max_budget_usd is not None and cost_usd >= limits.max_budget_usd
-            and not (state is not None and sends_again(state))):
+    if out_of_budget(cost_usd, limits, state):
         return Refused(T.BUDGET_EXHAUSTED, prompts.budget_reached(limits.max_budget_usd))
     if tokens > limits.blocking_limit:
         return Refused(T.BLOCKING_LIMIT, f"Prompt is too long: about {tokens} tokens, over the blocking limit "

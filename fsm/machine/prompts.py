@@ -223,6 +223,22 @@ def interrupt_marker(text: str) -> Message:
     return Message("user", ({"type": "text", "text": text},), kind="interrupt_marker")
 
 
+# A tool hook's `continue: false`: a reminder inside the call's result (the run ends after the batch; a pass
+# that task notifications start shows it to the model), the reason defaulting per event (Claude Code
+# 2.1.332, tests/fixtures/background/notified_after_hook_stopped, tests/test_pipeline.py). The auditor of
+# Claude Code's records reads a hook's stop back from it.
+HOOK_STOPPED_NOTE = "{event}:{tool} hook stopped continuation: {reason}"
+HOOK_STOPPED_DEFAULT = {"PreToolUse": "Execution stopped by hook",
+                        "PostToolUse": "Execution stopped by PostToolUse hook"}
+HOOK_STOPPED_SEEN = re.compile(r"<system-reminder>\n(?:PreToolUse|PostToolUse|PostToolUseFailure):[^\n]* hook stopped "
+                               r"continuation: ([^\n]*)\n</system-reminder>")
+
+
+def hook_stopped_note(event: str, tool: str, reason: str) -> str:
+    why = reason or HOOK_STOPPED_DEFAULT.get(event, HOOK_STOPPED_DEFAULT["PostToolUse"])
+    return reminder(HOOK_STOPPED_NOTE.format(event=event, tool=tool, reason=why))
+
+
 STOP_HOOK_FEEDBACK = "Stop hook feedback:\n{reason}"
 STOP_HOOK_CONTEXT = "Stop hook additional context: {text}"
 

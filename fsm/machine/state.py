@@ -318,7 +318,8 @@ class LoopState:
     tool_use_context: ToolUseContext = attrs.field(factory=ToolUseContext)
     compact_tracking: CompactTracking = attrs.field(factory=CompactTracking)
     query_tracking: QueryTracking = attrs.field(factory=QueryTracking)
-    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking", "task_notification"))
+    # a pass started by task notifications counts its own turns (graph.notified)
+    turn_count: int = counter(1, raised_by=("next_turn", "stop_hook_blocking"), reset_by=("task_notification",))
     max_output_tokens_recovery_count: int = counter(0, cap="max_output_tokens_recoveries",
                                                     raised_by=("max_output_tokens_recovery",), reset_by=NEW_TURN)
     malformed_tool_use_retry_count: int = counter(0, cap="malformed_tool_use_retries",

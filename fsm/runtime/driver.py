@@ -283,7 +283,8 @@ class Driver:
 
     async def assemble(self, state: LoopState) -> Event:
         try:
-            if not graph.should_auto_compact(state, self._estimate(state.messages), self.limits):
+            if not graph.should_auto_compact(state, self._estimate(state.messages), self.limits,
+                                             cost_usd=self.account.cost_usd):
                 return Assembled()  # nothing to await: no task, no race
             return await self.signals.until_stopped(self._prepare_turn(state))
         except Stopped:
@@ -296,7 +297,7 @@ class Driver:
 
     async def _prepare_turn(self, state: LoopState) -> Assembled:
         tokens = self._estimate(state.messages)
-        if not graph.should_auto_compact(state, tokens, self.limits):
+        if not graph.should_auto_compact(state, tokens, self.limits, cost_usd=self.account.cost_usd):
             return Assembled()
         compaction = await self._compact(state, "auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
         return Assembled(compaction=compaction, compact_failed=compaction is None)
@@ -540,7 +541,7 @@ class Driver:
         if self.stopping() or not pending:
             self.passes.no_next()
             return None
-        self.passes.next(turns=state.turn_count, usage=self.account.usage, now=time.monotonic())
+        self.passes.next(usage=self.account.usage, now=time.monotonic())
         self._pending_input = pending
         self.log.info("loop.task_notifications", count=len(pending))
         return TaskNotified(tuple(item.as_attachment() for item in pending))

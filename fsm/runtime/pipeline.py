@@ -36,6 +36,7 @@ from agentfsm.machine.prompts import (  # noqa: F401 - re-exported: texts of syn
     STREAMING_FALLBACK,
     USER_INTERRUPTED,
     WORKER_LOST,
+    hook_stopped_note,
     synthetic_block,
     synthetic_text,
     tool_use_error,
@@ -611,6 +612,13 @@ class _Call:
                                   for c in pre.additional_context)
                 if pre.stop:
                     self.stop, self.stop_reason = True, pre.stop_reason
+                    # Claude Code 2.1.332 (oracle runs, docs/conform.md): alone, the note goes inside the
+                    # result; after the hook's context, it is a block of its own after it, ending in a newline
+                    note = hook_stopped_note("PreToolUse", self.name, pre.stop_reason)
+                    if pre.additional_context:
+                        self.after.append(note + "\n")
+                    else:
+                        self.notes.append(note)
                 if pre.blocked:
                     self.log.info("tool.blocked", hook="PreToolUse", reason=pre.reason)
                     # a hook that blocks the call (exit 2) denied it: listed as a denial, as Claude Code does
@@ -746,14 +754,18 @@ class _Call:
             return self.error(f"Error: {type(exc).__name__}: {exc}")
 
     def _apply_post(self, post: PostToolOutcome, event: str) -> None:
+        if post.stop:
+            # `continue: false` is all the model is told of this hook's answer: its context and its block are
+            # dropped (Claude Code 2.1.332, oracle runs, docs/conform.md)
+            self.stop, self.stop_reason = True, post.stop_reason or self.stop_reason
+            self.notes.append(hook_stopped_note(event, self.name, post.stop_reason))
+            return
         # inside the tool_result, each in a labelled reminder (Claude Code's form)
         self.notes.extend(reminder(f"{event}:{self.name} hook additional context: {c}")
                           for c in post.additional_context)
         if post.blocked:
             self.log.info("tool.post_blocked", hook=event, reason=post.reason)
             self.notes.append(reminder(f"{event}:{self.name} hook blocking error: {post.reason}"))
-        if post.stop:
-            self.stop, self.stop_reason = True, post.stop_reason or self.stop_reason
 
     def _replace_output(self, tool: Tool, output: ToolOutput, mapped: Mapping[str, Any],
                         updated: Any) -> tuple[ToolOutput, Mapping[str, Any]]:

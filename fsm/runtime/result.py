@@ -231,7 +231,6 @@ class Passes:
 
     started: float
     index: int = 0
-    turns_before: int = 0
     usage_before: dict[str, Any] = attrs.field(factory=dict)
     held: list[RunResult] = attrs.field(factory=list)
     # the last pass's result was printed when the pass ended (the run then ended without another)
@@ -262,12 +261,12 @@ class Passes:
         if self.index:
             usage = {**usage, **{k: usage[k] - self.usage_before.get(k, 0) for k in USAGE_KEYS
                                  if isinstance(usage.get(k), int)}}
-        return attrs.evolve(run, num_turns=max(0, run.num_turns - self.turns_before),
-                            duration_ms=int((now - self.started) * 1000), usage=usage)
+        # (the run's turn count is the pass's own: a pass starts it over, graph.notified)
+        return attrs.evolve(run, duration_ms=int((now - self.started) * 1000), usage=usage)
 
-    def next(self, *, turns: int, usage: Mapping[str, Any], now: float) -> None:
-        """Another pass starts (the run so far took ``turns`` turns and ``usage``)."""
+    def next(self, *, usage: Mapping[str, Any], now: float) -> None:
+        """Another pass starts (the run so far used ``usage``)."""
         self.index += 1
-        self.turns_before, self.usage_before, self.started = turns, dict(usage), now
+        self.usage_before, self.started = dict(usage), now
         self.last_printed = False
         self.own_held = False

@@ -136,9 +136,10 @@ async def follow(client: Client, handle: WorkflowHandle[Any, Any], emit: Emit, *
             seen_worker, answered = True, time.monotonic()
             if page.base > since:
                 sys.stderr.write(f"agentfsm: {page.base - since} messages were missed while following\n")
-            for msg in page.messages:
+            for at, msg in enumerate(page.messages, start=page.base):
                 emit(msg)
-                if msg.get("type") == "result":
+                # the run's own result (a notification pass's result is followed by the next pass)
+                if msg.get("type") == "result" and at == page.final:
                     # the run still ends its session (SessionEnd hooks): wait, so a --resume right
                     # after this returns finds the session idle
                     with contextlib.suppress(Exception):

@@ -169,6 +169,10 @@ class Carried:
     aborted: bool = False
     # the uuid of the history's last message when the run's loop began (agentfsm.runtime.runner.LoopRunner)
     began_after: str | None = None
+    # the pass the run is in (agentfsm.runtime.result.Passes): its number, start and the usage before it
+    pass_index: int = 0
+    pass_started: float | None = None
+    pass_usage_before: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -453,8 +457,10 @@ class TraceBatch:
 @attrs.frozen
 class OutputPage:
     """The stream-json messages from ``since`` on (``base``: the number of the first one this run
-    still holds, after a continue-as-new), and whether the run has ended."""
+    still holds, after a continue-as-new), and whether the run has ended. ``final``: the number of the
+    run's own result message once it is shown (the results before it end notification passes)."""
 
     base: int
     messages: tuple[Mapping[str, Any], ...]
     done: bool
+    final: int | None = None

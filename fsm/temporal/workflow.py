@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from agentfsm.runtime import phases
     from agentfsm.runtime.executor import DELIVERED, DONE, QUEUED, RUNNING, deliverable, may_start
     from agentfsm.runtime.pipeline import USER_INTERRUPTED, WORKER_LOST, CallResult, synthetic_result
-    from agentfsm.runtime.result import RunAccount, build_result
+    from agentfsm.runtime.result import Passes, RunAccount, RunResult, build_result
     from agentfsm.runtime.runner import LoopRunner, StepObserver
     from agentfsm.runtime.tasks import (
         COMPLETED,
@@ -162,6 +162,7 @@ class SessionWorkflow:
         self._out: list[Mapping[str, Any]] = list(carried.out_tail) if carried else []
         self._out_base = carried.out_base if carried else 0
         self._done = False
+        self._final: int | None = None  # the number of the run's own result message, once shown
         self._interrupted = carried.interrupted if carried else False
         self._aborted = carried.aborted if carried else False
         self._shown: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
@@ -242,7 +243,7 @@ class SessionWorkflow:
                 break
             page.append(msg)
         done = self._done and start + len(page) >= self._out_base + len(self._out)
-        return OutputPage(start, tuple(page), done)
+        return OutputPage(start, tuple(page), done, self._final)
 
     def _emit(self, msg: Mapping[str, Any]) -> None:
         self._out.append(msg)
@@ -293,6 +294,7 @@ class SessionWorkflow:
             raise _failure(f"the session could not be set up: {_cause(exc)}") from exc
         self._setup = setup
         self._started = workflow.now().timestamp()
+        self._passes = Passes(self._started)
         self._account = RunAccount()
         self._recorded.update(setup.recorded)
         self._trace = self._writer(setup.next_seq)
@@ -462,7 +464,8 @@ class SessionWorkflow:
     # --- assemble ------------------------------------------------------------------------------------
 
     async def assemble(self, state: LoopState) -> Event:
-        if not graph.should_auto_compact(state, self._estimate(state.messages), self._spec.limits):
+        if not graph.should_auto_compact(state, self._estimate(state.messages), self._spec.limits,
+                                         cost_usd=self._account.cost_usd):
             return Assembled()
         try:
             compaction = await self._compact(state, "auto")
@@ -845,9 +848,18 @@ class SessionWorkflow:
         """Wait, after the run ended, while background tasks it started still run; the notifications
         queued by then start the next pass (they leave the queue with the move: its ``take_input``).
         None when nothing runs or the run is being stopped."""
+        if self._watches and not self.stopping():
+            # the pass that ended has its result, as a local run's (agentfsm.runtime.result.Passes): shown
+            # now, or held to the run's end while a background agent runs
+            ended = self._passes.ended(self._result_so_far(state), workflow.now().timestamp(),
+                                       held=any(t.running and t.task_type == LOCAL_AGENT for t in self._tasks.values()))
+            if ended is not None:
+                self._emit(ended.to_dict())
         await workflow.wait_condition(lambda: bool(self._notes) or not self._watches or self.stopping())
         if self.stopping() or not self._notes:
+            self._passes.no_next()
             return None
+        self._passes.next(usage=self._account.usage, now=workflow.now().timestamp())
         self._sending = tuple(self._notes)
         return TaskNotified(self._sending)
 
@@ -1071,18 +1083,25 @@ class SessionWorkflow:
 
     # --- the end, and continuing as new --------------------------------------------------------------
 
-    def _result(self) -> dict[str, Any]:
+    def _result_so_far(self, state: LoopState) -> RunResult:
         acct = self._account
-        duration_ms = int((workflow.now().timestamp() - self._started) * 1000)
-        result = build_result(self._state, session_id=self._spec.session_id, duration_ms=duration_ms,
-                              duration_api_ms=int(acct.api_ms), cost=acct.cost_usd + self._agent_cost,
-                              usage=acct.usage,
-                              denials=tuple(acct.denials), structured_output=acct.structured_output,
-                              warnings=tuple(acct.warnings), account=acct)
+        return build_result(state, session_id=self._spec.session_id, duration_ms=0,
+                            duration_api_ms=int(acct.api_ms), cost=acct.cost_usd + self._agent_cost,
+                            usage=acct.usage, denials=tuple(acct.denials), structured_output=acct.structured_output,
+                            warnings=tuple(acct.warnings), account=acct)
+
+    def _result(self) -> dict[str, Any]:
+        # the last pass's result (its own turns, time and usage); results of earlier passes held back while
+        # a background agent ran come first, as in a local run
+        result = self._passes.of(self._result_so_far(self._state), workflow.now().timestamp())
+        for held in self._passes.held:
+            self._emit(held.to_dict())
+        self._passes.held.clear()
         record = result.to_dict()
         assert self._trace is not None
         self._trace.result(record)
         self._emit(record)
+        self._final = self._out_base + len(self._out) - 1  # the client stops following at this one
         return record
 
     def _continue_as_new_due(self) -> bool:
@@ -1108,7 +1127,8 @@ class SessionWorkflow:
             seq=self._trace.next_seq, recorded=self._recorded, requests=self._requests,
             out_base=self._out_base + len(self._out) - len(tail), out_tail=tuple(tail), started=self._started,
             read_files=self._read_files, interrupted=self._interrupted, aborted=self._aborted,
-            began_after=self._runner.began_after)
+            began_after=self._runner.began_after, pass_index=self._passes.index,
+            pass_started=self._passes.started, pass_usage_before=dict(self._passes.usage_before))
         workflow.continue_as_new(attrs.evolve(self._inp, carried=carried))
 
     def _restore(self, carried: Carried) -> None:
@@ -1116,6 +1136,8 @@ class SessionWorkflow:
         self._setup = carried.setup
         self._state = carried.state
         self._started = carried.started
+        self._passes = Passes(carried.pass_started if carried.pass_started is not None else carried.started,
+                              index=carried.pass_index, usage_before=dict(carried.pass_usage_before))
         a = carried.account
         self._account = RunAccount(dict(a.usage), a.cost_usd, a.api_ms, list(a.denials), list(a.warnings),
                                    a.structured_output, a.last_usage, a.counted_upto,

@@ -34,6 +34,7 @@ class StreamWalker(Walker):
         self.causes: Mapping[int, str] = causes or {}  # init line -> what started that run
         self.notified = False  # a task_notification line came since the loop's last move
         self.subagent_end = subagent_end  # a subagent's lines: (line, status) of its last task notice
+        self.spent: float | None = None  # the total cost the last result line gave
 
     def walk(self, numbered: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
         last = 0
@@ -169,7 +170,18 @@ class StreamWalker(Walker):
                 and rec.get("result") == ""):
             self.on_empty_answer(line, "a success with an empty result and no answer shown since the last "
                                        "request: read as an empty answer")
-        if reason == "budget_exhausted" and isinstance(rec.get("total_cost_usd"), int | float):
+        usage = rec.get("usage") if isinstance(rec.get("usage"), Mapping) else {}
+        requested = any(usage.get(k) for k in ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                                                "cache_creation_input_tokens"))
+        cost = rec.get("total_cost_usd") if isinstance(rec.get("total_cost_usd"), int | float) else None
+        spent_before, self.spent = self.spent, cost
+        if (reason == "budget_exhausted" and self.phase is Phase.ASSEMBLE and not requested
+                and spent_before is not None and cost is not None and cost <= spent_before):
+            # a pass (after an earlier result of the run) that used and spent nothing and showed nothing:
+            # refused before its request (an unanswered first request spent nothing either, but made one)
+            errors = rec.get("errors")
+            self.on_budget_refused(line, str(errors[0]) if isinstance(errors, list) and errors else "")
+        elif reason == "budget_exhausted" and isinstance(rec.get("total_cost_usd"), int | float):
             self.on_over_budget(line, float(rec["total_cost_usd"]))
         self.finish(line, str(reason) if reason else "unknown", rec.get("stop_reason"))
         self.items.append(RunEnd(line, str(reason) if reason else None))

@@ -36,6 +36,7 @@ from agentfsm.machine.events import (
     Event,
     ModelError,
     ModelResponse,
+    Refused,
     SetupFailed,
     StopHookVerdict,
     StreamEnded,
@@ -44,6 +45,7 @@ from agentfsm.machine.events import (
     ToolsDrained,
 )
 from agentfsm.machine.graph import EDGES_BY_TRIGGER
+from agentfsm.machine.prompts import HOOK_STOPPED_SEEN
 from agentfsm.machine.state import Message, Phase, TerminalReason
 
 
@@ -66,6 +68,16 @@ def meta_kind(text: str) -> str | None:
         if text.startswith(start):
             return kind
     return None
+
+
+def _result_text(block: Mapping[str, Any]) -> str:
+    """A tool_result's text: its string content, or its text blocks joined."""
+    content = block.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, Mapping) and b.get("type") == "text")
+    return ""
 
 
 def _dest(trigger: str) -> Phase:
@@ -308,8 +320,9 @@ class Walker:
         if uuid:
             batch.uuids.append(uuid)
 
-    def end_batch(self, line: int, trigger: str | None) -> None:
-        """The tool batch is over (``ToolsDrained``): ``collect``, then ``trigger`` (feedback's move)."""
+    def end_batch(self, line: int, trigger: str | None, *, hook_stopped: bool = False) -> None:
+        """The tool batch is over (``ToolsDrained``): ``collect``, then ``trigger`` (feedback's move);
+        ``hook_stopped``: the run's result says a tool hook stopped it here."""
         batch = self.batch
         assert batch is not None
         r = batch.response
@@ -325,8 +338,12 @@ class Walker:
         for u in batch.uuids:
             self.messages_by_uuid[u] = message
         self.last_exchange = (r.message(), message)
+        # a tool hook's `continue: false` shows as its reminder inside the call's result (in the records of
+        # the request after it; stream-json shows the result without it, and only its result line says so)
+        stopped = [m.group(1) for b in results for m in HOOK_STOPPED_SEEN.finditer(_result_text(b))]
         self.emit(batch.last_line or line, ToolsDrained(
             assistant=r.message(), results=message, ends_turn=batch.ends_turn,
+            hook_stopped=hook_stopped or bool(stopped), hook_stop_reason=stopped[0] if stopped else "",
             structured_output_ids=r.structured_ids()), "collect", trigger)
         self.batch = None
         self.response = None
@@ -577,6 +594,12 @@ class Walker:
         last = next((i for i in reversed(self.items) if isinstance(i, Observation)), None)
         return bool(batch.results) and last is not None and last.observed == ("dispatch",)
 
+    def on_budget_refused(self, line: int, detail: str) -> None:
+        """The client ended a run over its --max-budget-usd before it made a request (a pass that task
+        notifications started after the budget was spent): ``call`` then the preflight's ``refuse``."""
+        self.to_call(line)
+        self.emit(line, Refused(TerminalReason.BUDGET_EXHAUSTED, detail), "refuse")
+
     def on_over_budget(self, line: int, cost_usd: float) -> None:
         """The client ended the run over its --max-budget-usd (spent ``cost_usd``) right after a response: the
         response takes ``over_budget``; none of its tool calls ran."""
@@ -625,7 +648,8 @@ class Walker:
             at = line if stop_reason and not r.stop_reason else r.last_line
             self.end_response(at, trigger, stop_reason=stop_reason or r.stop_reason)
         if self.phase is Phase.DISPATCH_TOOLS and self.batch is not None:
-            self.end_batch(line, "finish_batch" if terminal_reason is not None else None)
+            self.end_batch(line, "finish_batch" if terminal_reason is not None else None,
+                           hook_stopped=terminal_reason == TerminalReason.HOOK_STOPPED.value)
         if self.phase is Phase.STOP and self.feedback is not None:
             if terminal_reason is not None:
                 self.settle_feedback(line)
