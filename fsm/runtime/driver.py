@@ -261,6 +261,11 @@ class Driver:
     def show(self, message: Mapping[str, Any]) -> None:
         self.emit(dict(message))
 
+    def keep_finished(self, tool_use_ids: Sequence[str]) -> None:
+        """The finished calls' results stay in the history: accounted as a batch's (docs/conform.md)."""
+        if self._executor is not None:
+            phases.account_batch(self.account, self._executor.ordered_results(only=tool_use_ids))
+
     def close_calls(self, reason: str) -> None:
         """The response's executor is given up: its unfinished calls are cancelled for ``reason``."""
         executor, self._executor = self._executor, None
@@ -471,6 +476,7 @@ class Driver:
             self._on_event(ev, asm, executor)
         if not asm.stopped:
             raise ModelCallError(phases.ENDED_EARLY)
+        await executor.checks_done()  # what local checks reject is answered by the response's end (docs/conform.md)
 
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)

@@ -370,6 +370,9 @@ class SessionWorkflow:
     def show(self, message: Mapping[str, Any]) -> None:
         self._emit(message)
 
+    def keep_finished(self, tool_use_ids: Sequence[str]) -> None:
+        return None  # no call finishes while a response streams here: they start after it ended
+
     def close_calls(self, reason: str) -> None:
         return None  # a response's calls start only after it ended (one activity each, in dispatch)
 
