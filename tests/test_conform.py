@@ -217,3 +217,17 @@ def test_claude_code_and_agentfsm_conform(tmp_path: Path) -> None:
     examples = os.environ.get("AGENTFSM_CONFORM_EXAMPLES", "40")
     code, text, _ = _conform("--claude", CLAUDE, "--examples", examples, "--fixtures", str(tmp_path / "fx"))
     assert code == 0, text[-12000:]
+
+
+def test_a_stop_hooks_feedback_is_compared_by_what_it_carries() -> None:
+    """A Stop hook that blocks, then background work that reports after the run (recorded with Claude Code
+    2.1.332, seed 11's Stop-hook cases with background work): Claude Code quotes the hook's command in a
+    reminder of its own and puts its provenance preamble before ``Stop hook feedback:``, in the request after
+    the block and in every later one, the notification pass's included. Compared by the reason they carry,
+    the runs agree; a different reason still differs, in the history and in each request that carries it."""
+    rec = json.loads((Path(__file__).parent / "fixtures" / "conform_compare" / "stop_hook_background.json").read_text())
+    cc, af = rec["claude_code"], rec["agentfsm"]
+    assert "task_notification" in cc["path"] and cc["n_requests"] == 4
+    assert conform_differences(cc, af) == {}
+    other = json.loads(json.dumps(af).replace("STOP_MARK", "ANOTHER_REASON"))
+    assert set(conform_differences(cc, other)) == {"history", "request[2]", "request[3]"}

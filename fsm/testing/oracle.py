@@ -74,6 +74,24 @@ def compaction_text(text: str) -> str:
     return text
 
 
+# A Stop hook's block reason reaches the model in each client's own words: Claude Code 2.1.332 sends a
+# reminder quoting the hook's command (`Stop hook blocking error from command: "<command>": <reason>`) and
+# one with its provenance preamble before `Stop hook feedback:\n<reason>`; agentfsm sends the last
+# without the preamble (tests/fidelity/accepted.json, hook_stop_block). Compared by what they carry: the
+# quoting reminder is left out, the preamble dropped, the reason compared.
+STOP_FEEDBACK_OPENING = prompts.STOP_HOOK_FEEDBACK.split("{reason}")[0]
+_STOP_COMMAND_QUOTED = re.compile(r"\s*<system-reminder>\nStop hook blocking error from command: .*</system-reminder>\s*",
+                                  re.S)
+_HOOK_PREAMBLE = re.compile(r"^(\s*<system-reminder>\n)[^<]*?(" + re.escape(STOP_FEEDBACK_OPENING) + ")", re.S)
+
+
+def hook_feedback_text(text: str) -> str:
+    """``text`` with each client's own wording of a Stop hook's feedback left out (see above)."""
+    if _STOP_COMMAND_QUOTED.fullmatch(text):
+        return ""
+    return _HOOK_PREAMBLE.sub(r"\1\2", text)
+
+
 PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_tokens>", "Today's date is",
                     "Attribution for git commits", "As you answer the user's questions", "# claudeMd")
 
@@ -312,7 +330,7 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
             elif b.get("type") == "tool_use":
                 blocks.append(("tool_use", b["name"], b["id"]))
             elif b.get("type") == "text":
-                text = compaction_text(TOKENS_REMINDER.sub("", b["text"]))
+                text = hook_feedback_text(compaction_text(TOKENS_REMINDER.sub("", b["text"])))
                 if text:
                     blocks.append(("text", text))
         shape.append((m["role"], blocks))
