@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 
 from agentfsm.commandline import conform
-from agentfsm.testing.oracle import AGENTFSM, conform_differences, run_client
+from agentfsm.testing.oracle import AGENTFSM, canon, conform_differences, run_client
 
 FIXTURES = Path(__file__).parent / "fidelity" / "conform"
 SAVED = sorted(p.stem for p in FIXTURES.glob("*.json"))
@@ -231,3 +231,49 @@ def test_a_stop_hooks_feedback_is_compared_by_what_it_carries() -> None:
     assert conform_differences(cc, af) == {}
     other = json.loads(json.dumps(af).replace("STOP_MARK", "ANOTHER_REASON"))
     assert set(conform_differences(cc, other)) == {"history", "request[2]", "request[3]"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(conform.cases(["limits", "tools", "parallel", "stream", "errors"]))
+def test_a_drawn_budget_is_reached_by_the_first_second_or_third_response(case: dict[str, Any]) -> None:
+    """Every streamed response of a case with --max-budget-usd says what it used, so both clients spend the
+    same per response and the budget is reached by a known response (the first, second or third), not only
+    by the first request, whatever each client's requests weigh."""
+    args = case["args"]
+    if "--max-budget-usd" not in args:
+        assert all("usage" not in r for r in case["responses"])
+        return
+    budget = float(args[args.index("--max-budget-usd") + 1])
+    usage = conform.BUDGET_USAGE
+    per_response = (usage["input_tokens"] * 3.0 + usage["output_tokens"] * 15.0) / 1e6  # claude-sonnet-4-5
+    k = round(budget / per_response + 0.5)
+    assert k in (1, 2, 3) and (k - 1) * per_response < budget < k * per_response
+    assert all(r.get("usage") == usage for r in case["responses"] if "blocks" in r)
+
+
+def test_the_budget_reminder_after_a_tool_output_is_compared_after_the_output() -> None:
+    """Claude Code 2.1.332's result of a Read with --max-budget-usd reached by the second response (oracle run of
+    issue 27, 2026-12-06), its token reminder already left out, and agentfsm's: the reminders agree, the white
+    space before them (the output's own, and Claude Code's around the token reminder) is each client's."""
+    tail = "<system-reminder>\nUSD budget: $0.006/$0.009; $0.002999999999999999 remaining\n</system-reminder>"
+    tokens = "<system-reminder>\n<total_tokens>14991723 tokens left</total_tokens>\n</system-reminder>"
+    cc = "1\tALPHA\n2\tbeta\n3\n\n" + tokens + "\n\n" + tail
+    af = "1\tALPHA\n2\tbeta\n3\t\n\n" + tail
+
+    def results(text: str) -> Any:
+        return canon({"history": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t1", "content": text}]}]})["results"]
+
+    assert results(cc) == results(af)
+    assert results(cc) != results(af.replace("0.006/", "0.005/"))
+
+
+@settings(max_examples=80, deadline=None)
+@given(conform.cases(["tools", "parallel"]))
+def test_a_case_that_reads_a_directory_accepts_what_claude_code_says_of_it(case: dict[str, Any]) -> None:
+    """A Read of the workspace's directory: Claude Code leaks Node's EISDIR, agentfsm says what to use instead,
+    an accepted difference (``read_directory``) the case brings (seed 1, ``--only limits,tools,parallel,text``:
+    ``conform-7801414b1b``)."""
+    reads = any(b.get("name") == "Read" and b.get("input", {}).get("file_path") == "$WS/sub"
+                for r in case["responses"] for b in r.get("blocks", ()))
+    assert reads == ("read_directory" in case.get("accepts", ()))

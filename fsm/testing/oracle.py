@@ -49,6 +49,9 @@ AGENTFSM = "af"
 TOKENS_REMINDER = re.compile(
     r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>\n?")
 SAVED_PATH = re.compile(r"Full output saved to: \S+")
+# --max-budget-usd's reminder after a tool's output: compared after the output, whose trailing white space is
+# each client's own (as everywhere, text is compared right-stripped), and after Claude Code's token reminder
+BUDGET_REMINDER = re.compile(r"\s*(<system-reminder>\nUSD budget: [^<]*</system-reminder>)\s*$")
 # each client's estimate of its own conversation (Claude Code's counts its context preamble, which is not
 # compared): the number is left out of the comparison, the text around it is compared
 OWN_ESTIMATE = re.compile(r"(this conversation is only ~)\d+( tokens)")
@@ -288,6 +291,7 @@ def _text(content: Any) -> Any:
     for b in content or []:
         if b.get("type") == "text":
             text = SAVED_PATH.sub("Full output saved to: $SAVED", TOKENS_REMINDER.sub("", b["text"])).rstrip()
+            text = BUDGET_REMINDER.sub(lambda m: "\n\n" + m.group(1), text)
             if text or len(content) == 1:
                 parts.append(text)
         elif b.get("type") == "image":
