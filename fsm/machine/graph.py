@@ -232,7 +232,8 @@ EDGES: tuple[Edge, ...] = (
           T.MAX_TURNS, T.ABORTED_TOOLS, T.TOOL_DEFERRED, T.HOOK_STOPPED, T.COMPLETED,
           T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
     _edge("abort", RUNNING, X, "terminal", "cancelled; every tool_use shown gets a result",
-          T.ABORTED_STREAMING, T.ABORTED_TOOLS, does=Does(Shown.PAIR, close_calls=prompts.USER_INTERRUPTED)),
+          T.ABORTED_STREAMING, T.ABORTED_TOOLS,
+          does=Does(Shown.PAIR, close_calls=prompts.USER_INTERRUPTED, keeps_finished=True)),
 )
 
 EDGES_BY_TRIGGER: Mapping[str, Edge] = {e.trigger: e for e in EDGES}

@@ -437,6 +437,7 @@ class Driver:
             return await self._stream_failed(state, phases.stream_error(exc), asm)
         finally:
             await self._close_stream()
+        await executor.checks_done()  # what local checks reject is answered by the response's end (docs/conform.md)
         self._api_ms_since_request()
         response = asm.finish()
         phases.account_response(self.account, response, self.options.model, self._request_messages)
@@ -476,7 +477,6 @@ class Driver:
             self._on_event(ev, asm, executor)
         if not asm.stopped:
             raise ModelCallError(phases.ENDED_EARLY)
-        await executor.checks_done()  # what local checks reject is answered by the response's end (docs/conform.md)
 
     def _on_event(self, ev: StreamEvent, asm: ResponseAssembler, executor: StreamingToolExecutor) -> None:
         block = asm.feed(ev)

@@ -93,7 +93,7 @@ def perform(runtime: Runtime, session_id: str, before: LoopState, step: graph.St
         runtime.compacted(event)
     if does.stop_feedback and isinstance(event, StopHookVerdict) and event.blocked:
         runtime.show(phases.stop_feedback_message(session_id, event))
-    if does.keeps_finished and isinstance(event, StreamEnded):
+    if does.keeps_finished and isinstance(event, StreamEnded | Aborted):
         runtime.keep_finished(tuple(b["tool_use_id"] for b in event.finished))
     if does.close_calls is not None:
         runtime.close_calls(does.close_calls)

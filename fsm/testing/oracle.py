@@ -83,8 +83,8 @@ def compaction_text(text: str) -> str:
 # without the preamble (tests/fidelity/accepted.json, hook_stop_block). Compared by what they carry: the
 # quoting reminder is left out, the preamble dropped, the reason compared.
 STOP_FEEDBACK_OPENING = prompts.STOP_HOOK_FEEDBACK.split("{reason}")[0]
-_STOP_COMMAND_QUOTED = re.compile(r"\s*<system-reminder>\nStop hook blocking error from command: .*</system-reminder>\s*",
-                                  re.S)
+_STOP_COMMAND_QUOTED = re.compile(
+    r"\s*<system-reminder>\nStop hook blocking error from command: .*</system-reminder>\s*", re.S)
 _HOOK_PREAMBLE = re.compile(r"^(\s*<system-reminder>\n)[^<]*?(" + re.escape(STOP_FEEDBACK_OPENING) + ")", re.S)
 
 
