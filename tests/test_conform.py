@@ -157,7 +157,8 @@ def test_every_drawn_case_is_a_scenario_the_scripted_server_loads(case: dict[str
     from agentfsm.testing.scenario import load_scenario
 
     scenario = load_scenario({"prompt": case["prompt"], "responses": case["responses"]}, "/ws")
-    assert 1 <= len(scenario.responses) <= 5
+    # (a case with a budget may end with answers that reach it: conform.BUDGETS)
+    assert 1 <= len(scenario.responses) <= 5 + (len(conform.BUDGETS) if "--max-budget-usd" in case["args"] else 0)
     assert case["args"][:1] == ["--permission-mode"]
     ids = [b["id"] for r in case["responses"] for b in r.get("blocks", ()) if "id" in b]
     assert len(ids) == len(set(ids))
@@ -249,23 +250,30 @@ def test_a_drawn_budget_is_reached_by_the_first_second_or_third_response(case: d
     k = round(budget / per_response + 0.5)
     assert k in (1, 2, 3) and (k - 1) * per_response < budget < k * per_response
     assert all(r.get("usage") == usage for r in case["responses"] if "blocks" in r)
+    # the script holds answers enough to reach any drawn budget (the server's own answer after it would count
+    # its input from the request's size, which is each client's own)
+    assert sum("blocks" in r for r in case["responses"]) >= len(conform.BUDGETS)
 
 
 def test_the_budget_reminder_after_a_tool_output_is_compared_after_the_output() -> None:
     """Claude Code 2.1.332's result of a Read with --max-budget-usd reached by the second response (oracle run of
-    issue 27, 2026-12-06), its token reminder already left out, and agentfsm's: the reminders agree, the white
-    space before them (the output's own, and Claude Code's around the token reminder) is each client's."""
+    issue 27, 2026-12-06), and agentfsm's: the reminders agree, the white space before them (the output's own,
+    and Claude Code's around its token reminder) is each client's. In a batch of several calls Claude Code puts
+    the reminder on the result that completed last, agentfsm on the last in call order (seed 2 of
+    ``--only limits,tools,parallel,text,permissions``): compared as the batch's, after its results."""
     tail = "<system-reminder>\nUSD budget: $0.006/$0.009; $0.002999999999999999 remaining\n</system-reminder>"
     tokens = "<system-reminder>\n<total_tokens>14991723 tokens left</total_tokens>\n</system-reminder>"
     cc = "1\tALPHA\n2\tbeta\n3\n\n" + tokens + "\n\n" + tail
     af = "1\tALPHA\n2\tbeta\n3\t\n\n" + tail
 
-    def results(text: str) -> Any:
-        return canon({"history": [{"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1", "content": text}]}]})["results"]
+    def seen(*texts: str) -> Any:
+        run = canon({"history": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{i}", "content": t} for i, t in enumerate(texts)]}]})
+        return run["results"], run["shape"]
 
-    assert results(cc) == results(af)
-    assert results(cc) != results(af.replace("0.006/", "0.005/"))
+    assert seen(cc) == seen(af)
+    assert seen(cc) != seen(af.replace("0.006/", "0.005/"))
+    assert seen("sub/c.py" + "\n\n" + tail, "No matches found") == seen("sub/c.py", "No matches found\n\n" + tail)
 
 
 @settings(max_examples=80, deadline=None)

@@ -211,6 +211,8 @@ class Setup:
 # a response's input from the request's size otherwise, and Claude Code's requests are larger)
 BUDGET_USAGE: Mapping[str, int] = {"input_tokens": 1000, "output_tokens": 200}
 BUDGETS = ("0.003", "0.009", "0.015")  # reached by the first, second, third response
+_FINAL_ANSWER: Mapping[str, Any] = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
+                                    "usage": dict(BUDGET_USAGE)}
 
 
 def _setup(families: frozenset[str]) -> st.SearchStrategy[Setup]:
@@ -279,6 +281,10 @@ def cases(families: Sequence[str] = FAMILIES, *, max_responses: int = 5) -> st.S
     def case(setup: Setup, steps: list[list[Response]]) -> dict[str, Any]:
         responses = [_priced(r.to_dict(), setup.budget)
                      for r in _renumbered([r for s in steps for r in s][:max_responses])]
+        if setup.budget:
+            # answers enough to reach the budget before the script runs out: the server's own answer then
+            # would count its input from the request's size, each client's own
+            responses += [dict(_FINAL_ANSWER)] * max(0, len(BUDGETS) - sum("blocks" in r for r in responses))
         accepts = sorted({*setup.accepts, *_response_accepts(responses)})
         return {"prompt": "go", "files": dict(FILES), "args": list(setup.args), "responses": responses,
                 # background work is stopped with TaskStop, which the default tool list leaves out

@@ -31,6 +31,7 @@ is ``cancel`` are cancelled and ``block`` tools finish, then the loop ends
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -263,8 +264,7 @@ class Driver:
 
     def keep_finished(self, tool_use_ids: Sequence[str]) -> None:
         """The finished calls' results stay in the history: accounted as a batch's (docs/conform.md)."""
-        if self._executor is not None:
-            phases.account_batch(self.account, self._executor.ordered_results(only=tool_use_ids))
+        phases.account_batch(self.account, self._executor.ordered_results(only=tool_use_ids) if self._executor else [])
 
     def close_calls(self, reason: str) -> None:
         """The response's executor is given up: its unfinished calls are cancelled for ``reason``."""
@@ -437,7 +437,8 @@ class Driver:
             return await self._stream_failed(state, phases.stream_error(exc), asm)
         finally:
             await self._close_stream()
-        await executor.checks_done()  # what local checks reject is answered by the response's end (docs/conform.md)
+        with contextlib.suppress(Stopped):  # the response ended: a stop now is the tool batch's (docs/conform.md)
+            await self.signals.until_stopped(executor.checks_done())
         self._api_ms_since_request()
         response = asm.finish()
         phases.account_response(self.account, response, self.options.model, self._request_messages)

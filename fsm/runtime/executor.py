@@ -73,8 +73,7 @@ class _Entry:
     result: CallResult | None = None
     # set when the executor cancels the call; decides the synthetic text
     cancel_reason: str | None = None
-    # the call's local checks are behind it (run_tool_call's on_checked): it waits on a hook, a
-    # question or its tool now
+    # the call's checks are behind it (run_tool_call's on_checked): its tool runs, or a hook
     checked: bool = False
 
 
@@ -284,9 +283,9 @@ class StreamingToolExecutor:
         return all(e.status in (DONE, DELIVERED) for e in self._entries)
 
     async def checks_done(self) -> None:
-        """Wait until every call that started is past its local checks (lookup, schema, input
-        validation, permission rules): finished, rejected by them, or waiting on a hook, a question or
-        its tool. A call a rejection lets start is waited for too; calls still queued are not."""
+        """Wait until every call that started is past its checks (lookup, schema, input validation, the
+        permission decision): finished, rejected by them, running its tool, or waiting on a PreToolUse
+        hook. A call a rejection lets start is waited for too; calls still queued are not."""
         while any(e.status == RUNNING and not e.checked for e in self._entries):
             self._progressed.clear()
             await self._progressed.wait()

@@ -433,9 +433,9 @@ async def run_tool_call(
     call's id is in while the tool itself runs. ``prepared``: steps 3-4 already done for this block
     (the executor validates the input to judge concurrency safety) and the tool they were done for;
     reused when the lookup finds that same tool, so the schema runs once per call, not twice.
-    ``on_checked``: told when the call's local checks are behind it (lookup, schema, input validation,
-    permission rules) and it goes on to wait for something outside: a PreToolUse hook, someone asked
-    for permission, or its tool. A call the checks reject finishes instead.
+    ``on_checked``: told when the call's checks are behind it (lookup, schema, input validation, the
+    permission decision) and its tool is about to run, or before it waits on a PreToolUse hook (a process
+    of its own). A call the checks reject finishes instead.
     """
     call = _Call(block, ToolTable.of(lookup), gate, ctx_factory or _default_ctx,
                  in_progress if in_progress is not None else set(), on_checked)
@@ -639,8 +639,6 @@ class _Call:
             if bad is not None:
                 return bad
 
-        if getattr(self.gate, "can_use_tool", None) is not None:
-            self.checked()  # what the rules leave open, someone is asked
         with clock.step(7, "permission"):
             t = time.perf_counter()
             try:

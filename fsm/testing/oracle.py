@@ -324,12 +324,18 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
         for k, b in zip(slots, by_id, strict=True):
             content[k] = b
         blocks: list[Any] = []
+        # --max-budget-usd's reminder rides with the batch's last result: Claude Code's last to complete,
+        # agentfsm's last in call order; compared as the message's, after its blocks
+        reminders: list[Any] = []
         for b in content:
             if (i == 0 and is_preamble(b)) or b.get("type") in ("thinking", "redacted_thinking"):
                 continue
             if b.get("type") == "tool_result":
-                results.append({"id": b["tool_use_id"], "is_error": bool(b.get("is_error")),
-                                "content": _text(b.get("content"))})
+                text = _text(b.get("content"))
+                if isinstance(text, str) and (found := BUDGET_REMINDER.search(text)):
+                    text = text[:found.start()]
+                    reminders.append(("budget reminder", found.group(1)))
+                results.append({"id": b["tool_use_id"], "is_error": bool(b.get("is_error")), "content": text})
                 blocks.append(("tool_result", b["tool_use_id"]))
             elif b.get("type") == "tool_use":
                 blocks.append(("tool_use", b["name"], b["id"]))
@@ -337,7 +343,7 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
                 text = hook_feedback_text(compaction_text(TOKENS_REMINDER.sub("", b["text"])))
                 if text:
                     blocks.append(("text", text))
-        shape.append((m["role"], blocks))
+        shape.append((m["role"], blocks + reminders))
     return {**run, "results": results, "shape": shape}
 
 
