@@ -285,7 +285,11 @@ class StreamingToolExecutor:
     async def checks_done(self) -> None:
         """Wait until every call that started is past its checks (lookup, schema, input validation, the
         permission decision): finished, rejected by them, running its tool, or waiting on a PreToolUse
-        hook. A call a rejection lets start is waited for too; calls still queued are not."""
+        hook. A call a rejection lets start is waited for too; calls still queued are not. With a
+        permission callback nothing is waited for: its answer may be a person's, who must not hold the
+        response's end (the calls then go on in the tool batch, as before)."""
+        if getattr(self.gate, "can_use_tool", None) is not None:
+            return
         while any(e.status == RUNNING and not e.checked for e in self._entries):
             self._progressed.clear()
             await self._progressed.wait()
