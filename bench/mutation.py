@@ -114,6 +114,37 @@ def register_operators(config: Config) -> None:
     enums = {alias: [m.name for m in getattr(state, enum)] for alias, enum in config.operators["enums"].items()}
     plugins.OPERATOR_PROVIDERS["agentfsm"] = mutation_operators.provider(
         enums=enums, variadic=config.operators["variadic"], ordered_rows=config.operators["ordered_rows"])
+    _fix_exception_replacer()
+
+
+def _fix_exception_replacer() -> None:
+    """cosmic-ray's ExceptionReplacer takes each caught exception to be a bare name: for a dotted one
+    (``except (a.APIConnectionError, a.APITimeoutError)``) it fails with an AttributeError that ends
+    the run, and for ``except a.APIStatusError`` it renames the dot. Here each caught exception,
+    bare or dotted, alone or in a tuple, is replaced whole by ``CosmicRayTestingException``."""
+    from cosmic_ray.operators.exception_replacer import ExceptionReplacer
+    from parso.python.tree import Name
+
+    def name_nodes(node: Any) -> tuple[Any, ...]:
+        caught = node.children[1]
+        if caught.type == "atom" and caught.children[0].type == "operator" and caught.children[0].value == "(":
+            inner = caught.children[1]
+            return tuple(inner.children[::2]) if inner.type == "testlist_comp" else (inner,)
+        return (caught,)
+
+    def mutate(self: Any, node: Any, index: int) -> Any:
+        target = name_nodes(node)[index]
+        if isinstance(target, Name):
+            target.value = "CosmicRayTestingException"
+        else:
+            replacement = Name("CosmicRayTestingException", target.start_pos, target.get_first_leaf().prefix)
+            replacement.parent = target.parent
+            siblings = target.parent.children
+            siblings[siblings.index(target)] = replacement
+        return node
+
+    ExceptionReplacer._name_nodes = staticmethod(name_nodes)  # type: ignore[method-assign]
+    ExceptionReplacer.mutate = mutate  # type: ignore[method-assign]
 
 
 # --- scratch copies --------------------------------------------------------------------------------
