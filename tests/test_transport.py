@@ -24,7 +24,7 @@ from agentfsm.llm.model import (
     ModelRequest,
     RetryNotice,
 )
-from agentfsm.llm.transport import AnthropicTransport, MissingCredentials
+from agentfsm.llm.transport import AnthropicTransport, MissingCredentials, gateway
 
 REQUEST = ModelRequest("claude-sonnet-4-5", (), ({"role": "user", "content": "hi"},), (), 100)
 ENV = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL")
@@ -302,3 +302,54 @@ async def test_the_unstreamed_request_refused_is_a_retryable_connection_error() 
     await transport.aclose()
     assert caught.value.error.kind == "connection" and caught.value.error.retryable
     assert caught.value.error.message.startswith("Connection error: ")
+
+
+# --- the gateway named in errors, and what an answer says about retrying ----------------------------
+
+
+@pytest.mark.parametrize(("base_url", "named"), [
+    (None, ""),
+    ("", ""),
+    ("https://api.anthropic.com", ""),
+    ("https://API.Anthropic.com:443/v1", ""),
+    ("https://api.anthropic.com:8443", "api.anthropic.com:8443"),
+    ("http://127.0.0.1:8080/v1", "127.0.0.1:8080"),
+    ("http://user:secret@gateway.example:8080", "gateway.example:8080"),
+    ("http://user:p@ss@gateway.example", "gateway.example"),
+    ("gateway.example:8080", "gateway.example:8080"),
+])
+def test_the_gateway_an_error_names(base_url: str | None, named: str) -> None:
+    """``host[:port]`` of a base URL other than the Anthropic API's, never its user or password."""
+    assert gateway(base_url) == named
+
+
+def _refusal(status: int, headers: dict[str, str]) -> Answer:
+    return Answer(json.dumps({"type": "error", "error": {"type": "x", "message": "no"}}).encode(),
+                  {"content-type": "application/json", **headers}, status=status)
+
+
+@pytest.mark.parametrize(("headers", "delay_ms"), [
+    ({"retry-after-ms": "999", "retry-after": "5"}, 999),  # the milliseconds win over the seconds
+    ({"retry-after": "0.02"}, 20),
+    ({"retry-after-ms": "soon", "retry-after": "0.02"}, 20),  # an unreadable one is passed over
+])
+async def test_the_wait_an_answer_asks_for_is_the_wait_announced(headers: dict[str, str], delay_ms: int) -> None:
+    events, server = await _events([_refusal(429, headers), Answer(WHOLE_STREAM)], max_retries=1)
+    assert isinstance(events[0], RetryNotice) and events[0].delay_ms == delay_ms
+    assert server.streamed == [True, True]
+
+
+@pytest.mark.parametrize(("status", "should_retry", "retried"), [
+    (400, "true", True), (400, "TRUE", True), (400, None, False),
+    (529, "false", False), (529, None, True), (529, "maybe", True),
+])
+async def test_the_answers_own_word_on_retrying(status: int, should_retry: str | None, retried: bool) -> None:
+    headers = {"retry-after-ms": "1"} | ({"x-should-retry": should_retry} if should_retry else {})
+    answers = [_refusal(status, headers), Answer(WHOLE_STREAM)]
+    if retried:
+        events, server = await _events(answers, max_retries=1)
+        assert isinstance(events[0], RetryNotice) and isinstance(events[-1], MessageStop)
+        assert server.streamed == [True, True]
+    else:
+        seen, failure, server = await _failure(answers, max_retries=1)
+        assert seen == [] and server.streamed == [True] and failure.error.status == status
