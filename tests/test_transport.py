@@ -353,3 +353,18 @@ async def test_the_answers_own_word_on_retrying(status: int, should_retry: str |
     else:
         seen, failure, server = await _failure(answers, max_retries=1)
         assert seen == [] and server.streamed == [True] and failure.error.status == status
+
+
+@pytest.mark.parametrize(("error", "kind", "retryable", "message"), [
+    ({"message": "gateway gave up"}, "connection", True, "gateway gave up"),  # no type: a broken connection
+    ({"type": "overloaded_error", "message": "Overloaded"}, "overloaded", True, "Overloaded"),
+    ({"type": "api_error", "message": "Internal"}, "stream_api_error", True, "Internal"),
+    ({"type": "invalid_request_error", "message": "bad"}, "stream_error", True, "bad"),
+], ids=["untyped", "overloaded", "api_error", "other"])
+async def test_an_sse_error_event_after_the_start(error: dict[str, str], kind: str, retryable: bool,
+                                                  message: str) -> None:
+    body = START + sse({"type": "error", "error": error})
+    seen, failure, _ = await _failure([Answer(body)])
+    assert [type(e) for e in seen] == [MessageStart]
+    assert (failure.error.kind, failure.error.retryable) == (kind, retryable)
+    assert message in failure.error.message
