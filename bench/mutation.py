@@ -200,7 +200,12 @@ def test_files(config: Config, module: str, tree: Path) -> list[str]:
 
 
 def pytest_args(config: Config, module: str, tree: Path) -> list[str]:
-    return [*config.pytest_args, *test_files(config, module, tree)]
+    return [*config.pytest_args, *deselected(config, module), *test_files(config, module, tree)]
+
+
+def deselected(config: Config, module: str) -> list[str]:
+    """``--deselect`` for each test a module's entry lists under ``deselect`` (with why, in the file)."""
+    return [arg for test in config.modules[module].get("deselect", ()) for arg in ("--deselect", test)]
 
 
 class Worker:
@@ -293,7 +298,8 @@ def run_mutant(item: WorkItem, worker: Worker, config: Config, module: str, time
     spec = item.mutations[0]
     selected = test_map.tests(spec, test_files(config, module, worker.tree))
     # lines no test executes in-process may still run in a subprocess a test starts: all the tests then
-    args = [*config.pytest_args, *(selected if selected is not None else test_files(config, module, worker.tree))]
+    args = [*config.pytest_args, *deselected(config, module),
+            *(selected if selected is not None else test_files(config, module, worker.tree))]
     operator = plugins.get_operator(spec.operator_name)(**spec.operator_args)
     for pyc in _pyc(worker.tree, rel):
         pyc.unlink()
@@ -306,7 +312,7 @@ def run_mutant(item: WorkItem, worker: Worker, config: Config, module: str, time
             # the map can miss a test: coverage.py on Python 3.11 records no line a coroutine runs
             # after an exception was thrown into it (a cancellation it swallowed, say), so a survivor
             # of the selected tests is tested again by all of the module's tests before it counts
-            code, output = worker.run([*config.pytest_args, *everything], timeout)
+            code, output = worker.run([*config.pytest_args, *deselected(config, module), *everything], timeout)
     if code is None:
         return WorkResult(worker_outcome=WorkerOutcome.NORMAL, test_outcome=TestOutcome.KILLED, output="timeout")
     outcome = TestOutcome.SURVIVED if code == 0 else TestOutcome.KILLED
