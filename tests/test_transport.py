@@ -368,3 +368,40 @@ async def test_an_sse_error_event_after_the_start(error: dict[str, str], kind: s
     assert [type(e) for e in seen] == [MessageStart]
     assert (failure.error.kind, failure.error.retryable) == (kind, retryable)
     assert message in failure.error.message
+
+
+# --- a response the SDK reads but whose shape is wrong ----------------------------------------------
+
+
+@pytest.mark.parametrize("after_start", [False, True], ids=["first", "after-start"])
+@pytest.mark.parametrize("event", [
+    {"type": "message_start"},  # no message: read as None, whose fields are missing
+    {"type": "message_start", "message": [1]},
+    {"type": "content_block_delta", "index": 0, "delta": 5},  # a delta that is not an object
+    {"type": "message_delta", "delta": None, "usage": {}},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": "ab"},
+], ids=["no-message", "message-list", "delta-number", "delta-null", "usage-string"])
+async def test_an_event_missing_its_fields_or_of_the_wrong_shape(event: dict[str, Any], after_start: bool) -> None:
+    """Like undecodable data: before the first event not a stream (asked again unstreamed), after it
+    the model's failure; never an exception of the SDK's or Python's own through the loop."""
+    seen, failure, _ = await _failure([Answer((START if after_start else b"") + sse(event))], max_retries=3)
+    assert (failure.error.kind, failure.error.retryable) == (("model", False) if after_start else ("stream_garbled", True))
+    assert failure.error.message.startswith("Malformed stream from the API: ")
+    assert [type(e) for e in seen] == ([MessageStart] if after_start else [])
+
+
+@pytest.mark.parametrize("body", [
+    b"[1, 2]", b'"a string"', json.dumps({**MESSAGE, "content": 5}).encode(),
+    json.dumps({**MESSAGE, "usage": 5}).encode(), json.dumps({**MESSAGE, "content": [7]}).encode(),
+], ids=["list", "string", "content-number", "usage-number", "block-number"])
+async def test_an_unstreamed_answer_of_the_wrong_shape_is_a_malformed_response(body: bytes) -> None:
+    """Valid JSON that is not a message: the model's failure, worded as a malformed response, never an
+    exception of the SDK's or Python's own through the loop."""
+    server = RawServer([Answer(body, {"content-type": "application/json"})])
+    async with server as url:
+        transport = AnthropicTransport(api_key="k", base_url=url, max_retries=0)
+        with pytest.raises(ModelCallError) as caught:
+            await transport.create(REQUEST)
+        await transport.aclose()
+    assert caught.value.error.kind == "model" and not caught.value.error.retryable
+    assert caught.value.error.message.startswith("Malformed response from the API: ")
