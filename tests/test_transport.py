@@ -385,7 +385,8 @@ async def test_an_event_missing_its_fields_or_of_the_wrong_shape(event: dict[str
     """Like undecodable data: before the first event not a stream (asked again unstreamed), after it
     the model's failure; never an exception of the SDK's or Python's own through the loop."""
     seen, failure, _ = await _failure([Answer((START if after_start else b"") + sse(event))], max_retries=3)
-    assert (failure.error.kind, failure.error.retryable) == (("model", False) if after_start else ("stream_garbled", True))
+    expected = ("model", False) if after_start else ("stream_garbled", True)
+    assert (failure.error.kind, failure.error.retryable) == expected
     assert failure.error.message.startswith("Malformed stream from the API: ")
     assert [type(e) for e in seen] == ([MessageStart] if after_start else [])
 
