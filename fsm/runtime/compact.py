@@ -346,10 +346,10 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
         else:
             log.info("compact.kept_first_answer", trigger=trigger)
     summary = kept_summary(text)
+    pre = estimate_tokens(messages)
     if trigger != "reactive":
         summary_msg = Message("user", prompts.COMPACT_SUMMARY_PREFIX + summary, kind="compact_summary")
-        return Compaction(messages=(summary_msg, *kept), trigger=trigger, pre_tokens=estimate_tokens(messages),
-                          summary=summary)
+        return Compaction(messages=(summary_msg, *kept), trigger=trigger, pre_tokens=pre, summary=summary)
     notes = [*([prompts.COMPACT_TRUNCATED_NOTE] if truncated else []), *([prompts.COMPACT_KEPT_NOTE] if kept else [])]
     body = "\n\n".join([prompts.COMPACT_SUMMARY_PREFIX + summary, *notes])
     reminders = reread_reminders(summarised, kept)
@@ -360,4 +360,4 @@ async def compact(client: ModelClient, *, model: str, system: tuple[Mapping[str,
         # tests/fidelity/recorded/compact_one_read.json), in one message so that no newline joins them on the wire
         blocks = tuple({"type": "text", "text": t} for t in (*reminders, body))
         out = (Message("user", blocks, kind="compact_summary"),)
-    return Compaction(messages=out, trigger=trigger, pre_tokens=estimate_tokens(messages), summary=summary)
+    return Compaction(messages=out, trigger=trigger, pre_tokens=pre, summary=summary)
