@@ -302,7 +302,7 @@ class Driver:
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
     async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None,
-                       **logged: Any) -> Compaction | None:
+                       api_message: str = "", **logged: Any) -> Compaction | None:
         """The history compacted (``auto`` before a turn, ``reactive`` after a refusal), PreCompact first;
         ``on_failure(why)`` when the summary request failed."""
         self.trace.before_hooks(self.hooks, "PreCompact")
@@ -310,7 +310,7 @@ class Driver:
         self.log.info("compact.start", trigger=trigger, **logged)
         compaction = await compact(self.client, model=self._model(state), system=self.system, messages=state.messages,
                                    trigger=trigger, metadata=self._metadata(), on_usage=self.account.spend,
-                                   on_failure=on_failure)
+                                   on_failure=on_failure, api_message=api_message)
         self.log.info("compact.end", trigger=trigger, ok=compaction is not None)
         return compaction
 
@@ -399,7 +399,7 @@ class Driver:
                            non_streaming_available=can_unstream(self.client), shown=tuple(shown))
         if graph.compaction_wanted(state, event, self.limits):
             why: list[str] = []
-            compaction = await self._compact(state, "reactive", why.append, error=error.message)
+            compaction = await self._compact(state, "reactive", why.append, error.message, error=error.message)
             event = attrs.evolve(event, compaction=compaction, compaction_failure=why[0] if why else "")
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
