@@ -43,7 +43,15 @@ class _PerTest:
 
 
 def _pytest(args: list[str], coverage_map: str | None, include: list[str] | None) -> int:
+    import builtins
+
     import pytest
+
+    # cosmic-ray's ExceptionReplacer writes ``except CosmicRayTestingException``, a name the mutated
+    # module does not define: without it, the clause raised NameError for any exception that reached
+    # it, which "killed" the mutant through an unrelated failure. Defined, the mutant means what it
+    # says: that clause no longer catches what it did.
+    builtins.CosmicRayTestingException = type("CosmicRayTestingException", (Exception,), {})  # type: ignore[attr-defined]
 
     if coverage_map is None:
         return int(pytest.main(args))

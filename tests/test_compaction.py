@@ -24,13 +24,17 @@ from agentfsm.runtime.compact import (
     CHARS_PER_TOKEN,
     EMPTY_SUMMARY,
     NO_SUMMARY_MESSAGE,
+    Split,
     chars_of,
     compact,
     estimate_tokens,
+    reactive_split,
+    reread_reminders,
     split_for_compaction,
     summary_request,
 )
 from agentfsm.runtime.request import normalize
+from agentfsm.testing import oracle
 from agentfsm.testing.scripted import ScriptedModel
 
 SYSTEM = ({"type": "text", "text": "sys"},)
@@ -215,6 +219,182 @@ def test_the_split_follows_its_rule_over_any_history(kinds: list[str]) -> None:
         head, tail = got
         assert head + tail == msgs and head
         assert not [m for m in tail[1:] if m.role == "assistant" and m.tool_use_ids()]
+
+
+# --- the reactive split: what Claude Code 2.1.332 summarises after a prompt too long ---------------------
+
+SIZED = "prompt is too long: 210000 tokens > 200000 maximum"
+BARE = "prompt is too long"
+
+
+def _expected_reactive(messages: Sequence[Message], sized: bool) -> tuple[int, bool] | None:
+    """The rule, stated by counting responses (docs/conform.md): how many of the N responses are summarised
+    (N meaning all of it), and whether the prompt is left out. With the sizes in the API's message, the
+    older half of the rounds, the prompt's round counted: (N + 1) // 2 rounds, the prompt and at least one
+    response; without them, all but the last response. None without a response."""
+    n = sum(m.role == "assistant" for m in messages)
+    if n == 0:
+        return None
+    k = max(1, (n + 1) // 2 - 1) if sized else n - 1
+    if k == 0 or k >= n:
+        return n, sized and messages[0].role == "user"
+    return k, False
+
+
+_ROUND = st.sampled_from(["calls", "said", "said_user", "calls2"])
+
+
+def _rounds(prompt: int, kinds: list[str]) -> list[Message]:
+    msgs = [user(f"p{i}") for i in range(prompt)]
+    for n, k in enumerate(kinds):
+        if k == "calls":
+            msgs += [calls(f"t{n}"), results(f"t{n}")]
+        elif k == "calls2":
+            msgs += [calls(f"t{n}", f"s{n}"), results(f"t{n}", f"s{n}"), user(f"more{n}")]
+        elif k == "said":
+            msgs.append(said(f"a{n}"))
+        else:
+            msgs += [said(f"a{n}"), user(f"u{n}")]
+    return msgs
+
+
+@given(st.integers(1, 2), st.lists(_ROUND, max_size=14), st.booleans())
+def test_the_reactive_split_follows_claude_codes_rule_over_any_history(prompt: int, kinds: list[str],
+                                                                       sized: bool) -> None:
+    msgs = _rounds(prompt, kinds)
+    got = reactive_split(msgs, SIZED if sized else BARE)
+    expected = _expected_reactive(msgs, sized)
+    if expected is None:
+        assert got is None
+        return
+    k, truncated = expected
+    assert got is not None and got.truncated == truncated
+    if k == len(kinds):  # all of it: nothing kept, the prompt left out when truncated
+        assert got.kept == () and got.summarised == tuple(msgs[prompt:] if truncated else msgs)
+        return
+    answers = [i for i, m in enumerate(msgs) if m.role == "assistant"]
+    assert got.summarised == tuple(msgs[:answers[k]]) and got.kept == tuple(msgs[answers[k]:])
+    assert sum(m.role == "assistant" for m in got.summarised) == k
+
+
+# N responses after the prompt, the API's message, and how many responses Claude Code 2.1.332 summarised
+# (oracle runs of issue 27; "all" = the whole conversation, nothing kept): both sides of each boundary
+@pytest.mark.parametrize("n, message, summarised", [
+    (1, SIZED, "all"), (2, SIZED, 1), (3, SIZED, 1), (4, SIZED, 1), (5, SIZED, 2), (6, SIZED, 2), (7, SIZED, 3),
+    (8, SIZED, 3), (9, SIZED, 4), (12, SIZED, 5),
+    (4, "prompt is too long: 200001 tokens > 200000 maximum", 1), (4, "prompt is too long: 400000 tokens > "
+                                                                      "200000 maximum", 1),
+    (6, "prompt is too long: 150000 tokens > 100000 maximum", 2),
+    (1, BARE, "all"), (2, BARE, 1), (3, BARE, 2), (4, BARE, 3), (10, BARE, 9),
+])
+def test_the_reactive_split_summarises_what_claude_code_did(n: int, message: str, summarised: Any) -> None:
+    msgs = _rounds(1, ["calls"] * n)
+    got = reactive_split(msgs, message)
+    assert got is not None
+    if summarised == "all":
+        assert got.kept == ()
+        assert sum(m.role == "assistant" for m in got.summarised) == n
+    else:
+        assert sum(m.role == "assistant" for m in got.summarised) == summarised
+        assert got.summarised + got.kept == tuple(msgs) and got.kept[0].role == "assistant"
+
+
+def test_a_single_exchange_is_summarised_whole_and_only_sizes_leave_the_prompt_out() -> None:
+    msgs = [user(), calls("a"), results("a")]
+    assert reactive_split(msgs, SIZED) == Split(tuple(msgs[1:]), (), truncated=True)
+    assert reactive_split(msgs, BARE) == Split(tuple(msgs), (), truncated=False)
+    # the first request alone (no response yet) cannot be compacted
+    assert reactive_split([user()], SIZED) is None and reactive_split([user(), user()], BARE) is None
+    # an automatic compaction still finds nothing to do in a single exchange
+    assert split_for_compaction(msgs) is None
+
+
+def reads(tid: str, path: str) -> Message:
+    return Message("assistant", ({"type": "tool_use", "id": tid, "name": "Read", "input": {"file_path": path}},),
+                   kind="assistant")
+
+
+def read_result(tid: str, text: str, *, error: bool = False) -> Message:
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": tid, "content": text}
+    if error:
+        block["is_error"] = True
+    return Message("user", (block,), kind="tool_results")
+
+
+def _called(path: str) -> str:
+    called = f'Called the Read tool with the following input: {{"file_path":"{path}"}}'
+    return f"<system-reminder>\n{called}\n</system-reminder>"
+
+
+def _result(text: str) -> str:
+    return f"<system-reminder>\nResult of calling the Read tool:\n{text}\n</system-reminder>"
+
+
+def test_the_files_read_in_the_summarised_part_only_are_shown_again_latest_first() -> None:
+    summarised = [user(), reads("r1", "/w/a"), read_result("r1", "1\tA"), reads("r2", "/w/b"),
+                  read_result("r2", "1\tB"), reads("r3", "/w/c"), read_result("r3", "no such file", error=True),
+                  reads("r4", "/w/d"), read_result("r4", "1\tD")]
+    kept = [reads("r5", "/w/d"), read_result("r5", "1\tD2")]
+    # a file read again in the kept part is not shown; a read that failed is not either
+    assert reread_reminders(summarised, kept) == [_called("/w/b"), _result("1\tB"), _called("/w/a"), _result("1\tA")]
+    # a file read twice is shown once, with what the latest read returned
+    twice = [user(), reads("r1", "/w/a"), read_result("r1", "old"), reads("r2", "/w/a"), read_result("r2", "new")]
+    assert reread_reminders(twice, []) == [_called("/w/a"), _result("new")]
+
+
+async def test_a_reactive_compaction_keeps_the_later_rounds_and_shows_the_summarised_files_again() -> None:
+    """Three Reads then a prompt too long with the sizes (tests/fidelity/recorded/compact_three_reads.json):
+    the prompt and the first Read summarised, the two later rounds kept after the summary, with a note
+    saying so, and the file read in the summarised part shown again after the last kept result."""
+    msgs = [user("go"), reads("r1", "/w/a"), read_result("r1", "1\tA\n2\t"), reads("r2", "/w/b"),
+            read_result("r2", "1\tB"), reads("r3", "/w/c"), read_result("r3", "1\tC\n2\t")]
+    got, model, _ = await _compact([tagged("gist")], messages=msgs, trigger="reactive", api_message=SIZED)
+    assert got is not None and model.count == 1
+    asked = model.requests[0].messages
+    assert [b.get("id") for m in asked for b in m["content"] if b["type"] == "tool_use"] == ["r1"]
+    summary, *kept = got.messages
+    assert summary.text() == (prompts.COMPACT_SUMMARY_PREFIX + "Summary:\ngist\n\n" + prompts.COMPACT_KEPT_NOTE)
+    assert [m.uuid for m in kept] == [m.uuid for m in msgs[3:]]
+    assert kept[:3] == msgs[3:6]
+    # the result's trailing blanks go before a reminder is joined to it
+    assert kept[3].content[0]["content"] == "1\tC\n2\n\n" + _called("/w/a") + "\n\n" + _result("1\tA\n2\t")
+
+
+async def test_a_reactive_compaction_of_a_single_exchange_leaves_the_prompt_out_when_the_sizes_are_given() -> None:
+    """One Read then a prompt too long (tests/fidelity/recorded/compact_one_read.json): with the sizes, the
+    summary request has the truncation marker instead of the prompt and the summary says a part is not
+    covered; the file comes first, then the summary. Without them, the prompt is summarised too."""
+    msgs = [user("go"), reads("r1", "/w/a"), read_result("r1", "1\tA")]
+    got, model, _ = await _compact([tagged("gist")], messages=msgs, trigger="reactive", api_message=SIZED)
+    assert got is not None
+    first = model.requests[0].messages[0]["content"][0]["text"]
+    assert first == "[earlier conversation truncated for compaction retry]"
+    assert [m.kind for m in got.messages] == ["compact_summary"]
+    assert [b["text"] for b in got.messages[0].content] == [
+        _called("/w/a"), _result("1\tA"),
+        prompts.COMPACT_SUMMARY_PREFIX + "Summary:\ngist\n\n" + prompts.COMPACT_TRUNCATED_NOTE]
+    got, model, _ = await _compact([tagged("gist")], messages=msgs, trigger="reactive", api_message=BARE)
+    assert got is not None
+    assert model.requests[0].messages[0]["content"][0]["text"] == "go"
+    assert got.messages[0].content[-1]["text"] == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\ngist"
+
+
+def test_the_comparison_reads_both_clients_compaction_notes_by_what_they_say() -> None:
+    """Claude Code's summary message (its words, from tests/fidelity/recorded/compact_*.json, less its
+    prompt's long middle) and agentfsm's are written the same when they say the same."""
+    cc = ("This session is being continued from a previous conversation that ran out of context. The summary "
+          "below covers the earlier portion of the conversation.\n\n<system-reminder>\n<tools-used-before-summary>"
+          "Read</tools-used-before-summary>\n</system-reminder>\nSummary:\ngist\n\nIf you need specific details "
+          "from before compaction (...)\n\nNote: part of the earlier conversation was too large to include and is "
+          "NOT covered by this summary (...).\nContinue the conversation from where it left off (...)\n\nThe "
+          "messages after this summary are the most recent messages from before compaction, kept verbatim. (...)")
+    ours = "\n\n".join([prompts.COMPACT_SUMMARY_PREFIX + "Summary:\ngist", prompts.COMPACT_TRUNCATED_NOTE,
+                         prompts.COMPACT_KEPT_NOTE])
+    assert oracle.compaction_text(cc) == oracle.compaction_text(ours) == \
+        "<compact summary> Summary:\ngist <not covered> <kept verbatim>"
+    plain = prompts.COMPACT_SUMMARY_PREFIX + "Summary:\ngist"
+    assert oracle.compaction_text(plain) == "<compact summary> Summary:\ngist"
+    assert oracle.compaction_text(plain + "\n\n" + prompts.COMPACT_KEPT_NOTE) != oracle.compaction_text(plain)
 
 
 # --- the summary request -----------------------------------------------------------------------------
@@ -433,15 +613,19 @@ async def test_a_prompt_too_long_on_the_first_request_is_not_compacted(tmp_path:
 
 async def test_a_prompt_too_long_after_one_tool_turn_is_compacted_whole(tmp_path: Path) -> None:
     """Claude Code 2.1.332 compacts once the conversation holds one response (docs/conform.md): the whole
-    conversation is summarised, and the request is sent again with the summary alone."""
+    conversation is summarised, the prompt left out (the API's message gives the sizes), and the request
+    is sent again with the file read shown again and the summary."""
     result, model = await _run(tmp_path, [read("r0"), PTL, tagged("SUMMARY"), text("done")])
     assert result.terminal_reason is TerminalReason.COMPLETED and result.result == "done"
     assert model.count == 4
     summary_req, retried = model.requests[2], model.requests[3]
     assert summary_req.tools == ()
+    assert summary_req.messages[0]["content"][0]["text"] == prompts.COMPACT_TRUNCATION_MARKER
     assert [b.get("id") for m in summary_req.messages for b in m["content"] if b["type"] == "tool_use"] == ["r0"]
     assert [m["role"] for m in retried.messages] == ["user"]
-    assert retried.messages[0]["content"][0]["text"] == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nSUMMARY"
+    texts = [b["text"] for b in retried.messages[0]["content"]]
+    assert texts[0].startswith("<system-reminder>\nCalled the Read tool with the following input: ")
+    assert texts[-1] == (prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nSUMMARY\n\n" + prompts.COMPACT_TRUNCATED_NOTE)
 
 
 async def test_a_prompt_too_long_after_two_answers_is_compacted_and_the_turn_goes_on(tmp_path: Path) -> None:
@@ -451,7 +635,7 @@ async def test_a_prompt_too_long_after_two_answers_is_compacted_and_the_turn_goe
     summary_req, retried = model.requests[3], model.requests[4]
     assert summary_req.tools == ()
     first = retried.messages[0]["content"][0]["text"]
-    assert first == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nSUMMARY"
+    assert first == prompts.COMPACT_SUMMARY_PREFIX + "Summary:\nSUMMARY\n\n" + prompts.COMPACT_KEPT_NOTE
     # the kept exchange follows the summary: r2's call and its result
     assert [b.get("id") for m in retried.messages for b in m["content"] if b["type"] == "tool_use"] == ["r2"]
 
@@ -480,20 +664,6 @@ async def test_a_failed_reactive_compaction_says_why_in_the_result(tmp_path: Pat
     result, model = await _run(tmp_path, [read("r0"), PTL, summary, text("never sent")])
     assert (result.terminal_reason, model.count) == (TerminalReason.PROMPT_TOO_LONG, 3)
     assert result.result == f"Prompt is too long \u00b7 automatic compaction failed: {why}"
-
-
-def test_a_reactive_split_summarises_a_single_tool_exchange_whole() -> None:
-    """After one tool turn the API answered prompt-too-long: Claude Code 2.1.332 summarises the whole
-    conversation and keeps none of it (docs/conform.md); an automatic compaction still finds nothing to do."""
-    msgs = [user(), calls("a"), results("a")]
-    assert split_for_compaction(msgs) is None
-    assert split_for_compaction(msgs, whole=True) == (msgs, [])
-    # the first request alone (no response yet) is no more compactable reactively than automatically
-    assert split_for_compaction([user()], whole=True) is None
-    assert split_for_compaction([user(), user()], whole=True) is None
-    # where an earlier answer exists, the reactive split is the usual one
-    longer = [user(), said(), user(), calls("a"), results("a")]
-    assert split_for_compaction(longer, whole=True) == split_for_compaction(longer)
 
 
 async def test_a_reactive_compaction_after_one_tool_turn_keeps_only_the_summary() -> None:

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 
 from agentfsm.commandline import conform
-from agentfsm.testing.oracle import AGENTFSM, conform_differences, run_client
+from agentfsm.testing.oracle import AGENTFSM, canon, conform_differences, run_client
 
 FIXTURES = Path(__file__).parent / "fidelity" / "conform"
 SAVED = sorted(p.stem for p in FIXTURES.glob("*.json"))
@@ -157,7 +157,8 @@ def test_every_drawn_case_is_a_scenario_the_scripted_server_loads(case: dict[str
     from agentfsm.testing.scenario import load_scenario
 
     scenario = load_scenario({"prompt": case["prompt"], "responses": case["responses"]}, "/ws")
-    assert 1 <= len(scenario.responses) <= 5
+    # (a case with a budget may end with answers that reach it: conform.BUDGETS)
+    assert 1 <= len(scenario.responses) <= 5 + (len(conform.BUDGETS) if "--max-budget-usd" in case["args"] else 0)
     assert case["args"][:1] == ["--permission-mode"]
     ids = [b["id"] for r in case["responses"] for b in r.get("blocks", ()) if "id" in b]
     assert len(ids) == len(set(ids))
@@ -217,3 +218,70 @@ def test_claude_code_and_agentfsm_conform(tmp_path: Path) -> None:
     examples = os.environ.get("AGENTFSM_CONFORM_EXAMPLES", "40")
     code, text, _ = _conform("--claude", CLAUDE, "--examples", examples, "--fixtures", str(tmp_path / "fx"))
     assert code == 0, text[-12000:]
+
+
+def test_a_stop_hooks_feedback_is_compared_by_what_it_carries() -> None:
+    """A Stop hook that blocks, then background work that reports after the run (recorded with Claude Code
+    2.1.332, seed 11's Stop-hook cases with background work): Claude Code quotes the hook's command in a
+    reminder of its own and puts its provenance preamble before ``Stop hook feedback:``, in the request after
+    the block and in every later one, the notification pass's included. Compared by the reason they carry,
+    the runs agree; a different reason still differs, in the history and in each request that carries it."""
+    rec = json.loads((Path(__file__).parent / "fixtures" / "conform_compare" / "stop_hook_background.json").read_text())
+    cc, af = rec["claude_code"], rec["agentfsm"]
+    assert "task_notification" in cc["path"] and cc["n_requests"] == 4
+    assert conform_differences(cc, af) == {}
+    other = json.loads(json.dumps(af).replace("STOP_MARK", "ANOTHER_REASON"))
+    assert set(conform_differences(cc, other)) == {"history", "request[2]", "request[3]"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(conform.cases(["limits", "tools", "parallel", "stream", "errors"]))
+def test_a_drawn_budget_is_reached_by_the_first_second_or_third_response(case: dict[str, Any]) -> None:
+    """Every streamed response of a case with --max-budget-usd says what it used, so both clients spend the
+    same per response and the budget is reached by a known response (the first, second or third), not only
+    by the first request, whatever each client's requests weigh."""
+    args = case["args"]
+    if "--max-budget-usd" not in args:
+        assert all("usage" not in r for r in case["responses"])
+        return
+    budget = float(args[args.index("--max-budget-usd") + 1])
+    usage = conform.BUDGET_USAGE
+    per_response = (usage["input_tokens"] * 3.0 + usage["output_tokens"] * 15.0) / 1e6  # claude-sonnet-4-5
+    k = round(budget / per_response + 0.5)
+    assert k in (1, 2, 3) and (k - 1) * per_response < budget < k * per_response
+    assert all(r.get("usage") == usage for r in case["responses"] if "blocks" in r)
+    # the script holds answers enough to reach any drawn budget (the server's own answer after it would count
+    # its input from the request's size, which is each client's own)
+    assert sum("blocks" in r for r in case["responses"]) >= len(conform.BUDGETS)
+
+
+def test_the_budget_reminder_after_a_tool_output_is_compared_after_the_output() -> None:
+    """Claude Code 2.1.332's result of a Read with --max-budget-usd reached by the second response (oracle run of
+    issue 27, 2026-12-06), and agentfsm's: the reminders agree, the white space before them (the output's own,
+    and Claude Code's around its token reminder) is each client's. In a batch of several calls Claude Code puts
+    the reminder on the result that completed last, agentfsm on the last in call order (seed 2 of
+    ``--only limits,tools,parallel,text,permissions``): compared as the batch's, after its results."""
+    tail = "<system-reminder>\nUSD budget: $0.006/$0.009; $0.002999999999999999 remaining\n</system-reminder>"
+    tokens = "<system-reminder>\n<total_tokens>14991723 tokens left</total_tokens>\n</system-reminder>"
+    cc = "1\tALPHA\n2\tbeta\n3\n\n" + tokens + "\n\n" + tail
+    af = "1\tALPHA\n2\tbeta\n3\t\n\n" + tail
+
+    def seen(*texts: str) -> Any:
+        run = canon({"history": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": f"t{i}", "content": t} for i, t in enumerate(texts)]}]})
+        return run["results"], run["shape"]
+
+    assert seen(cc) == seen(af)
+    assert seen(cc) != seen(af.replace("0.006/", "0.005/"))
+    assert seen("sub/c.py" + "\n\n" + tail, "No matches found") == seen("sub/c.py", "No matches found\n\n" + tail)
+
+
+@settings(max_examples=80, deadline=None)
+@given(conform.cases(["tools", "parallel"]))
+def test_a_case_that_reads_a_directory_accepts_what_claude_code_says_of_it(case: dict[str, Any]) -> None:
+    """A Read of the workspace's directory: Claude Code leaks Node's EISDIR, agentfsm says what to use instead,
+    an accepted difference (``read_directory``) the case brings (seed 1, ``--only limits,tools,parallel,text``:
+    ``conform-7801414b1b``)."""
+    reads = any(b.get("name") == "Read" and b.get("input", {}).get("file_path") == "$WS/sub"
+                for r in case["responses"] for b in r.get("blocks", ()))
+    assert reads == ("read_directory" in case.get("accepts", ()))

@@ -89,9 +89,10 @@ class WireRun:
 
 async def over_the_wire(tmp: Path, ws: Path, responses: Sequence[Any], *, limits: Limits | None = None,
                         fallback: tuple[str, ...] = (), extra_tools: tuple[Tool, ...] = (),
-                        base_url: str | None = None) -> WireRun:
+                        base_url: str | None = None, tools: tuple[str, ...] = ("Read",),
+                        permission_mode: str = "bypassPermissions") -> WireRun:
     limits = limits or Limits()
-    options = Options(tools=("Read",), permission_mode="bypassPermissions", cwd=ws, limits=limits,
+    options = Options(tools=tools, permission_mode=permission_mode, cwd=ws, limits=limits,
                       fallback_models=fallback, extra_tools=extra_tools, sessions_dir=tmp / "sessions",
                       setting_sources=())
     out: list[dict[str, Any]] = []
@@ -503,6 +504,32 @@ async def test_over_budget_keeps_the_results_of_calls_that_finished_while_the_re
         assert "ALPHA" in str(result["content"]) and not result.get("is_error")
     else:
         assert result == prompts.synthetic_block("toolu_01", BUDGET_CLOSED)
+    assert audit_file(run.trace) == []
+
+
+@pytest.mark.parametrize("broken_first", [False, True])
+async def test_over_budget_lists_the_denials_of_calls_rejected_while_the_response_streamed(
+        tmp_path: Path, agentfsm_workspace: Path, broken_first: bool) -> None:
+    """In ``dontAsk`` mode a call no rule allows is denied as its block ends, before the response does: when
+    that response brings the spend to --max-budget-usd, Claude Code 2.1.332 keeps those denials and lists
+    them in the result's ``permission_denials`` (oracle runs of issue 27: a Write and ``rm -rf sub``, on
+    the first response or on the one a stream broken after ``message_start`` brought; docs/conform.md).
+    Calls of a response asked for again are withdrawn, so theirs are not listed."""
+    write = use("toolu_01", "Write", {"file_path": str(agentfsm_workspace / "new.txt"), "content": "W\n"})
+    rm = use("toolu_02", "Bash", {"command": "rm -rf sub"})
+    denied = {"blocks": [write, rm], "stop_reason": "tool_use"}
+    withdrawn = {"blocks": [use("toolu_03", "Write", {"file_path": str(agentfsm_workspace / "other.txt"),
+                                                     "content": "X\n"})], "stop_reason": "tool_use", "break_after": 1}
+    script = [withdrawn, denied, text("never sent")] if broken_first else [denied, text("never sent")]
+    run = await over_the_wire(tmp_path, agentfsm_workspace, script, limits=Limits(max_budget_usd=1e-9),
+                              tools=("Read", "Write", "Bash"), permission_mode="dontAsk")
+    assert run.result.terminal_reason is T.BUDGET_EXHAUSTED and len(run.bodies) == (2 if broken_first else 1)
+    assert [(d["tool_name"], d["tool_use_id"], d["tool_input"]) for d in run.result.permission_denials] == \
+        [("Write", "toolu_01", write["input"]), ("Bash", "toolu_02", rm["input"])]
+    assert [b["tool_use_id"] for b in run.history[-1].content] == ["toolu_01", "toolu_02"]
+    assert all(b.get("is_error") and b != prompts.synthetic_block(b["tool_use_id"], BUDGET_CLOSED)
+               for b in run.history[-1].content)
+    assert not (agentfsm_workspace / "new.txt").exists()
     assert audit_file(run.trace) == []
 
 

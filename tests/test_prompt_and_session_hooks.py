@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from agentfsm.machine.state import TerminalReason
 from agentfsm.sessions.resume import load_history
 from agentfsm.sessions.session import Session
 from agentfsm.testing.scripted import ScriptedModel
+from agentfsm.tools.base import ToolContext, tool
 
 ANSWER = {"blocks": [{"type": "text", "text": "ANSWER"}], "stop_reason": "end_turn"}
 
@@ -166,3 +168,42 @@ async def test_continue_false_wins_over_a_stop_hooks_context(tmp_path: Path) -> 
     result = await s.run("hello")
     await s.aclose()
     assert model.count == 1 and result.terminal_reason is TerminalReason.STOP_HOOK_PREVENTED
+
+
+async def test_a_blocked_prompt_after_an_interrupted_run_does_not_show_the_old_interrupt_again(
+        tmp_path: Path) -> None:
+    """The interrupt marker that ended the last run is what the history ends with when a prompt is
+    blocked: the blocked run shows the client nothing of that earlier run (issue 35, runner)."""
+    started = asyncio.Event()
+
+    @tool("Wait", "Waits for ever.", {"type": "object", "properties": {}, "additionalProperties": False},
+          interrupt="cancel")
+    async def wait(input: Any, ctx: ToolContext) -> str:
+        started.set()
+        await asyncio.sleep(3600)
+        return "never"
+
+    call = {"blocks": [{"type": "tool_use", "id": "toolu_wait", "name": "Wait", "input": {}}],
+            "stop_reason": "tool_use"}
+    block_secret = HookMatcher(hooks=[lambda r: HookOutput.block("no secrets") if "secret" in r.prompt else None])
+    out: list[dict[str, Any]] = []
+    s = Session(Options(cwd=tmp_path, sessions_dir=tmp_path / "s", tools=(), extra_tools=(wait,),
+                        permission_mode="bypassPermissions", setting_sources=(),
+                        hooks={"UserPromptSubmit": [block_secret]}),
+                client=ScriptedModel([call]), emit=out.append)
+    try:
+        first = asyncio.ensure_future(s.run("one"))
+        await asyncio.wait_for(started.wait(), 30)
+        s.interrupt()
+        interrupted = await asyncio.wait_for(first, 30)
+        assert interrupted.terminal_reason is TerminalReason.ABORTED_TOOLS
+        marker = s.history[-1]
+        assert marker.kind == "interrupt_marker"
+        shown_before = len(out)
+        blocked = await asyncio.wait_for(s.run("my secret"), 30)
+    finally:
+        await s.aclose()
+    assert blocked.terminal_reason is TerminalReason.HOOK_STOPPED
+    assert s.history[-1].uuid == marker.uuid
+    again = [m for m in out[shown_before:] if m["type"] == "user"]
+    assert again == []

@@ -7,6 +7,7 @@ of this module survived them)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -285,3 +286,153 @@ async def test_block_tools_finish_after_an_interrupt_and_not_after_an_abort() ->
     assert await asyncio.wait_for(signals.finish_block_tools(batch), 2) is True
     assert not batch.done.is_set()
     await signals.disarm()
+
+
+# --- the campaign's full run (2026-12-06): the wait in a task of its own, and the defaults ----------
+
+
+@pytest.mark.parametrize("wrap", [None, _as_task], ids=["in-task", "own-task"])
+@pytest.mark.parametrize("stop_wins", [True, False])
+async def test_work_given_after_a_stop_never_starts(stop_wins: bool, wrap: Any) -> None:
+    """A stop already made: the work is given up before its first step, whatever ``stop_wins`` says
+    (a turn that was interrupted before it began must not start, even for an instant), and a work that
+    would finish at once is not taken either."""
+    for give in (RunSignals.interrupt, RunSignals.abort):
+        signals = await armed()
+        give(signals)
+        started: list[str] = []
+
+        async def work(started: list[str] = started) -> str:
+            started.append("started")
+            return "finished at once"
+
+        with pytest.raises(Stopped):
+            await signals.until_stopped(wrap(work()) if wrap else work(), stop_wins=stop_wins)
+        assert started == []
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        await signals.disarm()
+
+
+@pytest.mark.parametrize("wrap", [None, _as_task], ids=["in-task", "own-task"])
+async def test_by_default_a_stop_that_comes_with_the_works_end_wins(wrap: Any) -> None:
+    signals = await armed()
+
+    async def ends_with_a_stop() -> str:
+        signals.interrupt()
+        return "taken"
+
+    with pytest.raises(Stopped):
+        await signals.until_stopped(wrap(ends_with_a_stop()) if wrap else ends_with_a_stop())
+    await signals.disarm()
+
+
+async def test_work_in_a_task_of_its_own_is_cancelled_by_the_stop() -> None:
+    """Work that would never end on its own (a task, not a coroutine): the stop cancels it."""
+    signals = await armed()
+    work = asyncio.ensure_future(asyncio.Event().wait())
+    asyncio.get_running_loop().call_later(0.01, signals.interrupt)
+    with pytest.raises(Stopped):
+        await asyncio.wait_for(signals.until_stopped(work), 10)
+    assert work.cancelled()
+    await signals.disarm()
+
+
+@pytest.mark.parametrize("wrap", [None, _as_task], ids=["in-task", "own-task"])
+async def test_a_cut_work_that_fails_as_it_unwinds_is_stopped(wrap: Any) -> None:
+    """Work that raises something else when cut (a cleanup that fails): the failure is moot, the wait
+    is stopped, with or without ``stop_wins``, and the cut is taken back."""
+    for stop_wins in (True, False):
+        signals = await armed()
+
+        async def fails_when_cut() -> str:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                raise OSError("cleanup failed") from None
+            return "slept"
+
+        asyncio.get_running_loop().call_later(0.01, signals.interrupt)
+        with pytest.raises(Stopped):
+            await signals.until_stopped(wrap(fails_when_cut()) if wrap else fails_when_cut(), stop_wins=stop_wins)
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+        await signals.disarm()
+
+
+async def test_after_a_cut_the_work_swallowed_the_next_cut_is_a_stop_too() -> None:
+    """The user's interrupt cuts a wait whose work swallows the cancellation; the same task then waits
+    hard (block tools finishing) and an abort cuts that: a stop again, not a cancellation of the run."""
+    signals = await armed()
+
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.01, signals.interrupt)
+    with pytest.raises(Stopped):
+        await signals.until_stopped(stubborn())
+    loop.call_later(0.01, signals.abort)
+    with pytest.raises(Stopped):
+        await signals.until_stopped(asyncio.sleep(5), hard=True)
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    await signals.disarm()
+
+
+async def test_a_wait_in_a_task_of_its_own_cancelled_from_outside_is_a_cancellation() -> None:
+    """Cancelling the waiter (the run's caller) is a cancellation, not a stop: alone, and when it comes
+    in the same step as a stop."""
+    for with_a_stop in (False, True):
+        signals = await armed()
+        work = asyncio.ensure_future(asyncio.Event().wait())
+        waiter = asyncio.ensure_future(signals.until_stopped(work))
+        await asyncio.sleep(0)
+        if with_a_stop:
+            signals.interrupt()
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert work.cancelled()
+        await signals.disarm()
+
+
+async def test_work_cancelled_by_someone_else_is_a_cancellation_not_a_stop() -> None:
+    signals = await armed()
+    work = asyncio.ensure_future(asyncio.Event().wait())
+    asyncio.get_running_loop().call_later(0.01, work.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await signals.until_stopped(work)
+    assert not signals.stopping()
+    await signals.disarm()
+
+
+async def test_a_stopped_wait_leaves_no_unretrieved_failure_behind() -> None:
+    """Work that had already failed when the wait began after a stop: its failure is moot, and asyncio
+    must not report it later as never retrieved (a spurious error in the user's log)."""
+    reports: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reports.append(context))
+    try:
+        signals = await armed()
+        signals.interrupt()
+
+        async def failing() -> str:
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                raise OSError("failed while cancelled") from None
+            return "slept"
+
+        work = asyncio.ensure_future(failing())
+        await asyncio.sleep(0)  # started: it is parked in its sleep
+        with pytest.raises(Stopped):
+            await signals.until_stopped(work)
+        del work
+        gc.collect()
+        await asyncio.sleep(0)
+        await signals.disarm()
+    finally:
+        loop.set_exception_handler(None)
+    assert [r.get("message") for r in reports] == []

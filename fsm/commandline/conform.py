@@ -197,14 +197,26 @@ _HOOKS = st.one_of(
 
 @attrs.frozen
 class Setup:
-    """The run's set-up, as command-line arguments, and the scenarios whose accepted differences apply."""
+    """The run's set-up, as command-line arguments, and the scenarios whose accepted differences apply.
+    ``budget``: the case has ``--max-budget-usd``, and its responses then carry :data:`BUDGET_USAGE`."""
 
     args: tuple[str, ...]
     accepts: tuple[str, ...] = ()
+    budget: bool = False
+
+
+# With --max-budget-usd every scripted response says what it used, so both clients spend the same per
+# response ($0.003 in, $0.003 out at claude-sonnet-4-5's prices: $0.006), and a budget of (k - 1/2)
+# responses is reached by the k-th one, whatever each client's requests weigh (the scripted server counts
+# a response's input from the request's size otherwise, and Claude Code's requests are larger)
+BUDGET_USAGE: Mapping[str, int] = {"input_tokens": 1000, "output_tokens": 200}
+BUDGETS = ("0.003", "0.009", "0.015")  # reached by the first, second, third response
+_FINAL_ANSWER: Mapping[str, Any] = {"blocks": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
+                                    "usage": dict(BUDGET_USAGE)}
 
 
 def _setup(families: frozenset[str]) -> st.SearchStrategy[Setup]:
-    def build(mode: str, rules: tuple[str, str] | None, hooks: list[Any], turns: int | None, budget: bool,
+    def build(mode: str, rules: tuple[str, str] | None, hooks: list[Any], turns: int | None, budget: str | None,
               schema: bool) -> Setup:
         args = ["--permission-mode", mode]
         accepts: list[str] = []
@@ -221,13 +233,13 @@ def _setup(families: frozenset[str]) -> st.SearchStrategy[Setup]:
             args += ["--settings", json.dumps({"hooks": merged})]
         if turns is not None:
             args += ["--max-turns", str(turns)]
-        if budget:
-            args += ["--max-budget-usd", "0.0001"]
+        if budget is not None:
+            args += ["--max-budget-usd", budget]
         if schema:
             args += ["--json-schema", json.dumps({"type": "object", "properties": {"answer": {"type": "string"}},
                                                   "required": ["answer"], "additionalProperties": False})]
             accepts.append("schema_text_only")
-        return Setup(tuple(args), tuple(sorted(set(accepts))))
+        return Setup(tuple(args), tuple(sorted(set(accepts))), budget is not None)
 
     perms = "permissions" in families
     return st.builds(
@@ -239,7 +251,7 @@ def _setup(families: frozenset[str]) -> st.SearchStrategy[Setup]:
                                                         "Bash(rm:*)"]))) if perms else st.none(),
         st.lists(_HOOKS, max_size=2) if "hooks" in families else st.just([]),
         st.one_of(st.none(), st.integers(1, 3)) if "limits" in families else st.none(),
-        st.booleans() if "limits" in families else st.just(False),
+        st.one_of(st.none(), st.sampled_from(BUDGETS)) if "limits" in families else st.none(),
         st.booleans() if "schema" in families else st.just(False),
     )
 
@@ -266,19 +278,37 @@ def cases(families: Sequence[str] = FAMILIES, *, max_responses: int = 5) -> st.S
         # independently, the two rarely meet in a short script
         pair = st.tuples(st.one_of(*[_responses(k) for k in recoveries]), _responses("tools")).map(list)
         step = st.one_of(step, pair)
-    return st.builds(
-        lambda setup, steps: {
-            "prompt": "go", "files": dict(FILES), "args": list(setup.args),
-            "responses": [r.to_dict() for r in _renumbered([r for s in steps for r in s][:max_responses])],
-            # background work is stopped with TaskStop, which the default tool list leaves out
-            **({"tools": f"{DEFAULT_TOOLS},TaskStop"} if "background" in kinds else {}),
-            **({"accepts": list(setup.accepts)} if setup.accepts else {})},
-        _setup(fams),
-        st.lists(step, min_size=1, max_size=max_responses),
-    )
+    def case(setup: Setup, steps: list[list[Response]]) -> dict[str, Any]:
+        responses = [_priced(r.to_dict(), setup.budget)
+                     for r in _renumbered([r for s in steps for r in s][:max_responses])]
+        if setup.budget:
+            # answers enough to reach the budget before the script runs out: the server's own answer then
+            # would count its input from the request's size, each client's own
+            responses += [dict(_FINAL_ANSWER)] * max(0, len(BUDGETS) - sum("blocks" in r for r in responses))
+        accepts = sorted({*setup.accepts, *_response_accepts(responses)})
+        return {"prompt": "go", "files": dict(FILES), "args": list(setup.args), "responses": responses,
+                # background work is stopped with TaskStop, which the default tool list leaves out
+                **({"tools": f"{DEFAULT_TOOLS},TaskStop"} if "background" in kinds else {}),
+                **({"accepts": accepts} if accepts else {})}
+
+    return st.builds(case, _setup(fams), st.lists(step, min_size=1, max_size=max_responses))
+
+
+def _response_accepts(responses: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The scenarios whose accepted differences the responses bring: a Read of a directory brings
+    ``read_directory``'s (Claude Code leaks Node's EISDIR)."""
+    dirs = {f"$WS/{rel.rsplit('/', 1)[0]}" for rel in FILES if "/" in rel and not rel.startswith("$")}
+    reads = [b.get("input") for r in responses for b in r.get("blocks", ())
+             if b.get("type") == "tool_use" and b.get("name") == "Read"]
+    return {"read_directory"} if any(isinstance(i, Mapping) and i.get("file_path") in dirs for i in reads) else set()
 
 
 _RECOVERIES = ("max_tokens", "thinking", "malformed", "ptl", "stream", "errors")
+
+
+def _priced(response: dict[str, Any], budget: bool) -> dict[str, Any]:
+    """A streamed response of a case with a budget says what it used (:data:`BUDGET_USAGE`)."""
+    return {**response, "usage": dict(BUDGET_USAGE)} if budget and "blocks" in response else response
 
 
 def case_id(case: Mapping[str, Any]) -> str:

@@ -121,6 +121,9 @@ class AnthropicTransport:
         body.pop("stream")
         try:
             message = await self.client.messages.create(**body)
+            # the SDK builds the message without validating it: JSON that is not a message (a list, a
+            # number for its content) fails only here, and is as malformed as undecodable JSON
+            return message_events(_dump(message))
         except a.APIStatusError as exc:
             raise ModelCallError(self._at(_status_error(exc))) from exc
         except (a.APIConnectionError, a.APITimeoutError) as exc:
@@ -129,10 +132,6 @@ class AnthropicTransport:
             # (RecursionError: a body nested deeper than the JSON decoder's stack, a tool input of
             # 100,000 arrays say; the streamed path bounds that in agentfsm.common.bounded_json)
             raise ModelCallError(ModelError("model", f"Malformed response from the API: {exc}")) from exc
-        try:
-            return message_events(_dump(message))
-        except RecursionError as exc:
-            raise ModelCallError(ModelError("model", "Malformed response from the API: nested too deeply")) from exc
 
     def _at(self, error: ModelError) -> ModelError:
         """The error with the gateway that gave it (Claude Code's text for a 5xx names it)."""

@@ -104,7 +104,10 @@ class Does:
     * ``compacts`` — the move may replace the history with a compaction the event carries: the
       client is told (``compact_boundary``), the trace writes a boundary and the new view, and the
       next estimate forgets the last usage. No other move may replace the history (checked per move);
-    * ``stop_feedback`` — the Stop hook's block reason is shown as a synthetic user message.
+    * ``stop_feedback`` — the Stop hook's block reason is shown as a synthetic user message;
+    * ``keeps_finished`` — the results of the response's calls that finished while it streamed (the
+      event's ``finished``) stay in the history as a batch's would: the run accounts them (their
+      permission denials). Performed before ``close_calls`` gives up the rest.
     """
 
     shown: Shown = Shown.KEEP
@@ -112,11 +115,14 @@ class Does:
     take_input: bool = False
     compacts: bool = False
     stop_feedback: bool = False
+    keeps_finished: bool = False
 
     @property
     def label(self) -> str:
         """The consequences in words, for the diagrams (empty for a move that only changes state)."""
         parts = [] if self.shown is Shown.KEEP else [f"{self.shown.value} shown"]
+        if self.keeps_finished:
+            parts.append("keep finished calls")
         if self.close_calls is not None:
             parts.append(f"close calls ({self.close_calls})")
         parts += [name for name, on in (("take input", self.take_input), ("compact", self.compacts),
@@ -209,7 +215,7 @@ EDGES: tuple[Edge, ...] = (
     _edge("over_budget", S, X, "terminal",
           "the response ended with the run's spend at --max-budget-usd; its calls that finished while it streamed "
           "keep their results, the others never run", T.BUDGET_EXHAUSTED,
-          does=Does(close_calls=BUDGET_CLOSED)),
+          does=Does(close_calls=BUDGET_CLOSED, keeps_finished=True)),
     _edge("refuse", C, X, "terminal", "preflight refused the request",
           T.BLOCKING_LIMIT, T.BUDGET_EXHAUSTED, T.BACKGROUND_REQUESTED),
     _edge("call_failed", (C, S), X, "terminal", "the model call failed and cannot be recovered",
@@ -226,7 +232,8 @@ EDGES: tuple[Edge, ...] = (
           T.MAX_TURNS, T.ABORTED_TOOLS, T.TOOL_DEFERRED, T.HOOK_STOPPED, T.COMPLETED,
           T.STRUCTURED_OUTPUT_RETRY_EXHAUSTED),
     _edge("abort", RUNNING, X, "terminal", "cancelled; every tool_use shown gets a result",
-          T.ABORTED_STREAMING, T.ABORTED_TOOLS, does=Does(Shown.PAIR, close_calls=prompts.USER_INTERRUPTED)),
+          T.ABORTED_STREAMING, T.ABORTED_TOOLS,
+          does=Does(Shown.PAIR, close_calls=prompts.USER_INTERRUPTED, keeps_finished=True)),
 )
 
 EDGES_BY_TRIGGER: Mapping[str, Edge] = {e.trigger: e for e in EDGES}

@@ -104,6 +104,20 @@ COMPACT_SUMMARY_PREFIX = (
     "This session is being continued from a previous conversation that ran out of context. "
     "The summary below covers the earlier portion of the conversation.\n\n"
 )
+# the notes a reactive compaction's summary message ends with (agentfsm's words; what they say is Claude Code
+# 2.1.332's, docs/conform.md): when the latest rounds are kept after it, and when the summary request had to
+# leave out the start of the conversation
+COMPACT_KEPT_NOTE = (
+    "What follows this summary is the end of the conversation before compaction, unchanged. The summary was "
+    "written without it: work the summary lists as still to do may already be done there.")
+COMPACT_TRUNCATED_NOTE = (
+    "The start of the conversation was too long to summarise and was left out, so this summary does not cover "
+    "it (the session's transcript still has it). If the task turns on it, say so rather than guess.")
+# short protocol texts matched with Claude Code 2.1.332 (tests/fidelity/recorded/compact_*.json): the stand-in for
+# the start of a conversation left out of a summary request, and a file read before compaction shown again
+COMPACT_TRUNCATION_MARKER = "[earlier conversation truncated for compaction retry]"
+REREAD_CALLED = "<system-reminder>\nCalled the Read tool with the following input: {input}\n</system-reminder>"
+REREAD_RESULT = "<system-reminder>\nResult of calling the Read tool:\n{result}\n</system-reminder>"
 MAX_TOKENS_EXHAUSTED = "Claude's response exceeded the {n} output token maximum. Ask for a shorter answer."
 # --max-budget-usd, in Claude Code 2.1.332's words: the reminder riding with the prompt, and the error
 BUDGET_REMINDER = "USD budget: ${used}/${total}; ${remaining} remaining"
@@ -138,6 +152,11 @@ def compaction_failed(why: str) -> str:
     """The result of a run whose prompt was too long and whose compaction failed (Claude Code 2.1.332's
     words: docs/conform.md)."""
     return f"{REQUEST_TOO_LARGE_PROMPT} \u00b7 automatic compaction failed: {why}"
+
+
+def states_sizes(api_message: str) -> bool:
+    """Whether a prompt-too-long message gives the request's size and the limit (``N tokens > M``)."""
+    return _PTL_SIZES.search(api_message) is not None
 
 
 def single_exchange_too_long(api_message: str, conversation_tokens: int) -> str:

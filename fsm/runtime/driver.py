@@ -31,6 +31,7 @@ is ``cancel`` are cancelled and ``block`` tools finish, then the loop ends
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -261,6 +262,10 @@ class Driver:
     def show(self, message: Mapping[str, Any]) -> None:
         self.emit(dict(message))
 
+    def keep_finished(self, tool_use_ids: Sequence[str]) -> None:
+        """The finished calls' results stay in the history: accounted as a batch's (docs/conform.md)."""
+        phases.account_batch(self.account, self._executor.ordered_results(only=tool_use_ids) if self._executor else [])
+
     def close_calls(self, reason: str) -> None:
         """The response's executor is given up: its unfinished calls are cancelled for ``reason``."""
         executor, self._executor = self._executor, None
@@ -303,7 +308,7 @@ class Driver:
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
     async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None,
-                       **logged: Any) -> Compaction | None:
+                       api_message: str = "", **logged: Any) -> Compaction | None:
         """The history compacted (``auto`` before a turn, ``reactive`` after a refusal), PreCompact first;
         ``on_failure(why)`` when the summary request failed."""
         self.trace.before_hooks(self.hooks, "PreCompact")
@@ -311,7 +316,7 @@ class Driver:
         self.log.info("compact.start", trigger=trigger, **logged)
         compaction = await compact(self.client, model=self._model(state), system=self.system, messages=state.messages,
                                    trigger=trigger, metadata=self._metadata(), on_usage=self.account.spend,
-                                   on_failure=on_failure)
+                                   on_failure=on_failure, api_message=api_message)
         self.log.info("compact.end", trigger=trigger, ok=compaction is not None)
         return compaction
 
@@ -400,7 +405,7 @@ class Driver:
                            non_streaming_available=can_unstream(self.client), shown=tuple(shown))
         if graph.compaction_wanted(state, event, self.limits):
             why: list[str] = []
-            compaction = await self._compact(state, "reactive", why.append, error=error.message)
+            compaction = await self._compact(state, "reactive", why.append, error.message, error=error.message)
             event = attrs.evolve(event, compaction=compaction, compaction_failure=why[0] if why else "")
         self.log.warning("model.error", kind=error.kind, status=error.status, message=error.message,
                          retryable=error.retryable)
@@ -433,6 +438,8 @@ class Driver:
             return await self._stream_failed(state, phases.stream_error(exc), asm)
         finally:
             await self._close_stream()
+        with contextlib.suppress(Stopped):  # the response ended: a stop now is the tool batch's (docs/conform.md)
+            await self.signals.until_stopped(executor.checks_done())
         self._api_ms_since_request()
         response = asm.finish()
         phases.account_response(self.account, response, self.options.model, self._request_messages)

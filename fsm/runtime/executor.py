@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -73,6 +73,8 @@ class _Entry:
     result: CallResult | None = None
     # set when the executor cancels the call; decides the synthetic text
     cancel_reason: str | None = None
+    # the call's checks are behind it (run_tool_call's on_checked): its tool runs, or a hook
+    checked: bool = False
 
 
 class StreamingToolExecutor:
@@ -112,6 +114,8 @@ class StreamingToolExecutor:
         self._telling = False
         # set whenever a call finishes (results()/remaining() wake on it)
         self._changed = asyncio.Event()
+        # set whenever a call finishes or its local checks are behind it (checks_done() wakes on it)
+        self._progressed = asyncio.Event()
 
     # --- intake ----------------------------------------------------------------------------------
 
@@ -167,7 +171,8 @@ class StreamingToolExecutor:
         entry.status = RUNNING
         coro = run_tool_call(entry.block, lookup=self.table, gate=self.gate, ctx_factory=self._make_ctx,
                              invalid_json=entry.invalid_json, abort=self._abort_event,
-                             in_progress=self._in_progress, prepared=entry.prepared)
+                             in_progress=self._in_progress, prepared=entry.prepared,
+                             on_checked=functools.partial(self._checked, entry))
         name = f"tool:{entry.tool_name}:{entry.tool_use_id}"
         task = asyncio.get_running_loop().create_task(coro, name=name)
         entry.task = task
@@ -175,6 +180,10 @@ class StreamingToolExecutor:
         task.add_done_callback(functools.partial(self._on_task_done, entry))
         log.debug("tool.scheduled", tool_use_id=entry.tool_use_id, tool_name=entry.tool_name,
                   running=len(self._running()))
+
+    def _checked(self, entry: _Entry) -> None:
+        entry.checked = True
+        self._progressed.set()
 
     def _make_ctx(self, tool_use_id: str) -> ToolContext:
         ctx = (self._ctx_factory(tool_use_id) if self._ctx_factory is not None
@@ -230,6 +239,7 @@ class StreamingToolExecutor:
         if not entry.safe and result.context_layers:
             self._layers.update(result.context_layers)
         self._changed.set()
+        self._progressed.set()
         self._update_ready()
 
     # --- delivery --------------------------------------------------------------------------------
@@ -272,6 +282,18 @@ class StreamingToolExecutor:
     def all_done(self) -> bool:
         return all(e.status in (DONE, DELIVERED) for e in self._entries)
 
+    async def checks_done(self) -> None:
+        """Wait until every call that started is past its checks (lookup, schema, input validation, the
+        permission decision): finished, rejected by them, running its tool, or waiting on a PreToolUse
+        hook. A call a rejection lets start is waited for too; calls still queued are not. With a
+        permission callback nothing is waited for: its answer may be a person's, who must not hold the
+        response's end (the calls then go on in the tool batch, as before)."""
+        if getattr(self.gate, "can_use_tool", None) is not None:
+            return
+        while any(e.status == RUNNING and not e.checked for e in self._entries):
+            self._progressed.clear()
+            await self._progressed.wait()
+
     async def results(self) -> AsyncIterator[CallResult]:
         """After the stream ended: every result not handed out yet, as soon as the delivery rules
         allow, until every call has one."""
@@ -294,9 +316,9 @@ class StreamingToolExecutor:
         self._update_ready()
         return self.ordered_results()
 
-    def ordered_results(self) -> list[CallResult]:
-        """The results present so far, in model order."""
-        return [e.result for e in self._entries if e.result is not None]
+    def ordered_results(self, only: Collection[str] | None = None) -> list[CallResult]:
+        """The results present so far, in model order (``only``: of these calls)."""
+        return [e.result for e in self._entries if e.result is not None and (only is None or e.tool_use_id in only)]
 
     def context_layers(self) -> Mapping[str, Any]:
         """The shared context after this response: the initial layers plus what concurrency-unsafe

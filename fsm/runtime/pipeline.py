@@ -405,6 +405,10 @@ class _Clock:
 _STEP_KEYS: dict[tuple[int, str], str] = {}
 
 
+def _nothing() -> None:
+    return None
+
+
 def _default_ctx(tool_use_id: str) -> ToolContext:
     return ToolContext(cwd=Path.cwd(), tool_use_id=tool_use_id)
 
@@ -419,6 +423,7 @@ async def run_tool_call(
     abort: asyncio.Event | None = None,
     in_progress: set[str] | None = None,
     prepared: tuple[Tool, PreparedInput] | None = None,
+    on_checked: Callable[[], None] | None = None,
 ) -> CallResult:
     """Run one ``tool_use`` block through the 15 steps; never raises (cancellation included: a
     cancelled call returns a ``user_interrupted`` result, which is what the executor relies on).
@@ -429,9 +434,12 @@ async def run_tool_call(
     call's id is in while the tool itself runs. ``prepared``: steps 3-4 already done for this block
     (the executor validates the input to judge concurrency safety) and the tool they were done for;
     reused when the lookup finds that same tool, so the schema runs once per call, not twice.
+    ``on_checked``: told when the call's checks are behind it (lookup, schema, input validation, the
+    permission decision) and its tool is about to run, or before it waits on a PreToolUse hook (a process
+    of its own). A call the checks reject finishes instead.
     """
     call = _Call(block, ToolTable.of(lookup), gate, ctx_factory or _default_ctx,
-                 in_progress if in_progress is not None else set())
+                 in_progress if in_progress is not None else set(), on_checked)
     try:
         return await call.run(invalid_json, abort, prepared)
     except asyncio.CancelledError:
@@ -450,8 +458,10 @@ class _Call:
     """State of one call while it moves through the steps."""
 
     def __init__(self, block: Mapping[str, Any], table: ToolTable, gate: ToolGate,
-                 ctx_factory: Callable[[str], ToolContext], in_progress: set[str]) -> None:
+                 ctx_factory: Callable[[str], ToolContext], in_progress: set[str],
+                 on_checked: Callable[[], None] | None = None) -> None:
         self.block = block
+        self.checked = on_checked or _nothing
         self.tool_use_id = str(block.get("id", ""))
         self.name = str(block.get("name", ""))
         self.table = table
@@ -598,6 +608,7 @@ class _Call:
 
         pre: PreToolOutcome = _NO_PRE
         if plan.pre_hooks:
+            self.checked()  # a hook is a process of its own
             with clock.step(6, "pre_tool_use"):
                 t = time.perf_counter()
                 try:
@@ -663,6 +674,7 @@ class _Call:
                 return bad
         ctx.user_modified = perm.user_modified
 
+        self.checked()
         with clock.step(9, "mark_in_progress"):
             self.in_progress.add(self.tool_use_id)
 

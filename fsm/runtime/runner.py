@@ -18,7 +18,7 @@ from types import EllipsisType
 from typing import Any, Protocol
 
 from agentfsm.machine import graph
-from agentfsm.machine.events import Aborted, Event, StopHookVerdict, TaskNotified
+from agentfsm.machine.events import Aborted, Event, StopHookVerdict, StreamEnded, TaskNotified
 from agentfsm.machine.state import Limits, LoopState, Phase
 from agentfsm.runtime import phases
 from agentfsm.runtime.result import RunAccount
@@ -62,6 +62,8 @@ class Runtime(Protocol):
 
     def show(self, message: Mapping[str, Any]) -> None: ...
 
+    def keep_finished(self, tool_use_ids: Sequence[str]) -> None: ...
+
     def close_calls(self, reason: str) -> None: ...
 
     def withdraw(self) -> None: ...
@@ -91,6 +93,8 @@ def perform(runtime: Runtime, session_id: str, before: LoopState, step: graph.St
         runtime.compacted(event)
     if does.stop_feedback and isinstance(event, StopHookVerdict) and event.blocked:
         runtime.show(phases.stop_feedback_message(session_id, event))
+    if does.keeps_finished and isinstance(event, StreamEnded | Aborted):
+        runtime.keep_finished(tuple(b["tool_use_id"] for b in event.finished))
     if does.close_calls is not None:
         runtime.close_calls(does.close_calls)
     if does.shown is graph.Shown.WITHDRAW:

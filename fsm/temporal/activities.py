@@ -54,7 +54,7 @@ from agentfsm.machine.options import Options
 from agentfsm.machine.state import Message, TerminalReason
 from agentfsm.runtime import phases
 from agentfsm.runtime.assembler import ResponseAssembler
-from agentfsm.runtime.compact import compact, split_for_compaction
+from agentfsm.runtime.compact import compact, reactive_split, split_for_compaction
 from agentfsm.runtime.executor import call_traits
 from agentfsm.runtime.pipeline import WORKER_LOST, CallResult, ToolTable, run_tool_call, synthetic_result
 from agentfsm.runtime.request import WireCache, system_blocks
@@ -892,7 +892,8 @@ class Activities:
         spec = inp.spec
         ctx = self.context(spec)
         messages = self._messages(spec, inp.messages)
-        requested = split_for_compaction(messages, whole=inp.trigger == "reactive") is not None
+        requested = (reactive_split(messages, inp.api_message) if inp.trigger == "reactive"
+                     else split_for_compaction(messages)) is not None
         await ctx.gate.pre_compact("auto", None)
         spent: dict[str, Any] = {}
 
@@ -904,7 +905,7 @@ class Activities:
             compaction = await compact(self._model_client(spec, inp.request_no), model=inp.model, system=inp.system,
                                        messages=messages, trigger=inp.trigger,
                                        metadata=phases.request_metadata(spec.session_id), on_usage=on_usage,
-                                       on_failure=why.append)
+                                       on_failure=why.append, api_message=inp.api_message)
         return CompactOutcome(compaction, requested, spent.get("model", ""), spent.get("usage", {}),
                               why[0] if why else "")
 

@@ -405,6 +405,7 @@ class CompactInput:
     system: tuple[Mapping[str, Any], ...]
     messages: tuple[MessageRef, ...]
     trigger: str
+    api_message: str = ""  # a reactive compaction's prompt-too-long message (compact.reactive_split reads it)
 
 
 @attrs.frozen

@@ -372,6 +372,9 @@ class SessionWorkflow:
     def show(self, message: Mapping[str, Any]) -> None:
         self._emit(message)
 
+    def keep_finished(self, tool_use_ids: Sequence[str]) -> None:
+        return None  # no call finishes while a response streams here: they start after it ended
+
     def close_calls(self, reason: str) -> None:
         return None  # a response's calls start only after it ended (one activity each, in dispatch)
 
@@ -475,14 +478,15 @@ class SessionWorkflow:
             return SetupFailed(TerminalReason.TURN_SETUP_FAILED, f"Turn setup failed: {_cause(exc)}")
         return Assembled(compaction=compaction, compact_failed=compaction is None)
 
-    async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None) -> Any:
+    async def _compact(self, state: LoopState, trigger: str, on_failure: Callable[[str], None] | None = None,
+                       api_message: str = "") -> Any:
         await self._flush()
         n = self._requests
         timing = self._inp.timing
         out: CompactOutcome = await self._activity(
             "agentfsm.compact",
             CompactInput(self._spec, n, phases.model_for(self._spec.models, state), self._setup.system,
-                         self._refs(state.messages), trigger),
+                         self._refs(state.messages), trigger, api_message),
             CompactOutcome, timeout=timedelta(minutes=15), heartbeat=timing.model_heartbeat_s,
             attempts=timing.model_attempts, stop="soft")
         if out.requested:
@@ -589,7 +593,8 @@ class SessionWorkflow:
         if graph.compaction_wanted(state, event, self._spec.limits):
             why: list[str] = []
             try:
-                event = attrs.evolve(event, compaction=await self._compact(state, "reactive", why.append))
+                event = attrs.evolve(event, compaction=await self._compact(state, "reactive", why.append,
+                                                                                error.message))
             except (_Stopped, ActivityError):
                 pass
             event = attrs.evolve(event, compaction_failure=why[0] if why else "")

@@ -49,6 +49,9 @@ AGENTFSM = "af"
 TOKENS_REMINDER = re.compile(
     r"\n*<system-reminder>\n<total_tokens>\d+ tokens left</total_tokens>\n</system-reminder>\n?")
 SAVED_PATH = re.compile(r"Full output saved to: \S+")
+# --max-budget-usd's reminder after a tool's output: compared after the output, whose trailing white space is
+# each client's own (as everywhere, text is compared right-stripped), and after Claude Code's token reminder
+BUDGET_REMINDER = re.compile(r"\s*(<system-reminder>\nUSD budget: [^<]*</system-reminder>)\s*$")
 # each client's estimate of its own conversation (Claude Code's counts its context preamble, which is not
 # compared): the number is left out of the comparison, the text around it is compared
 OWN_ESTIMATE = re.compile(r"(this conversation is only ~)\d+( tokens)")
@@ -56,11 +59,20 @@ OWN_ESTIMATE = re.compile(r"(this conversation is only ~)\d+( tokens)")
 # instructions (Claude Code's and agentfsm's, each by its opening words) are written <summary instructions>,
 # and the message that carries a summary into the conversation is written by what it carries (the text
 # after the shared opening sentence, less Claude Code's reminder before it and its pointer to the
-# transcript after it). What is compared is which messages were summarised, and the summary itself.
+# transcript after it) and by the notes it ends with, each client's own words written by what they say:
+# <kept verbatim> (the latest rounds follow the summary unchanged), <not covered> (the summary request
+# left out the start of the conversation). What is compared is which messages were summarised, the summary
+# itself and those notes.
 COMPACT_INSTRUCTION_OPENINGS = ("CRITICAL: Respond with TEXT ONLY", prompts.COMPACT_INSTRUCTION[:40])
 COMPACT_SUMMARY_OPENING = prompts.COMPACT_SUMMARY_PREFIX.rstrip()  # the same sentence in both clients
 _SUMMARY_TAIL = re.compile(r"\n\n(If you need specific details from before compaction|Continue the conversation "
-                           r"from where it left off).*", re.S)
+                           r"from where it left off|" + re.escape(prompts.COMPACT_TRUNCATED_NOTE[:30]) + "|"
+                           + re.escape(prompts.COMPACT_KEPT_NOTE[:30]) + r").*", re.S)
+_COMPACT_NOTES = (
+    ("<not covered>", ("part of the earlier conversation was too large", prompts.COMPACT_TRUNCATED_NOTE[:30])),
+    ("<kept verbatim>", ("are the most recent messages from before compaction, kept verbatim",
+                         prompts.COMPACT_KEPT_NOTE[:30])),
+)
 _LEADING_REMINDER = re.compile(r"^\s*<system-reminder>.*?</system-reminder>\s*", re.S)
 
 
@@ -70,8 +82,27 @@ def compaction_text(text: str) -> str:
         return "<summary instructions>"
     if text.startswith(COMPACT_SUMMARY_OPENING):
         rest = _LEADING_REMINDER.sub("", text[len(COMPACT_SUMMARY_OPENING):])
-        return "<compact summary> " + _SUMMARY_TAIL.sub("", rest).strip()
+        notes = [name for name, says in _COMPACT_NOTES if any(s in rest for s in says)]
+        return " ".join(["<compact summary>", _SUMMARY_TAIL.sub("", rest).strip(), *notes])
     return text
+
+
+# A Stop hook's block reason reaches the model in each client's own words: Claude Code 2.1.332 sends a
+# reminder quoting the hook's command (`Stop hook blocking error from command: "<command>": <reason>`) and
+# one with its provenance preamble before `Stop hook feedback:\n<reason>`; agentfsm sends the last
+# without the preamble (tests/fidelity/accepted.json, hook_stop_block). Compared by what they carry: the
+# quoting reminder is left out, the preamble dropped, the reason compared.
+STOP_FEEDBACK_OPENING = prompts.STOP_HOOK_FEEDBACK.split("{reason}")[0]
+_STOP_COMMAND_QUOTED = re.compile(
+    r"\s*<system-reminder>\nStop hook blocking error from command: .*</system-reminder>\s*", re.S)
+_HOOK_PREAMBLE = re.compile(r"^(\s*<system-reminder>\n)[^<]*?(" + re.escape(STOP_FEEDBACK_OPENING) + ")", re.S)
+
+
+def hook_feedback_text(text: str) -> str:
+    """``text`` with each client's own wording of a Stop hook's feedback left out (see above)."""
+    if _STOP_COMMAND_QUOTED.fullmatch(text):
+        return ""
+    return _HOOK_PREAMBLE.sub(r"\1\2", text)
 
 
 PREAMBLE_MARKERS = ("# Environment\n", "You are powered by the model", "<total_tokens>", "Today's date is",
@@ -269,7 +300,9 @@ def _text(content: Any) -> Any:
     parts: list[Any] = []
     for b in content or []:
         if b.get("type") == "text":
-            text = SAVED_PATH.sub("Full output saved to: $SAVED", TOKENS_REMINDER.sub("", b["text"])).rstrip()
+            text = SAVED_PATH.sub("Full output saved to: $SAVED",
+                                  without_preamble(TOKENS_REMINDER.sub("", b["text"]))).rstrip()
+            text = BUDGET_REMINDER.sub(lambda m: "\n\n" + m.group(1), text)
             if text or len(content) == 1:
                 parts.append(text)
         elif b.get("type") == "image":
@@ -279,6 +312,21 @@ def _text(content: Any) -> Any:
         else:
             parts.append(f"<{b.get('type')}>")
     return parts[0] if len(parts) == 1 and isinstance(parts[0], str) else parts
+
+
+_REMINDER = re.compile(r"\n*<system-reminder>\n(.*?)</system-reminder>", re.S)
+
+
+_JOINED_REMINDER = re.compile(r"(?<=\S)\n*(?=<system-reminder>\n)")
+
+
+def without_preamble(text: str) -> str:
+    """``text`` less the context preamble's reminders joined to it (Claude Code joins them to the last tool
+    result when it compacts and keeps rounds: tests/fidelity/recorded/compact_three_reads.json), each
+    reminder still joined after text by a blank line (as both clients join one; removing the token reminder
+    before it takes one newline with it)."""
+    text = _REMINDER.sub(lambda m: "" if any(k in m.group(1)[:400] for k in PREAMBLE_MARKERS) else m.group(0), text)
+    return _JOINED_REMINDER.sub("\n\n", text)
 
 
 def is_preamble(block: Mapping[str, Any]) -> bool:
@@ -292,7 +340,7 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
     history, its blocks other than thinking and the preamble) added."""
     results: list[dict[str, Any]] = []
     shape: list[Any] = []
-    for i, m in enumerate(run["history"]):
+    for m in run["history"]:
         content = m["content"] if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]
         # parallel results: Claude Code lists them as they complete, which varies from run to run;
         # agentfsm in call order. Compared by id, so the texts still have to match one for one.
@@ -302,20 +350,34 @@ def canon(run: Mapping[str, Any]) -> dict[str, Any]:
         for k, b in zip(slots, by_id, strict=True):
             content[k] = b
         blocks: list[Any] = []
+        # --max-budget-usd's reminder rides with the batch's last result: Claude Code's last to complete,
+        # agentfsm's last in call order; compared as the message's, after its blocks
+        reminders: list[Any] = []
         for b in content:
-            if (i == 0 and is_preamble(b)) or b.get("type") in ("thinking", "redacted_thinking"):
+            if (m["role"] == "user" and is_preamble(b)) or b.get("type") in ("thinking", "redacted_thinking"):
                 continue
             if b.get("type") == "tool_result":
-                results.append({"id": b["tool_use_id"], "is_error": bool(b.get("is_error")),
-                                "content": _text(b.get("content"))})
+                text = _text(b.get("content"))
+                if isinstance(text, str) and (found := BUDGET_REMINDER.search(text)):
+                    text = text[:found.start()]
+                    reminders.append(("budget reminder", found.group(1)))
+                results.append({"id": b["tool_use_id"], "is_error": bool(b.get("is_error")), "content": text})
                 blocks.append(("tool_result", b["tool_use_id"]))
             elif b.get("type") == "tool_use":
                 blocks.append(("tool_use", b["name"], b["id"]))
             elif b.get("type") == "text":
-                text = compaction_text(TOKENS_REMINDER.sub("", b["text"]))
+                text = hook_feedback_text(compaction_text(TOKENS_REMINDER.sub("", b["text"])))
                 if text:
                     blocks.append(("text", text))
-        shape.append((m["role"], blocks))
+        # consecutive messages of one role are one turn to the API: Claude Code sends the files it shows again
+        # after a compaction, and its preamble, as user messages of their own before the summary's
+        # (tests/fidelity/recorded/compact_one_read.json), agentfsm in one
+        blocks += reminders
+        if shape and shape[-1][0] == m["role"]:
+            shape[-1] = (m["role"], [*shape[-1][1], *blocks])
+        else:
+            shape.append((m["role"], blocks))
+    shape = [(role, blocks) for role, blocks in shape if blocks]
     return {**run, "results": results, "shape": shape}
 
 

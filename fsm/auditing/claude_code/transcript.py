@@ -48,7 +48,7 @@ class TranscriptWalker(Walker):
         # older clients wrote no request records: then a response's first block stands for its request
         self.has_requests = any(rec.get("type") == "api-request" for _, rec in numbered)
         last = 0
-        for line, rec in numbered:
+        for line, rec in self.in_answer_order(numbered):
             last = line
             kind = rec.get("type")
             role = role_of(TRANSCRIPT_TYPES, kind)
@@ -61,12 +61,42 @@ class TranscriptWalker(Walker):
         self.finish(last)
         self.report_unknown()
 
+    def in_answer_order(self, numbered: Sequence[tuple[int, Mapping[str, Any]]]) -> list[tuple[int, Mapping[str, Any]]]:
+        """The records, each loop request's record where its request was made. Claude Code 2.1.332 writes one
+        ahead of its time after an SSE error that followed complete tool_use blocks: it keeps that response,
+        runs its calls and records the request carrying their results before the response's own records
+        (tests/fixtures/claude_code/sse_error_after_tool_use). Its responses say which request they answer
+        (``requestRef``): a request record whose next response answers the request before it is read just
+        before the first response that answers it. Line numbers stay the file's."""
+        out = list(numbered)
+        before: str | None = None  # the id of the last loop request read
+        i = 0
+        while i < len(out):
+            rec = out[i][1]
+            if rec.get("type") == "api-request" and self._loop_request(rec):
+                rid = rec.get("id")
+                refs = ((k, r.get("requestRef")) for k, (_, r) in enumerate(out[i + 1:], i + 1)
+                        if r.get("type") == "assistant" and not r.get("isApiErrorMessage") and r.get("requestRef"))
+                first = next(refs, None)
+                if first is not None and before is not None and first[1] == before != rid:
+                    answering = next((k for k, ref in refs if ref == rid), None)
+                    if answering is not None:
+                        out.insert(answering - 1, out.pop(i))
+                        continue
+                before = rid
+            i += 1
+        return out
+
     # requests
 
-    def _api_request(self, line: int, rec: Mapping[str, Any]) -> None:
+    def _loop_request(self, rec: Mapping[str, Any]) -> bool:
+        """Whether a request record is the loop's own (not a side query): the requests the graph moves on."""
         source = rec.get("querySource")
-        if source not in (None, "sdk", "repl_main_thread") and not (
-                self.subagent and isinstance(source, str) and source.startswith("agent:")):
+        return source in (None, "sdk", "repl_main_thread") or (
+            self.subagent and isinstance(source, str) and source.startswith("agent:"))
+
+    def _api_request(self, line: int, rec: Mapping[str, Any]) -> None:
+        if not self._loop_request(rec):
             return  # not the loop's own (a side query); the loop's requests are what the graph moves on
         prev, errors = self.request, self.retry_errors
         self.retry_errors = []
