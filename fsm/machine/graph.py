@@ -1484,7 +1484,7 @@ def compaction_wanted(state: LoopState, event: CallFailed, limits: Limits) -> bo
     return route is not None and EDGES_BY_TRIGGER[route.edge].does.compacts
 
 
-def should_auto_compact(state: LoopState, tokens: int, limits: Limits, *, cost_usd: float = 0.0) -> bool:
+def should_auto_compact(state: LoopState, tokens: int, limits: Limits, cost_usd: float = 0.0) -> bool:
     """Compact before the next request: over the threshold, compaction has not failed too often, and the
     budget is not spent (the next request would be refused: a summary would only spend past it; Claude
     Code 2.1.332 makes none, tests/fixtures/background/notified_after_budget)."""

@@ -288,8 +288,7 @@ class Driver:
 
     async def assemble(self, state: LoopState) -> Event:
         try:
-            if not graph.should_auto_compact(state, self._estimate(state.messages), self.limits,
-                                             cost_usd=self.account.cost_usd):
+            if not graph.should_auto_compact(state, self._estimate(state.messages), self.limits, self.account.cost_usd):
                 return Assembled()  # nothing to await: no task, no race
             return await self.signals.until_stopped(self._prepare_turn(state))
         except Stopped:
@@ -302,7 +301,7 @@ class Driver:
 
     async def _prepare_turn(self, state: LoopState) -> Assembled:
         tokens = self._estimate(state.messages)
-        if not graph.should_auto_compact(state, tokens, self.limits, cost_usd=self.account.cost_usd):
+        if not graph.should_auto_compact(state, tokens, self.limits, self.account.cost_usd):
             return Assembled()
         compaction = await self._compact(state, "auto", tokens=tokens, threshold=self.limits.auto_compact_threshold)
         return Assembled(compaction=compaction, compact_failed=compaction is None)
