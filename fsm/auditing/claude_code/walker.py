@@ -70,16 +70,6 @@ def meta_kind(text: str) -> str | None:
     return None
 
 
-def _result_text(block: Mapping[str, Any]) -> str:
-    """A tool_result's text: its string content, or its text blocks joined."""
-    content = block.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        return "".join(str(b.get("text", "")) for b in content if isinstance(b, Mapping) and b.get("type") == "text")
-    return ""
-
-
 def _dest(trigger: str) -> Phase:
     return EDGES_BY_TRIGGER[trigger].dest
 
@@ -340,7 +330,7 @@ class Walker:
         self.last_exchange = (r.message(), message)
         # a tool hook's `continue: false` shows as its reminder inside the call's result (in the records of
         # the request after it; stream-json shows the result without it, and only its result line says so)
-        stopped = [m.group(1) for b in results for m in HOOK_STOPPED_SEEN.finditer(_result_text(b))]
+        stopped = [m.group(1) for b in results for m in HOOK_STOPPED_SEEN.finditer(text_of(b))]
         self.emit(batch.last_line or line, ToolsDrained(
             assistant=r.message(), results=message, ends_turn=batch.ends_turn,
             hook_stopped=hook_stopped or bool(stopped), hook_stop_reason=stopped[0] if stopped else "",
